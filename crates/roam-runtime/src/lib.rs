@@ -1,0 +1,50 @@
+//! The roam runtime: runs prepared WebAssembly programs on wasmtime, and
+//! checkpoints and restores them.
+//!
+//! Why a crate of its own: this is where the three portable pieces of state
+//! meet the one engine that executes them. A [`Cell`] owns a wasmtime store
+//! with roam's WASI layer ([`roam_wasi`]) and drives Binaryen Asyncify
+//! through the exports that `roam prepare` ([`roam_prepare`]) put in the
+//! module. A checkpoint unwinds the guest's call stack into linear memory at
+//! a migration point, reads memory, mutable globals, the unwound stack and
+//! the OS-layer state into a [`roam_snapshot::Snapshot`], and then either
+//! rewinds (checkpoint-and-continue) or returns it (checkpoint-and-stop).
+//! Restore instantiates the same module on whatever ISA this process runs
+//! on, writes the state back and rewinds into the migration point.
+//!
+//! ```text
+//!   request ──► epoch tick ──► epoch callback sets `roam.flag`
+//!                                   │
+//!   guest loop header: if roam.flag { call roam.migration_point } ──► host starts unwind
+//!                                   │
+//!   `_start` returns with state=unwinding ──► capture snapshot ──► stop | rewind
+//! ```
+//!
+//! Compiled machine code is cached on disk per module hash and target ISA
+//! ([`cache`]), so restoring on a node that has seen the module before costs
+//! no compilation.
+
+#![deny(missing_docs)]
+
+mod asyncify;
+pub mod cache;
+mod capture;
+mod cell;
+mod control;
+mod error;
+pub mod files;
+mod host;
+mod module;
+mod runtime;
+
+pub use cell::{Cell, CellOptions, Outcome};
+pub use control::{CheckpointKind, Controller, Trigger};
+pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
+pub use module::LoadedModule;
+pub use runtime::{host_isa, Runtime, RuntimeConfig};
+
+/// Default size of the region reserved for the unwound call stack.
+///
+/// It is address space at the end of linear memory that the program never
+/// sees in use; untouched pages cost neither RSS nor snapshot bytes.
+pub const DEFAULT_UNWIND_BUFFER: u32 = 16 << 20;

@@ -1,0 +1,83 @@
+//! A prepared, compiled module and what the runtime needs to know about it.
+
+use roam_snapshot::InitialImage;
+use wasmtime::{ExternType, Module};
+
+use crate::error::LoadError;
+
+/// Asyncify's exports, which `roam prepare` guarantees.
+pub(crate) const ASYNCIFY_EXPORTS: [&str; 5] = [
+    "asyncify_start_unwind",
+    "asyncify_stop_unwind",
+    "asyncify_start_rewind",
+    "asyncify_stop_rewind",
+    "asyncify_get_state",
+];
+
+/// A prepared module, compiled for this ISA.
+pub struct LoadedModule {
+    bytes: Vec<u8>,
+    hash: [u8; 32],
+    module: Module,
+    initial: InitialImage,
+    globals: Vec<String>,
+}
+
+impl LoadedModule {
+    pub(crate) fn new(bytes: Vec<u8>, hash: [u8; 32], module: Module) -> Result<Self, LoadError> {
+        for name in ASYNCIFY_EXPORTS
+            .iter()
+            .chain([&"_start", &roam_prepare::FLAG_GLOBAL_EXPORT])
+        {
+            if module.get_export(name).is_none() {
+                return Err(LoadError::MissingExport((*name).to_string()));
+            }
+        }
+        let memory_ok = module.exports().any(|e| {
+            e.name() == roam_prepare::MEMORY_EXPORT && matches!(e.ty(), ExternType::Memory(_))
+        });
+        if !memory_ok {
+            return Err(LoadError::MissingExport(
+                roam_prepare::MEMORY_EXPORT.to_string(),
+            ));
+        }
+        let globals = module
+            .exports()
+            .filter(|e| e.name().starts_with(roam_prepare::GLOBAL_EXPORT_PREFIX))
+            .map(|e| e.name().to_string())
+            .collect();
+        let (min_bytes, segments) = roam_prepare::initial_memory(&bytes)?;
+        Ok(LoadedModule {
+            initial: InitialImage::new(min_bytes, segments),
+            bytes,
+            hash,
+            module,
+            globals,
+        })
+    }
+
+    /// The prepared module's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// blake3 of the prepared bytes: the module's identity in snapshots.
+    pub fn hash(&self) -> &[u8; 32] {
+        &self.hash
+    }
+
+    /// The compiled module.
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// The initial linear-memory image, against which snapshots elide pages.
+    pub fn initial_image(&self) -> &InitialImage {
+        &self.initial
+    }
+
+    /// Export names of the mutable globals a snapshot must carry.
+    pub fn global_exports(&self) -> &[String] {
+        &self.globals
+    }
+}

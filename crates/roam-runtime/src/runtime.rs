@@ -1,0 +1,194 @@
+//! The [`Runtime`]: one wasmtime engine and one cache, shared by every cell a
+//! process runs.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use roam_prepare::PrepareOptions;
+use wasmtime::{Config, Engine, Module};
+
+use crate::cache::{hex, Cache};
+use crate::error::{boxed, LoadError};
+use crate::module::LoadedModule;
+
+/// The ISA this process runs on, as recorded in snapshots and cache keys.
+pub fn host_isa() -> &'static str {
+    std::env::consts::ARCH
+}
+
+/// How to build a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Where prepared modules and compiled code are cached.
+    /// Default: [`Cache::default_dir`].
+    pub cache_dir: PathBuf,
+    /// How unprepared modules are prepared on the fly. Default: loops policy.
+    pub prepare: PrepareOptions,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            cache_dir: Cache::default_dir(),
+            prepare: PrepareOptions::default(),
+        }
+    }
+}
+
+/// A wasmtime engine configured for roam, plus the module cache.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    cache: Cache,
+    engine_key: u64,
+    prepare: PrepareOptions,
+}
+
+impl Runtime {
+    /// Build the engine: Cranelift, epoch interruption (how the host raises
+    /// the migration flag without racing the guest), default optimisation.
+    pub fn new(cfg: RuntimeConfig) -> Result<Self, LoadError> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        let engine = Engine::new(&config).map_err(|e| LoadError::Compile {
+            isa: host_isa().to_string(),
+            source: boxed(e),
+        })?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut h);
+        let cache = Cache::open(&cfg.cache_dir).map_err(|source| LoadError::Cache {
+            dir: cfg.cache_dir.clone(),
+            source,
+        })?;
+        Ok(Runtime {
+            engine,
+            cache,
+            engine_key: h.finish(),
+            prepare: cfg.prepare,
+        })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The cache.
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    /// Load a module file, preparing it first (and caching the result by
+    /// content hash) when it is not prepared yet.
+    pub fn load_file(&self, path: &Path) -> Result<Arc<LoadedModule>, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.load_bytes(&bytes)
+    }
+
+    /// Load module bytes, preparing them when needed.
+    pub fn load_bytes(&self, bytes: &[u8]) -> Result<Arc<LoadedModule>, LoadError> {
+        let prepared = if roam_prepare::read_section(bytes)?.is_some() {
+            bytes.to_vec()
+        } else {
+            self.prepare_cached(bytes)?
+        };
+        self.load_prepared(prepared)
+    }
+
+    /// Find a prepared module by hash: the embedded copy, then the cache.
+    pub fn load_by_hash(
+        &self,
+        hash: &[u8; 32],
+        embedded: Option<&[u8]>,
+    ) -> Result<Arc<LoadedModule>, LoadError> {
+        if let Some(bytes) = embedded {
+            return self.load_prepared(bytes.to_vec());
+        }
+        match self.cache.get(&self.cache.module_path(hash)) {
+            Some(bytes) if *blake3::hash(&bytes).as_bytes() == *hash => {
+                self.load_prepared(bytes)
+            }
+            _ => Err(LoadError::NotFound {
+                hash: hex(hash),
+                dir: self.cache.root().join("modules"),
+            }),
+        }
+    }
+
+    fn prepare_cached(&self, source: &[u8]) -> Result<Vec<u8>, LoadError> {
+        let src_hash = *blake3::hash(source).as_bytes();
+        let path = self
+            .cache
+            .prepared_path(&src_hash, &self.prepare.canonical());
+        if let Some(bytes) = self.cache.get(&path) {
+            if roam_prepare::read_section(&bytes).ok().flatten().is_some() {
+                tracing::debug!(path = %path.display(), "prepared module from cache");
+                return Ok(bytes);
+            }
+        }
+        tracing::info!("preparing module (first run of this module)");
+        let prepared = roam_prepare::prepare(source, &self.prepare)?;
+        self.put(&path, &prepared.bytes)?;
+        Ok(prepared.bytes)
+    }
+
+    fn load_prepared(&self, bytes: Vec<u8>) -> Result<Arc<LoadedModule>, LoadError> {
+        let hash = *blake3::hash(&bytes).as_bytes();
+        let mpath = self.cache.module_path(&hash);
+        if !mpath.exists() {
+            self.put(&mpath, &bytes)?;
+        }
+        let module = self.compile(&bytes, &hash)?;
+        LoadedModule::new(bytes, hash, module).map(Arc::new)
+    }
+
+    fn compile(&self, bytes: &[u8], hash: &[u8; 32]) -> Result<Module, LoadError> {
+        let path = self.cache.compiled_path(hash, host_isa(), self.engine_key);
+        let sidecar = path.with_extension("blake3");
+        if let (Some(code), Some(sum)) = (self.cache.get(&path), self.cache.get(&sidecar)) {
+            if blake3::hash(&code).as_bytes()[..] == sum[..] {
+                // SAFETY: the file is one this process family wrote into its
+                // own cache for this exact engine configuration and ISA (both
+                // are in the key), and its integrity hash matches, so it is
+                // the unmodified output of `Module::serialize`.
+                match unsafe { Module::deserialize(&self.engine, &code) } {
+                    Ok(m) => return Ok(m),
+                    Err(e) => tracing::warn!("ignoring unusable compiled cache entry: {e}"),
+                }
+            }
+        }
+        let started = std::time::Instant::now();
+        let module = Module::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
+            isa: host_isa().to_string(),
+            source: boxed(e),
+        })?;
+        tracing::info!(
+            isa = host_isa(),
+            ms = started.elapsed().as_millis() as u64,
+            "compiled module"
+        );
+        if let Ok(code) = module.serialize() {
+            // A cache we cannot write only costs time on the next run.
+            if let Err(e) = self
+                .cache
+                .put(&path, &code)
+                .and_then(|()| self.cache.put(&sidecar, blake3::hash(&code).as_bytes()))
+            {
+                tracing::warn!("cannot cache compiled code: {e}");
+            }
+        }
+        Ok(module)
+    }
+
+    fn put(&self, path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+        self.cache.put(path, bytes).map_err(|source| LoadError::Cache {
+            dir: self.cache.root().to_path_buf(),
+            source,
+        })
+    }
+}
