@@ -1,0 +1,192 @@
+//! Insert migration points and export the state the host must save.
+//!
+//! Asyncify can only unwind the stack from inside an import call, and the
+//! host can only ask a running program to stop by changing data the program
+//! reads. A migration point joins the two: `global.get $roam.flag; if; call
+//! $roam.migration_point; end`. While the flag is clear it costs a load and a
+//! well-predicted branch; when the host sets it, the program calls the
+//! import, which unwinds the stack into linear memory.
+//!
+//! The same pass exports every mutable global, the memory and the tables
+//! under stable `roam.*` names, because `wasm-opt` may rename or drop
+//! anything unexported and the snapshot must name state portably.
+
+use walrus::ir::{Call, CallIndirect, Instr, InstrSeqId, Loop};
+use walrus::{
+    ConstExpr, ExportItem, FunctionId, GlobalId, ImportKind, LocalFunction, Module, ModuleConfig,
+    ValType,
+};
+
+use crate::pipeline::PrepareError;
+use crate::{
+    ModuleInfo, PointPolicy, PointStats, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
+    POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
+};
+
+/// Rewrite `input` (already validated as `info`): points per `policy`, roam
+/// exports, DWARF dropped, `name` section kept unless `strip_names`.
+pub(crate) fn instrument(
+    input: &[u8],
+    info: &ModuleInfo,
+    policy: PointPolicy,
+    strip_names: bool,
+) -> Result<(Vec<u8>, PointStats), PrepareError> {
+    let mut config = ModuleConfig::new();
+    config
+        .generate_dwarf(false)
+        .generate_name_section(!strip_names)
+        .generate_producers_section(true);
+    let mut module = config
+        .parse(input)
+        .map_err(|e| PrepareError::Rewrite(e.into()))?;
+
+    export_state(&mut module, info)?;
+    let point = point_import(&mut module);
+    let flag = module.globals.add_local(
+        ValType::I32,
+        true,
+        false,
+        ConstExpr::Value(walrus::ir::Value::I32(0)),
+    );
+    add_export(&mut module, FLAG_GLOBAL_EXPORT, flag.into())?;
+
+    let mut stats = PointStats::default();
+    for (_, func) in module.funcs.iter_local_mut() {
+        let (loop_points, entry_point, manual) = instrument_function(func, point, flag, policy);
+        stats.loop_points += loop_points;
+        stats.function_points += u32::from(entry_point);
+        stats.manual_points += manual;
+        if loop_points > 0 || entry_point || manual > 0 {
+            stats.functions += 1;
+        }
+    }
+    Ok((module.emit_wasm(), stats))
+}
+
+fn add_export(module: &mut Module, name: &str, item: ExportItem) -> Result<(), PrepareError> {
+    if module.exports.iter().any(|e| e.name == name) {
+        return Err(PrepareError::ExportNameTaken {
+            name: name.to_string(),
+        });
+    }
+    module.exports.add(name, item);
+    Ok(())
+}
+
+fn export_state(module: &mut Module, info: &ModuleInfo) -> Result<(), PrepareError> {
+    let globals: Vec<(u32, GlobalId)> = module
+        .globals
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.mutable)
+        .map(|(i, g)| (i as u32, g.id()))
+        .collect();
+    debug_assert_eq!(
+        globals.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        info.mutable_globals,
+        "walrus global order must match the input's index space"
+    );
+    for (index, id) in globals {
+        add_export(module, &format!("{GLOBAL_EXPORT_PREFIX}{index}"), id.into())?;
+    }
+    let memories: Vec<_> = module.memories.iter().map(|m| m.id()).collect();
+    for id in memories {
+        add_export(module, MEMORY_EXPORT, id.into())?;
+    }
+    let tables: Vec<_> = module.tables.iter().map(|t| t.id()).collect();
+    for (index, id) in tables.into_iter().enumerate() {
+        add_export(module, &format!("{TABLE_EXPORT_PREFIX}{index}"), id.into())?;
+    }
+    Ok(())
+}
+
+/// The `roam.migration_point` import, reusing the program's own if present.
+fn point_import(module: &mut Module) -> FunctionId {
+    if let Some(id) = module.imports.find(POINT_MODULE, POINT_FUNC) {
+        if let ImportKind::Function(func) = module.imports.get(id).kind {
+            return func;
+        }
+    }
+    let ty = module.types.add(&[], &[]);
+    module.add_import_func(POINT_MODULE, POINT_FUNC, ty).0
+}
+
+/// Instrument one function: returns (loop points, entry point?, manual calls).
+fn instrument_function(
+    func: &mut LocalFunction,
+    point: FunctionId,
+    flag: GlobalId,
+    policy: PointPolicy,
+) -> (u32, bool, u32) {
+    let mut walk = Walk {
+        point,
+        loops: Vec::new(),
+        has_call: false,
+        manual: 0,
+    };
+    walk.visit(func, func.entry_block());
+    let loops = if policy == PointPolicy::Loops {
+        walk.loops
+    } else {
+        Vec::new()
+    };
+    let entry = walk.has_call && policy != PointPolicy::Manual;
+    for &seq in &loops {
+        insert_point(func, seq, point, flag);
+    }
+    if entry {
+        insert_point(func, func.entry_block(), point, flag);
+    }
+    (loops.len() as u32, entry, walk.manual)
+}
+
+struct Walk {
+    point: FunctionId,
+    loops: Vec<InstrSeqId>,
+    has_call: bool,
+    manual: u32,
+}
+
+impl Walk {
+    fn visit(&mut self, func: &LocalFunction, seq: InstrSeqId) {
+        for (instr, _) in &func.block(seq).instrs {
+            match instr {
+                Instr::Block(b) => self.visit(func, b.seq),
+                Instr::Loop(Loop { seq }) => {
+                    self.loops.push(*seq);
+                    self.visit(func, *seq);
+                }
+                Instr::IfElse(i) => {
+                    self.visit(func, i.consequent);
+                    self.visit(func, i.alternative);
+                }
+                Instr::Call(Call { func: callee }) => {
+                    self.has_call = true;
+                    if *callee == self.point {
+                        self.manual += 1;
+                    }
+                }
+                Instr::CallIndirect(CallIndirect { .. }) => self.has_call = true,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Prepend `global.get $flag; if; call $point; end` to `seq`.
+fn insert_point(func: &mut LocalFunction, seq: InstrSeqId, point: FunctionId, flag: GlobalId) {
+    let mut body = func.builder_mut().instr_seq(seq);
+    body.if_else_at(
+        0,
+        None,
+        |then| {
+            then.call(point);
+        },
+        |_| {},
+    );
+    body.instr_at(0, walrus::ir::GlobalGet { global: flag });
+}
+
+#[cfg(test)]
+#[path = "instrument_tests.rs"]
+mod tests;

@@ -1,0 +1,73 @@
+//! `roam prepare`: turn an ordinary WASI command into one that roam can migrate.
+//!
+//! A running WebAssembly program can only be moved between machines if its
+//! call stack can be captured as plain data. Wasmtime keeps the stack in
+//! native frames, so this crate rewrites the module ahead of time:
+//!
+//! 1. **validate** — refuse features whose state roam cannot capture
+//!    (threads, exceptions, memory64, multi-memory, run-time table mutation);
+//! 2. **instrument** — insert cheap *migration points* (a flag test and a
+//!    call to the `roam.migration_point` import) so a running program reaches
+//!    a place where it can unwind within bounded time;
+//! 3. **export** all mutable state (globals, memory, tables) under stable
+//!    names, so the host can read and restore it on any architecture;
+//! 4. **Asyncify** with Binaryen's `wasm-opt`, which lets the stack unwind
+//!    into linear memory at the migration points and at blocking WASI calls;
+//! 5. **stamp** a versioned `roam` custom section recording what was done.
+//!
+//! The output is deterministic and preparing it again is a no-op. See
+//! `docs/prepare.md` for the pipeline and cost model.
+#![deny(missing_docs)]
+
+mod instrument;
+mod memory;
+mod names;
+mod ops;
+mod options;
+mod pipeline;
+mod section;
+mod validate;
+mod wasm_opt;
+
+pub use memory::initial_memory;
+pub use options::{OptLevel, ParsePolicyError, PointPolicy, PrepareOptions};
+pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
+pub use section::{read_section, RoamSection, SectionError};
+pub use validate::{validate, ModuleInfo, ValidateError};
+
+/// Name of the exported mutable `i32` global that the host sets to 1 to ask
+/// the program to stop at its next migration point.
+pub const FLAG_GLOBAL_EXPORT: &str = "roam.flag";
+/// Import module of the migration-point function.
+pub const POINT_MODULE: &str = "roam";
+/// Import name of the migration-point function, type `[] -> []`.
+pub const POINT_FUNC: &str = "migration_point";
+/// Export-name prefix of every mutable global, followed by the global's index
+/// in the *input* module, e.g. `roam.global.0` for `__stack_pointer`.
+pub const GLOBAL_EXPORT_PREFIX: &str = "roam.global.";
+/// Export name of the module's (single) linear memory.
+pub const MEMORY_EXPORT: &str = "roam.memory";
+/// Export-name prefix of every table, followed by its index in the input.
+pub const TABLE_EXPORT_PREFIX: &str = "roam.table.";
+/// Name of the custom section stamped into prepared modules.
+pub const SECTION_NAME: &str = "roam";
+/// Version of the `roam` custom section encoding written by this crate.
+pub const SECTION_VERSION: u32 = 1;
+/// Imports at which the stack can unwind (passed to `asyncify-imports`). The
+/// OS layer calls its suspend hook only inside these. This list is the single
+/// source of truth.
+pub const ASYNC_IMPORTS: &[(&str, &str)] = &[
+    ("roam", "migration_point"),
+    ("wasi_snapshot_preview1", "poll_oneoff"),
+    ("wasi_snapshot_preview1", "fd_read"),
+    ("wasi_snapshot_preview1", "sock_accept"),
+    ("wasi_snapshot_preview1", "sock_recv"),
+];
+/// Exports that Asyncify adds and the runtime drives to unwind and rewind.
+pub const ASYNCIFY_EXPORTS: &[&str] = &[
+    "asyncify_start_unwind",
+    "asyncify_stop_unwind",
+    "asyncify_start_rewind",
+    "asyncify_stop_rewind",
+    "asyncify_get_state",
+];

@@ -1,0 +1,177 @@
+//! Options of `prepare` and their canonical text.
+//!
+//! The canonical text is stored in the `roam` section so that anyone holding
+//! a prepared module can tell how it was made, and so that two preparations
+//! with the same options are byte-identical. Machine-specific settings (the
+//! path of `wasm-opt`) are deliberately left out of it.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Where migration points are inserted.
+///
+/// A migration point costs one global load and one predictable branch while
+/// the flag is clear; the policy trades that steady-state cost against how
+/// quickly a running program reaches a point after the host asks it to stop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PointPolicy {
+    /// Every loop header plus the entry of every function that makes a call
+    /// (default). Bounds the time to the next point by the longest
+    /// straight-line, call-free code path.
+    #[default]
+    Loops,
+    /// Entry of every function that makes a call. Cheaper, but a long-running
+    /// loop without calls never reaches a point.
+    Functions,
+    /// Only the program's own calls to the imported `roam.migration_point`.
+    Manual,
+}
+
+impl PointPolicy {
+    /// The lowercase name used on the command line and in the `roam` section.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PointPolicy::Loops => "loops",
+            PointPolicy::Functions => "functions",
+            PointPolicy::Manual => "manual",
+        }
+    }
+}
+
+impl fmt::Display for PointPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A string that names no [`PointPolicy`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown migration-point policy `{0}`; use one of: loops, functions, manual")]
+pub struct ParsePolicyError(pub String);
+
+impl FromStr for PointPolicy {
+    type Err = ParsePolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "loops" => Ok(PointPolicy::Loops),
+            "functions" => Ok(PointPolicy::Functions),
+            "manual" => Ok(PointPolicy::Manual),
+            other => Err(ParsePolicyError(other.to_string())),
+        }
+    }
+}
+
+/// Optimisation level passed to `wasm-opt` after Asyncify.
+///
+/// Asyncify roughly doubles code size when left unoptimised; the pass that
+/// follows it removes most of that. See `docs/prepare.md` for measurements.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum OptLevel {
+    /// No optimisation after Asyncify (fastest to prepare, largest output).
+    O0,
+    /// `-O1`.
+    O1,
+    /// `-O2` (default).
+    #[default]
+    O2,
+    /// `-O3`.
+    O3,
+    /// `-Os`: optimise for size.
+    Os,
+}
+
+impl OptLevel {
+    /// The `wasm-opt` flag for this level, if any.
+    pub fn flag(self) -> Option<&'static str> {
+        match self {
+            OptLevel::O0 => None,
+            OptLevel::O1 => Some("-O1"),
+            OptLevel::O2 => Some("-O2"),
+            OptLevel::O3 => Some("-O3"),
+            OptLevel::Os => Some("-Os"),
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            OptLevel::O0 => "O0",
+            OptLevel::O1 => "O1",
+            OptLevel::O2 => "O2",
+            OptLevel::O3 => "O3",
+            OptLevel::Os => "Os",
+        }
+    }
+}
+
+/// How to prepare a module.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrepareOptions {
+    /// Where to insert migration points. Default: [`PointPolicy::Loops`].
+    pub points: PointPolicy,
+    /// The `wasm-opt` binary to run. `None` (default) means `$ROAM_WASM_OPT`
+    /// if set, else `wasm-opt` on `PATH`.
+    pub wasm_opt: Option<PathBuf>,
+    /// Optimisation after Asyncify. Default: [`OptLevel::O2`].
+    pub opt_level: OptLevel,
+    /// Drop the `name` section from the output (default `false`: keep it, so
+    /// traps and profiles show function names).
+    pub strip_names: bool,
+}
+
+impl PrepareOptions {
+    /// Canonical, stable text of the options that influence the output bytes,
+    /// e.g. `points=loops;opt=O2;names=keep`.
+    pub fn canonical(&self) -> String {
+        format!(
+            "points={};opt={};names={}",
+            self.points,
+            self.opt_level.as_str(),
+            if self.strip_names { "strip" } else { "keep" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_round_trips_through_text() {
+        for p in [
+            PointPolicy::Loops,
+            PointPolicy::Functions,
+            PointPolicy::Manual,
+        ] {
+            assert_eq!(p.to_string().parse::<PointPolicy>(), Ok(p));
+        }
+    }
+
+    #[test]
+    fn unknown_policy_is_refused_with_the_choices() {
+        let err = "everywhere".parse::<PointPolicy>().unwrap_err();
+        assert!(err.to_string().contains("`everywhere`"));
+        assert!(err.to_string().contains("loops, functions, manual"));
+    }
+
+    #[test]
+    fn canonical_text_ignores_the_tool_path() {
+        let a = PrepareOptions::default();
+        let b = PrepareOptions {
+            wasm_opt: Some("/opt/binaryen/bin/wasm-opt".into()),
+            ..PrepareOptions::default()
+        };
+        assert_eq!(a.canonical(), "points=loops;opt=O2;names=keep");
+        assert_eq!(a.canonical(), b.canonical());
+        let c = PrepareOptions {
+            points: PointPolicy::Manual,
+            opt_level: OptLevel::Os,
+            strip_names: true,
+            ..PrepareOptions::default()
+        };
+        assert_eq!(c.canonical(), "points=manual;opt=Os;names=strip");
+    }
+}

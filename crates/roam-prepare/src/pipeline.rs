@@ -1,0 +1,163 @@
+//! The `prepare` pipeline: validate, instrument, Asyncify, check, stamp.
+//!
+//! Each step exists for one reason (see the crate docs); this module only
+//! sequences them and checks the result, so that a module that leaves here
+//! is either fully migratable or an error explains why not.
+
+use std::path::PathBuf;
+
+use wasmparser::{ExternalKind, Parser, Payload, Validator};
+
+use crate::section::{append_section, read_section};
+use crate::validate::SUPPORTED_FEATURES;
+use crate::{
+    instrument, validate, wasm_opt, PrepareOptions, RoamSection, SectionError, ValidateError,
+    ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT, MEMORY_EXPORT, SECTION_VERSION,
+};
+
+pub use crate::section::PointStats;
+
+/// A prepared module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// The prepared module, `roam` section included.
+    pub bytes: Vec<u8>,
+    /// The input was already prepared and is returned unchanged.
+    pub already_prepared: bool,
+    /// The module's `roam` section.
+    pub section: RoamSection,
+    /// Migration-point counts (same as `section.stats`).
+    pub stats: PointStats,
+}
+
+/// Why `prepare` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The input uses something roam cannot migrate, or is not wasm.
+    #[error(transparent)]
+    Validate(#[from] ValidateError),
+    /// The input carries a `roam` section that cannot be read.
+    #[error("the input looks prepared but its `roam` section is unreadable: {0}")]
+    Section(#[from] SectionError),
+    /// The module could not be rewritten.
+    #[error("rewriting the module failed: {0}; please report this with the input module")]
+    Rewrite(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// An export name roam needs is already used by the program.
+    #[error("the module already exports `{name}`, a name roam reserves; rename that export")]
+    ExportNameTaken {
+        /// The clashing export name.
+        name: String,
+    },
+    /// No `wasm-opt` binary.
+    #[error("`{}` not found; install Binaryen (`apt-get install binaryen`) or set ROAM_WASM_OPT to the wasm-opt binary", path.display())]
+    WasmOptMissing {
+        /// The path or name that was tried.
+        path: PathBuf,
+    },
+    /// `wasm-opt` exists but could not be started.
+    #[error("cannot run `{}`: {source}; check that it is executable or set ROAM_WASM_OPT", path.display())]
+    WasmOptSpawn {
+        /// The binary.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `wasm-opt` ran and failed.
+    #[error("`{}` failed ({status}): {stderr}", path.display())]
+    WasmOptFailed {
+        /// The binary.
+        path: PathBuf,
+        /// Exit status.
+        status: String,
+        /// Its standard error.
+        stderr: String,
+    },
+    /// Temporary files for `wasm-opt` could not be written or read.
+    #[error("temporary file for wasm-opt: {0}; check free space and permissions of the temp directory (TMPDIR)")]
+    TempFile(#[source] std::io::Error),
+    /// `wasm-opt` produced an invalid module.
+    #[error(
+        "wasm-opt produced an invalid module: {0}; try another Binaryen version via ROAM_WASM_OPT"
+    )]
+    OutputInvalid(#[source] wasmparser::BinaryReaderError),
+    /// An export the runtime relies on is missing from the output.
+    #[error("the prepared module lacks the export `{name}`; the wasm-opt in use may not support Asyncify, try another via ROAM_WASM_OPT")]
+    MissingExport {
+        /// The missing export.
+        name: String,
+    },
+}
+
+/// Prepare `input` for migration (see the crate docs for the steps).
+///
+/// Deterministic: the same input and options give the same bytes. An input
+/// that already carries a valid `roam` section is returned unchanged.
+pub fn prepare(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, PrepareError> {
+    if let Some(section) = read_section(input)? {
+        return Ok(Prepared {
+            bytes: input.to_vec(),
+            already_prepared: true,
+            stats: section.stats,
+            section,
+        });
+    }
+    let info = validate(input)?;
+    let tool = wasm_opt::locate(opts.wasm_opt.as_deref())?;
+    let (instrumented, stats) =
+        instrument::instrument(input, &info, opts.points, opts.strip_names)?;
+    let mut bytes = wasm_opt::run(&tool, &instrumented, opts)?;
+    check_output(&bytes)?;
+    let section = RoamSection {
+        version: SECTION_VERSION,
+        source_hash: *blake3::hash(input).as_bytes(),
+        points: opts.points,
+        options: opts.canonical(),
+        stats,
+        wasm_opt_version: tool.version,
+        mutable_globals: info.mutable_globals,
+        tables: info.tables,
+    };
+    append_section(&mut bytes, &section);
+    Ok(Prepared {
+        bytes,
+        already_prepared: false,
+        section,
+        stats,
+    })
+}
+
+/// The output must validate and carry the exports the runtime drives.
+fn check_output(bytes: &[u8]) -> Result<(), PrepareError> {
+    Validator::new_with_features(SUPPORTED_FEATURES)
+        .validate_all(bytes)
+        .map_err(PrepareError::OutputInvalid)?;
+    let mut exports = Vec::new();
+    for payload in Parser::new(0).parse_all(bytes) {
+        if let Payload::ExportSection(reader) = payload.map_err(PrepareError::OutputInvalid)? {
+            for export in reader {
+                let export = export.map_err(PrepareError::OutputInvalid)?;
+                exports.push((export.name.to_string(), export.kind));
+            }
+        }
+    }
+    let required = ASYNCIFY_EXPORTS
+        .iter()
+        .map(|n| (*n, ExternalKind::Func))
+        .chain([
+            (FLAG_GLOBAL_EXPORT, ExternalKind::Global),
+            (MEMORY_EXPORT, ExternalKind::Memory),
+        ]);
+    for (name, kind) in required {
+        if !exports.iter().any(|(n, k)| n == name && *k == kind) {
+            return Err(PrepareError::MissingExport {
+                name: name.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "pipeline_tests.rs"]
+mod tests;

@@ -1,0 +1,292 @@
+//! Refuse modules whose state roam cannot capture, before touching them.
+//!
+//! Everything roam migrates must be plain data reachable from exports: one
+//! linear memory, mutable globals, and tables that never change after
+//! instantiation. Threads, exceptions, memory64, multi-memory and run-time
+//! table mutation break that assumption (or Asyncify), so they are refused
+//! here with an error that names the feature and, where it lives in code,
+//! the function — the programmer can then rebuild without it.
+
+use wasmparser::{
+    BinaryReaderError, CompositeInnerType, Encoding, ExternalKind, Operator, Parser, Payload,
+    TypeRef, Validator, WasmFeatures,
+};
+
+use crate::names::{describe_function, function_names};
+use crate::ops::{classify, Refusal};
+use crate::{POINT_FUNC, POINT_MODULE};
+
+/// Features roam's toolchain (walrus and `wasm-opt` Asyncify) handles: the
+/// WebAssembly 2.0 set that current clang and rustc emit by default.
+pub(crate) const SUPPORTED_FEATURES: WasmFeatures = WasmFeatures::WASM2;
+
+/// Facts about a module that passed [`validate`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModuleInfo {
+    /// Number of imported functions (they come first in the index space).
+    pub imported_functions: u32,
+    /// Number of functions defined in the module.
+    pub defined_functions: u32,
+    /// Initial size of the linear memory in 64 KiB pages.
+    pub memory_initial_pages: u64,
+    /// Maximum size of the linear memory in pages, if declared.
+    pub memory_maximum_pages: Option<u64>,
+    /// Indices of the mutable globals (imports included), in order.
+    pub mutable_globals: Vec<u32>,
+    /// Number of tables (imports included).
+    pub tables: u32,
+    /// Function index of an imported `roam.migration_point`, if any.
+    pub migration_point_import: Option<u32>,
+    /// Number of calls to the imported `roam.migration_point`.
+    pub manual_points: u32,
+    /// Whether the module carries DWARF (`.debug_*`) custom sections.
+    pub has_debug_sections: bool,
+}
+
+/// Why a module cannot be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidateError {
+    /// Not a WebAssembly binary, or one that fails validation.
+    #[error("not a valid WebAssembly module: {0}; check that the file is a complete .wasm binary (not text)")]
+    Invalid(#[source] BinaryReaderError),
+    /// A component rather than a core module.
+    #[error("input is a WebAssembly component; roam runs core WASI preview 1 commands (build for wasm32-wasip1)")]
+    Component,
+    /// A function uses an instruction of a refused feature.
+    #[error("{function} uses `{instr}` ({feature}); roam cannot migrate such programs, rebuild without this feature")]
+    UnsupportedInFunction {
+        /// Index and name of the function, e.g. ``function 12 `push_frame` ``.
+        function: String,
+        /// The instruction, e.g. `table.grow`.
+        instr: String,
+        /// The refused feature.
+        feature: &'static str,
+    },
+    /// A module-level declaration of a refused feature.
+    #[error("the module {what}; roam cannot migrate such programs, rebuild without this feature")]
+    UnsupportedModule {
+        /// What the module declares, e.g. "declares a shared memory (threads)".
+        what: String,
+    },
+    /// A feature outside the supported set, found by the final validation.
+    #[error("the module uses a WebAssembly feature roam does not support: {0}; rebuild targeting plain wasm32-wasip1")]
+    UnsupportedFeature(#[source] BinaryReaderError),
+    /// The linear memory is imported, so its contents are not the module's.
+    #[error("the module imports its memory (`{module}.{name}`); roam needs a module that defines its own memory (link without --import-memory)")]
+    ImportedMemory {
+        /// Import module.
+        module: String,
+        /// Import name.
+        name: String,
+    },
+    /// No linear memory at all.
+    #[error("the module has no linear memory; roam runs WASI commands, which always define one")]
+    NoMemory,
+    /// No `_start` export.
+    #[error("the module does not export a `_start` function; roam runs WASI commands (build an executable, not a library or reactor)")]
+    NoStart,
+    /// `roam.migration_point` imported with the wrong signature.
+    #[error("the module imports `roam.migration_point` as {found}; it must be a function of type [] -> []")]
+    BadPointImport {
+        /// What was found instead.
+        found: String,
+    },
+    /// Imports something else from the `roam` module.
+    #[error("the module imports `roam.{name}`, which roam does not provide; only `roam.migration_point` exists")]
+    UnknownRoamImport {
+        /// Import name.
+        name: String,
+    },
+}
+
+/// Check that `input` is a module roam can prepare and summarise it.
+pub fn validate(input: &[u8]) -> Result<ModuleInfo, ValidateError> {
+    if input.len() >= 8 && input[..4] == *b"\0asm" && input[6..8] == [1, 0] {
+        return Err(ValidateError::Component);
+    }
+    Validator::new_with_features(WasmFeatures::all())
+        .validate_all(input)
+        .map_err(ValidateError::Invalid)?;
+    let scan = scan(input)?;
+    if let Some((index, refusal)) = scan.refusal {
+        let names = function_names(input);
+        return Err(ValidateError::UnsupportedInFunction {
+            function: describe_function(index, names.get(&index).map(String::as_str)),
+            instr: refusal.instr,
+            feature: refusal.feature,
+        });
+    }
+    if !scan.has_start {
+        return Err(ValidateError::NoStart);
+    }
+    if scan.memories == 0 {
+        return Err(ValidateError::NoMemory);
+    }
+    Validator::new_with_features(SUPPORTED_FEATURES)
+        .validate_all(input)
+        .map_err(ValidateError::UnsupportedFeature)?;
+    Ok(scan.info)
+}
+
+#[derive(Default)]
+struct Scan {
+    info: ModuleInfo,
+    memories: u32,
+    has_start: bool,
+    refusal: Option<(u32, Refusal)>,
+}
+
+fn unsupported(what: impl Into<String>) -> ValidateError {
+    ValidateError::UnsupportedModule { what: what.into() }
+}
+
+fn check_memory(ty: &wasmparser::MemoryType, scan: &mut Scan) -> Result<(), ValidateError> {
+    if ty.shared {
+        return Err(unsupported("declares a shared memory (threads)"));
+    }
+    if ty.memory64 {
+        return Err(unsupported("declares a 64-bit memory (memory64)"));
+    }
+    scan.memories += 1;
+    if scan.memories > 1 {
+        return Err(unsupported("has more than one memory (multi-memory)"));
+    }
+    scan.info.memory_initial_pages = ty.initial;
+    scan.info.memory_maximum_pages = ty.maximum;
+    Ok(())
+}
+
+fn scan(input: &[u8]) -> Result<Scan, ValidateError> {
+    let mut scan = Scan::default();
+    // Per type index: Some((params, results)) for function types.
+    let mut types: Vec<Option<(usize, usize)>> = Vec::new();
+    let mut globals = 0u32;
+    let mut code_index = 0u32;
+    for payload in Parser::new(0).parse_all(input) {
+        match payload.map_err(ValidateError::Invalid)? {
+            Payload::Version { encoding, .. } if encoding != Encoding::Module => {
+                return Err(ValidateError::Component)
+            }
+            Payload::TypeSection(reader) => {
+                for group in reader {
+                    for sub in group.map_err(ValidateError::Invalid)?.into_types() {
+                        types.push(match &sub.composite_type.inner {
+                            CompositeInnerType::Func(f) => {
+                                Some((f.params().len(), f.results().len()))
+                            }
+                            _ => None,
+                        });
+                    }
+                }
+            }
+            Payload::ImportSection(reader) => {
+                for import in reader.into_imports() {
+                    let import = import.map_err(ValidateError::Invalid)?;
+                    if import.module == POINT_MODULE && import.name != POINT_FUNC {
+                        return Err(ValidateError::UnknownRoamImport {
+                            name: import.name.into(),
+                        });
+                    }
+                    let is_point = import.module == POINT_MODULE;
+                    match import.ty {
+                        TypeRef::Func(ty) | TypeRef::FuncExact(ty) => {
+                            if is_point {
+                                let sig = types.get(ty as usize).copied().flatten();
+                                if sig != Some((0, 0)) {
+                                    let found = match sig {
+                                        Some((p, r)) => format!(
+                                            "a function with {p} parameter(s) and {r} result(s)"
+                                        ),
+                                        None => "a non-function type".to_string(),
+                                    };
+                                    return Err(ValidateError::BadPointImport { found });
+                                }
+                                scan.info.migration_point_import =
+                                    Some(scan.info.imported_functions);
+                            }
+                            scan.info.imported_functions += 1;
+                        }
+                        _ if is_point => {
+                            return Err(ValidateError::BadPointImport {
+                                found: "a non-function import".into(),
+                            })
+                        }
+                        TypeRef::Memory(_) => {
+                            return Err(ValidateError::ImportedMemory {
+                                module: import.module.into(),
+                                name: import.name.into(),
+                            })
+                        }
+                        TypeRef::Global(g) => {
+                            if g.mutable {
+                                scan.info.mutable_globals.push(globals);
+                            }
+                            globals += 1;
+                        }
+                        TypeRef::Table(_) => scan.info.tables += 1,
+                        TypeRef::Tag(_) => {
+                            return Err(unsupported(
+                                "imports an exception tag (exception handling)",
+                            ))
+                        }
+                    }
+                }
+            }
+            Payload::FunctionSection(reader) => scan.info.defined_functions = reader.count(),
+            Payload::TableSection(reader) => scan.info.tables += reader.count(),
+            Payload::MemorySection(reader) => {
+                for ty in reader {
+                    check_memory(&ty.map_err(ValidateError::Invalid)?, &mut scan)?;
+                }
+            }
+            Payload::TagSection(_) => {
+                return Err(unsupported("declares exception tags (exception handling)"))
+            }
+            Payload::GlobalSection(reader) => {
+                for global in reader {
+                    if global.map_err(ValidateError::Invalid)?.ty.mutable {
+                        scan.info.mutable_globals.push(globals);
+                    }
+                    globals += 1;
+                }
+            }
+            Payload::ExportSection(reader) => {
+                for export in reader {
+                    let export = export.map_err(ValidateError::Invalid)?;
+                    if export.name == "_start" && export.kind == ExternalKind::Func {
+                        scan.has_start = true;
+                    }
+                }
+            }
+            Payload::CodeSectionEntry(body) => {
+                let index = scan.info.imported_functions + code_index;
+                code_index += 1;
+                let mut ops = body
+                    .get_operators_reader()
+                    .map_err(ValidateError::Invalid)?;
+                while !ops.eof() {
+                    let op = ops.read().map_err(ValidateError::Invalid)?;
+                    if let Operator::Call { function_index } = op {
+                        if Some(function_index) == scan.info.migration_point_import {
+                            scan.info.manual_points += 1;
+                        }
+                    }
+                    if scan.refusal.is_none() {
+                        if let Some(refusal) = classify(&op) {
+                            scan.refusal = Some((index, refusal));
+                        }
+                    }
+                }
+            }
+            Payload::CustomSection(custom) if custom.name().starts_with(".debug") => {
+                scan.info.has_debug_sections = true;
+            }
+            _ => {}
+        }
+    }
+    Ok(scan)
+}
+
+#[cfg(test)]
+#[path = "validate_tests.rs"]
+mod tests;

@@ -1,0 +1,180 @@
+//! Run Binaryen's `wasm-opt` to apply Asyncify and optimise.
+//!
+//! Asyncify is the transformation that makes the call stack capturable:
+//! every function that may (transitively) reach an unwinding import learns
+//! to save its locals to linear memory and later resume from them. Binaryen
+//! is the reference implementation, so roam drives the `wasm-opt` binary
+//! rather than reimplementing it. Files go through a private temporary
+//! directory that is removed on every path, success or failure.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::pipeline::PrepareError;
+use crate::{PrepareOptions, ASYNC_IMPORTS};
+
+/// Environment variable naming the `wasm-opt` binary to use.
+pub(crate) const ENV_WASM_OPT: &str = "ROAM_WASM_OPT";
+
+/// Features that current clang and rustc (wasm32-wasip1) emit by default.
+/// `wasm-opt` 108 must be told about each explicitly.
+pub(crate) const FEATURE_FLAGS: &[&str] = &[
+    "--enable-bulk-memory",
+    "--enable-sign-ext",
+    "--enable-nontrapping-float-to-int",
+    "--enable-mutable-globals",
+    "--enable-reference-types",
+    "--enable-multivalue",
+    "--enable-simd",
+];
+
+/// A located `wasm-opt` and its version line.
+#[derive(Debug, Clone)]
+pub(crate) struct WasmOpt {
+    path: PathBuf,
+    /// e.g. `wasm-opt version 108`.
+    pub version: String,
+}
+
+/// Find `wasm-opt`: the explicit path, else `$ROAM_WASM_OPT`, else `PATH`.
+pub(crate) fn locate(explicit: Option<&Path>) -> Result<WasmOpt, PrepareError> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => match std::env::var_os(ENV_WASM_OPT) {
+            Some(p) if !p.is_empty() => PathBuf::from(p),
+            _ => PathBuf::from("wasm-opt"),
+        },
+    };
+    let output = Command::new(&path)
+        .arg("--version")
+        .output()
+        .map_err(|source| {
+            if source.kind() == ErrorKind::NotFound {
+                PrepareError::WasmOptMissing { path: path.clone() }
+            } else {
+                PrepareError::WasmOptSpawn {
+                    path: path.clone(),
+                    source,
+                }
+            }
+        })?;
+    if !output.status.success() {
+        return Err(PrepareError::WasmOptFailed {
+            path,
+            status: output.status.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
+    }
+    let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    Ok(WasmOpt { path, version })
+}
+
+/// `asyncify-imports` argument: `module.name` pairs joined by commas.
+pub(crate) fn asyncify_imports() -> String {
+    let list: Vec<String> = ASYNC_IMPORTS
+        .iter()
+        .map(|(m, n)| format!("{m}.{n}"))
+        .collect();
+    format!("--pass-arg=asyncify-imports@{}", list.join(","))
+}
+
+/// Arguments after the input file name, up to but excluding `-o <out>`.
+pub(crate) fn arguments(opts: &PrepareOptions) -> Vec<String> {
+    let mut args: Vec<String> = FEATURE_FLAGS.iter().map(|s| s.to_string()).collect();
+    args.push("--asyncify".into());
+    args.push(asyncify_imports());
+    if let Some(flag) = opts.opt_level.flag() {
+        args.push(flag.into());
+    }
+    if !opts.strip_names {
+        args.push("--debuginfo".into());
+    }
+    args
+}
+
+/// Run Asyncify (and the optimisation after it) on `module`.
+pub(crate) fn run(
+    tool: &WasmOpt,
+    module: &[u8],
+    opts: &PrepareOptions,
+) -> Result<Vec<u8>, PrepareError> {
+    let dir = tempfile::Builder::new()
+        .prefix("roam-prepare-")
+        .tempdir()
+        .map_err(PrepareError::TempFile)?;
+    let input = dir.path().join("in.wasm");
+    let output = dir.path().join("out.wasm");
+    std::fs::write(&input, module).map_err(PrepareError::TempFile)?;
+    let result = Command::new(&tool.path)
+        .arg(&input)
+        .args(arguments(opts))
+        .arg("-o")
+        .arg(&output)
+        .output()
+        .map_err(|source| PrepareError::WasmOptSpawn {
+            path: tool.path.clone(),
+            source,
+        })?;
+    if !result.status.success() {
+        return Err(PrepareError::WasmOptFailed {
+            path: tool.path.clone(),
+            status: result.status.to_string(),
+            stderr: String::from_utf8_lossy(&result.stderr).trim().to_string(),
+        });
+    }
+    let bytes = std::fs::read(&output).map_err(PrepareError::TempFile)?;
+    dir.close().map_err(PrepareError::TempFile)?;
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asyncify_imports_lists_every_async_import() {
+        assert_eq!(
+            asyncify_imports(),
+            "--pass-arg=asyncify-imports@roam.migration_point,\
+             wasi_snapshot_preview1.poll_oneoff,wasi_snapshot_preview1.fd_read,\
+             wasi_snapshot_preview1.sock_accept,wasi_snapshot_preview1.sock_recv"
+        );
+    }
+
+    #[test]
+    fn optimisation_runs_after_asyncify() {
+        let args = arguments(&PrepareOptions::default());
+        let asyncify = args.iter().position(|a| a == "--asyncify").unwrap();
+        let opt = args.iter().position(|a| a == "-O2").unwrap();
+        assert!(opt > asyncify, "{args:?}");
+        assert!(args.contains(&"--debuginfo".to_string()));
+        let stripped = arguments(&PrepareOptions {
+            strip_names: true,
+            ..Default::default()
+        });
+        assert!(!stripped.contains(&"--debuginfo".to_string()));
+    }
+
+    #[test]
+    fn missing_tool_says_how_to_install_it() {
+        let err = locate(Some(Path::new("/nonexistent/wasm-opt"))).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, PrepareError::WasmOptMissing { .. }));
+        assert!(msg.contains("apt-get install binaryen"), "{msg}");
+        assert!(msg.contains(ENV_WASM_OPT), "{msg}");
+    }
+
+    #[test]
+    fn failing_tool_reports_its_stderr() {
+        // `false` exits non-zero without output; a shell script gives stderr.
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("fake-wasm-opt");
+        std::fs::write(&script, "#!/bin/sh\necho 'boom: bad input' >&2\nexit 3\n").unwrap();
+        let mut perms = std::fs::metadata(&script).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&script, perms).unwrap();
+        let err = locate(Some(&script)).unwrap_err();
+        assert!(err.to_string().contains("boom: bad input"), "{err}");
+    }
+}
