@@ -1,0 +1,279 @@
+//! Linear memory as classified 4 KiB pages.
+//!
+//! A checkpoint must be cheap: copying hundreds of MiB that are mostly zero or
+//! unchanged since instantiation wastes time and snapshot space. Capture
+//! therefore classifies each page as Zero, Initial (equal to the module's
+//! initial image) or Data, and stores only Data pages. Restore mirrors this and,
+//! on a freshly instantiated memory, writes only what differs, so untouched
+//! pages stay unmapped.
+
+use serde::{Deserialize, Serialize};
+
+use crate::initial::InitialImage;
+use crate::{MAX_MEMORY_BYTES, PAGE_SIZE, WASM_PAGE_SIZE};
+
+/// How one 4 KiB page of linear memory is represented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PageKind {
+    /// All bytes are zero; nothing stored.
+    Zero,
+    /// Equal to the (non-zero) page of the module's initial image; nothing stored.
+    Initial,
+    /// Stored verbatim in the snapshot.
+    Data,
+}
+
+/// The linear memory of a snapshot, with zero and initial pages elided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryImage {
+    byte_len: u64,
+    initial_digest: [u8; 32],
+    kinds: Vec<PageKind>,
+    /// The Data pages, in page order, `PAGE_SIZE` bytes each.
+    data: Vec<u8>,
+}
+
+/// Why [`MemoryImage::restore_into`] refused to write.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RestoreError {
+    /// The destination has the wrong length.
+    #[error(
+        "destination memory is {got} bytes but the snapshot memory is {expected} bytes; \
+         grow the memory to exactly the snapshot size before restoring"
+    )]
+    SizeMismatch {
+        /// The snapshot's memory size.
+        expected: u64,
+        /// The destination's size.
+        got: u64,
+    },
+    /// The initial image is not the one the snapshot was captured against.
+    #[error(
+        "the module's initial memory image differs from the one the snapshot was captured \
+         against; restore with the same prepared module the snapshot was taken from"
+    )]
+    InitialImageMismatch,
+    /// A page marked Initial has no data in the initial image.
+    #[error(
+        "page {page} is marked as equal to the initial image, but the initial image has no \
+         data there; the snapshot is corrupt, re-create it"
+    )]
+    MissingInitialPage {
+        /// Index of the offending 4 KiB page.
+        page: u64,
+    },
+}
+
+impl MemoryImage {
+    /// An image of a zero-length memory.
+    pub fn empty() -> Self {
+        MemoryImage {
+            byte_len: 0,
+            initial_digest: InitialImage::empty().digest(),
+            kinds: Vec::new(),
+            data: Vec::new(),
+        }
+    }
+
+    /// Classify every 4 KiB page of `memory` as Zero, Initial (equal to
+    /// `initial`'s page) or Data (stored).
+    ///
+    /// # Panics
+    /// If `memory.len()` is not a multiple of [`WASM_PAGE_SIZE`] or exceeds
+    /// 4 GiB; a wasm32 linear memory always satisfies both.
+    pub fn capture(memory: &[u8], initial: &InitialImage) -> MemoryImage {
+        let len = memory.len() as u64;
+        assert!(
+            len.is_multiple_of(WASM_PAGE_SIZE),
+            "memory length {len} is not a multiple of 64 KiB"
+        );
+        assert!(len <= MAX_MEMORY_BYTES, "memory length {len} exceeds 4 GiB");
+        let mut kinds = Vec::with_capacity(memory.len() / PAGE_SIZE);
+        let mut data = Vec::new();
+        let mut cursor = InitialCursor::new(initial);
+        for (i, page) in memory.chunks_exact(PAGE_SIZE).enumerate() {
+            let kind = if is_zero(page) {
+                PageKind::Zero
+            } else if cursor.page(i as u64) == Some(page) {
+                PageKind::Initial
+            } else {
+                data.extend_from_slice(page);
+                PageKind::Data
+            };
+            kinds.push(kind);
+        }
+        MemoryImage {
+            byte_len: len,
+            initial_digest: initial.digest(),
+            kinds,
+            data,
+        }
+    }
+
+    /// Reassemble an image from decoded parts, checking their consistency.
+    pub(crate) fn from_parts(
+        byte_len: u64,
+        initial_digest: [u8; 32],
+        kinds: Vec<PageKind>,
+        data: Vec<u8>,
+    ) -> Result<Self, String> {
+        if !byte_len.is_multiple_of(WASM_PAGE_SIZE) {
+            return Err(format!(
+                "memory size {byte_len} is not a multiple of 64 KiB"
+            ));
+        }
+        if kinds.len() as u64 * PAGE_SIZE as u64 != byte_len {
+            return Err(format!(
+                "{} page kinds for a {byte_len}-byte memory",
+                kinds.len()
+            ));
+        }
+        let stored = kinds.iter().filter(|k| **k == PageKind::Data).count();
+        if stored as u64 * PAGE_SIZE as u64 != data.len() as u64 {
+            return Err(format!(
+                "{stored} stored pages but {} bytes of page data",
+                data.len()
+            ));
+        }
+        Ok(MemoryImage {
+            byte_len,
+            initial_digest,
+            kinds,
+            data,
+        })
+    }
+
+    /// Size of the memory in bytes (a multiple of [`WASM_PAGE_SIZE`]).
+    pub fn byte_len(&self) -> u64 {
+        self.byte_len
+    }
+
+    /// Number of pages stored verbatim.
+    pub fn stored_pages(&self) -> usize {
+        self.data.len() / PAGE_SIZE
+    }
+
+    /// Number of all-zero pages.
+    pub fn zero_pages(&self) -> usize {
+        self.kinds.iter().filter(|k| **k == PageKind::Zero).count()
+    }
+
+    /// Number of pages equal to the initial image.
+    pub fn initial_pages(&self) -> usize {
+        self.kinds
+            .iter()
+            .filter(|k| **k == PageKind::Initial)
+            .count()
+    }
+
+    /// The classification of every 4 KiB page, in order.
+    pub fn page_kinds(&self) -> &[PageKind] {
+        &self.kinds
+    }
+
+    /// The stored pages, concatenated in page order.
+    pub fn stored_data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Digest of the initial image this memory was captured against.
+    pub fn initial_digest(&self) -> [u8; 32] {
+        self.initial_digest
+    }
+
+    /// Write the image into `dst` (len == `byte_len()`). If `dst_is_fresh`, dst
+    /// already holds exactly the initial image and zeroes elsewhere (a freshly
+    /// instantiated memory grown to size), so Initial pages and Zero pages
+    /// outside the initial image are not touched.
+    ///
+    /// Everything is validated before the first byte of `dst` is written.
+    pub fn restore_into(
+        &self,
+        dst: &mut [u8],
+        initial: &InitialImage,
+        dst_is_fresh: bool,
+    ) -> Result<(), RestoreError> {
+        if dst.len() as u64 != self.byte_len {
+            return Err(RestoreError::SizeMismatch {
+                expected: self.byte_len,
+                got: dst.len() as u64,
+            });
+        }
+        if initial.digest() != self.initial_digest {
+            return Err(RestoreError::InitialImageMismatch);
+        }
+        let mut cursor = InitialCursor::new(initial);
+        for (i, kind) in self.kinds.iter().enumerate() {
+            if *kind == PageKind::Initial && cursor.page(i as u64).is_none() {
+                return Err(RestoreError::MissingInitialPage { page: i as u64 });
+            }
+        }
+        let mut cursor = InitialCursor::new(initial);
+        let mut stored = self.data.chunks_exact(PAGE_SIZE);
+        for (i, (kind, page)) in self
+            .kinds
+            .iter()
+            .zip(dst.chunks_exact_mut(PAGE_SIZE))
+            .enumerate()
+        {
+            let init = cursor.page(i as u64);
+            match kind {
+                PageKind::Data => {
+                    // from_parts/capture guarantee one stored page per Data kind.
+                    page.copy_from_slice(stored.next().expect("stored page count checked"));
+                }
+                PageKind::Initial if !dst_is_fresh => {
+                    page.copy_from_slice(init.expect("initial pages checked above"));
+                }
+                PageKind::Initial => {}
+                PageKind::Zero if !dst_is_fresh || init.is_some() => page.fill(0),
+                PageKind::Zero => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Walks an [`InitialImage`] in increasing page order without binary searches.
+struct InitialCursor<'a> {
+    image: &'a InitialImage,
+    next: usize,
+}
+
+impl<'a> InitialCursor<'a> {
+    fn new(image: &'a InitialImage) -> Self {
+        InitialCursor { image, next: 0 }
+    }
+
+    /// The initial page `index`; calls must use non-decreasing indices.
+    fn page(&mut self, index: u64) -> Option<&'a [u8]> {
+        let idx = self.image.indices();
+        while self.next < idx.len() && idx[self.next] < index {
+            self.next += 1;
+        }
+        if idx.get(self.next) == Some(&index) {
+            Some(self.image.page_at_slot(self.next))
+        } else {
+            None
+        }
+    }
+}
+
+/// Whether every byte of `bytes` is zero. ORs 256-byte blocks as u64 words so
+/// the compiler vectorises the inner loop, and exits at the first non-zero block.
+pub(crate) fn is_zero(bytes: &[u8]) -> bool {
+    let mut blocks = bytes.chunks_exact(256);
+    for block in &mut blocks {
+        let mut acc = 0u64;
+        for w in block.chunks_exact(8) {
+            acc |= u64::from_ne_bytes(w.try_into().expect("8-byte chunk"));
+        }
+        if acc != 0 {
+            return false;
+        }
+    }
+    blocks.remainder().iter().all(|&b| b == 0)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,5 @@
+//! Cross-module tests of the whole format: round trips and hostile input.
+
+mod corrupt;
+mod mutate;
+mod roundtrip;
