@@ -64,9 +64,24 @@ fn update(points: &[f64], member: &[u32], centroids: &mut [f64], dim: usize) -> 
 fn main() -> ExitCode {
     let size = Size::from_args("kmeans");
     let prm = size.pick(
-        Params { n: 20_000, dim: 4, k: 8, iters: 10 },
-        Params { n: 1_000_000, dim: 8, k: 16, iters: 16 },
-        Params { n: 2_500_000, dim: 8, k: 32, iters: 30 },
+        Params {
+            n: 20_000,
+            dim: 4,
+            k: 8,
+            iters: 10,
+        },
+        Params {
+            n: 1_000_000,
+            dim: 8,
+            k: 16,
+            iters: 16,
+        },
+        Params {
+            n: 2_500_000,
+            dim: 8,
+            k: 32,
+            iters: 30,
+        },
     );
     let (n, dim, k) = (prm.n, prm.dim, prm.k);
     let mut rng = Rng::new(577_215_664);
@@ -79,7 +94,10 @@ fn main() -> ExitCode {
             points.push(hidden[c * dim + d] + noise);
         }
     }
-    println!("kmeans: {n} points, {dim} dimensions, {k} clusters, {} iterations", prm.iters);
+    println!(
+        "kmeans: {n} points, {dim} dimensions, {k} clusters, {} iterations",
+        prm.iters
+    );
 
     let mut v = Verifier::default();
     let mut sum = Checksum::default();
@@ -108,13 +126,23 @@ fn main() -> ExitCode {
     // Each centroid must be the mean of its members (same summation order, so exact).
     let mut again = centroids.clone();
     update(&points, &member, &mut again, dim);
-    v.check(again == centroids, || "a centroid is not the mean of its members".into());
+    v.check(again == centroids, || {
+        "a centroid is not the mean of its members".into()
+    });
     // One more assignment against the final centroids: Lloyd must have (nearly) converged.
     let mut final_member = vec![0u32; n];
     let final_sse = assign(&points, &centroids, dim, &mut final_member);
-    v.check(final_sse <= prev * (1.0 + 1e-12), || "final objective rose".into());
-    let changed = member.iter().zip(&final_member).filter(|(a, b)| a != b).count();
-    v.check(changed * 100 < n, || format!("{changed} of {n} points still move: not converged"));
+    v.check(final_sse <= prev * (1.0 + 1e-12), || {
+        "final objective rose".into()
+    });
+    let changed = member
+        .iter()
+        .zip(&final_member)
+        .filter(|(a, b)| a != b)
+        .count();
+    v.check(changed * 100 < n, || {
+        format!("{changed} of {n} points still move: not converged")
+    });
     println!("kmeans: final objective {final_sse:.10e}, {changed} points still moving");
     println!("kmeans: cluster sizes {counts:?}");
     for c in &centroids {

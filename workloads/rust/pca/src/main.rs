@@ -35,7 +35,10 @@ impl Source {
         }
         for f in 0..FACTORS {
             let z = rng.unit() + rng.unit() - 1.0;
-            for (o, l) in out.iter_mut().zip(&self.loadings[f * self.dim..(f + 1) * self.dim]) {
+            for (o, l) in out
+                .iter_mut()
+                .zip(&self.loadings[f * self.dim..(f + 1) * self.dim])
+            {
                 *o += z * l;
             }
         }
@@ -45,7 +48,11 @@ impl Source {
 fn matvec(c: &[f64], x: &[f64], y: &mut [f64]) {
     let dim = x.len();
     for (i, yi) in y.iter_mut().enumerate() {
-        *yi = c[i * dim..(i + 1) * dim].iter().zip(x).map(|(a, b)| a * b).sum();
+        *yi = c[i * dim..(i + 1) * dim]
+            .iter()
+            .zip(x)
+            .map(|(a, b)| a * b)
+            .sum();
     }
 }
 
@@ -94,9 +101,13 @@ fn main() -> ExitCode {
         .flat_map(|i| (0..dim).map(move |j| (i, j)))
         .filter(|&(i, j)| cov[i * dim + j] != cov[j * dim + i])
         .count();
-    v.check(asym == 0, || format!("covariance has {asym} asymmetric entries"));
+    v.check(asym == 0, || {
+        format!("covariance has {asym} asymmetric entries")
+    });
     let trace: f64 = (0..dim).map(|i| cov[i * dim + i]).sum();
-    v.check((0..dim).all(|i| cov[i * dim + i] >= 0.0), || "negative variance".into());
+    v.check((0..dim).all(|i| cov[i * dim + i] >= 0.0), || {
+        "negative variance".into()
+    });
 
     let mut deflated = cov.clone();
     let mut vecs: Vec<Vec<f64>> = Vec::new();
@@ -113,7 +124,12 @@ fn main() -> ExitCode {
         }
         // Residual against the original (not deflated) covariance.
         matvec(&cov, &x, &mut y);
-        let res = y.iter().zip(&x).map(|(a, b)| (a - lambda * b).powi(2)).sum::<f64>().sqrt();
+        let res = y
+            .iter()
+            .zip(&x)
+            .map(|(a, b)| (a - lambda * b).powi(2))
+            .sum::<f64>()
+            .sqrt();
         v.check(res <= 1e-6 * lambda, || {
             format!("component {comp}: residual {res:.3e} vs eigenvalue {lambda:.6e}")
         });
@@ -132,12 +148,21 @@ fn main() -> ExitCode {
         for b in 0..COMPONENTS {
             let d = dot(&vecs[a], &vecs[b]);
             let want = if a == b { 1.0 } else { 0.0 };
-            v.check((d - want).abs() < 1e-8, || format!("eigenvectors {a},{b}: dot {d:.3e}"));
+            v.check((d - want).abs() < 1e-8, || {
+                format!("eigenvectors {a},{b}: dot {d:.3e}")
+            });
         }
     }
-    v.check(vals.windows(2).all(|w| w[0] >= w[1]), || "eigenvalues not descending".into());
-    v.check(vals.iter().sum::<f64>() <= trace, || "eigenvalues exceed the trace".into());
-    println!("pca: trace {trace:.10e}, explained {:.6}", vals.iter().sum::<f64>() / trace);
+    v.check(vals.windows(2).all(|w| w[0] >= w[1]), || {
+        "eigenvalues not descending".into()
+    });
+    v.check(vals.iter().sum::<f64>() <= trace, || {
+        "eigenvalues exceed the trace".into()
+    });
+    println!(
+        "pca: trace {trace:.10e}, explained {:.6}",
+        vals.iter().sum::<f64>() / trace
+    );
     cov.iter().for_each(|&c| sum.f64(c));
     v.finish(sum)
 }

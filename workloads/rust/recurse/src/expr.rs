@@ -6,8 +6,11 @@
 
 use common::Rng;
 
+/// A binary operator on wrapping integers.
+type BinOp = fn(u64, u64) -> u64;
+
 /// The operators, in table order: `+`, `-`, `*`.
-const OPS: [(u8, fn(u64, u64) -> u64); 3] = [
+const OPS: [(u8, BinOp); 3] = [
     (b'+', u64::wrapping_add),
     (b'-', u64::wrapping_sub),
     (b'*', u64::wrapping_mul),
@@ -186,6 +189,9 @@ mod tests {
             _ => (d, m),
         });
         assert_eq!(depth, (0, 200));
-        assert_eq!(eval_recursive(text.as_bytes()), Some(eval_iterative(text.as_bytes())));
+        assert_eq!(
+            eval_recursive(text.as_bytes()),
+            Some(eval_iterative(text.as_bytes()))
+        );
     }
 }

@@ -39,9 +39,27 @@ struct Params {
 fn main() -> ExitCode {
     let size = Size::from_args("recurse");
     let p = size.pick(
-        Params { rounds: 2, exprs: 4, nesting: 300, ack_n: 6, tree_depth: 12 },
-        Params { rounds: 6, exprs: 20, nesting: 900, ack_n: 9, tree_depth: 19 },
-        Params { rounds: 40, exprs: 30, nesting: 1000, ack_n: 9, tree_depth: 20 },
+        Params {
+            rounds: 2,
+            exprs: 4,
+            nesting: 300,
+            ack_n: 6,
+            tree_depth: 12,
+        },
+        Params {
+            rounds: 6,
+            exprs: 20,
+            nesting: 900,
+            ack_n: 9,
+            tree_depth: 19,
+        },
+        Params {
+            rounds: 40,
+            exprs: 30,
+            nesting: 1000,
+            ack_n: 9,
+            tree_depth: 20,
+        },
     );
     println!(
         "recurse: {} rounds; {} expressions nested {} deep; A(3, {}); tree depth {}",
@@ -67,7 +85,9 @@ fn main() -> ExitCode {
         let a3 = ackermann(3, n);
         let a2 = ackermann(2, 1000 + u64::from(round));
         v.check(a3 == (1u64 << (n + 3)) - 3, || format!("A(3, {n}) = {a3}"));
-        v.check(a2 == 2 * (1000 + u64::from(round)) + 3, || format!("A(2, n) = {a2}"));
+        v.check(a2 == 2 * (1000 + u64::from(round)) + 3, || {
+            format!("A(2, n) = {a2}")
+        });
         let seed = rng.next_u64();
         let folded = tree::fold_recursive(1, p.tree_depth, seed);
         let reference = tree::fold_iterative(p.tree_depth, seed);

@@ -65,7 +65,8 @@ mod tests {
     #[test]
     fn folds_agree_and_match_a_hand_computed_small_tree() {
         let seed = 99;
-        let want = add_rot(leaf(2, seed), leaf(3, seed), 1);
+        // The root (id 1) combines with COMBINE[1] = xor_mul.
+        let want = xor_mul(leaf(2, seed), leaf(3, seed), 1);
         assert_eq!(fold_recursive(1, 1, seed), want);
         assert_eq!(fold_iterative(1, seed), want);
         for depth in 0..12 {
