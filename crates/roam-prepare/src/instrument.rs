@@ -189,4 +189,4 @@ fn insert_point(func: &mut LocalFunction, seq: InstrSeqId, point: FunctionId, fl
 
 #[cfg(test)]
 #[path = "instrument_tests.rs"]
-mod tests;
+pub(crate) mod tests;
