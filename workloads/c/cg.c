@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     enum wl_size size = wl_parse_size(argc, argv, "cg");
     static const uint32_t ns[] = { 2000, 150000, 400000 };
     static const uint32_t per_row[] = { 6, 8, 10 };
-    static const int outers[] = { 8, 10, 30 };
+    static const int outers[] = { 8, 10, 25 };
     const uint32_t n = ns[size];
     const int outer = outers[size], steps = 25;
     const double shift = 10.0;

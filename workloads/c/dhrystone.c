@@ -123,7 +123,7 @@ static void snapshot(state *s, int32_t a, int32_t b, int32_t c, hue t) {
 
 int main(int argc, char **argv) {
     enum wl_size size = wl_parse_size(argc, argv, "dhrystone");
-    static const int32_t runs_by_size[] = { 500000, 60000000, 600000000 };
+    static const int32_t runs_by_size[] = { 500000, 60000000, 450000000 };
     const int32_t runs = runs_by_size[size];
     static rec r1, r2;
     g_head = &r1, g_spare = &r2;

@@ -58,8 +58,8 @@ static void solve(const double *a, uint32_t n, const uint32_t *piv, double *b) {
 
 int main(int argc, char **argv) {
     enum wl_size size = wl_parse_size(argc, argv, "linpack");
-    static const uint32_t ns[] = { 200, 1500, 2500 };
-    static const int reps_by_size[] = { 2, 3, 6 };
+    static const uint32_t ns[] = { 200, 1500, 2000 };
+    static const int reps_by_size[] = { 2, 3, 5 };
     const uint32_t n = ns[size];
     const int reps = reps_by_size[size];
     double *a = malloc(sizeof(double) * n * n), *lu = malloc(sizeof(double) * n * n);

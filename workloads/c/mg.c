@@ -94,7 +94,7 @@ static void vcycle(level *lv, int depth, int nlev) {
 int main(int argc, char **argv) {
     enum wl_size size = wl_parse_size(argc, argv, "mg");
     static const int log2_n[] = { 5, 7, 7 };
-    static const int solves_by_size[] = { 2, 2, 20 };
+    static const int solves_by_size[] = { 2, 2, 24 };
     const int solves = solves_by_size[size], cycles = 8, charges = 20;
     int nlev = log2_n[size];
     level lv[16];

@@ -47,18 +47,18 @@ fn main() -> ExitCode {
             tree_depth: 12,
         },
         Params {
-            rounds: 6,
-            exprs: 20,
-            nesting: 900,
-            ack_n: 9,
-            tree_depth: 19,
+            rounds: 60,
+            exprs: 40,
+            nesting: 700,
+            ack_n: 8,
+            tree_depth: 20,
         },
         Params {
-            rounds: 40,
-            exprs: 30,
-            nesting: 1000,
-            ack_n: 9,
-            tree_depth: 20,
+            rounds: 350,
+            exprs: 50,
+            nesting: 800,
+            ack_n: 8,
+            tree_depth: 21,
         },
     );
     println!(
@@ -98,10 +98,12 @@ fn main() -> ExitCode {
         sum.u64(a3);
         sum.u64(a2);
         sum.u64(folded);
-        println!(
+        if round < 2 || (round + 1) % 25 == 0 {
+            println!(
             "recurse: round {round}: {chars} expression bytes, exprs {:016x}, A(3, {n}) = {a3}, tree {folded:016x}",
             expr_hash.value()
         );
+        }
         if round + 1 == p.rounds / 2 {
             pause();
         }
