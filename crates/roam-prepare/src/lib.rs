@@ -29,7 +29,7 @@ mod section;
 mod validate;
 mod wasm_opt;
 
-pub use memory::initial_memory;
+pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{OptLevel, ParsePolicyError, PointPolicy, PrepareOptions};
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
 pub use section::{read_section, RoamSection, SectionError};

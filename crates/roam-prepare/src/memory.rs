@@ -13,10 +13,15 @@ use crate::ValidateError;
 /// Bytes per WebAssembly page.
 const PAGE: u64 = 65_536;
 
+/// `(offset, bytes)` of one active data segment.
+pub type DataSegment = (u64, Vec<u8>);
+/// `(initial memory size in bytes, segments)`; see [`initial_memory`].
+pub type MemoryImage = (u64, Vec<DataSegment>);
+
 /// `(initial memory size in bytes, [(offset, bytes)])` of the active data
 /// segments of memory 0 with constant `i32` offsets, in module order (later
 /// segments overwrite earlier ones where they overlap).
-pub fn initial_memory(module: &[u8]) -> Result<(u64, Vec<(u64, Vec<u8>)>), ValidateError> {
+pub fn initial_memory(module: &[u8]) -> Result<MemoryImage, ValidateError> {
     let mut size = 0;
     let mut segments = Vec::new();
     for payload in Parser::new(0).parse_all(module) {

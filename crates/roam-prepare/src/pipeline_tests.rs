@@ -28,21 +28,32 @@ pub(crate) fn export_names(wasm: &[u8]) -> Vec<(String, ExternalKind)> {
 }
 
 fn opts(points: PointPolicy) -> PrepareOptions {
-    PrepareOptions { points, ..PrepareOptions::default() }
+    PrepareOptions {
+        points,
+        ..PrepareOptions::default()
+    }
 }
 
 #[test]
 fn prepared_module_validates_and_has_exports_and_section() {
     let wasm = wat::parse_str(LOOPS_WAT).unwrap();
-    let Some(p) = prepare_or_skip(&wasm, &opts(PointPolicy::Loops)) else { return };
+    let Some(p) = prepare_or_skip(&wasm, &opts(PointPolicy::Loops)) else {
+        return;
+    };
     assert!(!p.already_prepared);
     wasmparser::Validator::new().validate_all(&p.bytes).unwrap();
     let names = export_names(&p.bytes);
     for name in ASYNCIFY_EXPORTS {
-        assert!(names.contains(&(name.to_string(), ExternalKind::Func)), "{name}: {names:?}");
+        assert!(
+            names.contains(&(name.to_string(), ExternalKind::Func)),
+            "{name}: {names:?}"
+        );
     }
     for name in ["roam.flag", "roam.global.0", "roam.global.2"] {
-        assert!(names.contains(&(name.to_string(), ExternalKind::Global)), "{name}");
+        assert!(
+            names.contains(&(name.to_string(), ExternalKind::Global)),
+            "{name}"
+        );
     }
     assert!(names.contains(&("roam.memory".to_string(), ExternalKind::Memory)));
     assert!(names.contains(&("roam.table.0".to_string(), ExternalKind::Table)));
@@ -55,7 +66,11 @@ fn prepared_module_validates_and_has_exports_and_section() {
     assert_eq!(section.options, "points=loops;opt=O2;names=keep");
     assert_eq!(section.mutable_globals, vec![0, 2]);
     assert_eq!(section.tables, 1);
-    assert!(section.wasm_opt_version.contains("wasm-opt"), "{}", section.wasm_opt_version);
+    assert!(
+        section.wasm_opt_version.contains("wasm-opt"),
+        "{}",
+        section.wasm_opt_version
+    );
     assert_eq!(section.stats, p.stats);
     assert_eq!((p.stats.loop_points, p.stats.function_points), (3, 2));
 }
@@ -68,8 +83,14 @@ fn point_counts_follow_the_policy() {
         (PointPolicy::Functions, 0, 2),
         (PointPolicy::Manual, 0, 0),
     ] {
-        let Some(p) = prepare_or_skip(&wasm, &opts(policy)) else { return };
-        assert_eq!((p.stats.loop_points, p.stats.function_points), (loops, entries), "{policy}");
+        let Some(p) = prepare_or_skip(&wasm, &opts(policy)) else {
+            return;
+        };
+        assert_eq!(
+            (p.stats.loop_points, p.stats.function_points),
+            (loops, entries),
+            "{policy}"
+        );
         assert_eq!(p.section.points, policy);
     }
 }
@@ -77,9 +98,14 @@ fn point_counts_follow_the_policy() {
 #[test]
 fn deterministic_and_idempotent() {
     let wasm = wat::parse_str(LOOPS_WAT).unwrap();
-    let Some(a) = prepare_or_skip(&wasm, &PrepareOptions::default()) else { return };
+    let Some(a) = prepare_or_skip(&wasm, &PrepareOptions::default()) else {
+        return;
+    };
     let b = prepare(&wasm, &PrepareOptions::default()).unwrap();
-    assert_eq!(a.bytes, b.bytes, "same input and options must give the same bytes");
+    assert_eq!(
+        a.bytes, b.bytes,
+        "same input and options must give the same bytes"
+    );
 
     let again = prepare(&a.bytes, &opts(PointPolicy::Manual)).unwrap();
     assert!(again.already_prepared);
@@ -93,16 +119,28 @@ fn deterministic_and_idempotent() {
 #[test]
 fn refuses_before_looking_for_wasm_opt() {
     let wasm = wat::parse_str(r#"(module (memory 1) (func (export "main")))"#).unwrap();
-    let o = PrepareOptions { wasm_opt: Some("/nonexistent/wasm-opt".into()), ..Default::default() };
-    assert!(matches!(prepare(&wasm, &o), Err(PrepareError::Validate(ValidateError::NoStart))));
+    let o = PrepareOptions {
+        wasm_opt: Some("/nonexistent/wasm-opt".into()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        prepare(&wasm, &o),
+        Err(PrepareError::Validate(ValidateError::NoStart))
+    ));
 }
 
 #[test]
 fn missing_wasm_opt_is_reported_with_install_hint() {
     let wasm = wat::parse_str(LOOPS_WAT).unwrap();
-    let o = PrepareOptions { wasm_opt: Some("/nonexistent/wasm-opt".into()), ..Default::default() };
+    let o = PrepareOptions {
+        wasm_opt: Some("/nonexistent/wasm-opt".into()),
+        ..Default::default()
+    };
     let err = prepare(&wasm, &o).unwrap_err();
-    assert!(err.to_string().contains("apt-get install binaryen"), "{err}");
+    assert!(
+        err.to_string().contains("apt-get install binaryen"),
+        "{err}"
+    );
     assert!(err.to_string().contains("ROAM_WASM_OPT"), "{err}");
 }
 
@@ -112,7 +150,10 @@ fn corrupt_roam_section_is_not_mistaken_for_prepared() {
     wasm.extend([0, 7, 4]);
     wasm.extend(b"roam\x09\x00");
     let err = prepare(&wasm, &PrepareOptions::default()).unwrap_err();
-    assert!(matches!(err, PrepareError::Section(SectionError::Truncated)), "{err}");
+    assert!(
+        matches!(err, PrepareError::Section(SectionError::Truncated)),
+        "{err}"
+    );
 }
 
 #[test]
@@ -120,5 +161,8 @@ fn output_without_asyncify_exports_is_refused() {
     let wasm = wat::parse_str(r#"(module (memory (export "roam.memory") 1) (global (export "roam.flag") (mut i32) (i32.const 0)))"#).unwrap();
     let err = check_output(&wasm).unwrap_err();
     assert!(err.to_string().contains("asyncify_start_unwind"), "{err}");
-    assert!(matches!(check_output(b"\0asm"), Err(PrepareError::OutputInvalid(_))));
+    assert!(matches!(
+        check_output(b"\0asm"),
+        Err(PrepareError::OutputInvalid(_))
+    ));
 }

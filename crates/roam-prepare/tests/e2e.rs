@@ -65,7 +65,10 @@ fn exports(wasm: &[u8]) -> Vec<(String, ExternalKind)> {
 
 fn check_prepared(input: &[u8], label: &str) {
     for points in [PointPolicy::Loops, PointPolicy::Functions] {
-        let opts = PrepareOptions { points, ..PrepareOptions::default() };
+        let opts = PrepareOptions {
+            points,
+            ..PrepareOptions::default()
+        };
         let start = std::time::Instant::now();
         let p = match prepare(input, &opts) {
             Err(PrepareError::WasmOptMissing { path }) => {
@@ -84,12 +87,18 @@ fn check_prepared(input: &[u8], label: &str) {
         wasmparser::Validator::new().validate_all(&p.bytes).unwrap();
         let names = exports(&p.bytes);
         for name in ASYNCIFY_EXPORTS.iter().copied().chain(["_start"]) {
-            assert!(names.contains(&(name.into(), ExternalKind::Func)), "{label}: {name}");
+            assert!(
+                names.contains(&(name.into(), ExternalKind::Func)),
+                "{label}: {name}"
+            );
         }
         assert!(names.contains(&(FLAG_GLOBAL_EXPORT.into(), ExternalKind::Global)));
         assert!(names.contains(&(MEMORY_EXPORT.into(), ExternalKind::Memory)));
         // `__stack_pointer` is global 0 in both toolchains' output.
-        assert!(names.contains(&("roam.global.0".into(), ExternalKind::Global)), "{label}");
+        assert!(
+            names.contains(&("roam.global.0".into(), ExternalKind::Global)),
+            "{label}"
+        );
         assert!(p.stats.function_points > 0, "{label}: {:?}", p.stats);
         assert_eq!(read_section(&p.bytes).unwrap().unwrap(), p.section);
         assert!(prepare(&p.bytes, &opts).unwrap().already_prepared);
@@ -103,7 +112,10 @@ fn c_program_prepares() {
     let out = dir.path().join("prog.wasm");
     std::fs::write(&src, C_SOURCE).unwrap();
     let mut cmd = Command::new("clang-16");
-    cmd.args(["--target=wasm32-wasi", "-O2"]).arg(&src).arg("-o").arg(&out);
+    cmd.args(["--target=wasm32-wasi", "-O2"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out);
     if let Some(wasm) = compile(cmd, &out) {
         check_prepared(&wasm, "C");
     }
@@ -116,7 +128,10 @@ fn rust_program_prepares() {
     let out = dir.path().join("prog.wasm");
     std::fs::write(&src, RUST_SOURCE).unwrap();
     let mut cmd = Command::new("rustc");
-    cmd.args(["--target", "wasm32-wasip1", "-O"]).arg(&src).arg("-o").arg(&out);
+    cmd.args(["--target", "wasm32-wasip1", "-O"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out);
     if let Some(wasm) = compile(cmd, &out) {
         check_prepared(&wasm, "Rust");
     }
