@@ -8,7 +8,10 @@ use std::time::Instant;
 use roam_snapshot::*;
 
 fn main() {
-    let mib: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
+    let mib: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(256);
     let len = mib << 20;
     let initial = InitialImage::new(WASM_PAGE_SIZE, vec![(0, vec![7u8; 32 * 1024])]);
     for (name, fill) in [("all data", 1usize), ("half zero", 2), ("mostly zero", 16)] {
@@ -34,8 +37,18 @@ fn main() {
             image = MemoryImage::capture(&mem, &initial);
             capture = capture.min(t.elapsed());
         }
+        // Periodic checkpoints recycle the previous buffer.
+        let mut reuse = std::time::Duration::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            image = MemoryImage::capture_reusing(&mem, &initial, image.into_stored_data());
+            reuse = reuse.min(t.elapsed());
+        }
         let snap = Snapshot {
-            module: ModuleRef { hash: [0; 32], embedded: None },
+            module: ModuleRef {
+                hash: [0; 32],
+                embedded: None,
+            },
             origin: Origin {
                 isa: "x86_64".into(),
                 roam_version: "bench".into(),
@@ -60,9 +73,10 @@ fn main() {
         let restore = t.elapsed();
         assert!(dst == mem);
         println!(
-            "{mib} MiB {name:<12} capture {:>6.1} ms  encode {:>7.1} ms  decode {:>7.1} ms  \
+            "{mib} MiB {name:<12} capture {:>6.1} ms (reusing {:>5.1} ms)  encode {:>7.1} ms  decode {:>7.1} ms  \
              restore {:>6.1} ms  stored {} pages  file {:.1} MiB",
             capture.as_secs_f64() * 1e3,
+            reuse.as_secs_f64() * 1e3,
             encode.as_secs_f64() * 1e3,
             decode.as_secs_f64() * 1e3,
             restore.as_secs_f64() * 1e3,

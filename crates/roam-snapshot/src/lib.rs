@@ -46,6 +46,7 @@ mod initial;
 mod memory;
 mod model;
 mod payload;
+mod stack;
 mod summary;
 #[cfg(test)]
 mod tests;
@@ -63,6 +64,7 @@ pub use model::{
     FileEntry, FileKind, FileTree, GlobalVal, GlobalValue, ModuleRef, Origin, Snapshot,
     UnwoundStack, ASYNCIFY_HEADER_LEN,
 };
+pub use stack::StackError;
 pub use summary::{EncodedSizes, Summary};
 
 /// The first 8 bytes of every snapshot file.

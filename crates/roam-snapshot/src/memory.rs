@@ -7,6 +7,8 @@
 //! on a freshly instantiated memory, writes only what differs, so untouched
 //! pages stay unmapped.
 
+use std::mem::MaybeUninit;
+
 use serde::{Deserialize, Serialize};
 
 use crate::initial::InitialImage;
@@ -82,32 +84,29 @@ impl MemoryImage {
     /// If `memory.len()` is not a multiple of [`WASM_PAGE_SIZE`] or exceeds
     /// 4 GiB; a wasm32 linear memory always satisfies both.
     pub fn capture(memory: &[u8], initial: &InitialImage) -> MemoryImage {
-        let len = memory.len() as u64;
-        assert!(
-            len.is_multiple_of(WASM_PAGE_SIZE),
-            "memory length {len} is not a multiple of 64 KiB"
-        );
-        assert!(len <= MAX_MEMORY_BYTES, "memory length {len} exceeds 4 GiB");
-        let mut kinds = Vec::with_capacity(memory.len() / PAGE_SIZE);
-        let mut data = Vec::new();
-        let mut cursor = InitialCursor::new(initial);
-        for (i, page) in memory.chunks_exact(PAGE_SIZE).enumerate() {
-            let kind = if is_zero(page) {
-                PageKind::Zero
-            } else if cursor.page(i as u64) == Some(page) {
-                PageKind::Initial
-            } else {
-                data.extend_from_slice(page);
-                PageKind::Data
-            };
-            kinds.push(kind);
-        }
-        MemoryImage {
-            byte_len: len,
-            initial_digest: initial.digest(),
-            kinds,
-            data,
-        }
+        Self::capture_reusing(memory, initial, Vec::new())
+    }
+
+    /// Like [`MemoryImage::capture`], but stores the pages in `buffer`'s
+    /// allocation (its contents are discarded). For large memories the page
+    /// faults of a fresh allocation cost several times the copy itself, so
+    /// periodic checkpoints should pass the previous image's
+    /// [`MemoryImage::into_stored_data`].
+    ///
+    /// # Panics
+    /// As [`MemoryImage::capture`].
+    pub fn capture_reusing(memory: &[u8], initial: &InitialImage, buffer: Vec<u8>) -> MemoryImage {
+        let threads = if memory.len() >= PARALLEL_MIN_BYTES {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(2))
+        } else {
+            1
+        };
+        capture_with(memory, initial, buffer, threads)
+    }
+
+    /// Give up the image, keeping the stored-page buffer for reuse.
+    pub fn into_stored_data(self) -> Vec<u8> {
+        self.data
     }
 
     /// Reassemble an image from decoded parts, checking their consistency.
@@ -232,6 +231,93 @@ impl MemoryImage {
         }
         Ok(())
     }
+}
+
+/// Memories at least this large are captured by two threads.
+const PARALLEL_MIN_BYTES: usize = 32 << 20;
+
+/// Capture using `threads` (1 or 2) threads.
+pub(crate) fn capture_with(
+    memory: &[u8],
+    initial: &InitialImage,
+    mut data: Vec<u8>,
+    threads: usize,
+) -> MemoryImage {
+    let len = memory.len() as u64;
+    assert!(
+        len.is_multiple_of(WASM_PAGE_SIZE),
+        "memory length {len} is not a multiple of 64 KiB"
+    );
+    assert!(len <= MAX_MEMORY_BYTES, "memory length {len} exceeds 4 GiB");
+    let pages = memory.len() / PAGE_SIZE;
+    // Split at a page boundary; with one thread the second half is empty.
+    let mid_page = if threads > 1 { pages / 2 } else { pages };
+    let (lo, hi) = memory.split_at(mid_page * PAGE_SIZE);
+
+    // Pass 1: classify (reads only).
+    let mut kinds = vec![PageKind::Zero; pages];
+    let (k_lo, k_hi) = kinds.split_at_mut(mid_page);
+    std::thread::scope(|s| {
+        if !hi.is_empty() {
+            s.spawn(|| classify(hi, mid_page as u64, initial, k_hi));
+        }
+        classify(lo, 0, initial, k_lo);
+    });
+
+    // Pass 2: copy Data pages into one exactly-sized buffer, without zeroing it first.
+    let count = |k: &[PageKind]| k.iter().filter(|k| **k == PageKind::Data).count();
+    let (n_lo, n_hi) = (count(&kinds[..mid_page]), count(&kinds[mid_page..]));
+    let total = (n_lo + n_hi) * PAGE_SIZE;
+    data.clear();
+    data.reserve_exact(total);
+    let (d_lo, d_hi) = data.spare_capacity_mut()[..total].split_at_mut(n_lo * PAGE_SIZE);
+    let (k_lo, k_hi) = kinds.split_at(mid_page);
+    let written = std::thread::scope(|s| {
+        let h = (!hi.is_empty()).then(|| s.spawn(|| copy_data(hi, k_hi, d_hi)));
+        copy_data(lo, k_lo, d_lo) + h.map_or(0, |h| h.join().expect("capture thread panicked"))
+    });
+    assert_eq!(written, total, "every reserved byte is written");
+    // SAFETY: `copy_data` initialised `written == total` bytes: each half
+    // wrote its whole spare slice (one full page per Data kind, and the slices
+    // were sized from those same counts), and `total <= capacity` by `reserve_exact`.
+    unsafe { data.set_len(total) };
+    MemoryImage {
+        byte_len: len,
+        initial_digest: initial.digest(),
+        kinds,
+        data,
+    }
+}
+
+/// Classify the pages of `mem`, whose first page has index `first_page`.
+fn classify(mem: &[u8], first_page: u64, initial: &InitialImage, out: &mut [PageKind]) {
+    let mut cursor = InitialCursor::new(initial);
+    for (i, (page, kind)) in mem.chunks_exact(PAGE_SIZE).zip(out).enumerate() {
+        *kind = if is_zero(page) {
+            PageKind::Zero
+        } else if cursor.page(first_page + i as u64) == Some(page) {
+            PageKind::Initial
+        } else {
+            PageKind::Data
+        };
+    }
+}
+
+/// Copy the Data pages of `mem` into consecutive pages of `out`; returns the
+/// number of bytes written (all of `out` exactly when it was sized from
+/// the number of Data pages in `kinds`).
+fn copy_data(mem: &[u8], kinds: &[PageKind], out: &mut [MaybeUninit<u8>]) -> usize {
+    let mut dst = out.chunks_exact_mut(PAGE_SIZE);
+    let mut written = 0;
+    for (page, kind) in mem.chunks_exact(PAGE_SIZE).zip(kinds) {
+        if *kind == PageKind::Data {
+            if let Some(d) = dst.next() {
+                d.write_copy_of_slice(page);
+                written += PAGE_SIZE;
+            }
+        }
+    }
+    written
 }
 
 /// Walks an [`InitialImage`] in increasing page order without binary searches.

@@ -145,3 +145,20 @@ fn is_zero_finds_a_single_bit_anywhere() {
 fn capture_rejects_partial_wasm_pages() {
     MemoryImage::capture(&[0u8; PAGE_SIZE], &InitialImage::empty());
 }
+
+#[test]
+fn two_threads_and_reuse_give_identical_images() {
+    // Odd number of 4 KiB pages per half is impossible (64 KiB multiples), but
+    // the split must still be correct with Data pages on both sides.
+    let (initial, mem) = sample_memory(9, 6);
+    let one = capture_with(&mem, &initial, Vec::new(), 1);
+    let two = capture_with(&mem, &initial, Vec::new(), 2);
+    assert_eq!(one, two);
+    let reused = capture_with(&mem, &initial, vec![0xEE; 3 * PAGE_SIZE], 2);
+    assert_eq!(one, reused);
+    let big_buffer = Vec::with_capacity(mem.len() * 2);
+    let reused = MemoryImage::capture_reusing(&mem, &initial, big_buffer);
+    assert_eq!(one, reused);
+    let buf = reused.into_stored_data();
+    assert!(buf.capacity() >= mem.len() * 2, "allocation kept");
+}
