@@ -1,0 +1,262 @@
+//! The WASI context: fd table, args, env, clocks and output sinks.
+//!
+//! Exists to hold every piece of OS state the guest can observe in a form that
+//! `save` can turn into plain data and `restore` can rebuild on another host.
+
+use crate::interrupt::Interrupt;
+use crate::types::rights;
+use cap_std::fs::{Dir, File};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+/// A host directory made visible to the guest (`--dir HOST::GUEST`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preopen {
+    /// Directory on this machine.
+    pub host: PathBuf,
+    /// The path the guest sees it as (e.g. `/data` or `.`).
+    pub guest: String,
+}
+
+/// What the program starts with.
+#[derive(Debug, Clone, Default)]
+pub struct WasiConfig {
+    /// argv, including the program name.
+    pub args: Vec<String>,
+    /// Environment variables.
+    pub env: Vec<(String, String)>,
+    /// Preopened directories, given fds 3, 4, ... in order.
+    pub preopens: Vec<Preopen>,
+}
+
+/// Why [`WasiCtx::new`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A preopen's host directory could not be opened.
+    #[error("cannot open host directory {host:?} for guest path {guest:?}: {source}; check that it exists and is a readable directory")]
+    OpenPreopen {
+        /// The host path.
+        host: PathBuf,
+        /// The guest path it was to appear as.
+        guest: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A guest path was empty or contained NUL.
+    #[error("guest path {0:?} for a preopen is invalid: give a non-empty path without NUL bytes")]
+    BadGuestPath(String),
+}
+
+/// Where guest writes to stdout/stderr go.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Sink {
+    /// The host process's own stream.
+    #[default]
+    Inherit,
+    /// An in-memory buffer (tests, embedders that collect output).
+    Buffer(Arc<Mutex<Vec<u8>>>),
+}
+
+/// Output collected by [`WasiCtx::capture_output`].
+#[derive(Debug, Clone, Default)]
+pub struct CapturedOutput {
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+impl CapturedOutput {
+    /// Everything the guest wrote to stdout so far.
+    pub fn stdout(&self) -> Vec<u8> {
+        self.stdout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+    /// Everything the guest wrote to stderr so far.
+    pub fn stderr(&self) -> Vec<u8> {
+        self.stderr
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The guest's monotonic clock: continues from a saved reading after restore.
+#[derive(Debug)]
+pub(crate) struct Clock {
+    base_ns: u64,
+    origin: Instant,
+}
+
+impl Clock {
+    pub(crate) fn starting_at(base_ns: u64) -> Clock {
+        Clock {
+            base_ns,
+            origin: Instant::now(),
+        }
+    }
+    pub(crate) fn now_ns(&self) -> u64 {
+        let el = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.base_ns.saturating_add(el)
+    }
+}
+
+/// The host object behind an fd.
+#[derive(Debug)]
+pub(crate) enum Handle {
+    Stdin,
+    Stdout,
+    Stderr,
+    Dir(Dir),
+    File(File),
+}
+
+/// How an fd came to be: what `restore` needs to recreate it.
+#[derive(Debug, Clone)]
+pub(crate) enum Origin {
+    Stdio,
+    Preopen(u32),
+    Path {
+        preopen: u32,
+        path: String,
+        oflags: u16,
+        read: bool,
+        write: bool,
+    },
+}
+
+/// One open fd.
+#[derive(Debug)]
+pub(crate) struct FdEntry {
+    pub(crate) handle: Handle,
+    pub(crate) origin: Origin,
+    pub(crate) rights_base: u64,
+    pub(crate) rights_inheriting: u64,
+    pub(crate) fdflags: u16,
+}
+
+impl FdEntry {
+    pub(crate) fn stdio(handle: Handle) -> FdEntry {
+        let r = if matches!(handle, Handle::Stdin) {
+            rights::STDIN
+        } else {
+            rights::STDOUT
+        };
+        FdEntry {
+            handle,
+            origin: Origin::Stdio,
+            rights_base: r,
+            rights_inheriting: 0,
+            fdflags: 0,
+        }
+    }
+    pub(crate) fn preopen(dir: Dir, index: u32) -> FdEntry {
+        FdEntry {
+            handle: Handle::Dir(dir),
+            origin: Origin::Preopen(index),
+            rights_base: rights::DIR,
+            rights_inheriting: rights::DIR | rights::FILE,
+            fdflags: 0,
+        }
+    }
+    /// The preopen index and the path relative to it, for directories.
+    pub(crate) fn dir_location(&self) -> Option<(u32, &str)> {
+        match &self.origin {
+            Origin::Preopen(p) => Some((*p, "")),
+            Origin::Path { preopen, path, .. } => Some((*preopen, path)),
+            Origin::Stdio => None,
+        }
+    }
+}
+
+/// A WASI preview 1 context whose state can be saved and restored.
+#[derive(Debug)]
+pub struct WasiCtx {
+    pub(crate) args: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) preopens: Vec<Preopen>,
+    pub(crate) fds: BTreeMap<u32, FdEntry>,
+    pub(crate) clock: Clock,
+    pub(crate) start_monotonic_ns: u64,
+    pub(crate) interrupt: Arc<Interrupt>,
+    pub(crate) stdout: Sink,
+    pub(crate) stderr: Sink,
+}
+
+/// Opens the host directory of a preopen (the one place ambient authority is used).
+pub(crate) fn open_preopen(p: &Preopen) -> Result<Dir, std::io::Error> {
+    Dir::open_ambient_dir(&p.host, cap_std::ambient_authority())
+}
+
+impl WasiCtx {
+    /// A fresh context: stdio on fds 0-2, preopens on 3, 4, ...
+    pub fn new(cfg: WasiConfig, interrupt: Arc<Interrupt>) -> Result<WasiCtx, SetupError> {
+        let mut fds = BTreeMap::new();
+        fds.insert(0, FdEntry::stdio(Handle::Stdin));
+        fds.insert(1, FdEntry::stdio(Handle::Stdout));
+        fds.insert(2, FdEntry::stdio(Handle::Stderr));
+        for (i, p) in cfg.preopens.iter().enumerate() {
+            if p.guest.is_empty() || p.guest.contains('\0') {
+                return Err(SetupError::BadGuestPath(p.guest.clone()));
+            }
+            let dir = open_preopen(p).map_err(|source| SetupError::OpenPreopen {
+                host: p.host.clone(),
+                guest: p.guest.clone(),
+                source,
+            })?;
+            fds.insert(3 + i as u32, FdEntry::preopen(dir, i as u32));
+        }
+        let start = host_monotonic_ns();
+        Ok(WasiCtx {
+            args: cfg.args,
+            env: cfg.env,
+            preopens: cfg.preopens,
+            fds,
+            clock: Clock::starting_at(start),
+            start_monotonic_ns: start,
+            interrupt,
+            stdout: Sink::Inherit,
+            stderr: Sink::Inherit,
+        })
+    }
+
+    /// The preopens, in fd order, with this machine's host paths.
+    pub fn preopens(&self) -> &[Preopen] {
+        &self.preopens
+    }
+
+    /// The interrupt this context's blocking calls watch.
+    pub fn interrupt(&self) -> &Arc<Interrupt> {
+        &self.interrupt
+    }
+
+    /// Send guest stdout/stderr to in-memory buffers instead of the host's
+    /// streams (not part of the snapshot: a restored context inherits again).
+    pub fn capture_output(&mut self) -> CapturedOutput {
+        let c = CapturedOutput::default();
+        self.stdout = Sink::Buffer(c.stdout.clone());
+        self.stderr = Sink::Buffer(c.stderr.clone());
+        c
+    }
+
+    /// The guest's monotonic clock now (ns).
+    pub fn monotonic_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// Lowest free fd number (POSIX rule; fully determined by the table).
+    pub(crate) fn alloc_fd(&self) -> Option<u32> {
+        (0..=u32::MAX).find(|n| !self.fds.contains_key(n))
+    }
+}
+
+/// The host's CLOCK_MONOTONIC, used only to seed a fresh program's clock.
+fn host_monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
+}

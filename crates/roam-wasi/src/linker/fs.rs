@@ -1,0 +1,190 @@
+//! Registration of the path and socket imports.
+//!
+//! Exists to keep `linker/mod.rs` short; path calls share the decode-path-then-
+//! delegate shape, sockets are refused until a later milestone adds them.
+
+use super::{code, finish, with_mem, MODULE};
+use crate::errno::Errno;
+use crate::ops::path::OpenArgs;
+use crate::ops::Outcome;
+use crate::WasiView;
+use wasmtime::{Caller, Linker};
+
+pub(super) fn add_path<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
+    l.func_wrap(
+        MODULE,
+        "path_open",
+        |mut c: Caller<'_, T>,
+         fd: i32,
+         df: i32,
+         p: i32,
+         pl: i32,
+         of: i32,
+         base: i64,
+         inh: i64,
+         ff: i32,
+         out: i32| {
+            with_mem(&mut c, |x, m| {
+                let path = m.str(p as u32, pl as u32)?;
+                let a = OpenArgs {
+                    dirflags: df as u32,
+                    path,
+                    oflags: u16::try_from(of).map_err(|_| Errno::INVAL)?,
+                    base: base as u64,
+                    inheriting: inh as u64,
+                    fdflags: u16::try_from(ff).map_err(|_| Errno::INVAL)?,
+                };
+                m.slice(out as u32, 4)?;
+                let new_fd = x.path_open(fd as u32, a)?;
+                m.put_u32(out as u32, new_fd)
+            })
+            .map(code)
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "path_create_directory",
+        |mut c: Caller<'_, T>, fd: i32, p: i32, pl: i32| {
+            with_mem(&mut c, |x, m| {
+                code(
+                    m.str(p as u32, pl as u32)
+                        .and_then(|s| x.path_create_directory(fd as u32, &s)),
+                )
+            })
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "path_remove_directory",
+        |mut c: Caller<'_, T>, fd: i32, p: i32, pl: i32| {
+            with_mem(&mut c, |x, m| {
+                code(
+                    m.str(p as u32, pl as u32)
+                        .and_then(|s| x.path_remove_directory(fd as u32, &s)),
+                )
+            })
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "path_unlink_file",
+        |mut c: Caller<'_, T>, fd: i32, p: i32, pl: i32| {
+            with_mem(&mut c, |x, m| {
+                code(
+                    m.str(p as u32, pl as u32)
+                        .and_then(|s| x.path_unlink_file(fd as u32, &s)),
+                )
+            })
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "path_rename",
+        |mut c: Caller<'_, T>, fd: i32, op: i32, ol: i32, nfd: i32, np: i32, nl: i32| {
+            with_mem(&mut c, |x, m| {
+                let (old, new) = (m.str(op as u32, ol as u32)?, m.str(np as u32, nl as u32)?);
+                x.path_rename(fd as u32, &old, nfd as u32, &new)
+            })
+            .map(code)
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "path_readlink",
+        |mut c: Caller<'_, T>, fd: i32, p: i32, pl: i32, buf: i32, bl: i32, used: i32| {
+            with_mem(&mut c, |x, m| {
+                let target = x.path_readlink(fd as u32, &m.str(p as u32, pl as u32)?)?;
+                let n = target.len().min(bl as u32 as usize);
+                m.write(buf as u32, &target[..n])?;
+                m.put_u32(used as u32, n as u32)
+            })
+            .map(code)
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "path_symlink",
+        |mut c: Caller<'_, T>, op: i32, ol: i32, fd: i32, np: i32, nl: i32| {
+            with_mem(&mut c, |x, m| {
+                let (old, new) = (m.str(op as u32, ol as u32)?, m.str(np as u32, nl as u32)?);
+                x.path_symlink(&old, fd as u32, &new)
+            })
+            .map(code)
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "path_link",
+        |mut c: Caller<'_, T>, fd: i32, fl: i32, op: i32, ol: i32, nfd: i32, np: i32, nl: i32| {
+            with_mem(&mut c, |x, m| {
+                let (old, new) = (m.str(op as u32, ol as u32)?, m.str(np as u32, nl as u32)?);
+                x.path_link(fd as u32, fl as u32, &old, nfd as u32, &new)
+            })
+            .map(code)
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "path_filestat_get",
+        |mut c: Caller<'_, T>, fd: i32, fl: i32, p: i32, pl: i32, out: i32| {
+            with_mem(&mut c, |x, m| {
+                let path = m.str(p as u32, pl as u32)?;
+                x.path_filestat_get(m, fd as u32, fl as u32, &path, out as u32)
+            })
+            .map(code)
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "path_filestat_set_times",
+        |mut c: Caller<'_, T>, fd: i32, fl: i32, p: i32, pl: i32, a: i64, mt: i64, fst: i32| {
+            with_mem(&mut c, |x, m| {
+                let path = m.str(p as u32, pl as u32)?;
+                let fst = u16::try_from(fst).map_err(|_| Errno::INVAL)?;
+                x.path_filestat_set_times(fd as u32, fl as u32, &path, (a as u64, mt as u64, fst))
+            })
+            .map(code)
+        },
+    )?;
+    Ok(())
+}
+
+pub(super) fn add_sock<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
+    // Sockets are not supported yet: no fd is ever a socket, so every call
+    // fails with EBADF (unknown fd) or ENOTSOCK (a file, dir or stdio).
+    fn refuse<T: WasiView>(c: &mut Caller<'_, T>, fd: i32) -> i32 {
+        match c.data_mut().wasi().entry(fd as u32) {
+            Ok(_) => Errno::NOTSOCK.code(),
+            Err(e) => e.code(),
+        }
+    }
+    l.func_wrap(
+        MODULE,
+        "sock_accept",
+        |mut c: Caller<'_, T>, fd: i32, _fl: i32, _out: i32| {
+            T::enter_blocking(&mut c)?;
+            let e = refuse(&mut c, fd);
+            finish(&mut c, Outcome::Done(Errno(e as u16)))
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "sock_recv",
+        |mut c: Caller<'_, T>, fd: i32, _d: i32, _dl: i32, _fl: i32, _ol: i32, _of: i32| {
+            T::enter_blocking(&mut c)?;
+            let e = refuse(&mut c, fd);
+            finish(&mut c, Outcome::Done(Errno(e as u16)))
+        },
+    )?;
+    l.func_wrap(
+        MODULE,
+        "sock_send",
+        |mut c: Caller<'_, T>, fd: i32, _d: i32, _dl: i32, _fl: i32, _o: i32| refuse(&mut c, fd),
+    )?;
+    l.func_wrap(
+        MODULE,
+        "sock_shutdown",
+        |mut c: Caller<'_, T>, fd: i32, _how: i32| refuse(&mut c, fd),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! Host-side implementations of the WASI calls, on `WasiCtx` + guest memory.
+//!
+//! Exists to keep the OS logic independent of wasmtime's calling glue (see
+//! `linker`), so it can be read and tested on its own. Each call returns
+//! `Result<_, Errno>`; nothing here panics on guest input.
+
+pub(crate) mod args;
+pub(crate) mod fd;
+pub(crate) mod fdstat;
+pub(crate) mod path;
+pub(crate) mod poll;
+pub(crate) mod readdir;
+
+use crate::ctx::{FdEntry, Handle, WasiCtx};
+use crate::errno::Errno;
+use crate::mem::Mem;
+use crate::types::filetype;
+use cap_std::fs::{Dir, File, Metadata, MetadataExt};
+
+/// Result of a call that may block: done, or hand over to `WasiView::suspend`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Done(Errno),
+    Suspend,
+}
+
+impl From<Result<(), Errno>> for Outcome {
+    fn from(r: Result<(), Errno>) -> Outcome {
+        Outcome::Done(r.err().unwrap_or(Errno::SUCCESS))
+    }
+}
+
+/// Most fds a guest may hold open at once.
+pub(crate) const MAX_FDS: usize = 4096;
+
+impl WasiCtx {
+    pub(crate) fn entry(&self, fd: u32) -> Result<&FdEntry, Errno> {
+        self.fds.get(&fd).ok_or(Errno::BADF)
+    }
+
+    pub(crate) fn entry_mut(&mut self, fd: u32) -> Result<&mut FdEntry, Errno> {
+        self.fds.get_mut(&fd).ok_or(Errno::BADF)
+    }
+
+    /// The entry, if it carries `right`.
+    pub(crate) fn with_right(&self, fd: u32, right: u64) -> Result<&FdEntry, Errno> {
+        let e = self.entry(fd)?;
+        if e.rights_base & right != right {
+            return Err(Errno::NOTCAPABLE);
+        }
+        Ok(e)
+    }
+
+    /// A regular-file fd carrying `right`.
+    pub(crate) fn file(&self, fd: u32, right: u64) -> Result<&File, Errno> {
+        match &self.with_right(fd, right)?.handle {
+            Handle::File(f) => Ok(f),
+            Handle::Dir(_) => Err(Errno::ISDIR),
+            _ => Err(Errno::SPIPE),
+        }
+    }
+
+    /// A directory fd carrying `right`, with its preopen index and relative path.
+    pub(crate) fn dir(&self, fd: u32, right: u64) -> Result<(&Dir, u32, &str), Errno> {
+        let e = self.with_right(fd, right)?;
+        match (&e.handle, e.dir_location()) {
+            (Handle::Dir(d), Some((p, path))) => Ok((d, p, path)),
+            _ => Err(Errno::NOTDIR),
+        }
+    }
+}
+
+/// Refuse paths that cannot be relative to a directory fd.
+pub(crate) fn check_relative(path: &str) -> Result<(), Errno> {
+    if path.is_empty() {
+        return Err(Errno::NOENT);
+    }
+    if path.starts_with('/') {
+        return Err(Errno::NOTCAPABLE);
+    }
+    if path.contains('\0') {
+        return Err(Errno::INVAL);
+    }
+    Ok(())
+}
+
+/// `base/rel` for recording where a file lives relative to its preopen.
+pub(crate) fn join_rel(base: &str, rel: &str) -> String {
+    if base.is_empty() {
+        rel.to_owned()
+    } else {
+        format!("{base}/{rel}")
+    }
+}
+
+pub(crate) fn filetype_of(ft: cap_std::fs::FileType) -> u8 {
+    use cap_std::fs::FileTypeExt;
+    if ft.is_dir() {
+        filetype::DIRECTORY
+    } else if ft.is_file() {
+        filetype::REGULAR_FILE
+    } else if ft.is_symlink() {
+        filetype::SYMBOLIC_LINK
+    } else if ft.is_char_device() {
+        filetype::CHARACTER_DEVICE
+    } else if ft.is_block_device() {
+        filetype::BLOCK_DEVICE
+    } else if ft.is_socket() {
+        filetype::SOCKET_STREAM
+    } else {
+        filetype::UNKNOWN
+    }
+}
+
+fn ns(secs: i64, nsec: i64) -> u64 {
+    (secs.max(0) as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(nsec.max(0) as u64)
+}
+
+/// Write a 64-byte `filestat` at `ptr`.
+pub(crate) fn write_filestat(mem: &mut Mem, ptr: u32, m: &Metadata) -> Result<(), Errno> {
+    let mut b = [0u8; 64];
+    b[0..8].copy_from_slice(&m.dev().to_le_bytes());
+    b[8..16].copy_from_slice(&m.ino().to_le_bytes());
+    b[16] = filetype_of(m.file_type());
+    b[24..32].copy_from_slice(&m.nlink().to_le_bytes());
+    b[32..40].copy_from_slice(&m.size().to_le_bytes());
+    b[40..48].copy_from_slice(&ns(m.atime(), m.atime_nsec()).to_le_bytes());
+    b[48..56].copy_from_slice(&ns(m.mtime(), m.mtime_nsec()).to_le_bytes());
+    b[56..64].copy_from_slice(&ns(m.ctime(), m.ctime_nsec()).to_le_bytes());
+    mem.write(ptr, &b)
+}
+
+/// Write a `filestat` with only the file type set (stdio).
+pub(crate) fn write_filestat_type(mem: &mut Mem, ptr: u32, ft: u8) -> Result<(), Errno> {
+    let mut b = [0u8; 64];
+    b[16] = ft;
+    mem.write(ptr, &b)
+}

@@ -1,0 +1,286 @@
+//! Path calls: open, mkdir, rmdir, unlink, rename, links, stat, utimes.
+//!
+//! Exists to resolve every guest path through `cap-std` relative to a
+//! directory fd, so no path escapes its preopen (absolute paths, `..` and
+//! symlinks pointing outside are refused), and to record for every opened fd
+//! the preopen + relative path that `restore` will reopen.
+
+use super::{check_relative, join_rel, write_filestat};
+use crate::ctx::{FdEntry, Handle, Origin, WasiCtx};
+use crate::errno::Errno;
+use crate::mem::Mem;
+use crate::types::{fdflags, fstflags, oflags, rights, LOOKUP_SYMLINK_FOLLOW};
+use cap_fs_ext::{
+    DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt, SystemTimeSpec,
+};
+use cap_std::fs::{Dir, OpenOptions};
+use std::os::unix::ffi::OsStrExt;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// Arguments of `path_open` after decoding.
+pub(crate) struct OpenArgs {
+    pub(crate) dirflags: u32,
+    pub(crate) path: String,
+    pub(crate) oflags: u16,
+    pub(crate) base: u64,
+    pub(crate) inheriting: u64,
+    pub(crate) fdflags: u16,
+}
+
+fn time_spec(ns: u64, set: bool, now: bool) -> Result<Option<SystemTimeSpec>, Errno> {
+    match (set, now) {
+        (true, true) => Err(Errno::INVAL),
+        (_, true) => Ok(Some(SystemTimeSpec::SymbolicNow)),
+        (true, false) => {
+            let t = UNIX_EPOCH
+                .checked_add(Duration::from_nanos(ns))
+                .ok_or(Errno::OVERFLOW)?;
+            Ok(Some(SystemTimeSpec::Absolute(
+                cap_std::time::SystemTime::from_std(t),
+            )))
+        }
+        (false, false) => Ok(None),
+    }
+}
+
+impl WasiCtx {
+    /// Opens `a.path` below directory `fd`; returns the new guest fd.
+    pub(crate) fn path_open(&mut self, fd: u32, a: OpenArgs) -> Result<u32, Errno> {
+        check_relative(&a.path)?;
+        let parent_inh = self.entry(fd)?.rights_inheriting;
+        let new_fd = self.check_fd_room()?;
+        let (dir, preopen, base_path) = self.dir(fd, rights::PATH_OPEN)?;
+        let follow = a.dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
+        let write = a.base & rights::WRITE_MODE != 0;
+        let read = a.base & rights::READ_MODE != 0 || !write;
+        let handle = if a.oflags & oflags::DIRECTORY != 0 {
+            if a.oflags & (oflags::CREAT | oflags::EXCL | oflags::TRUNC) != 0 {
+                return Err(Errno::INVAL);
+            }
+            if write {
+                return Err(Errno::ISDIR);
+            }
+            Handle::Dir(if follow {
+                dir.open_dir(&a.path)?
+            } else {
+                dir.open_dir_nofollow(&a.path)?
+            })
+        } else {
+            if a.oflags & oflags::CREAT != 0 {
+                self.with_right(fd, rights::PATH_CREATE_FILE)?;
+            }
+            open_file(dir, &a, read, write, follow)?
+        };
+        let mask = if matches!(handle, Handle::Dir(_)) {
+            rights::DIR
+        } else {
+            rights::FILE
+        };
+        let entry = FdEntry {
+            handle,
+            origin: Origin::Path {
+                preopen,
+                path: join_rel(base_path, &a.path),
+                oflags: a.oflags,
+                read,
+                write,
+            },
+            rights_base: a.base & parent_inh & mask,
+            rights_inheriting: a.inheriting & parent_inh,
+            fdflags: a.fdflags,
+        };
+        self.fds.insert(new_fd, entry);
+        Ok(new_fd)
+    }
+
+    pub(crate) fn path_create_directory(&self, fd: u32, path: &str) -> Result<(), Errno> {
+        check_relative(path)?;
+        Ok(self
+            .dir(fd, rights::PATH_CREATE_DIRECTORY)?
+            .0
+            .create_dir(path)?)
+    }
+
+    pub(crate) fn path_remove_directory(&self, fd: u32, path: &str) -> Result<(), Errno> {
+        check_relative(path)?;
+        Ok(self
+            .dir(fd, rights::PATH_REMOVE_DIRECTORY)?
+            .0
+            .remove_dir(path)?)
+    }
+
+    pub(crate) fn path_unlink_file(&self, fd: u32, path: &str) -> Result<(), Errno> {
+        check_relative(path)?;
+        Ok(self
+            .dir(fd, rights::PATH_UNLINK_FILE)?
+            .0
+            .remove_file(path)?)
+    }
+
+    pub(crate) fn path_rename(
+        &mut self,
+        fd: u32,
+        old: &str,
+        new_fd: u32,
+        new: &str,
+    ) -> Result<(), Errno> {
+        check_relative(old)?;
+        check_relative(new)?;
+        let (od, op, obase) = self.dir(fd, rights::PATH_RENAME_SOURCE)?;
+        let (nd, np, nbase) = self.dir(new_fd, rights::PATH_RENAME_TARGET)?;
+        od.rename(old, nd, new)?;
+        let (from, to) = (join_rel(obase, old), join_rel(nbase, new));
+        // Keep recorded paths of fds open under the renamed name current.
+        for e in self.fds.values_mut() {
+            if let Origin::Path { preopen, path, .. } = &mut e.origin {
+                if *preopen != op {
+                    continue;
+                }
+                if *path == from {
+                    (*preopen, *path) = (np, to.clone());
+                } else if let Some(rest) = path.strip_prefix(&format!("{from}/")) {
+                    (*preopen, *path) = (np, format!("{to}/{rest}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn path_readlink(&self, fd: u32, path: &str) -> Result<Vec<u8>, Errno> {
+        check_relative(path)?;
+        let t = self
+            .dir(fd, rights::PATH_READLINK)?
+            .0
+            .read_link_contents(path)?;
+        Ok(t.as_os_str().as_bytes().to_vec())
+    }
+
+    pub(crate) fn path_symlink(&self, target: &str, fd: u32, link: &str) -> Result<(), Errno> {
+        check_relative(link)?;
+        if target.starts_with('/') {
+            return Err(Errno::NOTCAPABLE);
+        }
+        Ok(self
+            .dir(fd, rights::PATH_SYMLINK)?
+            .0
+            .symlink(target, link)?)
+    }
+
+    pub(crate) fn path_link(
+        &self,
+        fd: u32,
+        flags: u32,
+        old: &str,
+        new_fd: u32,
+        new: &str,
+    ) -> Result<(), Errno> {
+        check_relative(old)?;
+        check_relative(new)?;
+        if flags & LOOKUP_SYMLINK_FOLLOW != 0 {
+            return Err(Errno::NOTSUP);
+        }
+        let od = self.dir(fd, rights::PATH_LINK_SOURCE)?.0;
+        let nd = self.dir(new_fd, rights::PATH_LINK_TARGET)?.0;
+        Ok(od.hard_link(old, nd, new)?)
+    }
+
+    pub(crate) fn path_filestat_get(
+        &self,
+        mem: &mut Mem,
+        fd: u32,
+        flags: u32,
+        path: &str,
+        out: u32,
+    ) -> Result<(), Errno> {
+        check_relative(path)?;
+        let d = self.dir(fd, rights::PATH_FILESTAT_GET)?.0;
+        let m = if flags & LOOKUP_SYMLINK_FOLLOW != 0 {
+            d.metadata(path)?
+        } else {
+            d.symlink_metadata(path)?
+        };
+        write_filestat(mem, out, &m)
+    }
+
+    pub(crate) fn path_filestat_set_times(
+        &self,
+        fd: u32,
+        flags: u32,
+        path: &str,
+        t: (u64, u64, u16),
+    ) -> Result<(), Errno> {
+        check_relative(path)?;
+        let (atim, mtim, fst) = t;
+        if fst & !(fstflags::ATIM | fstflags::ATIM_NOW | fstflags::MTIM | fstflags::MTIM_NOW) != 0 {
+            return Err(Errno::INVAL);
+        }
+        let a = time_spec(
+            atim,
+            fst & fstflags::ATIM != 0,
+            fst & fstflags::ATIM_NOW != 0,
+        )?;
+        let m = time_spec(
+            mtim,
+            fst & fstflags::MTIM != 0,
+            fst & fstflags::MTIM_NOW != 0,
+        )?;
+        let d = self.dir(fd, rights::PATH_FILESTAT_SET_TIMES)?.0;
+        if flags & LOOKUP_SYMLINK_FOLLOW != 0 {
+            d.set_times(path, a, m)?;
+        } else {
+            d.set_symlink_times(path, a, m)?;
+        }
+        Ok(())
+    }
+}
+
+/// Open a non-directory (or, without O_DIRECTORY, possibly a directory).
+fn open_file(
+    dir: &Dir,
+    a: &OpenArgs,
+    read: bool,
+    write: bool,
+    follow: bool,
+) -> Result<Handle, Errno> {
+    let creat = a.oflags & oflags::CREAT != 0;
+    let excl = a.oflags & oflags::EXCL != 0;
+    let trunc = a.oflags & oflags::TRUNC != 0;
+    if trunc && !write {
+        return Err(Errno::INVAL);
+    }
+    let follow_mode = if follow {
+        FollowSymlinks::Yes
+    } else {
+        FollowSymlinks::No
+    };
+    if creat && !write {
+        // O_RDONLY|O_CREAT: create with a throwaway write handle first,
+        // because the portable OpenOptions refuse create without write.
+        let mut c = OpenOptions::new();
+        c.write(true).follow(follow_mode);
+        if excl {
+            c.create_new(true)
+        } else {
+            c.create(true)
+        };
+        drop(dir.open_with(&a.path, &c)?);
+    }
+    let mut o = OpenOptions::new();
+    o.read(read).write(write).follow(follow_mode);
+    if write && creat {
+        if excl {
+            o.create_new(true)
+        } else {
+            o.create(true)
+        };
+    }
+    o.truncate(trunc).append(a.fdflags & fdflags::APPEND != 0);
+    o.sync(a.fdflags & fdflags::SYNC != 0)
+        .dsync(a.fdflags & fdflags::DSYNC != 0);
+    o.rsync(a.fdflags & fdflags::RSYNC != 0);
+    let file = dir.open_with(&a.path, &o)?;
+    if file.metadata()?.is_dir() {
+        return Ok(Handle::Dir(Dir::from_std_file(file.into_std())));
+    }
+    Ok(Handle::File(file))
+}

@@ -1,0 +1,165 @@
+//! `poll_oneoff`: clock and fd-readiness subscriptions.
+//!
+//! Exists because this is where programs sleep and wait for input, i.e. where
+//! a checkpoint request most often finds them. Waiting happens in short
+//! slices so a request is noticed quickly; when it is, the call returns
+//! without writing any event so the guest can re-issue it after a restore.
+
+use super::fd::{stdin_ready, SLICE};
+use super::Outcome;
+use crate::ctx::{Handle, WasiCtx};
+use crate::errno::Errno;
+use crate::mem::Mem;
+use crate::types::rights;
+use std::time::{Duration, Instant};
+
+const SUB_SIZE: u32 = 48;
+const EVENT_SIZE: u32 = 32;
+
+/// One event to report: (userdata, errno, type, nbytes).
+type Event = (u64, Errno, u8, u64);
+
+#[derive(Debug)]
+enum Pending {
+    Clock { userdata: u64, deadline: Instant },
+    Stdin { userdata: u64 },
+}
+
+impl WasiCtx {
+    pub(crate) fn poll_oneoff(
+        &mut self,
+        mem: &mut Mem,
+        inp: u32,
+        out: u32,
+        n: u32,
+        nevents: u32,
+    ) -> Outcome {
+        match self.poll_inner(mem, inp, out, n, nevents) {
+            Ok(o) => o,
+            Err(e) => Outcome::Done(e),
+        }
+    }
+
+    /// Classify one subscription: an immediate event, or something to wait on.
+    fn subscribe(&self, mem: &Mem, at: u32, now: Instant) -> Result<Result<Event, Pending>, Errno> {
+        let userdata = mem.u64(at)?;
+        let tag = mem.u8(at + 8)?;
+        match tag {
+            0 => {
+                let id = mem.u32(at + 16)?;
+                let timeout = mem.u64(at + 24)?;
+                let abs = mem.u16(at + 40)? & 1 != 0;
+                let Ok(clock_now) = self.clock_now(id) else {
+                    return Ok(Ok((userdata, Errno::INVAL, 0, 0)));
+                };
+                let remaining = if abs {
+                    timeout.saturating_sub(clock_now)
+                } else {
+                    timeout
+                };
+                // Far-future deadlines are capped at a century.
+                let dur = Duration::from_nanos(remaining.min(100 * 365 * 86_400 * 1_000_000_000));
+                let deadline = now.checked_add(dur).unwrap_or(now);
+                Ok(Err(Pending::Clock { userdata, deadline }))
+            }
+            1 | 2 => {
+                let fd = mem.u32(at + 16)?;
+                let ev = |e: Errno, nbytes: u64| Ok(Ok((userdata, e, tag, nbytes)));
+                let Ok(e) = self.entry(fd) else {
+                    return ev(Errno::BADF, 0);
+                };
+                if e.rights_base & rights::POLL_FD_READWRITE == 0 {
+                    return ev(Errno::NOTCAPABLE, 0);
+                }
+                match (&e.handle, tag) {
+                    (Handle::File(f), 1) => {
+                        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+                        let pos =
+                            rustix::fs::seek(f, rustix::fs::SeekFrom::Current(0)).unwrap_or(0);
+                        ev(Errno::SUCCESS, size.saturating_sub(pos))
+                    }
+                    (Handle::Stdin, 1) if stdin_ready(Duration::ZERO) => ev(Errno::SUCCESS, 1),
+                    (Handle::Stdin, 1) => Ok(Err(Pending::Stdin { userdata })),
+                    (Handle::File(_) | Handle::Stdout | Handle::Stderr, 2) => ev(Errno::SUCCESS, 0),
+                    _ => ev(Errno::BADF, 0),
+                }
+            }
+            _ => Err(Errno::INVAL),
+        }
+    }
+
+    fn poll_inner(
+        &mut self,
+        mem: &mut Mem,
+        inp: u32,
+        out: u32,
+        n: u32,
+        nevents: u32,
+    ) -> Result<Outcome, Errno> {
+        if n == 0 {
+            return Err(Errno::INVAL);
+        }
+        mem.slice(inp, n.checked_mul(SUB_SIZE).ok_or(Errno::FAULT)?)?;
+        mem.slice(out, n.checked_mul(EVENT_SIZE).ok_or(Errno::FAULT)?)?;
+        mem.slice(nevents, 4)?;
+        let now = Instant::now();
+        let mut events = Vec::new();
+        let mut pending = Vec::new();
+        for i in 0..n {
+            match self.subscribe(mem, inp + i * SUB_SIZE, now)? {
+                Ok(ev) => events.push(ev),
+                Err(p) => pending.push(p),
+            }
+        }
+        let mut first = true;
+        loop {
+            let now = Instant::now();
+            for p in &pending {
+                if let Pending::Clock { userdata, deadline } = p {
+                    if *deadline <= now {
+                        events.push((*userdata, Errno::SUCCESS, 0, 0));
+                    }
+                }
+            }
+            if !events.is_empty() {
+                break;
+            }
+            if self.interrupt.is_requested() || (first && self.interrupt.on_block()) {
+                return Ok(Outcome::Suspend);
+            }
+            first = false;
+            let earliest = pending
+                .iter()
+                .filter_map(|p| match p {
+                    Pending::Clock { deadline, .. } => {
+                        Some(deadline.saturating_duration_since(now))
+                    }
+                    Pending::Stdin { .. } => None,
+                })
+                .min();
+            let slice = earliest.map_or(SLICE, |d| d.min(SLICE));
+            let stdin_subs: Vec<u64> = pending
+                .iter()
+                .filter_map(|p| match p {
+                    Pending::Stdin { userdata } => Some(*userdata),
+                    Pending::Clock { .. } => None,
+                })
+                .collect();
+            if stdin_subs.is_empty() {
+                self.interrupt.wait(slice);
+            } else if stdin_ready(slice) {
+                events.extend(stdin_subs.into_iter().map(|u| (u, Errno::SUCCESS, 1, 1)));
+            }
+        }
+        for (i, (userdata, err, ty, nbytes)) in events.iter().enumerate() {
+            let mut b = [0u8; EVENT_SIZE as usize];
+            b[0..8].copy_from_slice(&userdata.to_le_bytes());
+            b[8..10].copy_from_slice(&err.0.to_le_bytes());
+            b[10] = *ty;
+            b[16..24].copy_from_slice(&nbytes.to_le_bytes());
+            mem.write(out + i as u32 * EVENT_SIZE, &b)?;
+        }
+        mem.put_u32(nevents, events.len() as u32)?;
+        Ok(Outcome::Done(Errno::SUCCESS))
+    }
+}
