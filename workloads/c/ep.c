@@ -46,12 +46,14 @@ int main(int argc, char **argv) {
     printf("ep: %llu pairs in %d batches\n", (unsigned long long)pairs, nbatch);
     uint64_t q[NQ] = { 0 };
     double sx = 0.0, sy = 0.0;
-    uint64_t accepted = 0, x = seed;
+    uint64_t accepted = 0, x = seed, stepped = seed;
     const uint64_t jump = powmod46(A46, 2 * per_batch);
     for (int b = 0; b < nbatch; b++) {
         uint64_t expect = mulmod46(seed, powmod46(A46, 2 * per_batch * (uint64_t)b));
-        if (x != expect) wl_fail("batch %d seed %llx != jump-ahead %llx", b, (unsigned long long)x, (unsigned long long)expect);
-        if (mulmod46(x, jump) == 0) wl_fail("degenerate LCG state");
+        if (x != expect || x != stepped)
+            wl_fail("batch %d seed %llx != jump-ahead %llx / %llx", b, (unsigned long long)x, (unsigned long long)expect,
+                    (unsigned long long)stepped);
+        stepped = mulmod46(stepped, jump);
         double bx = 0.0, by = 0.0;
         for (uint64_t i = 0; i < per_batch; i++) {
             x = mulmod46(x, A46);
