@@ -271,3 +271,7 @@ impl WasiCtx {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "snapshot_tests.rs"]
+mod tests;

@@ -138,3 +138,6 @@ pub(crate) fn write_filestat_type(mem: &mut Mem, ptr: u32, ft: u8) -> Result<(),
     b[16] = ft;
     mem.write(ptr, &b)
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,155 @@
+//! Host-level tests of the fd and path calls (no wasm engine involved).
+
+use super::path::OpenArgs;
+use crate::ctx::{Preopen, WasiConfig, WasiCtx};
+use crate::errno::Errno;
+use crate::interrupt::Interrupt;
+use crate::mem::Mem;
+use crate::types::{oflags, rights, LOOKUP_SYMLINK_FOLLOW};
+use std::fs;
+
+pub(crate) fn ctx_with(dir: &std::path::Path) -> WasiCtx {
+    let cfg = WasiConfig {
+        args: vec!["t".into()],
+        env: vec![],
+        preopens: vec![Preopen {
+            host: dir.to_path_buf(),
+            guest: "/sb".into(),
+        }],
+    };
+    WasiCtx::new(cfg, Interrupt::new()).unwrap()
+}
+
+pub(crate) fn open(c: &mut WasiCtx, path: &str, of: u16, write: bool) -> Result<u32, Errno> {
+    // Like wasi-libc: every right except those contradicting the mode.
+    let base = if write { u64::MAX } else { !rights::WRITE_MODE };
+    c.path_open(
+        3,
+        OpenArgs {
+            dirflags: LOOKUP_SYMLINK_FOLLOW,
+            path: path.into(),
+            oflags: of,
+            base,
+            inheriting: u64::MAX,
+            fdflags: 0,
+        },
+    )
+}
+
+/// Read up to `n` bytes from `fd` through guest memory.
+pub(crate) fn read(c: &mut WasiCtx, fd: u32, n: u32) -> Vec<u8> {
+    let mut buf = vec![0u8; 64 + n as usize];
+    let mut m = Mem(&mut buf);
+    m.put_u32(0, 64).unwrap();
+    m.put_u32(4, n).unwrap();
+    assert_eq!(
+        c.fd_read(&mut m, fd, 0, 1, 8),
+        super::Outcome::Done(Errno::SUCCESS)
+    );
+    let got = m.u32(8).unwrap();
+    m.slice(64, got).unwrap().to_vec()
+}
+
+pub(crate) fn write(c: &mut WasiCtx, fd: u32, data: &[u8]) {
+    let mut buf = vec![0u8; 64 + data.len()];
+    let mut m = Mem(&mut buf);
+    m.put_u32(0, 64).unwrap();
+    m.put_u32(4, data.len() as u32).unwrap();
+    m.write(64, data).unwrap();
+    c.fd_write(&mut m, fd, 0, 1, 8).unwrap();
+    assert_eq!(m.u32(8).unwrap() as usize, data.len());
+}
+
+#[test]
+fn sandbox_refuses_escapes() {
+    let outer = tempfile::tempdir().unwrap();
+    let sb = outer.path().join("sb");
+    fs::create_dir(&sb).unwrap();
+    fs::write(outer.path().join("secret"), "s").unwrap();
+    std::os::unix::fs::symlink("../secret", sb.join("up")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", sb.join("abs")).unwrap();
+    fs::create_dir(sb.join("d")).unwrap();
+    let mut c = ctx_with(&sb);
+    assert_eq!(open(&mut c, "../secret", 0, false), Err(Errno::NOTCAPABLE));
+    assert_eq!(
+        open(&mut c, "d/../../secret", 0, false),
+        Err(Errno::NOTCAPABLE)
+    );
+    assert_eq!(
+        open(&mut c, "/etc/passwd", 0, false),
+        Err(Errno::NOTCAPABLE)
+    );
+    assert_eq!(open(&mut c, "up", 0, false), Err(Errno::NOTCAPABLE));
+    assert_eq!(open(&mut c, "abs", 0, false), Err(Errno::NOTCAPABLE));
+    assert_eq!(c.path_create_directory(3, "../x"), Err(Errno::NOTCAPABLE));
+    assert_eq!(c.path_unlink_file(3, "../secret"), Err(Errno::NOTCAPABLE));
+    assert_eq!(c.path_symlink("/etc", 3, "l"), Err(Errno::NOTCAPABLE));
+    assert_eq!(c.path_rename(3, "d", 3, "../moved"), Err(Errno::NOTCAPABLE));
+    assert!(outer.path().join("secret").exists());
+    assert!(!outer.path().join("x").exists() && !outer.path().join("moved").exists());
+    // Staying inside via `..` is fine.
+    assert!(open(&mut c, "d/../up", 0, false).is_err());
+    fs::write(sb.join("ok"), "ok").unwrap();
+    let fd = open(&mut c, "d/../ok", 0, false).unwrap();
+    assert_eq!(read(&mut c, fd, 10), b"ok");
+}
+
+#[test]
+fn open_flags_and_errors() {
+    let t = tempfile::tempdir().unwrap();
+    let mut c = ctx_with(t.path());
+    assert_eq!(open(&mut c, "nope", 0, false), Err(Errno::NOENT));
+    let fd = open(&mut c, "f", oflags::CREAT, true).unwrap();
+    assert_eq!(fd, 4);
+    write(&mut c, fd, b"hello");
+    assert_eq!(
+        open(&mut c, "f", oflags::CREAT | oflags::EXCL, true),
+        Err(Errno::EXIST)
+    );
+    let ro = open(&mut c, "f", 0, false).unwrap();
+    assert_eq!(read(&mut c, ro, 100), b"hello");
+    // A read-only fd has no write right.
+    let mut buf = vec![0u8; 16];
+    assert_eq!(
+        c.fd_write(&mut Mem(&mut buf), ro, 0, 0, 8),
+        Err(Errno::NOTCAPABLE)
+    );
+    let tr = open(&mut c, "f", oflags::TRUNC, true).unwrap();
+    assert_eq!(fs::read(t.path().join("f")).unwrap(), b"");
+    assert_eq!(
+        open(&mut c, "f", oflags::DIRECTORY, false),
+        Err(Errno::NOTDIR)
+    );
+    c.path_create_directory(3, "sub").unwrap();
+    assert_eq!(c.path_create_directory(3, "sub"), Err(Errno::EXIST));
+    let d = open(&mut c, "sub", oflags::DIRECTORY, false).unwrap();
+    assert_eq!(c.path_remove_directory(3, "f"), Err(Errno::NOTDIR));
+    fs::write(t.path().join("sub/x"), "x").unwrap();
+    assert_eq!(c.path_remove_directory(3, "sub"), Err(Errno::NOTEMPTY));
+    c.fd_close(tr).unwrap();
+    assert_eq!(c.fd_close(tr), Err(Errno::BADF));
+    // Lowest free fd is reused.
+    assert_eq!(open(&mut c, "f", 0, false).unwrap(), tr);
+    // Rights only narrow.
+    assert_eq!(
+        c.fd_fdstat_set_rights(d, rights::FD_READDIR | rights::PATH_OPEN, 0),
+        Ok(())
+    );
+    assert_eq!(
+        c.fd_fdstat_set_rights(d, rights::FD_WRITE, 0),
+        Err(Errno::NOTCAPABLE)
+    );
+    assert_eq!(c.path_create_directory(d, "y"), Err(Errno::NOTCAPABLE));
+}
+
+#[test]
+fn rename_keeps_open_fd_paths_current() {
+    let t = tempfile::tempdir().unwrap();
+    let mut c = ctx_with(t.path());
+    c.path_create_directory(3, "a").unwrap();
+    let fd = open(&mut c, "a/f", oflags::CREAT, true).unwrap();
+    c.path_rename(3, "a", 3, "b").unwrap();
+    let st = c.save().unwrap();
+    let f = st.fds.iter().find(|f| f.fd == fd).unwrap();
+    assert!(matches!(&f.kind, crate::FdKind::File { path, .. } if path == "b/f"));
+}
