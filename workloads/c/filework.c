@@ -154,8 +154,9 @@ static int subdir_exists(uint32_t k, uint32_t iters) {
 
 int main(int argc, char **argv) {
     enum wl_size size = wl_parse_size(argc, argv, "filework");
-    static const uint32_t iters_by_size[] = { 240, 20000, 100000 };
-    const uint32_t iters = iters_by_size[size];
+    static const uint32_t iters_by_size[] = { 240, 20000, 150000 };
+    static const uint32_t list_every_by_size[] = { 10, 50, 200 };
+    const uint32_t iters = iters_by_size[size], list_every = list_every_by_size[size];
     const char *root = argc >= 3 ? argv[2] : "/data";
     struct stat st;
     if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -259,7 +260,7 @@ int main(int argc, char **argv) {
             if (unlink(path) != 0) die("cannot unlink", path);
             files[j].alive = 0, live--, count[files[j].dir]--;
         }
-        if (i % 10 == 9) { /* list a directory and compare with the model */
+        if (i % list_every == list_every - 1) { /* list a directory and compare with the model */
             char **names;
             snprintf(path, sizeof path, "%s/d%u", base, i % NDIR);
             uint32_t m = list_dir(path, &names);
