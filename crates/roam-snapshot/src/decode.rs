@@ -125,7 +125,7 @@ impl Snapshot {
                 format!("{extra} bytes after the payload"),
             ));
         }
-        if blake3::hash(payload).as_bytes() != &header.payload_hash {
+        if !cfg!(fuzzing) && blake3::hash(payload).as_bytes() != &header.payload_hash {
             return Err(DecodeError::ChecksumMismatch { what: "payload" });
         }
         let snap = decode_payload(payload, &header)?;

@@ -225,7 +225,9 @@ impl MemoryImage {
                     page.copy_from_slice(init.expect("initial pages checked above"));
                 }
                 PageKind::Initial => {}
-                PageKind::Zero if !dst_is_fresh || init.is_some() => page.fill(0),
+                PageKind::Zero if dst_is_fresh && init.is_some() => page.fill(0),
+                // Reading an untouched page is cheap; writing one commits it.
+                PageKind::Zero if !dst_is_fresh && !is_zero(page) => page.fill(0),
                 PageKind::Zero => {}
             }
         }
