@@ -9,8 +9,13 @@ fuzz_target!(|data: &[u8]| {
     let _ = peek_header(data);
     if let Ok(snap) = Snapshot::decode(data) {
         // Anything that decodes must re-encode and decode to the same value.
-        let bytes = snap.encode(&Default::default()).expect("decoded snapshot re-encodes");
-        assert_eq!(Snapshot::decode(&bytes).expect("re-encoded snapshot decodes"), snap);
+        let bytes = snap
+            .encode(&Default::default())
+            .expect("decoded snapshot re-encodes");
+        assert_eq!(
+            Snapshot::decode(&bytes).expect("re-encoded snapshot decodes"),
+            snap
+        );
         let _ = snap.summary().to_string();
     }
 });

@@ -38,12 +38,21 @@ fuzz_target!(|data: &[u8]| {
             reason: "fuzz".into(),
         },
         memory: MemoryImage::capture(&mem, &initial),
-        globals: vec![GlobalValue { name: "g".into(), value: GlobalVal::I32(i32::from(ctl[3])) }],
-        stack: UnwoundStack { buffer_offset: 0, capacity: 8 + u32::from(ctl[3]), data: vec![ctl[3]; ctl[3] as usize] },
+        globals: vec![GlobalValue {
+            name: "g".into(),
+            value: GlobalVal::I32(i32::from(ctl[3])),
+        }],
+        stack: UnwoundStack {
+            buffer_offset: 0,
+            capacity: 8 + u32::from(ctl[3]),
+            data: vec![ctl[3]; ctl[3] as usize],
+        },
         os_state: writes.to_vec(),
         files: None,
     };
-    let bytes = snap.encode(&EncodeOptions { level: 1 }).expect("valid snapshot encodes");
+    let bytes = snap
+        .encode(&EncodeOptions { level: 1 })
+        .expect("valid snapshot encodes");
     let back = Snapshot::decode(&bytes).expect("encoded snapshot decodes");
     assert_eq!(back, snap);
     let mut fresh = vec![0u8; len];
@@ -52,9 +61,13 @@ fuzz_target!(|data: &[u8]| {
             p.copy_from_slice(init);
         }
     }
-    back.memory.restore_into(&mut fresh, &initial, true).expect("restore fresh");
+    back.memory
+        .restore_into(&mut fresh, &initial, true)
+        .expect("restore fresh");
     assert!(fresh == mem);
     let mut dirty = vec![0xA5u8; len];
-    back.memory.restore_into(&mut dirty, &initial, false).expect("restore non-fresh");
+    back.memory
+        .restore_into(&mut dirty, &initial, false)
+        .expect("restore non-fresh");
     assert!(dirty == mem);
 });
