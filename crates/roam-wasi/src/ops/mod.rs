@@ -141,3 +141,6 @@ pub(crate) fn write_filestat_type(mem: &mut Mem, ptr: u32, ft: u8) -> Result<(),
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+#[cfg(test)]
+mod layout_tests;
