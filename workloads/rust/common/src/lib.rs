@@ -6,6 +6,8 @@
 //! checkpoint window) and finish with the same `checksum:` line. The PRNG and
 //! the checksum are bit-for-bit the same algorithms as the C header's.
 
+#![deny(missing_docs)]
+
 use std::fmt::Display;
 use std::process::ExitCode;
 use std::time::Duration;
