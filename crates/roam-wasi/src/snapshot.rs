@@ -140,6 +140,7 @@ impl WasiCtx {
                 fdflags: e.fdflags,
             });
         }
+        tracing::debug!(fds = fds.len(), "saved OS state");
         Ok(OsState {
             args: self.args.clone(),
             env: self.env.clone(),
@@ -256,6 +257,7 @@ impl WasiCtx {
                 rights_inheriting: f.rights_inheriting,
                 fdflags: f.fdflags,
             };
+            tracing::debug!(fd = f.fd, origin = ?entry.origin, "restored fd");
             fds.insert(f.fd, entry);
         }
         Ok(WasiCtx {

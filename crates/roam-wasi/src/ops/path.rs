@@ -89,6 +89,7 @@ impl WasiCtx {
             rights_inheriting: a.inheriting & parent_inh,
             fdflags: a.fdflags,
         };
+        tracing::trace!(fd = new_fd, origin = ?entry.origin, "path_open");
         self.fds.insert(new_fd, entry);
         Ok(new_fd)
     }
