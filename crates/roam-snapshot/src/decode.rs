@@ -8,6 +8,7 @@
 //! length alone.
 
 mod sections;
+
 use crate::header::{peek_header, Header, Version, FLAG_FILES, FLAG_MODULE_EMBEDDED, HEADER_LEN};
 use crate::memory::PageKind;
 use crate::payload::{expand_runs, Meta, SECTIONS};
