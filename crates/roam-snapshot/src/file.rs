@@ -90,9 +90,17 @@ impl Snapshot {
 
     /// Read and decode the snapshot file at `path`.
     pub fn read_file(path: impl AsRef<Path>) -> Result<Snapshot, ReadFileError> {
+        Self::read_file_with_header(path).map(|(s, _)| s)
+    }
+
+    /// Like [`Snapshot::read_file`], also returning the header, e.g. for
+    /// `snap.summary().with_header(&header)` to include on-disk sizes.
+    pub fn read_file_with_header(
+        path: impl AsRef<Path>,
+    ) -> Result<(Snapshot, crate::Header), ReadFileError> {
         let path = path.as_ref();
         let bytes = read_capped(path)?;
-        Snapshot::decode(&bytes).map_err(|source| ReadFileError::Decode {
+        Snapshot::decode_with_header(&bytes).map_err(|source| ReadFileError::Decode {
             path: path.to_path_buf(),
             source,
         })
@@ -187,6 +195,8 @@ mod tests {
         let n = snap.write_file(&path).unwrap();
         assert_eq!(fs::metadata(&path).unwrap().len(), n);
         assert_eq!(Snapshot::read_file(&path).unwrap(), snap);
+        let (_, h) = Snapshot::read_file_with_header(&path).unwrap();
+        assert_eq!(h.compressed_len + crate::HEADER_LEN as u64, n);
         // No temporary files left behind.
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
