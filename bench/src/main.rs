@@ -25,7 +25,10 @@ use clap::{Parser, Subcommand};
 use roam_runtime::{Runtime, RuntimeConfig};
 
 #[derive(Parser, Debug)]
-#[command(name = "roam-bench", about = "roam's benchmarks (see docs/benchmarks.md)")]
+#[command(
+    name = "roam-bench",
+    about = "roam's benchmarks (see docs/benchmarks.md)"
+)]
 struct Cli {
     /// Where results are written.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
@@ -84,7 +87,14 @@ fn main() -> anyhow::Result<()> {
     let report = match cli.bench {
         Bench::T1 { size, reps, only } => {
             let only = only.as_deref().map(t1::parse_only).transpose()?;
-            t1::run(&paths, &t1::Options { size, reps: reps.max(1), only })?
+            t1::run(
+                &paths,
+                &t1::Options {
+                    size,
+                    reps: reps.max(1),
+                    only,
+                },
+            )?
         }
         Bench::T2 { sizes, samples } => {
             let rt = runtime(&paths)?;
@@ -95,12 +105,19 @@ fn main() -> anyhow::Result<()> {
                     let _q = quiet::Quiet::new()?;
                     t2::measure(&rt, mib, samples)?
                 };
-                eprintln!("t2: {mib} MiB: captures {:?}, restores {:?}", r.captures, r.restores);
+                eprintln!(
+                    "t2: {mib} MiB: captures {:?}, restores {:?}",
+                    r.captures, r.restores
+                );
                 rows.push(r);
             }
             t2::report(&rows, samples)
         }
-        Bench::T3 { size, samples, only } => {
+        Bench::T3 {
+            size,
+            samples,
+            only,
+        } => {
             let rt = runtime(&paths)?;
             let only = only.as_deref().map(t1::parse_only).transpose()?;
             let mut results = Vec::new();
@@ -110,7 +127,11 @@ fn main() -> anyhow::Result<()> {
                 }
                 eprintln!("t3: {name} ...");
                 let s = t3::measure(&rt, &paths, name, &size, samples)?;
-                eprintln!("t3: {name}: {} samples in {} runs", s.response.len(), s.runs);
+                eprintln!(
+                    "t3: {name}: {} samples in {} runs",
+                    s.response.len(),
+                    s.runs
+                );
                 results.push((name.to_string(), s));
             }
             eprintln!("t3: condvar baseline ...");

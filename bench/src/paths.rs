@@ -26,8 +26,13 @@ impl Paths {
     /// (`<target>/release/roam-bench`).
     pub fn discover() -> anyhow::Result<Paths> {
         let exe = std::env::current_exe().context("cannot locate roam-bench itself")?;
-        let bin_dir = exe.parent().context("executable has no directory")?.to_path_buf();
-        let target = bin_dir.parent().context("executable is not in a target dir")?;
+        let bin_dir = exe
+            .parent()
+            .context("executable has no directory")?
+            .to_path_buf();
+        let target = bin_dir
+            .parent()
+            .context("executable is not in a target dir")?;
         let workloads = std::env::var_os("ROAM_BENCH_WORKLOADS")
             .map(PathBuf::from)
             .unwrap_or_else(|| target.join("workloads"));
@@ -59,7 +64,11 @@ impl Paths {
             bail!(
                 "{} is missing: build it with `cargo build --release -p {}`",
                 p.display(),
-                if name == "roam" { "roam-cli" } else { "roam-bench" }
+                if name == "roam" {
+                    "roam-cli"
+                } else {
+                    "roam-bench"
+                }
             );
         }
         Ok(p)

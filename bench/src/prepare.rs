@@ -24,6 +24,8 @@ pub struct PreparedFile {
     pub path: PathBuf,
     /// Its size in bytes.
     pub bytes: u64,
+    /// Its code section's size in bytes.
+    pub code: u64,
     /// Migration points: loop headers, function entries, manual calls.
     pub points: (u32, u32, u32),
 }
@@ -41,7 +43,8 @@ pub fn prepare_to(
     let bytes = if crate::paths::newer(&path, input) {
         std::fs::read(&path)?
     } else {
-        let src = std::fs::read(input).with_context(|| format!("cannot read {}", input.display()))?;
+        let src =
+            std::fs::read(input).with_context(|| format!("cannot read {}", input.display()))?;
         let opts = PrepareOptions {
             points: policy,
             ..Default::default()
@@ -57,14 +60,66 @@ pub fn prepare_to(
     let s = section.stats;
     Ok(PreparedFile {
         bytes: bytes.len() as u64,
+        code: code_bytes(&bytes).unwrap_or(0),
         points: (s.loop_points, s.function_points, s.manual_points),
         path,
     })
 }
 
+fn leb_u32(b: &[u8], i: &mut usize) -> Option<u64> {
+    let (mut r, mut shift) = (0u64, 0);
+    loop {
+        let x = *b.get(*i)?;
+        *i += 1;
+        r |= u64::from(x & 0x7f) << shift;
+        if x < 0x80 {
+            return Some(r);
+        }
+        shift += 7;
+        if shift > 28 {
+            return None;
+        }
+    }
+}
+
+/// Size of the code section (id 10) of a module: the part of the size that
+/// Asyncify and migration points change. Custom sections (clang leaves
+/// DWARF in wasi-libc builds; `roam prepare` drops it) would otherwise
+/// dominate the comparison. `None` if the bytes are not a module.
+pub fn code_bytes(wasm: &[u8]) -> Option<u64> {
+    if wasm.get(..4)? != b"\0asm" {
+        return None;
+    }
+    let mut i = 8;
+    while i < wasm.len() {
+        let id = wasm[i];
+        i += 1;
+        let len = leb_u32(wasm, &mut i)?;
+        if id == 10 {
+            return Some(len);
+        }
+        i = i.checked_add(usize::try_from(len).ok()?)?;
+    }
+    Some(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_bytes_finds_the_code_section() {
+        let m = wat::parse_str(LOOPY).unwrap();
+        let n = code_bytes(&m).unwrap();
+        assert!(n > 10 && n < m.len() as u64, "{n}");
+        let empty = wat::parse_str("(module)").unwrap();
+        assert_eq!(code_bytes(&empty), Some(0));
+        assert_eq!(code_bytes(b"nope"), None);
+        assert_eq!(
+            code_bytes(&[0, b'a', b's', b'm', 1, 0, 0, 0, 10, 0xff]),
+            None
+        );
+    }
 
     const LOOPY: &str = r#"(module
         (memory (export "memory") 1)
@@ -88,7 +143,10 @@ mod tests {
         let before = std::fs::metadata(&loops.path).unwrap().modified().unwrap();
         let again = prepare_to(&input, &out, "loops", PointPolicy::Loops).unwrap();
         assert_eq!(again.points, loops.points);
-        assert_eq!(std::fs::metadata(&again.path).unwrap().modified().unwrap(), before);
+        assert_eq!(
+            std::fs::metadata(&again.path).unwrap().modified().unwrap(),
+            before
+        );
     }
 
     #[test]

@@ -23,7 +23,17 @@ use crate::stats::{geomean, median};
 
 /// Every workload, in table order.
 pub const WORKLOADS: [&str; 11] = [
-    "ep", "is", "cg", "mg", "kmeans", "matmul", "pca", "linpack", "dhrystone", "filework", "recurse",
+    "ep",
+    "is",
+    "cg",
+    "mg",
+    "kmeans",
+    "matmul",
+    "pca",
+    "linpack",
+    "dhrystone",
+    "filework",
+    "recurse",
 ];
 
 /// Options of `roam-bench t1`.
@@ -129,7 +139,10 @@ impl Tools {
             }
         }
         c.env("ROAM_CACHE_DIR", self.paths.scratch.join("roam-cache"))
-            .env("PLAIN_WASMTIME_CACHE", self.paths.scratch.join("plain-cache"));
+            .env(
+                "PLAIN_WASMTIME_CACHE",
+                self.paths.scratch.join("plain-cache"),
+            );
         Ok(c)
     }
 
@@ -151,11 +164,16 @@ fn load_workloads(paths: &Paths, only: &Option<Vec<String>>) -> anyhow::Result<V
             .iter()
             .map(|(pn, p)| prepare_to(&wasm, &prepared_dir, pn, *p))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        eprintln!("t1: prepared {name} ({} points, loops policy)", prepared[0].points.0 + prepared[0].points.1);
+        eprintln!(
+            "t1: prepared {name} ({} points, loops policy)",
+            prepared[0].points.0 + prepared[0].points.1
+        );
         out.push(Workload {
             name: name.to_string(),
             native: paths.native(std::env::consts::ARCH, name),
-            qemu: paths.native("aarch64", name).filter(|_| std::env::consts::ARCH != "aarch64"),
+            qemu: paths
+                .native("aarch64", name)
+                .filter(|_| std::env::consts::ARCH != "aarch64"),
             wasm,
             prepared,
         });
@@ -217,10 +235,25 @@ fn fmt(x: Option<f64>, prec: usize) -> String {
 
 fn build_report(results: &[(&Workload, Samples)], opts: &Options) -> Report {
     let mut t = Table::new(&[
-        "workload", "native s", "plain s", "roam loops s", "roam functions s", "roam manual s",
-        "qemu-aarch64 s", "loops ÷ plain", "functions ÷ plain", "manual ÷ plain", "plain ÷ native",
-        "roam ÷ native", "qemu ÷ native", "points loop+func", "points (functions policy)",
-        "unprepared KiB", "prepared KiB", "size ×", "checksums",
+        "workload",
+        "native s",
+        "plain s",
+        "roam loops s",
+        "roam functions s",
+        "roam manual s",
+        "qemu-aarch64 s",
+        "loops ÷ plain",
+        "functions ÷ plain",
+        "manual ÷ plain",
+        "plain ÷ native",
+        "roam ÷ native",
+        "qemu ÷ native",
+        "points loop+func",
+        "points (functions policy)",
+        "unprepared KiB",
+        "prepared KiB",
+        "size ×",
+        "checksums",
     ]);
     let mut geo: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut mismatches = Vec::new();
@@ -246,7 +279,8 @@ fn build_report(results: &[(&Workload, Samples)], opts: &Options) -> Report {
         if !same {
             mismatches.push(w.name.clone());
         }
-        let unprep = std::fs::metadata(&w.wasm).map(|m| m.len()).unwrap_or(0);
+        let src = std::fs::read(&w.wasm).unwrap_or_default();
+        let code = crate::prepare::code_bytes(&src).unwrap_or(0);
         let p = &w.prepared;
         let mut row = vec![w.name.clone(), fmt(native, 3), fmt(plain, 3)];
         row.extend(roam.iter().map(|r| fmt(*r, 3)));
@@ -254,15 +288,24 @@ fn build_report(results: &[(&Workload, Samples)], opts: &Options) -> Report {
         row.extend(ratios.iter().map(|(_, r)| fmt(*r, 3)));
         row.push(format!("{}+{}", p[0].points.0, p[0].points.1));
         row.push(format!("{}", p[1].points.1));
-        row.push(format!("{}", unprep / 1024));
-        row.push(format!("{}", p[0].bytes / 1024));
-        row.push(fmt(Some(p[0].bytes as f64 / unprep.max(1) as f64), 2));
-        row.push(if same { "all equal".into() } else { "MISMATCH".into() });
+        row.push(format!("{}→{}", src.len() / 1024, p[0].bytes / 1024));
+        row.push(fmt(Some(p[0].code as f64 / code.max(1) as f64), 2));
+        row.push(if same {
+            "all equal".into()
+        } else {
+            "MISMATCH".into()
+        });
         t.push(row);
     }
     let mut notes: Vec<String> = geo
         .iter()
-        .map(|(k, v)| format!("geomean {k}: {} over {} workloads", fmt(geomean(v), 3), v.len()))
+        .map(|(k, v)| {
+            format!(
+                "geomean {k}: {} over {} workloads",
+                fmt(geomean(v), 3),
+                v.len()
+            )
+        })
         .collect();
     if let Some(g) = geo.get("loops ÷ plain").and_then(|v| geomean(v)) {
         notes.push(format!(
@@ -307,6 +350,7 @@ mod tests {
         let pf = |p: u32| PreparedFile {
             path: PathBuf::from("x.wasm"),
             bytes: 2048,
+            code: 1024,
             points: (p, 1, 0),
         };
         Workload {
@@ -321,7 +365,15 @@ mod tests {
     #[test]
     fn variants_follow_available_builds() {
         assert_eq!(workload(true).variants().len(), 6);
-        assert_eq!(workload(false).variants(), vec![Variant::Plain, Variant::Roam(0), Variant::Roam(1), Variant::Roam(2)]);
+        assert_eq!(
+            workload(false).variants(),
+            vec![
+                Variant::Plain,
+                Variant::Roam(0),
+                Variant::Roam(1),
+                Variant::Roam(2)
+            ]
+        );
     }
 
     #[test]
@@ -341,7 +393,11 @@ mod tests {
         s.insert(Variant::Roam(1), (vec![2.1], sum("aa")));
         s.insert(Variant::Roam(2), (vec![2.0], sum("aa")));
         s.insert(Variant::Qemu, (vec![5.5], sum("bb")));
-        let opts = Options { size: "S".into(), reps: 1, only: None };
+        let opts = Options {
+            size: "S".into(),
+            reps: 1,
+            only: None,
+        };
         let r = build_report(&[(&w, s)], &opts);
         let row = &r.table.rows[0];
         assert_eq!(row[1], "1.100");
@@ -349,7 +405,10 @@ mod tests {
         assert_eq!(row[12], "5.000"); // qemu ÷ native
         assert_eq!(row[13], "3+1");
         assert_eq!(row.last().unwrap(), "MISMATCH");
-        assert!(r.notes.iter().any(|n| n == "target T1 (prepared ÷ unprepared ≤ 1.10×): met"));
+        assert!(r
+            .notes
+            .iter()
+            .any(|n| n == "target T1 (prepared ÷ unprepared ≤ 1.10×): met"));
         assert!(r.notes.iter().any(|n| n.contains("MISMATCH in: ep")));
     }
 }

@@ -11,15 +11,14 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use roam_runtime::{Cell, CellOptions, CheckpointKind, CheckpointTiming, Outcome, Runtime, Trigger};
+use roam_runtime::{
+    Cell, CellOptions, CheckpointKind, CheckpointTiming, Outcome, Runtime, Trigger,
+};
 use roam_snapshot::{EncodeOptions, Snapshot, PAGE_SIZE};
 use roam_wasi::WasiConfig;
 
 use crate::report::{Report, Table};
 use crate::stats::{median, ms};
-
-/// Memory sizes measured by default, MiB.
-pub const SIZES: [u32; 6] = [1, 4, 16, 64, 256, 1024];
 
 /// A module that grows memory by `mib` MiB, fills the new pages with
 /// xorshift64 output (incompressible, never equal to the initial image),
@@ -77,9 +76,21 @@ fn filled(s: &Snapshot, mib: u32) -> bool {
 }
 
 /// Take `samples` Continue checkpoints after the fill, then a Stop.
-fn checkpoints(rt: &Runtime, mib: u32, samples: usize) -> anyhow::Result<(Vec<Duration>, Snapshot, Duration)> {
+fn checkpoints(
+    rt: &Runtime,
+    mib: u32,
+    samples: usize,
+) -> anyhow::Result<(Vec<Duration>, Snapshot, Duration)> {
     let module = rt.load_bytes(&fill_module(mib)?)?;
-    let mut cell = Cell::start(rt, module, WasiConfig { args: vec!["fill".into()], ..Default::default() }, CellOptions::default())?;
+    let mut cell = Cell::start(
+        rt,
+        module,
+        WasiConfig {
+            args: vec!["fill".into()],
+            ..Default::default()
+        },
+        CellOptions::default(),
+    )?;
     let ctl = cell.controller();
     let (tx, rx) = mpsc::channel::<(CheckpointTiming, bool)>();
     let driver = std::thread::spawn(move || {
@@ -99,13 +110,15 @@ fn checkpoints(rt: &Runtime, mib: u32, samples: usize) -> anyhow::Result<(Vec<Du
         ctl.request(CheckpointKind::Stop, Trigger::Api);
         caps
     });
-    let mut sink = |s: &Snapshot, t: CheckpointTiming| {
+    let mut sink = move |s: &Snapshot, t: CheckpointTiming| {
         let _ = tx.send((t, filled(s, mib)));
         Ok(())
     };
     let outcome = cell.run(&mut sink);
     drop(sink);
-    let caps = driver.join().map_err(|_| anyhow::anyhow!("driver thread panicked"))?;
+    let caps = driver
+        .join()
+        .map_err(|_| anyhow::anyhow!("driver thread panicked"))?;
     match outcome? {
         Outcome::Stopped(s, t) if filled(&s, mib) => Ok((caps, *s, t.capture)),
         Outcome::Stopped(..) => bail!("stopped before the {mib} MiB fill finished"),
@@ -114,7 +127,9 @@ fn checkpoints(rt: &Runtime, mib: u32, samples: usize) -> anyhow::Result<(Vec<Du
 }
 
 fn memcpy_baseline(mib: u32, reps: usize) -> Vec<Duration> {
-    let src: Vec<u8> = (0..(mib as usize) << 20).map(|i| (i * 31 + 7) as u8).collect();
+    let src: Vec<u8> = (0..(mib as usize) << 20)
+        .map(|i| (i * 31 + 7) as u8)
+        .collect();
     (0..reps)
         .map(|_| {
             let t = Instant::now();
@@ -171,8 +186,18 @@ fn med(d: &[Duration]) -> Option<f64> {
 /// Build the report from measured rows.
 pub fn report(rows: &[Row], samples: usize) -> Report {
     let mut t = Table::new(&[
-        "live MiB", "stored MiB", "capture p50 ms", "capture max ms", "restore p50 ms", "memcpy p50 ms",
-        "capture ÷ memcpy", "restore ÷ memcpy", "encode L1 ms", "encode L3 ms", "L3 MiB", "decode ms",
+        "live MiB",
+        "stored MiB",
+        "capture p50 ms",
+        "capture max ms",
+        "restore p50 ms",
+        "memcpy p50 ms",
+        "capture ÷ memcpy",
+        "restore ÷ memcpy",
+        "encode L1 ms",
+        "encode L3 ms",
+        "L3 MiB",
+        "decode ms",
     ]);
     let f = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
     let mut notes = Vec::new();
@@ -196,9 +221,23 @@ pub fn report(rows: &[Row], samples: usize) -> Report {
             f(Some(ms(r.decode))),
         ]);
         if r.mib == 256 {
-            let ok = |x: Option<f64>| if x.is_some_and(|x| x <= 50.0) { "met" } else { "NOT met" };
-            notes.push(format!("target capture of 256 MiB ≤ 50 ms: {} ({} ms)", ok(c), f(c)));
-            notes.push(format!("target restore of 256 MiB ≤ 50 ms: {} ({} ms)", ok(rs), f(rs)));
+            let ok = |x: Option<f64>| {
+                if x.is_some_and(|x| x <= 50.0) {
+                    "met"
+                } else {
+                    "NOT met"
+                }
+            };
+            notes.push(format!(
+                "target capture of 256 MiB ≤ 50 ms: {} ({} ms)",
+                ok(c),
+                f(c)
+            ));
+            notes.push(format!(
+                "target restore of 256 MiB ≤ 50 ms: {} ({} ms)",
+                ok(rs),
+                f(rs)
+            ));
         }
     }
     notes.push(format!(
@@ -207,7 +246,10 @@ pub fn report(rows: &[Row], samples: usize) -> Report {
     Report {
         name: "t2".into(),
         title: "T2: checkpoint capture and restore vs memory size".into(),
-        setup: format!("`roam-bench t2` (sizes {:?} MiB)", rows.iter().map(|r| r.mib).collect::<Vec<_>>()),
+        setup: format!(
+            "`roam-bench t2` (sizes {:?} MiB)",
+            rows.iter().map(|r| r.mib).collect::<Vec<_>>()
+        ),
         table: t,
         notes,
     }
@@ -234,7 +276,11 @@ mod tests {
         .unwrap();
         let row = measure(&rt, 1, 2).unwrap();
         assert_eq!(row.captures.len(), 2);
-        assert!(row.stored >= 1 << 20 && row.stored < 2 << 20, "{}", row.stored);
+        assert!(
+            row.stored >= 1 << 20 && row.stored < 2 << 20,
+            "{}",
+            row.stored
+        );
         // Random data does not compress.
         assert!(row.encode[1].1 >= 1 << 20);
         let r = report(&[row], 2);

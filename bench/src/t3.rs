@@ -14,7 +14,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use roam_runtime::{Cell, CellOptions, CheckpointKind, CheckpointTiming, Outcome, Runtime, Trigger};
+use roam_runtime::{
+    Cell, CellOptions, CheckpointKind, CheckpointTiming, Outcome, Runtime, Trigger,
+};
 use roam_snapshot::Snapshot;
 use roam_wasi::{Preopen, WasiConfig};
 
@@ -62,13 +64,32 @@ pub struct Samples {
 
 /// Run one cell to exit while another thread requests Continue checkpoints
 /// every 20–50 ms, each after the previous one was served.
-fn one_run(rt: &Runtime, wasm: &Path, size: &str, data: Option<&Path>, out: &mut Samples) -> anyhow::Result<()> {
+fn one_run(
+    rt: &Runtime,
+    wasm: &Path,
+    size: &str,
+    data: Option<&Path>,
+    out: &mut Samples,
+) -> anyhow::Result<()> {
     let module = rt.load_file(wasm)?;
-    let name = wasm.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let name = wasm
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
     let preopens = data
-        .map(|d| vec![Preopen { host: d.to_path_buf(), guest: "/data".into() }])
+        .map(|d| {
+            vec![Preopen {
+                host: d.to_path_buf(),
+                guest: "/data".into(),
+            }]
+        })
         .unwrap_or_default();
-    let cfg = WasiConfig { args: vec![name, size.into()], env: vec![], preopens };
+    let cfg = WasiConfig {
+        args: vec![name, size.into()],
+        env: vec![],
+        preopens,
+    };
     let mut cell = Cell::start(rt, module, cfg, CellOptions::default())?;
     let ctl = cell.controller();
     let stop = Arc::new(AtomicBool::new(false));
@@ -96,7 +117,9 @@ fn one_run(rt: &Runtime, wasm: &Path, size: &str, data: Option<&Path>, out: &mut
     };
     let outcome = cell.run(&mut sink);
     stop.store(true, Ordering::Relaxed);
-    driver.join().map_err(|_| anyhow::anyhow!("driver thread panicked"))?;
+    driver
+        .join()
+        .map_err(|_| anyhow::anyhow!("driver thread panicked"))?;
     out.runs += 1;
     match outcome.context("the workload failed under checkpointing")? {
         Outcome::Exited(0) => Ok(()),
@@ -106,11 +129,21 @@ fn one_run(rt: &Runtime, wasm: &Path, size: &str, data: Option<&Path>, out: &mut
 }
 
 /// Collect at least `min` samples of a workload, running it up to 20 times.
-pub fn measure(rt: &Runtime, paths: &Paths, name: &str, size: &str, min: usize) -> anyhow::Result<Samples> {
+pub fn measure(
+    rt: &Runtime,
+    paths: &Paths,
+    name: &str,
+    size: &str,
+    min: usize,
+) -> anyhow::Result<Samples> {
     let wasm = paths.wasm(name)?;
     let mut s = Samples::default();
     while s.response.len() < min && s.runs < 20 {
-        let data = if name == "filework" { Some(paths.fresh_dir("data-t3")?) } else { None };
+        let data = if name == "filework" {
+            Some(paths.fresh_dir("data-t3")?)
+        } else {
+            None
+        };
         let _quiet = crate::quiet::Quiet::new()?;
         one_run(rt, &wasm, size, data.as_deref(), &mut s)?;
     }
@@ -164,14 +197,23 @@ fn row(t: &mut Table, name: &str, runs: String, xs: &[Duration], capture: &[Dura
 /// Build the report.
 pub fn report(results: &[(String, Samples)], baseline: &[Duration], size: &str) -> Report {
     let mut t = Table::new(&[
-        "workload", "samples", "runs", "response p50 µs", "response p99 µs", "response max µs",
-        "capture p50 ms", "p99 ≤ 1 ms",
+        "workload",
+        "samples",
+        "runs",
+        "response p50 µs",
+        "response p99 µs",
+        "response max µs",
+        "capture p50 ms",
+        "p99 ≤ 1 ms",
     ]);
     for (name, s) in results {
         row(&mut t, name, s.runs.to_string(), &s.response, &s.capture);
     }
     row(&mut t, "baseline: condvar wake", "-".into(), baseline, &[]);
-    let all: Vec<f64> = results.iter().flat_map(|(_, s)| s.response.iter().map(|d| us(*d))).collect();
+    let all: Vec<f64> = results
+        .iter()
+        .flat_map(|(_, s)| s.response.iter().map(|d| us(*d)))
+        .collect();
     let p99 = percentile(&all, 99.0);
     let notes = vec![
         format!(
@@ -202,7 +244,10 @@ mod tests {
         let mut j = Jitter::new();
         for _ in 0..1000 {
             let d = j.between_ms(20, 50);
-            assert!(d >= Duration::from_millis(20) && d < Duration::from_millis(50), "{d:?}");
+            assert!(
+                d >= Duration::from_millis(20) && d < Duration::from_millis(50),
+                "{d:?}"
+            );
         }
     }
 
@@ -220,8 +265,15 @@ mod tests {
             capture: vec![Duration::from_millis(2); 10],
             runs: 1,
         };
-        let slow = Samples { response: vec![Duration::from_millis(5); 10], ..fast.clone() };
-        let r = report(&[("a".into(), fast), ("b".into(), slow)], &[Duration::from_micros(30)], "S");
+        let slow = Samples {
+            response: vec![Duration::from_millis(5); 10],
+            ..fast.clone()
+        };
+        let r = report(
+            &[("a".into(), fast), ("b".into(), slow)],
+            &[Duration::from_micros(30)],
+            "S",
+        );
         assert_eq!(r.table.rows[0][4], "100.0");
         assert_eq!(r.table.rows[0][7], "yes");
         assert_eq!(r.table.rows[1][7], "no");

@@ -54,7 +54,9 @@ fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("PLAIN_WASMTIME_CACHE") {
         return PathBuf::from(d);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
     home.join(".cache").join("roam-bench-plain")
 }
 
@@ -96,6 +98,7 @@ fn run(a: Args) -> anyhow::Result<i32> {
     b.inherit_stdio().args(&a.argv);
     for (host, guest) in &a.dirs {
         b.preopened_dir(host, guest, FsPerms::ReadWrite)
+            .map_err(anyhow::Error::from)
             .with_context(|| format!("cannot preopen {}", host.display()))?;
     }
     let mut store = Store::new(&engine, b.build_p1());
@@ -105,7 +108,7 @@ fn run(a: Args) -> anyhow::Result<i32> {
         Ok(()) => Ok(0),
         Err(e) => match e.downcast_ref::<I32Exit>() {
             Some(exit) => Ok(exit.0),
-            None => Err(e),
+            None => Err(e.into()),
         },
     }
 }
@@ -170,6 +173,9 @@ mod tests {
             argv: vec!["m".into()],
         };
         assert_eq!(run(a).unwrap(), 7);
-        assert_eq!(std::fs::read_dir(dir.path().join("cache")).unwrap().count(), 1);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("cache")).unwrap().count(),
+            1
+        );
     }
 }
