@@ -154,7 +154,7 @@ static int subdir_exists(uint32_t k, uint32_t iters) {
 
 int main(int argc, char **argv) {
     enum wl_size size = wl_parse_size(argc, argv, "filework");
-    static const uint32_t iters_by_size[] = { 240, 20000, 150000 };
+    static const uint32_t iters_by_size[] = { 240, 20000, 100000 };
     static const uint32_t list_every_by_size[] = { 10, 50, 200 };
     const uint32_t iters = iters_by_size[size], list_every = list_every_by_size[size];
     const char *root = argc >= 3 ? argv[2] : "/data";

@@ -62,7 +62,7 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 
 fn main() -> ExitCode {
     let size = Size::from_args("pca");
-    let (rows, dim) = size.pick((3_000, 48), (150_000, 160), (600_000, 256));
+    let (rows, dim) = size.pick((3_000, 48), (150_000, 160), (420_000, 256));
     let mut setup = Rng::new(662_607_015);
     let src = Source::new(dim, &mut setup);
     let seed = setup.next_u64();

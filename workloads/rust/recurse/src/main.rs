@@ -54,7 +54,7 @@ fn main() -> ExitCode {
             tree_depth: 20,
         },
         Params {
-            rounds: 350,
+            rounds: 250,
             exprs: 50,
             nesting: 800,
             ack_n: 8,
