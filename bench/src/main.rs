@@ -121,22 +121,32 @@ fn main() -> anyhow::Result<()> {
             let rt = runtime(&paths)?;
             let only = only.as_deref().map(t1::parse_only).transpose()?;
             let mut results = Vec::new();
+            let mut failures = Vec::new();
             for name in t1::WORKLOADS {
                 if only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name)) {
                     continue;
                 }
                 eprintln!("t3: {name} ...");
-                let s = t3::measure(&rt, &paths, name, &size, samples)?;
-                eprintln!(
-                    "t3: {name}: {} samples in {} runs",
-                    s.response.len(),
-                    s.runs
-                );
-                results.push((name.to_string(), s));
+                match t3::measure(&rt, &paths, name, &size, samples) {
+                    Ok(s) => {
+                        eprintln!(
+                            "t3: {name}: {} samples in {} runs",
+                            s.response.len(),
+                            s.runs
+                        );
+                        results.push((name.to_string(), s));
+                    }
+                    Err(e) => {
+                        eprintln!("t3: {name} FAILED: {e:#}");
+                        failures.push(format!("FAILED {name}: {e:#}"));
+                    }
+                }
             }
             eprintln!("t3: condvar baseline ...");
             let base = t3::condvar_baseline(100);
-            t3::report(&results, &base, &size)
+            let mut r = t3::report(&results, &base, &size);
+            r.notes.extend(failures);
+            r
         }
     };
     report.emit(&cli.out)?;

@@ -191,11 +191,16 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         paths: paths.clone(),
     };
     let workloads = load_workloads(paths, &opts.only)?;
-    // Warm the compile caches with the small size, and check every variant works.
+    // Warm the compile caches with the small size, and check every variant
+    // works; a variant that fails is reported and left out, not fatal.
+    let mut failed: Vec<(String, Variant, String)> = Vec::new();
     for w in &workloads {
         for v in w.variants() {
             if matches!(v, Variant::Plain | Variant::Roam(_)) {
-                tools.run(w, v, "S")?;
+                if let Err(e) = tools.run(w, v, "S") {
+                    eprintln!("t1: {} / {} FAILED: {e:#}", w.name, v.label());
+                    failed.push((w.name.clone(), v, format!("{e:#}")));
+                }
             }
         }
     }
@@ -205,7 +210,17 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         for rep in 0..opts.reps {
             // Variants interleaved per repetition, so drift hits all alike.
             for v in w.variants() {
-                let t = tools.run(w, v, &opts.size)?;
+                if failed.iter().any(|(n, fv, _)| *n == w.name && *fv == v) {
+                    continue;
+                }
+                let t = match tools.run(w, v, &opts.size) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        eprintln!("t1: {} / {} FAILED: {e:#}", w.name, v.label());
+                        failed.push((w.name.clone(), v, format!("{e:#}")));
+                        continue;
+                    }
+                };
                 eprintln!(
                     "t1: {:<9} {:<15} rep {}/{}: {:8.3} s  checksum {}",
                     w.name,
@@ -222,7 +237,21 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         }
         results.push((w, s));
     }
-    Ok(build_report(&results, opts))
+    let mut report = build_report(&results, opts);
+    for (name, v, e) in &failed {
+        let e: String = e.chars().take(300).collect();
+        report.notes.push(format!(
+            "FAILED {name} / {}: {}",
+            v.label(),
+            e.replace('|', "/")
+        ));
+        if let Some(row) = report.table.rows.iter_mut().find(|r| r[0] == *name) {
+            if let Some(last) = row.last_mut() {
+                last.push_str(&format!("; {} failed", v.label()));
+            }
+        }
+    }
+    Ok(report)
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
