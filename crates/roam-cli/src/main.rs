@@ -1,1 +1,50 @@
-fn main() {}
+//! `roam`: prepare, run, checkpoint, restore and inspect migratable
+//! WebAssembly programs.
+//!
+//! Exit status: the program's own exit status; 0 after a checkpoint-and-stop;
+//! 2 for a usage error; 125 when roam itself fails; 134 when the program
+//! traps.
+
+mod args;
+mod inspect;
+mod prepare;
+mod run;
+
+use clap::Parser;
+
+/// roam exits with this when it fails itself (not the program).
+const EXIT_ROAM_ERROR: i32 = 125;
+/// roam exits with this when the program traps.
+const EXIT_TRAP: i32 = 134;
+
+fn main() {
+    let cli = args::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ROAM_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if cli.verbose { "debug" } else { "warn" })
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let code = match cli.command {
+        args::Command::Prepare(a) => prepare::main(a),
+        args::Command::Run(a) => run::run(a),
+        args::Command::Restore(a) => run::restore(a),
+        args::Command::Inspect(a) => inspect::main(a),
+    };
+    let code = code.unwrap_or_else(|e| {
+        eprintln!("roam: error: {e:#}");
+        if e.downcast_ref::<roam_runtime::RunError>()
+            .is_some_and(|r| matches!(r, roam_runtime::RunError::Trap(_)))
+        {
+            EXIT_TRAP
+        } else {
+            EXIT_ROAM_ERROR
+        }
+    });
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(code);
+}

@@ -6,10 +6,15 @@
 //! reverse, so the bytes between the header and `current` *are* the call
 //! stack, in a form no ISA can tell apart.
 //!
-//! The buffer lives in a region roam reserves by growing memory before the
-//! program starts (see [`crate::DEFAULT_UNWIND_BUFFER`]). The program never
-//! touches it; roam zeroes it after every use, so it costs nothing in a
-//! snapshot.
+//! Where the buffer lives: at the start of linear memory, with all of memory
+//! as capacity. No address range is free for the host in a wasm memory
+//! (wasi-libc's malloc claims everything up to `memory.size` at start-up, so
+//! a region reserved by growing memory ends up as heap). Instead the buffer
+//! borrows program memory for the instant of an unwind or a rewind, while no
+//! program code runs: the bytes it overwrites are put back from the memory
+//! image captured just before the unwind, or from a copy taken just before
+//! the rewind. The program never sees them change, and its memory size is
+//! exactly what it would be without roam.
 
 use wasmtime::{AsContextMut, Instance, TypedFunc};
 
@@ -33,13 +38,21 @@ pub(crate) struct Buffer {
 }
 
 impl Buffer {
+    /// The buffer for a memory of `len` bytes: all of it, from address 0.
+    pub(crate) fn over(len: usize) -> Buffer {
+        Buffer {
+            offset: 0,
+            capacity: u32::try_from(len).unwrap_or(u32::MAX) & !7,
+        }
+    }
+
     /// Write a header that starts an unwind: empty, full capacity.
     pub(crate) fn reset_header(&self, mem: &mut [u8]) {
         self.write_header(mem, self.offset + HEADER);
     }
 
     /// Write a header whose `current` is `current`.
-    pub(crate) fn write_header(&self, mem: &mut [u8], current: u32) {
+    fn write_header(&self, mem: &mut [u8], current: u32) {
         let o = self.offset as usize;
         mem[o..o + 4].copy_from_slice(&current.to_le_bytes());
         mem[o + 4..o + 8].copy_from_slice(&(self.offset + self.capacity).to_le_bytes());
@@ -59,26 +72,28 @@ impl Buffer {
         Ok(&mem[start as usize..current as usize])
     }
 
-    /// Put unwound bytes back for a rewind.
-    pub(crate) fn load(&self, mem: &mut [u8], data: &[u8]) -> Result<u32, String> {
+    /// Put unwound bytes back for a rewind. Returns the bytes of program
+    /// memory this overwrote, to be put back when the rewind completes.
+    pub(crate) fn load(&self, mem: &mut [u8], data: &[u8]) -> Result<Vec<u8>, String> {
         let len = u32::try_from(data.len()).map_err(|_| "stack larger than 4 GiB".to_string())?;
         if len > self.capacity.saturating_sub(HEADER) {
             return Err(format!(
-                "{len} bytes of stack do not fit a {}-byte buffer",
+                "{len} bytes of stack do not fit a {}-byte memory",
                 self.capacity
             ));
         }
-        let start = (self.offset + HEADER) as usize;
-        mem[start..start + data.len()].copy_from_slice(data);
+        let o = self.offset as usize;
+        let used = (HEADER + len) as usize;
+        let saved = mem[o..o + used].to_vec();
+        mem[o + HEADER as usize..o + used].copy_from_slice(data);
         self.write_header(mem, self.offset + HEADER + len);
-        Ok(HEADER + len)
+        Ok(saved)
     }
 
-    /// Zero the first `used` bytes so the region is blank again.
-    pub(crate) fn clear(&self, mem: &mut [u8], used: u32) {
+    /// Put back program bytes saved by [`Buffer::load`].
+    pub(crate) fn unload(&self, mem: &mut [u8], saved: &[u8]) {
         let o = self.offset as usize;
-        let end = o + (used.min(self.capacity) as usize);
-        mem[o..end].fill(0);
+        mem[o..o + saved.len()].copy_from_slice(saved);
     }
 }
 
@@ -93,7 +108,10 @@ pub(crate) struct Asyncify {
 }
 
 impl Asyncify {
-    pub(crate) fn new(instance: &Instance, mut store: impl AsContextMut) -> Result<Self, LoadError> {
+    pub(crate) fn new(
+        instance: &Instance,
+        mut store: impl AsContextMut,
+    ) -> Result<Self, LoadError> {
         let mut store = store.as_context_mut();
         macro_rules! get {
             ($name:literal) => {
@@ -137,30 +155,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn load_then_data_round_trips() {
-        let b = Buffer {
-            offset: 64,
-            capacity: 64,
-        };
-        let mut mem = vec![0u8; 256];
-        let used = b.load(&mut mem, &[1, 2, 3, 4, 5]).unwrap();
-        assert_eq!(used, 13);
+    fn load_saves_what_it_overwrites_and_data_reads_it_back() {
+        let b = Buffer::over(256);
+        let mut mem: Vec<u8> = (0..=255).collect();
+        let before = mem.clone();
+        let saved = b.load(&mut mem, &[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!(saved, &before[..13]);
         assert_eq!(b.data(&mem).unwrap(), &[1, 2, 3, 4, 5]);
-        b.clear(&mut mem, used);
-        assert!(mem.iter().all(|&x| x == 0));
+        b.unload(&mut mem, &saved);
+        assert_eq!(mem, before);
     }
 
     #[test]
     fn oversized_stack_and_bad_pointer_are_refused() {
-        let b = Buffer {
-            offset: 0,
-            capacity: 16,
-        };
-        let mut mem = vec![0u8; 64];
+        let b = Buffer::over(16);
+        let mut mem = vec![0u8; 16];
         assert!(b.load(&mut mem, &[0; 9]).is_err());
         b.write_header(&mut mem, 40);
         assert!(b.data(&mem).is_err());
         b.write_header(&mut mem, 4);
         assert!(b.data(&mem).is_err());
+    }
+
+    #[test]
+    fn capacity_is_word_aligned_and_fits_u32() {
+        assert_eq!(Buffer::over(1 << 16).capacity, 1 << 16);
+        assert_eq!(Buffer::over(usize::MAX).capacity, u32::MAX & !7);
     }
 }

@@ -95,10 +95,12 @@ impl Cache {
 /// Lower-case hex of a hash.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
@@ -122,7 +124,9 @@ fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
             Err(e) => return Err(e),
         }
     }
-    Err(std::io::Error::other("cannot create a temporary cache file"))
+    Err(std::io::Error::other(
+        "cannot create a temporary cache file",
+    ))
 }
 
 #[cfg(test)]

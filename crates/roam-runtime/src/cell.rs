@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use roam_snapshot::Snapshot;
+use roam_snapshot::{Snapshot, UnwoundStack};
 use roam_wasi::{Preopen, WasiConfig, WasiCtx};
 use wasmtime::{Global, Instance, Linker, Store, TypedFunc};
 
-use crate::asyncify::{Asyncify, Buffer, UNWINDING};
-use crate::capture::{self, CaptureOptions};
-use crate::control::{CheckpointKind, Control, Controller};
+use crate::asyncify::{Asyncify, Buffer, HEADER, UNWINDING};
+use crate::capture;
+use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
 use crate::host::{self, Hooks, HostState};
 use crate::module::LoadedModule;
@@ -17,8 +17,6 @@ use crate::runtime::Runtime;
 /// Options of a cell.
 #[derive(Debug, Clone)]
 pub struct CellOptions {
-    /// Bytes reserved for the unwound stack. Default [`crate::DEFAULT_UNWIND_BUFFER`].
-    pub unwind_buffer: u32,
     /// Embed the module in snapshots. Default false.
     pub embed_module: bool,
     /// Carry the sandbox directories' files in snapshots. Default false.
@@ -26,6 +24,9 @@ pub struct CellOptions {
     /// Checkpoint-and-stop at the Nth migration point reached (deterministic,
     /// for tests and reproduction; each point then calls the host). Default none.
     pub checkpoint_at_point: Option<u64>,
+    /// Checkpoint-and-continue at every Nth migration point reached
+    /// (deterministic stress test of unwind and rewind). Default none.
+    pub checkpoint_every_points: Option<u64>,
     /// zstd level for snapshots written by the caller. Not used by the cell itself.
     pub compression_level: i32,
 }
@@ -33,10 +34,10 @@ pub struct CellOptions {
 impl Default for CellOptions {
     fn default() -> Self {
         CellOptions {
-            unwind_buffer: crate::DEFAULT_UNWIND_BUFFER,
             embed_module: false,
             with_files: false,
             checkpoint_at_point: None,
+            checkpoint_every_points: None,
             compression_level: 3,
         }
     }
@@ -48,7 +49,7 @@ pub enum Outcome {
     /// The program exited with this status.
     Exited(i32),
     /// A checkpoint-and-stop was taken; the program is no longer running.
-    Stopped(Box<Snapshot>),
+    Stopped(Box<Snapshot>, CheckpointTiming),
 }
 
 /// One running program.
@@ -56,9 +57,7 @@ pub struct Cell {
     store: Store<HostState>,
     module: Arc<LoadedModule>,
     start: TypedFunc<(), ()>,
-    globals: Vec<(String, Global)>,
     hooks: Hooks,
-    opts: CellOptions,
     control: Arc<Control>,
 }
 
@@ -72,11 +71,7 @@ struct Parts {
     flag: Global,
 }
 
-fn instantiate(
-    rt: &Runtime,
-    module: &LoadedModule,
-    host: HostState,
-) -> Result<Parts, Source> {
+fn instantiate(rt: &Runtime, module: &LoadedModule, host: HostState) -> Result<Parts, Source> {
     let mut linker = Linker::new(rt.engine());
     host::add_to_linker(&mut linker).map_err(boxed)?;
     let mut store = Store::new(rt.engine(), host);
@@ -120,28 +115,19 @@ impl Cell {
     ) -> Result<Cell, StartError> {
         let control = Control::new(rt.engine().clone());
         let ctx = WasiCtx::new(wasi, control.interrupt.clone())?;
-        let host = HostState::new(ctx, control.clone(), opts.checkpoint_at_point);
+        let host = HostState::new(
+            ctx,
+            control.clone(),
+            opts.checkpoint_at_point,
+            opts.checkpoint_every_points.filter(|&k| k > 0),
+        );
         let mut p = instantiate(rt, &module, host).map_err(StartError::Instantiate)?;
-        let pages = u64::from(opts.unwind_buffer).div_ceil(roam_snapshot::WASM_PAGE_SIZE);
-        let reserve = StartError::Reserve {
-            bytes: u64::from(opts.unwind_buffer),
-        };
-        let old = p.memory.grow(&mut p.store, pages).map_err(|_| reserve)?;
-        let offset = u32::try_from(old * roam_snapshot::WASM_PAGE_SIZE).map_err(|_| {
-            StartError::Reserve {
-                bytes: u64::from(opts.unwind_buffer),
-            }
-        })?;
-        let buffer = Buffer {
-            offset,
-            capacity: (pages * roam_snapshot::WASM_PAGE_SIZE) as u32,
-        };
-        if opts.checkpoint_at_point.is_some() {
+        if opts.checkpoint_at_point.is_some() || opts.checkpoint_every_points.is_some() {
             p.flag
                 .set(&mut p.store, wasmtime::Val::I32(1))
                 .map_err(|e| StartError::Instantiate(boxed(e)))?;
         }
-        Ok(Cell::assemble(p, module, buffer, opts, control))
+        Ok(Cell::assemble(p, module, &opts, control))
     }
 
     /// Rebuild a cell from a snapshot, ready to rewind into the point where
@@ -166,11 +152,16 @@ impl Cell {
         let control = Control::new(rt.engine().clone());
         let state = roam_wasi::OsState::decode(&snapshot.os_state)?;
         let ctx = WasiCtx::restore(state, preopens, control.interrupt.clone())?;
-        let host = HostState::new(ctx, control.clone(), opts.checkpoint_at_point);
+        let host = HostState::new(
+            ctx,
+            control.clone(),
+            opts.checkpoint_at_point,
+            opts.checkpoint_every_points.filter(|&k| k > 0),
+        );
         let mut p = instantiate(rt, &module, host).map_err(RestoreError::Instantiate)?;
         let buffer = capture::restore_state(&mut p.store, p.memory, &p.globals, snapshot, &module)?;
-        let mut cell = Cell::assemble(p, module, buffer, opts, control);
-        cell.begin_rewind(&snapshot.stack.data)
+        let mut cell = Cell::assemble(p, module, &opts, control);
+        cell.begin_rewind(buffer, &snapshot.stack.data)
             .map_err(RestoreError::Stack)?;
         Ok(cell)
     }
@@ -178,8 +169,7 @@ impl Cell {
     fn assemble(
         p: Parts,
         module: Arc<LoadedModule>,
-        buffer: Buffer,
-        opts: CellOptions,
+        opts: &CellOptions,
         control: Arc<Control>,
     ) -> Cell {
         let _ = p.instance;
@@ -187,7 +177,10 @@ impl Cell {
             asyncify: p.asyncify,
             memory: p.memory,
             flag: p.flag,
-            buffer,
+            globals: p.globals.into(),
+            module: module.clone(),
+            embed_module: opts.embed_module,
+            with_files: opts.with_files,
         };
         let mut store = p.store;
         store.data_mut().hooks = Some(hooks.clone());
@@ -195,9 +188,7 @@ impl Cell {
             store,
             module,
             start: p.start,
-            globals: p.globals,
             hooks,
-            opts,
             control,
         }
     }
@@ -205,6 +196,12 @@ impl Cell {
     /// A handle to request checkpoints from other threads.
     pub fn controller(&self) -> Controller {
         Controller(self.control.clone())
+    }
+
+    /// Migration points reached so far while counting for
+    /// [`CellOptions::checkpoint_at_point`].
+    pub fn points_reached(&self) -> u64 {
+        self.store.data().points_seen
     }
 
     /// The module this cell runs.
@@ -217,7 +214,7 @@ impl Cell {
     /// is paused; the program resumes when it returns.
     pub fn run(
         &mut self,
-        on_checkpoint: &mut dyn FnMut(&Snapshot) -> Result<(), Source>,
+        on_checkpoint: &mut dyn FnMut(&Snapshot, CheckpointTiming) -> Result<(), Source>,
     ) -> Result<Outcome, RunError> {
         loop {
             let result = self.start.call(&mut self.store, ());
@@ -225,62 +222,77 @@ impl Cell {
                 if let Some(exit) = e.downcast_ref::<roam_wasi::ProcExit>() {
                     return Ok(Outcome::Exited(exit.0));
                 }
-                if self.store.data().unwinding.is_some() {
+                if let Some(u) = &self.store.data().unwinding {
                     return Err(RunError::UnwindOverflow {
-                        capacity: self.hooks.buffer.capacity,
+                        capacity: u.buffer.capacity,
                     });
                 }
                 return Err(RunError::Trap(boxed(e)));
             }
-            let Some(req) = self.store.data_mut().unwinding.take() else {
+            let Some(u) = self.store.data_mut().unwinding.take() else {
                 return Ok(Outcome::Exited(0));
             };
-            let state = self
-                .hooks
-                .asyncify
-                .state(&mut self.store)
-                .map_err(|e| CheckpointError::Engine(boxed(e)))?;
+            let engine = |e| CheckpointError::Engine(boxed(e));
+            let state = self.hooks.asyncify.state(&mut self.store).map_err(engine)?;
             if state != UNWINDING {
                 return Err(CheckpointError::Stack(format!(
                     "program returned in Asyncify state {state} during a checkpoint"
                 ))
                 .into());
             }
-            let (snapshot, stack) = self.capture(req.trigger.as_str())?;
+            self.hooks
+                .asyncify
+                .stop_unwind(&mut self.store)
+                .map_err(engine)?;
+            let mem = self.hooks.memory.data_mut(&mut self.store);
+            let stack = u.buffer.data(mem).map_err(CheckpointError::Stack)?.to_vec();
+            let (start, end) = (
+                u.buffer.offset as usize,
+                (u.buffer.offset + HEADER) as usize + stack.len(),
+            );
+            let image = u.captured.memory;
+            capture::restore_range(mem, &image, self.module.initial_image(), start, end);
             self.control.take();
-            match req.kind {
-                CheckpointKind::Stop => return Ok(Outcome::Stopped(Box::new(snapshot))),
+            let mut snapshot = match u.captured.rest {
+                Ok(s) => s,
+                Err(e) => {
+                    // Nothing is lost: the program rewinds and goes on.
+                    tracing::error!("checkpoint failed, the program continues: {e}");
+                    self.store.data_mut().spare = image.into_stored_data();
+                    self.begin_rewind(u.buffer, &stack)
+                        .map_err(CheckpointError::Stack)?;
+                    continue;
+                }
+            };
+            snapshot.memory = image;
+            snapshot.stack = UnwoundStack {
+                buffer_offset: u.buffer.offset,
+                capacity: u.buffer.capacity,
+                data: stack,
+            };
+            let timing = CheckpointTiming {
+                response: u.point_at.saturating_duration_since(u.req.at),
+                capture: u.point_at.elapsed(),
+            };
+            match u.req.kind {
+                CheckpointKind::Stop => return Ok(Outcome::Stopped(Box::new(snapshot), timing)),
                 CheckpointKind::Continue => {
-                    on_checkpoint(&snapshot).map_err(RunError::Sink)?;
-                    self.begin_rewind(&stack).map_err(CheckpointError::Stack)?;
+                    on_checkpoint(&snapshot, timing).map_err(RunError::Sink)?;
+                    self.begin_rewind(u.buffer, &snapshot.stack.data)
+                        .map_err(CheckpointError::Stack)?;
+                    self.store.data_mut().spare = snapshot.memory.into_stored_data();
                 }
             }
         }
     }
 
-    fn capture(&mut self, reason: &str) -> Result<(Snapshot, Vec<u8>), CheckpointError> {
-        let opts = CaptureOptions {
-            embed_module: self.opts.embed_module,
-            with_files: self.opts.with_files,
-            reason,
-        };
-        capture::capture(
-            &mut self.store,
-            &self.hooks,
-            &self.globals,
-            &self.module,
-            &opts,
-        )
-    }
-
-    fn begin_rewind(&mut self, stack: &[u8]) -> Result<(), String> {
-        let b = self.hooks.buffer;
-        let used = b.load(self.hooks.memory.data_mut(&mut self.store), stack)?;
+    fn begin_rewind(&mut self, buffer: Buffer, stack: &[u8]) -> Result<(), String> {
+        let saved = buffer.load(self.hooks.memory.data_mut(&mut self.store), stack)?;
         self.hooks
             .asyncify
-            .start_rewind(&mut self.store, b)
+            .start_rewind(&mut self.store, buffer)
             .map_err(|e| format!("asyncify_start_rewind failed: {e}"))?;
-        self.store.data_mut().rewinding = Some(used);
+        self.store.data_mut().rewinding = Some((buffer, saved));
         Ok(())
     }
 }

@@ -8,6 +8,7 @@
 //! foreign thread.
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use roam_wasi::Interrupt;
 use wasmtime::Engine;
@@ -54,6 +55,18 @@ impl Trigger {
 pub(crate) struct Request {
     pub kind: CheckpointKind,
     pub trigger: Trigger,
+    /// When the request was made.
+    pub at: Instant,
+}
+
+/// How long a checkpoint took, for benchmarks and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointTiming {
+    /// From the request to the migration point (or blocked call) where the
+    /// unwind began: the migration response time.
+    pub response: Duration,
+    /// From the start of the unwind to a complete in-memory snapshot.
+    pub capture: Duration,
 }
 
 pub(crate) struct Control {
@@ -89,7 +102,11 @@ impl Control {
     }
 
     pub(crate) fn take(&self) -> Option<Request> {
-        let r = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let r = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         self.interrupt.clear();
         r
     }
@@ -104,7 +121,11 @@ impl Controller {
     /// Ask for a checkpoint. The cell takes it at its next migration point,
     /// or at once if it is blocked in a WASI call.
     pub fn request(&self, kind: CheckpointKind, trigger: Trigger) {
-        self.0.request(Request { kind, trigger });
+        self.0.request(Request {
+            kind,
+            trigger,
+            at: Instant::now(),
+        });
     }
 
     /// Checkpoint-and-stop the next time the program would block (waiting

@@ -70,7 +70,9 @@ pub enum LoadError {
         source: std::io::Error,
     },
     /// The prepared module lacks an export roam needs.
-    #[error("the prepared module lacks the export `{0}`; prepare it again with this version of roam")]
+    #[error(
+        "the prepared module lacks the export `{0}`; prepare it again with this version of roam"
+    )]
     MissingExport(String),
 }
 
@@ -83,14 +85,6 @@ pub enum StartError {
     /// wasmtime refused to instantiate the module.
     #[error("cannot instantiate the module")]
     Instantiate(#[source] Source),
-    /// Memory for the unwind buffer could not be reserved.
-    #[error(
-        "cannot reserve {bytes} bytes for the unwound stack (the module's memory maximum is too small); use a smaller --unwind-buffer"
-    )]
-    Reserve {
-        /// Bytes asked for.
-        bytes: u64,
-    },
 }
 
 /// Rebuilding a cell from a snapshot failed.
@@ -138,9 +132,9 @@ pub enum RunError {
     /// The program trapped.
     #[error("the program trapped")]
     Trap(#[source] Source),
-    /// Asyncify ran out of unwind buffer while checkpointing.
+    /// The unwound call stack did not fit in linear memory.
     #[error(
-        "the call stack did not fit the {capacity}-byte unwind buffer; run again with a larger --unwind-buffer"
+        "the unwound call stack did not fit the program's {capacity}-byte memory; the program was lost at this checkpoint"
     )]
     UnwindOverflow {
         /// Capacity of the buffer.

@@ -26,7 +26,9 @@ pub enum FilesError {
         source: std::io::Error,
     },
     /// A snapshot entry names a path outside its directory.
-    #[error("snapshot file entry `{0}` escapes its directory; the snapshot is corrupt or malicious")]
+    #[error(
+        "snapshot file entry `{0}` escapes its directory; the snapshot is corrupt or malicious"
+    )]
     Escape(String),
     /// A snapshot entry belongs to a guest directory not given at restore.
     #[error("the snapshot carries files for guest directory {0}; pass --dir HOST::{0}")]
@@ -64,7 +66,8 @@ fn walk(root: &Path, dir: &Path, guest: &str, out: &mut Vec<FileEntry>) -> Resul
             .expect("walk stays under its root")
             .to_string_lossy()
             .into_owned();
-        let mtime_ns = (meta.mtime().max(0) as u64) * 1_000_000_000 + meta.mtime_nsec().max(0) as u64;
+        let mtime_ns =
+            (meta.mtime().max(0) as u64) * 1_000_000_000 + meta.mtime_nsec().max(0) as u64;
         let kind = if meta.file_type().is_symlink() {
             let target = std::fs::read_link(&path).map_err(io(&path))?;
             FileKind::Symlink {
@@ -165,7 +168,10 @@ mod tests {
         let dst = tempfile::tempdir().unwrap();
         std::fs::write(dst.path().join("top"), b"stale").unwrap();
         materialize(&tree, &preopen(dst.path())).unwrap();
-        assert_eq!(std::fs::read(dst.path().join("a/b/f.txt")).unwrap(), b"hello");
+        assert_eq!(
+            std::fs::read(dst.path().join("a/b/f.txt")).unwrap(),
+            b"hello"
+        );
         assert_eq!(std::fs::read(dst.path().join("top")).unwrap(), b"x");
         assert_eq!(
             std::fs::read_link(dst.path().join("link")).unwrap(),

@@ -5,14 +5,21 @@
 //! [`WasiView::suspend`] when a blocking call is interrupted. Both ways out of
 //! a rewind meet here too: the re-entered import finishes the rewind before
 //! doing anything else.
+//!
+//! The state is read *before* the stack unwinds, at the migration point
+//! itself, so that the unwind may borrow program memory for its buffer (see
+//! [`crate::asyncify`]) and the bytes it overwrites can be put back.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use roam_wasi::{WasiCtx, WasiView};
 use wasmtime::{AsContextMut, Caller, Global, Linker, Memory, UpdateDeadline, Val};
 
 use crate::asyncify::{Asyncify, Buffer, NORMAL, REWINDING};
+use crate::capture::{self, Captured};
 use crate::control::{CheckpointKind, Control, Request, Trigger};
+use crate::module::LoadedModule;
 
 /// Handles into one instance, set once it exists.
 #[derive(Clone)]
@@ -20,7 +27,19 @@ pub(crate) struct Hooks {
     pub asyncify: Asyncify,
     pub memory: Memory,
     pub flag: Global,
+    pub globals: Arc<[(String, Global)]>,
+    pub module: Arc<LoadedModule>,
+    pub embed_module: bool,
+    pub with_files: bool,
+}
+
+/// An unwind in progress, with the state read at the migration point.
+pub(crate) struct Unwinding {
+    pub req: Request,
+    /// When the migration point was reached.
+    pub point_at: Instant,
     pub buffer: Buffer,
+    pub captured: Captured,
 }
 
 /// Data of a cell's store.
@@ -28,18 +47,26 @@ pub(crate) struct HostState {
     pub wasi: WasiCtx,
     pub control: Arc<Control>,
     pub hooks: Option<Hooks>,
-    /// Bytes of the buffer a pending rewind uses.
-    pub rewinding: Option<u32>,
-    /// Set when the host has started an unwind, with the request it serves.
-    pub unwinding: Option<Request>,
+    /// A rewind in progress: its buffer and the program bytes it overwrote.
+    pub rewinding: Option<(Buffer, Vec<u8>)>,
+    pub unwinding: Option<Unwinding>,
     /// `--checkpoint-at-point N`: stop at the Nth migration point reached.
     pub stop_at_point: Option<u64>,
+    /// Checkpoint-and-continue at every Nth migration point.
+    pub continue_every: Option<u64>,
     /// Migration points reached while counting.
     pub points_seen: u64,
+    /// The previous snapshot's page buffer, reused to avoid page faults.
+    pub spare: Vec<u8>,
 }
 
 impl HostState {
-    pub(crate) fn new(wasi: WasiCtx, control: Arc<Control>, stop_at_point: Option<u64>) -> Self {
+    pub(crate) fn new(
+        wasi: WasiCtx,
+        control: Arc<Control>,
+        stop_at_point: Option<u64>,
+        continue_every: Option<u64>,
+    ) -> Self {
         HostState {
             wasi,
             control,
@@ -47,12 +74,16 @@ impl HostState {
             rewinding: None,
             unwinding: None,
             stop_at_point,
+            continue_every,
             points_seen: 0,
+            spare: Vec::new(),
         }
     }
 
     fn flag_wanted(&self) -> bool {
-        self.stop_at_point.is_some() || self.control.pending().is_some()
+        self.stop_at_point.is_some()
+            || self.continue_every.is_some()
+            || self.control.pending().is_some()
     }
 }
 
@@ -71,21 +102,32 @@ fn finish_rewind_if_rewinding(caller: &mut Caller<'_, HostState>) -> wasmtime::R
         return Ok(false);
     }
     h.asyncify.stop_rewind(&mut *caller)?;
-    let used = caller.data_mut().rewinding.take().unwrap_or(h.buffer.capacity);
-    h.buffer.clear(h.memory.data_mut(&mut *caller), used);
+    if let Some((buffer, saved)) = caller.data_mut().rewinding.take() {
+        buffer.unload(h.memory.data_mut(&mut *caller), &saved);
+    }
     let keep = caller.data().flag_wanted();
     h.flag.set(&mut *caller, Val::I32(keep as i32))?;
     tracing::debug!("rewind complete; program resumes");
     Ok(true)
 }
 
-/// Start unwinding the guest's stack into the buffer.
+/// Read the state, then start unwinding the guest's stack.
 fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::Result<()> {
+    let point_at = Instant::now();
     let h = hooks(caller)?;
-    h.buffer.reset_header(h.memory.data_mut(&mut *caller));
-    h.asyncify.start_unwind(&mut *caller, h.buffer)?;
+    let spare = std::mem::take(&mut caller.data_mut().spare);
+    let captured = capture::capture(&mut *caller, &h, req.trigger.as_str(), spare);
+    let mem = h.memory.data_mut(&mut *caller);
+    let buffer = Buffer::over(mem.len());
+    buffer.reset_header(mem);
+    h.asyncify.start_unwind(&mut *caller, buffer)?;
     h.flag.set(&mut *caller, Val::I32(0))?;
-    caller.data_mut().unwinding = Some(req);
+    caller.data_mut().unwinding = Some(Unwinding {
+        req,
+        point_at,
+        buffer,
+        captured,
+    });
     tracing::debug!(?req, "unwinding for a checkpoint");
     Ok(())
 }
@@ -101,17 +143,30 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
     if state != NORMAL {
         wasmtime::bail!("migration point reached in Asyncify state {state}");
     }
-    if let Some(n) = caller.data().stop_at_point {
+    let counting = caller.data().stop_at_point.is_some() || caller.data().continue_every.is_some();
+    if counting {
         caller.data_mut().points_seen += 1;
-        if caller.data().points_seen >= n {
+    }
+    let seen = caller.data().points_seen;
+    if let Some(k) = caller.data().continue_every {
+        if seen % k == 0 {
+            let req = Request {
+                kind: CheckpointKind::Continue,
+                trigger: Trigger::PointCount,
+                at: Instant::now(),
+            };
+            return begin_unwind(&mut caller, req);
+        }
+    }
+    if let Some(n) = caller.data().stop_at_point {
+        if seen >= n {
             caller.data_mut().stop_at_point = None;
-            return begin_unwind(
-                &mut caller,
-                Request {
-                    kind: CheckpointKind::Stop,
-                    trigger: Trigger::PointCount,
-                },
-            );
+            let req = Request {
+                kind: CheckpointKind::Stop,
+                trigger: Trigger::PointCount,
+                at: Instant::now(),
+            };
+            return begin_unwind(&mut caller, req);
         }
     }
     match caller.data().control.pending() {
@@ -136,6 +191,7 @@ impl WasiView for HostState {
         let req = caller.data().control.pending().unwrap_or(Request {
             kind: CheckpointKind::Stop,
             trigger: Trigger::Blocked,
+            at: Instant::now(),
         });
         begin_unwind(caller, req)
     }

@@ -38,13 +38,7 @@ mod module;
 mod runtime;
 
 pub use cell::{Cell, CellOptions, Outcome};
-pub use control::{CheckpointKind, Controller, Trigger};
+pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger};
 pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
 pub use module::LoadedModule;
 pub use runtime::{host_isa, Runtime, RuntimeConfig};
-
-/// Default size of the region reserved for the unwound call stack.
-///
-/// It is address space at the end of linear memory that the program never
-/// sees in use; untouched pages cost neither RSS nor snapshot bytes.
-pub const DEFAULT_UNWIND_BUFFER: u32 = 16 << 20;

@@ -110,9 +110,7 @@ impl Runtime {
             return self.load_prepared(bytes.to_vec());
         }
         match self.cache.get(&self.cache.module_path(hash)) {
-            Some(bytes) if *blake3::hash(&bytes).as_bytes() == *hash => {
-                self.load_prepared(bytes)
-            }
+            Some(bytes) if *blake3::hash(&bytes).as_bytes() == *hash => self.load_prepared(bytes),
             _ => Err(LoadError::NotFound {
                 hash: hex(hash),
                 dir: self.cache.root().join("modules"),
@@ -186,9 +184,11 @@ impl Runtime {
     }
 
     fn put(&self, path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
-        self.cache.put(path, bytes).map_err(|source| LoadError::Cache {
-            dir: self.cache.root().to_path_buf(),
-            source,
-        })
+        self.cache
+            .put(path, bytes)
+            .map_err(|source| LoadError::Cache {
+                dir: self.cache.root().to_path_buf(),
+                source,
+            })
     }
 }

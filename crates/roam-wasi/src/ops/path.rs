@@ -275,11 +275,18 @@ fn open_file(
             o.create(true)
         };
     }
-    o.truncate(trunc).append(a.fdflags & fdflags::APPEND != 0);
+    // std's OpenOptions refuse truncate together with append (EINVAL), which
+    // POSIX allows: open truncating, then switch to append mode.
+    let append = a.fdflags & fdflags::APPEND != 0;
+    o.truncate(trunc).append(append && !trunc);
     o.sync(a.fdflags & fdflags::SYNC != 0)
         .dsync(a.fdflags & fdflags::DSYNC != 0);
     o.rsync(a.fdflags & fdflags::RSYNC != 0);
     let file = dir.open_with(&a.path, &o)?;
+    if append && trunc {
+        let fl = rustix::fs::fcntl_getfl(&file)?;
+        rustix::fs::fcntl_setfl(&file, fl | rustix::fs::OFlags::APPEND)?;
+    }
     if file.metadata()?.is_dir() {
         return Ok(Handle::Dir(Dir::from_std_file(file.into_std())));
     }

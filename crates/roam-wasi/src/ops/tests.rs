@@ -5,7 +5,7 @@ use crate::ctx::{Preopen, WasiConfig, WasiCtx};
 use crate::errno::Errno;
 use crate::interrupt::Interrupt;
 use crate::mem::Mem;
-use crate::types::{oflags, rights, LOOKUP_SYMLINK_FOLLOW};
+use crate::types::{fdflags, oflags, rights, LOOKUP_SYMLINK_FOLLOW};
 use std::fs;
 
 pub(crate) fn ctx_with(dir: &std::path::Path) -> WasiCtx {
@@ -152,4 +152,27 @@ fn rename_keeps_open_fd_paths_current() {
     let st = c.save().unwrap();
     let f = st.fds.iter().find(|f| f.fd == fd).unwrap();
     assert!(matches!(&f.kind, crate::FdKind::File { path, .. } if path == "b/f"));
+}
+
+#[test]
+fn truncate_with_append_truncates_then_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("j.log"), b"old contents").unwrap();
+    let mut c = ctx_with(dir.path());
+    let fd = c
+        .path_open(
+            3,
+            OpenArgs {
+                dirflags: LOOKUP_SYMLINK_FOLLOW,
+                path: "j.log".into(),
+                oflags: oflags::CREAT | oflags::TRUNC,
+                base: u64::MAX,
+                inheriting: u64::MAX,
+                fdflags: fdflags::APPEND,
+            },
+        )
+        .expect("O_TRUNC|O_APPEND is valid POSIX");
+    write(&mut c, fd, b"ab");
+    write(&mut c, fd, b"cd");
+    assert_eq!(std::fs::read(dir.path().join("j.log")).unwrap(), b"abcd");
 }

@@ -1,0 +1,147 @@
+//! Command-line arguments. The names and flags here are a contract that
+//! scripts and later tooling rely on: add, never rename.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Move running WebAssembly programs between machines of different CPU
+/// architectures.
+#[derive(Parser, Debug)]
+#[command(name = "roam", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log what roam does (or set ROAM_LOG=debug|info|...).
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Instrument a module for migration (once; the output runs anywhere).
+    Prepare(PrepareArgs),
+    /// Run a module; checkpoint on SIGUSR1 (continue) or SIGTERM (stop).
+    Run(RunArgs),
+    /// Resume a snapshot on this machine, whatever ISA it was taken on.
+    Restore(RestoreArgs),
+    /// Describe a snapshot.
+    Inspect(InspectArgs),
+}
+
+/// Where migration points go.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Points {
+    /// Every loop header and the entry of every non-leaf function (default).
+    Loops,
+    /// The entry of every non-leaf function.
+    Functions,
+    /// Only the program's own calls to `roam.migration_point`.
+    Manual,
+}
+
+impl From<Points> for roam_prepare::PointPolicy {
+    fn from(p: Points) -> Self {
+        match p {
+            Points::Loops => roam_prepare::PointPolicy::Loops,
+            Points::Functions => roam_prepare::PointPolicy::Functions,
+            Points::Manual => roam_prepare::PointPolicy::Manual,
+        }
+    }
+}
+
+/// `roam prepare`.
+#[derive(Args, Debug)]
+pub struct PrepareArgs {
+    /// The module to instrument.
+    pub input: PathBuf,
+    /// Where to write the prepared module.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Migration-point policy.
+    #[arg(long, value_enum, default_value_t = Points::Loops)]
+    pub points: Points,
+    /// The wasm-opt to use (default: $ROAM_WASM_OPT, then wasm-opt on PATH).
+    #[arg(long)]
+    pub wasm_opt: Option<PathBuf>,
+}
+
+/// Options shared by `run` and `restore`.
+#[derive(Args, Debug)]
+pub struct CellArgs {
+    /// Give the program a host directory: HOST::GUEST (repeatable).
+    #[arg(long = "dir", value_name = "HOST::GUEST")]
+    pub dirs: Vec<String>,
+    /// Where checkpoints are written.
+    #[arg(long)]
+    pub snapshot: Option<PathBuf>,
+    /// Checkpoint-and-stop after this many seconds of running.
+    #[arg(long, value_name = "SECS")]
+    pub checkpoint_after: Option<f64>,
+    /// Checkpoint-and-continue every SECS seconds.
+    #[arg(long, value_name = "SECS")]
+    pub checkpoint_every: Option<f64>,
+    /// Checkpoint-and-stop at the Nth migration point reached (deterministic;
+    /// slows the program, since every point then calls the host).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_at_point: Option<u64>,
+    /// Checkpoint-and-continue at every Nth migration point reached
+    /// (deterministic; a stress test of unwind and rewind).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every_points: Option<u64>,
+    /// Checkpoint-and-stop the next time the program blocks (sleeps or waits
+    /// for input): migrate an idle program.
+    #[arg(long)]
+    pub checkpoint_on_block: bool,
+    /// Carry the files of the --dir directories in the snapshot.
+    #[arg(long)]
+    pub with_files: bool,
+    /// Embed the prepared module in the snapshot.
+    #[arg(long)]
+    pub embed_module: bool,
+    /// zstd level for snapshots (1-19).
+    #[arg(long, default_value_t = 3)]
+    pub level: i32,
+    /// Cache directory (default $ROAM_CACHE_DIR or ~/.cache/roam).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `roam run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub cell: CellArgs,
+    /// Environment variable for the program: KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Migration-point policy, when the module is prepared on the fly.
+    #[arg(long, value_enum, default_value_t = Points::Loops)]
+    pub points: Points,
+    /// The module (prepared or not).
+    pub module: PathBuf,
+    /// Arguments for the program.
+    #[arg(last = true)]
+    pub args: Vec<String>,
+}
+
+/// `roam restore`.
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    pub cell: CellArgs,
+    /// The prepared module, when the snapshot does not embed it and the cache
+    /// does not have it.
+    #[arg(long)]
+    pub module: Option<PathBuf>,
+    /// The snapshot to resume.
+    pub snapshot_file: PathBuf,
+}
+
+/// `roam inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The snapshot.
+    pub snapshot: PathBuf,
+}

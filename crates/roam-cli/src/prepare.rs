@@ -1,0 +1,38 @@
+//! `roam prepare`.
+
+use anyhow::Context;
+
+use crate::args::PrepareArgs;
+
+pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
+    let input =
+        std::fs::read(&a.input).with_context(|| format!("cannot read {}", a.input.display()))?;
+    let opts = roam_prepare::PrepareOptions {
+        points: a.points.into(),
+        wasm_opt: a.wasm_opt,
+        ..Default::default()
+    };
+    let out = roam_prepare::prepare(&input, &opts)
+        .with_context(|| format!("cannot prepare {}", a.input.display()))?;
+    std::fs::write(&a.output, &out.bytes)
+        .with_context(|| format!("cannot write {}", a.output.display()))?;
+    if out.already_prepared {
+        eprintln!(
+            "roam: {} was already prepared; copied unchanged",
+            a.input.display()
+        );
+    } else {
+        let s = &out.stats;
+        eprintln!(
+            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points)",
+            a.input.display(),
+            a.output.display(),
+            input.len(),
+            out.bytes.len(),
+            s.loop_points,
+            s.function_points,
+            s.manual_points
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,218 @@
+//! `roam run` and `roam restore`: both end in the same loop, which takes
+//! checkpoints on signals and timers and writes them to the snapshot file.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use roam_runtime::{
+    Cell, CellOptions, CheckpointKind, Controller, Outcome, Runtime, RuntimeConfig, Trigger,
+};
+use roam_snapshot::Snapshot;
+use roam_wasi::{Preopen, WasiConfig};
+use signal_hook::consts::{SIGTERM, SIGUSR1};
+use signal_hook::iterator::Signals;
+
+use crate::args::{CellArgs, Points, RestoreArgs, RunArgs};
+
+fn runtime(c: &CellArgs, points: Points) -> anyhow::Result<Runtime> {
+    let mut cfg = RuntimeConfig::default();
+    if let Some(d) = &c.cache_dir {
+        cfg.cache_dir = d.clone();
+    }
+    cfg.prepare.points = points.into();
+    Ok(Runtime::new(cfg)?)
+}
+
+fn cell_options(c: &CellArgs) -> anyhow::Result<CellOptions> {
+    Ok(CellOptions {
+        embed_module: c.embed_module,
+        with_files: c.with_files,
+        checkpoint_at_point: c.checkpoint_at_point,
+        checkpoint_every_points: c.checkpoint_every_points,
+        compression_level: c.level,
+    })
+}
+
+fn parse_dirs(dirs: &[String]) -> anyhow::Result<Vec<Preopen>> {
+    dirs.iter()
+        .map(|d| {
+            let Some((host, guest)) = d.split_once("::") else {
+                bail!("--dir {d}: expected HOST::GUEST, e.g. --dir ./data::/data");
+            };
+            let host = PathBuf::from(host);
+            if !host.is_dir() {
+                bail!("--dir {d}: {} is not a directory", host.display());
+            }
+            if !guest.starts_with('/') {
+                bail!("--dir {d}: the guest path must be absolute, e.g. /data");
+            }
+            Ok(Preopen {
+                host,
+                guest: guest.to_string(),
+            })
+        })
+        .collect()
+}
+
+fn parse_env(env: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    env.iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => bail!("--env {kv}: expected KEY=VALUE"),
+        })
+        .collect()
+}
+
+/// `roam run`.
+pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let signals = install_signals()?;
+    let rt = runtime(&a.cell, a.points)?;
+    let module = rt
+        .load_file(&a.module)
+        .with_context(|| format!("cannot load {}", a.module.display()))?;
+    let name = a
+        .module
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "program.wasm".into());
+    let mut args = vec![name];
+    args.extend(a.args.iter().cloned());
+    let cfg = WasiConfig {
+        args,
+        env: parse_env(&a.env)?,
+        preopens: parse_dirs(&a.cell.dirs)?,
+    };
+    let cell = Cell::start(&rt, module, cfg, cell_options(&a.cell)?)?;
+    let path = a.cell.snapshot.clone().unwrap_or_else(|| {
+        let stem = a.module.file_stem().unwrap_or_default().to_string_lossy();
+        PathBuf::from(format!("{}.roam", stem.trim_end_matches(".roam")))
+    });
+    drive(cell, &a.cell, &path, signals)
+}
+
+/// `roam restore`.
+pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
+    let signals = install_signals()?;
+    let started = Instant::now();
+    let snap = Snapshot::read_file(&a.snapshot_file)
+        .with_context(|| format!("cannot load snapshot {}", a.snapshot_file.display()))?;
+    let rt = runtime(&a.cell, Points::Loops)?;
+    let module = match &a.module {
+        Some(p) => {
+            let m = rt
+                .load_file(p)
+                .with_context(|| format!("cannot load {}", p.display()))?;
+            if *m.hash() != snap.module.hash {
+                return Err(roam_runtime::LoadError::WrongModule {
+                    expected: roam_runtime::cache::hex(&snap.module.hash),
+                    found: roam_runtime::cache::hex(m.hash()),
+                    path: p.clone(),
+                }
+                .into());
+            }
+            m
+        }
+        None => rt.load_by_hash(&snap.module.hash, snap.module.embedded.as_deref())?,
+    };
+    let preopens = parse_dirs(&a.cell.dirs)?;
+    let cell = Cell::restore(&rt, module, &snap, preopens, cell_options(&a.cell)?)
+        .with_context(|| format!("cannot restore {}", a.snapshot_file.display()))?;
+    tracing::info!(
+        ms = started.elapsed().as_millis() as u64,
+        from = %snap.origin.isa,
+        to = roam_runtime::host_isa(),
+        "restored; resuming"
+    );
+    let path = a
+        .cell
+        .snapshot
+        .clone()
+        .unwrap_or_else(|| a.snapshot_file.clone());
+    drop(snap);
+    drive(cell, &a.cell, &path, signals)
+}
+
+/// Install the handlers first thing, so a signal that arrives while the
+/// module compiles is queued rather than killing the process.
+fn install_signals() -> anyhow::Result<Signals> {
+    Signals::new([SIGUSR1, SIGTERM]).context("cannot install signal handlers")
+}
+
+fn spawn_triggers(ctl: &Controller, c: &CellArgs, mut signals: Signals) -> anyhow::Result<()> {
+    let s = ctl.clone();
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            let kind = if sig == SIGTERM {
+                CheckpointKind::Stop
+            } else {
+                CheckpointKind::Continue
+            };
+            s.request(kind, Trigger::Signal);
+        }
+    });
+    if let Some(secs) = c.checkpoint_after {
+        let d =
+            Duration::try_from_secs_f64(secs).context("--checkpoint-after: invalid duration")?;
+        let s = ctl.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(d);
+            s.request(CheckpointKind::Stop, Trigger::Timer);
+        });
+    }
+    if let Some(secs) = c.checkpoint_every {
+        let d = Duration::try_from_secs_f64(secs)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .context("--checkpoint-every: needs a positive duration")?;
+        let s = ctl.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(d);
+            s.request(CheckpointKind::Continue, Trigger::Timer);
+        });
+    }
+    if c.checkpoint_on_block {
+        ctl.stop_when_blocked(true);
+    }
+    Ok(())
+}
+
+fn write_snapshot(s: &Snapshot, path: &Path, level: i32, kind: &str) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let written = s
+        .write_file_with(path, &roam_snapshot::EncodeOptions { level })
+        .with_context(|| format!("cannot write snapshot {}", path.display()))?;
+    eprintln!(
+        "roam: checkpoint ({kind}) written to {}: {} MiB memory, {} stored pages, {} B stack, {} B on disk, {} ms",
+        path.display(),
+        s.memory.byte_len() >> 20,
+        s.memory.stored_pages(),
+        s.stack.data.len(),
+        written,
+        t.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+fn drive(mut cell: Cell, c: &CellArgs, path: &Path, signals: Signals) -> anyhow::Result<i32> {
+    spawn_triggers(&cell.controller(), c, signals)?;
+    let level = c.level;
+    let mut sink = |s: &Snapshot, _t: roam_runtime::CheckpointTiming| {
+        write_snapshot(s, path, level, "continue").map_err(|e| e.into())
+    };
+    match cell.run(&mut sink)? {
+        Outcome::Exited(code) => {
+            if let Some(n) = c.checkpoint_at_point {
+                eprintln!(
+                    "roam: the program exited after it reached only {} migration points (asked for a checkpoint at {n}); no checkpoint was taken",
+                    cell.points_reached()
+                );
+            }
+            Ok(code)
+        }
+        Outcome::Stopped(s, _) => {
+            write_snapshot(&s, path, level, "stop")?;
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The command-line contract: prepare, exit statuses, checkpoint on signals.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use super::common::*;
+
+fn wat(src: &str) -> Vec<u8> {
+    wat::parse_str(src).expect("valid wat")
+}
+
+#[test]
+fn prepare_is_deterministic_and_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (
+        dir.path().join("a.wasm"),
+        dir.path().join("b.wasm"),
+        dir.path().join("c.wasm"),
+    );
+    for out in [&a, &b] {
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("prepare")
+            .arg(workload("kmeans"))
+            .arg("-o")
+            .arg(out);
+        let o = output(cmd);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+    }
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("prepare").arg(&a).arg("-o").arg(&c);
+    assert!(output(cmd).status.success());
+    let (a, b, c) = (
+        std::fs::read(a).unwrap(),
+        std::fs::read(b).unwrap(),
+        std::fs::read(c).unwrap(),
+    );
+    assert_eq!(a, b, "two preparations differ");
+    assert_eq!(a, c, "preparing a prepared module changed it");
+}
+
+#[test]
+fn prepare_refuses_shared_memory_naming_the_feature() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.wasm");
+    std::fs::write(
+        &m,
+        wat(r#"(module (memory 1 1 shared) (func (export "_start")))"#),
+    )
+    .unwrap();
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("prepare")
+        .arg(&m)
+        .arg("-o")
+        .arg(dir.path().join("o.wasm"));
+    let out = output(cmd);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("shared"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn program_exit_status_is_roams_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("exit.wasm");
+    std::fs::write(
+        &m,
+        wat(r#"(module
+            (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+            (memory (export "memory") 1)
+            (func (export "_start") (call $exit (i32.const 7))))"#),
+    )
+    .unwrap();
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("run").arg(&m);
+    let out = output(cmd);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+}
+
+#[test]
+fn trap_exits_134_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("trap.wasm");
+    std::fs::write(
+        &m,
+        wat(r#"(module (memory (export "memory") 1) (func (export "_start") unreachable))"#),
+    )
+    .unwrap();
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("run").arg(&m);
+    let out = output(cmd);
+    assert_eq!(out.status.code(), Some(134));
+    assert!(text(&out.stderr).contains("trap"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn missing_dir_is_a_precise_error() {
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["run", "--dir", "/nonexistent/roam-test::/data"])
+        .arg(workload("filework"))
+        .args(["--", "S"]);
+    let out = output(cmd);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("/nonexistent/roam-test"));
+}
+
+/// SIGTERM stops the program with a snapshot; SIGUSR1 checkpoints and the
+/// program goes on. Both restored outputs complete the reference output.
+#[test]
+fn signals_checkpoint_and_restore_completes_the_output() {
+    let reference = {
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("run").arg(workload("matmul")).args(["--", "M"]);
+        output(cmd)
+    };
+    assert!(reference.status.success());
+    for (sig, stops) in [(libc_sig::SIGUSR1, false), (libc_sig::SIGTERM, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dir.path().join("s.roam");
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("run")
+            .arg("--snapshot")
+            .arg(&snap)
+            .arg(workload("matmul"))
+            .args(["--", "M"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        // SAFETY: plain kill(2) on our own child's pid.
+        let rc = unsafe { libc_sig::kill(child.id() as i32, sig) };
+        assert_eq!(rc, 0);
+        let first = child.wait_with_output().unwrap();
+        assert!(first.status.success(), "{}", text(&first.stderr));
+        assert!(snap.exists(), "no snapshot after signal {sig}");
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("restore").arg(&snap);
+        let second = output(cmd);
+        assert!(second.status.success(), "{}", text(&second.stderr));
+        if stops {
+            let mut joined = first.stdout.clone();
+            joined.extend_from_slice(&second.stdout);
+            assert_eq!(text(&joined), text(&reference.stdout));
+        } else {
+            assert_eq!(text(&first.stdout), text(&reference.stdout));
+            assert!(
+                text(&reference.stdout).ends_with(&text(&second.stdout)),
+                "restored output is not a suffix of the reference"
+            );
+            assert!(text(&second.stdout).contains("checksum: "));
+        }
+    }
+}
+
+/// The two signal numbers and kill(2), without a libc dependency.
+mod libc_sig {
+    pub const SIGUSR1: i32 = 10;
+    pub const SIGTERM: i32 = 15;
+    extern "C" {
+        pub fn kill(pid: i32, sig: i32) -> i32;
+    }
+}

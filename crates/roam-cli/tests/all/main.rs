@@ -1,0 +1,12 @@
+//! roam's integration tests: one binary, driving the real `roam` executables
+//! (the host build, and the aarch64 and riscv64 builds under qemu-user) on
+//! the workload suite.
+//!
+//! Prerequisites, all made by `scripts/test.sh`: the cross builds of roam
+//! (`scripts/build-all.sh`) and the workloads (`workloads/build.sh`). A
+//! missing prerequisite fails the test with the command that makes it.
+
+mod cli;
+mod common;
+mod cross_isa;
+mod snapshot_errors;

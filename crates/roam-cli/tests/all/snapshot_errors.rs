@@ -1,0 +1,121 @@
+//! Bad snapshots and wrong modules are refused with a precise error, and
+//! nothing is lost: the snapshot file is left as it was.
+
+use super::common::*;
+
+/// Take an early checkpoint of `recurse` and return (dir, snapshot path).
+fn snapshot() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("s.roam");
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["run", "--checkpoint-at-point", "1", "--snapshot"])
+        .arg(&snap)
+        .arg(workload("recurse"))
+        .args(["--", "S"]);
+    let out = output(cmd);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(snap.exists());
+    (dir, snap)
+}
+
+fn restore(snap: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("restore").arg(snap).args(extra);
+    output(cmd)
+}
+
+#[test]
+fn corrupt_snapshot_is_refused_and_left_untouched() {
+    let (_d, snap) = snapshot();
+    let mut bytes = std::fs::read(&snap).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5a;
+    std::fs::write(&snap, &bytes).unwrap();
+    let out = restore(&snap, &[]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    let err = text(&out.stderr).to_lowercase();
+    assert!(err.contains("checksum"), "{err}");
+    assert_eq!(
+        std::fs::read(&snap).unwrap(),
+        bytes,
+        "snapshot was modified"
+    );
+}
+
+#[test]
+fn truncated_snapshot_is_refused() {
+    let (_d, snap) = snapshot();
+    let bytes = std::fs::read(&snap).unwrap();
+    for cut in [0, 7, 20, bytes.len() / 2, bytes.len() - 1] {
+        std::fs::write(&snap, &bytes[..cut]).unwrap();
+        let out = restore(&snap, &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(125),
+            "cut {cut}: {}",
+            text(&out.stderr)
+        );
+        assert!(out.stdout.is_empty(), "cut {cut}: the program ran");
+    }
+}
+
+#[test]
+fn not_a_snapshot_is_refused_by_magic() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.roam");
+    std::fs::write(&p, b"\0asm\x01\0\0\0 definitely not a snapshot").unwrap();
+    let out = restore(&p, &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).to_lowercase().contains("magic"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn wrong_module_is_refused_by_hash() {
+    let (_d, snap) = snapshot();
+    let out = restore(&snap, &["--module", workload("ep").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("module mismatch"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn module_missing_from_cache_says_what_to_do() {
+    let (_d, snap) = snapshot();
+    let empty = tempfile::tempdir().unwrap();
+    let out = restore(&snap, &["--cache-dir", empty.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--module") && err.contains("--embed-module"),
+        "{err}"
+    );
+}
+
+#[test]
+fn embedded_module_restores_without_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("s.roam");
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args([
+        "run",
+        "--embed-module",
+        "--checkpoint-at-point",
+        "1",
+        "--snapshot",
+    ])
+    .arg(&snap)
+    .arg(workload("recurse"))
+    .args(["--", "S"]);
+    assert!(output(cmd).status.success());
+    let empty = tempfile::tempdir().unwrap();
+    let out = restore(&snap, &["--cache-dir", empty.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("checksum: "));
+}

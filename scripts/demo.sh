@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The main demo: a workload starts on x86-64, is checkpointed mid-run, resumes
+# on arm64 (roam's aarch64 build under qemu-user) and finishes with the same
+# checksum as an uninterrupted run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+scripts/build-all.sh
+
+T=${CARGO_TARGET_DIR:-target}
+ROAM_X86="$T/release/roam"
+ROAM_ARM=(qemu-aarch64 -L /usr/aarch64-linux-gnu "$T/aarch64-unknown-linux-gnu/release/roam")
+W=${1:-kmeans}
+WASM=target/workloads/$W.wasm
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+echo
+echo "== 1. uninterrupted run on $(uname -m)"
+"$ROAM_X86" run "$WASM" -- M | tee "$WORK/reference.txt"
+
+echo
+echo "== 2. the same run on x86-64, checkpointed after 0.5 s"
+"$ROAM_X86" run --checkpoint-after 0.5 --snapshot "$WORK/$W.roam" "$WASM" -- M | tee "$WORK/part1.txt"
+"$ROAM_X86" inspect "$WORK/$W.roam"
+
+echo
+echo "== 3. resumed on aarch64 (qemu-aarch64)"
+"${ROAM_ARM[@]}" restore "$WORK/$W.roam" | tee "$WORK/part2.txt"
+
+echo
+ref=$(grep '^checksum:' "$WORK/reference.txt")
+got=$(cat "$WORK/part1.txt" "$WORK/part2.txt" | grep '^checksum:')
+echo "uninterrupted: $ref"
+echo "migrated:      $got"
+if [ "$ref" = "$got" ] && cmp -s "$WORK/reference.txt" <(cat "$WORK/part1.txt" "$WORK/part2.txt"); then
+  echo "OK: x86-64 -> aarch64 migration produced byte-identical output"
+else
+  echo "MISMATCH" >&2
+  exit 1
+fi

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install everything roam needs on a fresh Debian bookworm machine (as root or
+# with sudo): WebAssembly toolchains, Binaryen, qemu-user and cross linkers,
+# and the Rust targets. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+PKGS=(binaryen clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32
+      qemu-user gcc-aarch64-linux-gnu gcc-riscv64-linux-gnu
+      libc6-dev-arm64-cross libc6-dev-riscv64-cross build-essential pkg-config)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v rustup >/dev/null; then
+  echo "setup: rustup is required (https://rustup.rs); install it and rerun" >&2
+  exit 1
+fi
+# rust-toolchain.toml pins the toolchain and lists the targets; make sure
+# they are present.
+rustup show active-toolchain >/dev/null
+rustup target add wasm32-wasip1 aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu >/dev/null
+echo "setup: done"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Run every check and test roam has: formatting, clippy, unit tests, and the
+# integration tests, including checkpoint on x86-64 / restore on aarch64 and
+# riscv64 under qemu-user and the reverse, for every workload.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+echo "== format and lints"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== builds (host, aarch64, riscv64) and workloads"
+scripts/build-all.sh
+echo "== fuzz targets compile"
+cargo check --quiet --manifest-path fuzz/Cargo.toml
+echo "== tests"
+cargo test --workspace --release --locked
