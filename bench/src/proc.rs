@@ -40,9 +40,10 @@ pub fn run_timed(cmd: &mut Command) -> anyhow::Result<Timed> {
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = err.lines().rev().take(5).collect();
+        let prog = std::path::Path::new(cmd.get_program());
         bail!(
-            "{:?} failed ({}): {}",
-            cmd,
+            "{} failed ({}): {}",
+            prog.file_name().unwrap_or_default().to_string_lossy(),
             out.status,
             tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
         );

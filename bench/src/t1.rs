@@ -247,7 +247,10 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         ));
         if let Some(row) = report.table.rows.iter_mut().find(|r| r[0] == *name) {
             if let Some(last) = row.last_mut() {
-                last.push_str(&format!("; {} failed", v.label()));
+                if !last.is_empty() {
+                    last.push_str(", ");
+                }
+                last.push_str(&v.label());
             }
         }
     }
@@ -279,10 +282,10 @@ fn build_report(results: &[(&Workload, Samples)], opts: &Options) -> Report {
         "qemu ÷ native",
         "points loop+func",
         "points (functions policy)",
-        "unprepared KiB",
-        "prepared KiB",
-        "size ×",
+        "file KiB unprepared→prepared",
+        "code section ×",
         "checksums",
+        "failed variants",
     ]);
     let mut geo: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut mismatches = Vec::new();
@@ -433,7 +436,9 @@ mod tests {
         assert_eq!(row[7], "1.100"); // loops ÷ plain
         assert_eq!(row[12], "5.000"); // qemu ÷ native
         assert_eq!(row[13], "3+1");
-        assert_eq!(row.last().unwrap(), "MISMATCH");
+        assert_eq!(row[row.len() - 2], "MISMATCH");
+        assert_eq!(row.len(), r.table.headers.len());
+        assert_eq!(row.last().unwrap(), "", "no failed variants");
         assert!(r
             .notes
             .iter()
