@@ -109,6 +109,8 @@ mod tests {
         let p = paths(d.path());
         assert!(p.wasm("ep").unwrap_err().to_string().contains("build.sh"));
         assert!(p.tool("roam").unwrap_err().to_string().contains("roam-cli"));
+        let e = p.tool("plain-wasmtime").unwrap_err().to_string();
+        assert!(e.contains("bench/plain-wasmtime/Cargo.toml"), "{e}");
         assert_eq!(p.native("x86_64", "ep"), None);
         std::fs::create_dir_all(d.path().join("w/native/x86_64")).unwrap();
         std::fs::write(d.path().join("w/native/x86_64/ep"), b"").unwrap();
