@@ -61,15 +61,12 @@ impl Paths {
     pub fn tool(&self, name: &str) -> anyhow::Result<PathBuf> {
         let p = self.bin_dir.join(name);
         if !p.exists() {
-            bail!(
-                "{} is missing: build it with `cargo build --release -p {}`",
-                p.display(),
-                if name == "roam" {
-                    "roam-cli"
-                } else {
-                    "roam-bench"
-                }
-            );
+            let how = if name == "roam" {
+                "cargo build --release -p roam-cli"
+            } else {
+                "cargo build --release --manifest-path bench/plain-wasmtime/Cargo.toml"
+            };
+            bail!("{} is missing: build it with `{how}`", p.display());
         }
         Ok(p)
     }
