@@ -35,6 +35,9 @@ pub enum Command {
 pub enum Points {
     /// Every loop header and the entry of every non-leaf function (default).
     Loops,
+    /// Like loops, but leaf loops nested in another loop get no point:
+    /// faster, and a checkpoint waits for the running inner loop.
+    Outer,
     /// The entry of every non-leaf function.
     Functions,
     /// Only the program's own calls to `roam.migration_point`.
@@ -45,6 +48,7 @@ impl From<Points> for roam_prepare::PointPolicy {
     fn from(p: Points) -> Self {
         match p {
             Points::Loops => roam_prepare::PointPolicy::Loops,
+            Points::Outer => roam_prepare::PointPolicy::Outer,
             Points::Functions => roam_prepare::PointPolicy::Functions,
             Points::Manual => roam_prepare::PointPolicy::Manual,
         }

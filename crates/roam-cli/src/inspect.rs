@@ -5,8 +5,8 @@ use anyhow::Context;
 use crate::args::InspectArgs;
 
 pub fn main(a: InspectArgs) -> anyhow::Result<i32> {
-    let snap = roam_snapshot::Snapshot::read_file(&a.snapshot)
+    let (snap, header) = roam_snapshot::Snapshot::read_file_with_header(&a.snapshot)
         .with_context(|| format!("cannot load snapshot {}", a.snapshot.display()))?;
-    println!("{}", snap.summary());
+    println!("{}", snap.summary().with_header(&header));
     Ok(0)
 }

@@ -27,11 +27,22 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    let code = match cli.command {
-        args::Command::Prepare(a) => prepare::main(a),
-        args::Command::Run(a) => run::run(a),
-        args::Command::Restore(a) => run::restore(a),
-        args::Command::Inspect(a) => inspect::main(a),
+    // Programs run on a thread with room for deep wasm recursion
+    // (RuntimeConfig::max_wasm_stack) plus the host.
+    let worker = std::thread::Builder::new()
+        .name("roam".into())
+        .stack_size(roam_runtime::RUN_THREAD_STACK)
+        .spawn(move || match cli.command {
+            args::Command::Prepare(a) => prepare::main(a),
+            args::Command::Run(a) => run::run(a),
+            args::Command::Restore(a) => run::restore(a),
+            args::Command::Inspect(a) => inspect::main(a),
+        });
+    let code = match worker {
+        Ok(handle) => handle
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("roam panicked; this is a bug"))),
+        Err(e) => Err(anyhow::anyhow!("cannot start the worker thread: {e}")),
     };
     let code = code.unwrap_or_else(|e| {
         eprintln!("roam: error: {e:#}");

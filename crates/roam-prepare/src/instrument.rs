@@ -124,11 +124,16 @@ fn instrument_function(
         has_call: false,
         manual: 0,
     };
-    walk.visit(func, func.entry_block());
-    let loops = if policy == PointPolicy::Loops {
-        walk.loops
-    } else {
-        Vec::new()
+    walk.visit(func, func.entry_block(), 0);
+    let loops: Vec<InstrSeqId> = match policy {
+        PointPolicy::Loops => walk.loops.iter().map(|l| l.seq).collect(),
+        PointPolicy::Outer => walk
+            .loops
+            .iter()
+            .filter(|l| !(l.leaf && l.depth > 0))
+            .map(|l| l.seq)
+            .collect(),
+        PointPolicy::Functions | PointPolicy::Manual => Vec::new(),
     };
     let entry = walk.has_call && policy != PointPolicy::Manual;
     for &seq in &loops {
@@ -140,36 +145,59 @@ fn instrument_function(
     (loops.len() as u32, entry, walk.manual)
 }
 
+/// A loop found by [`Walk`].
+struct LoopInfo {
+    seq: InstrSeqId,
+    /// Contains no loop and no call.
+    leaf: bool,
+    /// Number of loops around it.
+    depth: u32,
+}
+
 struct Walk {
     point: FunctionId,
-    loops: Vec<InstrSeqId>,
+    loops: Vec<LoopInfo>,
     has_call: bool,
     manual: u32,
 }
 
 impl Walk {
-    fn visit(&mut self, func: &LocalFunction, seq: InstrSeqId) {
+    /// Visit `seq` at loop depth `depth`; returns whether it contains a loop
+    /// or a call.
+    fn visit(&mut self, func: &LocalFunction, seq: InstrSeqId, depth: u32) -> bool {
+        let mut busy = false;
         for (instr, _) in &func.block(seq).instrs {
             match instr {
-                Instr::Block(b) => self.visit(func, b.seq),
+                Instr::Block(b) => busy |= self.visit(func, b.seq, depth),
                 Instr::Loop(Loop { seq }) => {
-                    self.loops.push(*seq);
-                    self.visit(func, *seq);
+                    let slot = self.loops.len();
+                    self.loops.push(LoopInfo {
+                        seq: *seq,
+                        leaf: true,
+                        depth,
+                    });
+                    self.loops[slot].leaf = !self.visit(func, *seq, depth + 1);
+                    busy = true;
                 }
                 Instr::IfElse(i) => {
-                    self.visit(func, i.consequent);
-                    self.visit(func, i.alternative);
+                    busy |= self.visit(func, i.consequent, depth);
+                    busy |= self.visit(func, i.alternative, depth);
                 }
                 Instr::Call(Call { func: callee }) => {
                     self.has_call = true;
+                    busy = true;
                     if *callee == self.point {
                         self.manual += 1;
                     }
                 }
-                Instr::CallIndirect(CallIndirect { .. }) => self.has_call = true,
+                Instr::CallIndirect(CallIndirect { .. }) => {
+                    self.has_call = true;
+                    busy = true;
+                }
                 _ => {}
             }
         }
+        busy
     }
 }
 

@@ -240,3 +240,36 @@ fn drops_dwarf_but_keeps_names() {
         "{customs:?}"
     );
 }
+
+/// An outer loop around a leaf inner loop (no loop, no call inside), next to
+/// a top-level leaf loop.
+const NESTED_WAT: &str = r#"(module
+  (memory (export "memory") 1)
+  (func $_start (export "_start") (local $i i32) (local $j i32)
+    (loop $outer
+      (local.set $j (i32.const 0))
+      (loop $inner
+        (i32.store (local.get $j) (local.get $i))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br_if $inner (i32.lt_u (local.get $j) (i32.const 64))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $outer (i32.lt_u (local.get $i) (i32.const 8))))
+    (loop $flat
+      (local.set $i (i32.sub (local.get $i) (i32.const 1)))
+      (br_if $flat (local.get $i)))))"#;
+
+#[test]
+fn outer_policy_skips_only_nested_leaf_loops() {
+    let (out, stats) = run(NESTED_WAT, PointPolicy::Loops);
+    assert_eq!(stats.loop_points, 3);
+    assert_eq!(count_points(&out), 3);
+    let (out, stats) = run(NESTED_WAT, PointPolicy::Outer);
+    // $outer and the top-level leaf $flat keep theirs; $inner does not.
+    assert_eq!(stats.loop_points, 2);
+    assert_eq!(count_points(&out), 2);
+    // Where loops contain calls, outer and loops agree.
+    assert_eq!(
+        run(LOOPS_WAT, PointPolicy::Outer).1,
+        run(LOOPS_WAT, PointPolicy::Loops).1
+    );
+}

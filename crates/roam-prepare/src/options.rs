@@ -28,6 +28,12 @@ pub enum PointPolicy {
     Functions,
     /// Only the program's own calls to the imported `roam.migration_point`.
     Manual,
+    /// Like `Loops`, but without points in *leaf loops nested in another
+    /// loop* (loops that contain no loop and no call). Asyncify then guards
+    /// such a loop as one unit instead of instrumenting every iteration, so
+    /// hot inner loops run at nearly plain speed; the price is that a
+    /// checkpoint waits for the running inner loop to finish.
+    Outer,
 }
 
 impl PointPolicy {
@@ -37,6 +43,7 @@ impl PointPolicy {
             PointPolicy::Loops => "loops",
             PointPolicy::Functions => "functions",
             PointPolicy::Manual => "manual",
+            PointPolicy::Outer => "outer",
         }
     }
 }
@@ -49,7 +56,7 @@ impl fmt::Display for PointPolicy {
 
 /// A string that names no [`PointPolicy`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown migration-point policy `{0}`; use one of: loops, functions, manual")]
+#[error("unknown migration-point policy `{0}`; use one of: loops, outer, functions, manual")]
 pub struct ParsePolicyError(pub String);
 
 impl FromStr for PointPolicy {
@@ -60,6 +67,7 @@ impl FromStr for PointPolicy {
             "loops" => Ok(PointPolicy::Loops),
             "functions" => Ok(PointPolicy::Functions),
             "manual" => Ok(PointPolicy::Manual),
+            "outer" => Ok(PointPolicy::Outer),
             other => Err(ParsePolicyError(other.to_string())),
         }
     }
@@ -145,6 +153,7 @@ mod tests {
             PointPolicy::Loops,
             PointPolicy::Functions,
             PointPolicy::Manual,
+            PointPolicy::Outer,
         ] {
             assert_eq!(p.to_string().parse::<PointPolicy>(), Ok(p));
         }
@@ -154,7 +163,7 @@ mod tests {
     fn unknown_policy_is_refused_with_the_choices() {
         let err = "everywhere".parse::<PointPolicy>().unwrap_err();
         assert!(err.to_string().contains("`everywhere`"));
-        assert!(err.to_string().contains("loops, functions, manual"));
+        assert!(err.to_string().contains("loops, outer, functions, manual"));
     }
 
     #[test]

@@ -143,7 +143,7 @@ pub(crate) fn restore_state(
 ) -> Result<Buffer, RestoreError> {
     let want = snapshot.memory.byte_len();
     let have = memory.data_size(&mut *store) as u64;
-    if want < have || want % WASM_PAGE_SIZE != 0 {
+    if want < have || !want.is_multiple_of(WASM_PAGE_SIZE) {
         return Err(RestoreError::Memory(format!(
             "snapshot memory is {want} bytes, the module starts with {have}"
         )));

@@ -26,7 +26,7 @@ pub enum LoadError {
     #[error("cannot prepare the module")]
     Prepare(#[from] roam_prepare::PrepareError),
     /// The prepared module's `roam` section is unreadable.
-    #[error("the module's roam section is unreadable; prepare the original module again")]
+    #[error("cannot read the module's roam section")]
     Section(#[from] roam_prepare::SectionError),
     /// The module's data segments could not be read.
     #[error("cannot read the module's initial memory image")]

@@ -149,7 +149,7 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
     }
     let seen = caller.data().points_seen;
     if let Some(k) = caller.data().continue_every {
-        if seen % k == 0 {
+        if seen.is_multiple_of(k) {
             let req = Request {
                 kind: CheckpointKind::Continue,
                 trigger: Trigger::PointCount,

@@ -41,4 +41,4 @@ pub use cell::{Cell, CellOptions, Outcome};
 pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger};
 pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
 pub use module::LoadedModule;
-pub use runtime::{host_isa, Runtime, RuntimeConfig};
+pub use runtime::{host_isa, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, RUN_THREAD_STACK};

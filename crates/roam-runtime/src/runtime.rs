@@ -25,13 +25,26 @@ pub struct RuntimeConfig {
     pub cache_dir: PathBuf,
     /// How unprepared modules are prepared on the fly. Default: loops policy.
     pub prepare: PrepareOptions,
+    /// Most native stack the program's wasm frames may use. Default
+    /// [`DEFAULT_MAX_WASM_STACK`]: Asyncify-instrumented frames are larger
+    /// than plain ones, so wasmtime's own default (512 KiB) is too tight
+    /// for deep recursion. The thread that calls [`crate::Cell::run`] needs
+    /// this much stack plus room for the host (see [`RUN_THREAD_STACK`]).
+    pub max_wasm_stack: usize,
 }
+
+/// Default for [`RuntimeConfig::max_wasm_stack`].
+pub const DEFAULT_MAX_WASM_STACK: usize = 16 << 20;
+
+/// Stack size for a thread that runs cells with the default configuration.
+pub const RUN_THREAD_STACK: usize = 64 << 20;
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             cache_dir: Cache::default_dir(),
             prepare: PrepareOptions::default(),
+            max_wasm_stack: DEFAULT_MAX_WASM_STACK,
         }
     }
 }
@@ -52,6 +65,7 @@ impl Runtime {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        config.max_wasm_stack(cfg.max_wasm_stack);
         let engine = Engine::new(&config).map_err(|e| LoadError::Compile {
             isa: host_isa().to_string(),
             source: boxed(e),

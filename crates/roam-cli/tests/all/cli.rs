@@ -162,3 +162,90 @@ mod libc_sig {
         pub fn kill(pid: i32, sig: i32) -> i32;
     }
 }
+
+/// Echoes stdin to stdout after printing "ready"; its `fd_read` on stdin
+/// blocks, which is where the checkpoint lands.
+const ECHO_WAT: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 0) "ready\n")
+  (func (export "_start")
+    (i32.store (i32.const 16) (i32.const 0))
+    (i32.store (i32.const 20) (i32.const 6))
+    (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 32)))
+    (block $done
+      (loop $l
+        (i32.store (i32.const 16) (i32.const 64))
+        (i32.store (i32.const 20) (i32.const 256))
+        (br_if $done (call $read (i32.const 0) (i32.const 16) (i32.const 1) (i32.const 32)))
+        (br_if $done (i32.eqz (i32.load (i32.const 32))))
+        (i32.store (i32.const 20) (i32.load (i32.const 32)))
+        (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 36)))
+        (br $l)))))"#;
+
+/// A program blocked reading stdin is checkpointed inside `fd_read`; the
+/// restored program reads the input that arrives later, and no byte is lost.
+#[test]
+fn checkpoint_inside_a_blocked_stdin_read() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("echo.wasm");
+    std::fs::write(&m, wat(ECHO_WAT)).unwrap();
+    let snap = dir.path().join("s.roam");
+
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["run", "--checkpoint-on-block", "--snapshot"])
+        .arg(&snap)
+        .arg(&m)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let stdin = child.stdin.take().unwrap(); // open, but nothing written
+    let first = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    assert_eq!(text(&first.stdout), "ready\n");
+    assert!(snap.exists());
+
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("restore")
+        .arg(&snap)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello after the move\n")
+        .unwrap();
+    let second = child.wait_with_output().unwrap();
+    assert!(second.status.success(), "{}", text(&second.stderr));
+    assert_eq!(text(&second.stdout), "hello after the move\n");
+}
+
+/// Checkpoint-and-continue at many migration points leaves the output
+/// unchanged: every unwind and rewind is invisible to the program.
+#[test]
+fn repeated_checkpoint_and_continue_is_invisible() {
+    for name in ["is", "recurse"] {
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("run").arg(workload(name)).args(["--", "S"]);
+        let reference = output(cmd);
+        assert!(reference.status.success());
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = roam(Isa::X86_64);
+        cmd.args(["run", "--checkpoint-every-points", "250000", "--snapshot"])
+            .arg(dir.path().join("s.roam"))
+            .arg(workload(name))
+            .args(["--", "S"]);
+        let out = output(cmd);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let taken = text(&out.stderr).matches("checkpoint (continue)").count();
+        assert!(taken >= 3, "{name}: only {taken} checkpoints were taken");
+        assert_eq!(text(&out.stdout), text(&reference.stdout), "{name}");
+    }
+}
