@@ -66,6 +66,8 @@ impl Runtime {
         config.epoch_interruption(true);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
         config.max_wasm_stack(cfg.max_wasm_stack);
+        // wasmtime checks max_wasm_stack against the (unused) async stack size.
+        config.async_stack_size(cfg.max_wasm_stack + (1 << 20));
         let engine = Engine::new(&config).map_err(|e| LoadError::Compile {
             isa: host_isa().to_string(),
             source: boxed(e),
@@ -204,5 +206,31 @@ impl Runtime {
                 dir: self.cache.root().to_path_buf(),
                 source,
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_configuration_builds_an_engine() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = Runtime::new(RuntimeConfig {
+            cache_dir: dir.path().to_path_buf(),
+            ..RuntimeConfig::default()
+        });
+        assert!(rt.is_ok(), "{:?}", rt.err());
+    }
+
+    #[test]
+    fn unusable_cache_dir_is_a_precise_error() {
+        let err = Runtime::new(RuntimeConfig {
+            cache_dir: PathBuf::from("/proc/roam-cannot-create-this"),
+            ..RuntimeConfig::default()
+        })
+        .err()
+        .expect("cache under /proc must fail");
+        assert!(err.to_string().contains("ROAM_CACHE_DIR"), "{err}");
     }
 }
