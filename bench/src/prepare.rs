@@ -11,10 +11,11 @@ use anyhow::Context;
 use roam_prepare::{PointPolicy, PrepareOptions};
 
 /// The policies T1 measures, with their CLI names.
-pub const POLICIES: [(&str, PointPolicy); 3] = [
+pub const POLICIES: [(&str, PointPolicy); 4] = [
     ("loops", PointPolicy::Loops),
     ("functions", PointPolicy::Functions),
     ("manual", PointPolicy::Manual),
+    ("outer", PointPolicy::Outer),
 ];
 
 /// One prepared build.

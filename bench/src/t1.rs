@@ -273,10 +273,12 @@ fn build_report(results: &[(&Workload, Samples)], opts: &Options) -> Report {
         "roam loops s",
         "roam functions s",
         "roam manual s",
+        "roam outer s",
         "qemu-aarch64 s",
         "loops ÷ plain",
         "functions ÷ plain",
         "manual ÷ plain",
+        "outer ÷ plain",
         "plain ÷ native",
         "roam ÷ native",
         "qemu ÷ native",
@@ -297,6 +299,7 @@ fn build_report(results: &[(&Workload, Samples)], opts: &Options) -> Report {
             ("loops ÷ plain", ratio(roam[0], plain)),
             ("functions ÷ plain", ratio(roam[1], plain)),
             ("manual ÷ plain", ratio(roam[2], plain)),
+            ("outer ÷ plain", ratio(roam[3], plain)),
             ("plain ÷ native", ratio(plain, native)),
             ("roam ÷ native", ratio(roam[0], native)),
             ("qemu ÷ native", ratio(qemu, native)),
@@ -388,7 +391,7 @@ mod tests {
         Workload {
             name: "ep".into(),
             wasm: PathBuf::from("/nonexistent/ep.wasm"),
-            prepared: vec![pf(3), pf(0), pf(0)],
+            prepared: vec![pf(3), pf(0), pf(0), pf(2)],
             native: native.then(|| PathBuf::from("n")),
             qemu: native.then(|| PathBuf::from("q")),
         }
@@ -396,14 +399,15 @@ mod tests {
 
     #[test]
     fn variants_follow_available_builds() {
-        assert_eq!(workload(true).variants().len(), 6);
+        assert_eq!(workload(true).variants().len(), 7);
         assert_eq!(
             workload(false).variants(),
             vec![
                 Variant::Plain,
                 Variant::Roam(0),
                 Variant::Roam(1),
-                Variant::Roam(2)
+                Variant::Roam(2),
+                Variant::Roam(3)
             ]
         );
     }
@@ -424,6 +428,7 @@ mod tests {
         s.insert(Variant::Roam(0), (vec![2.1], sum("aa")));
         s.insert(Variant::Roam(1), (vec![2.1], sum("aa")));
         s.insert(Variant::Roam(2), (vec![2.0], sum("aa")));
+        s.insert(Variant::Roam(3), (vec![2.0], sum("aa")));
         s.insert(Variant::Qemu, (vec![5.5], sum("bb")));
         let opts = Options {
             size: "S".into(),
@@ -433,9 +438,10 @@ mod tests {
         let r = build_report(&[(&w, s)], &opts);
         let row = &r.table.rows[0];
         assert_eq!(row[1], "1.100");
-        assert_eq!(row[7], "1.050"); // loops ÷ plain
-        assert_eq!(row[12], "5.000"); // qemu ÷ native
-        assert_eq!(row[13], "3+1");
+        assert_eq!(row[8], "1.050"); // loops ÷ plain
+        assert_eq!(row[11], "1.000"); // outer ÷ plain
+        assert_eq!(row[14], "5.000"); // qemu ÷ native
+        assert_eq!(row[15], "3+1");
         assert_eq!(row[row.len() - 2], "MISMATCH");
         assert_eq!(row.len(), r.table.headers.len());
         assert_eq!(row.last().unwrap(), "", "no failed variants");
