@@ -115,6 +115,9 @@ fn finish_rewind_if_rewinding(caller: &mut Caller<'_, HostState>) -> wasmtime::R
 fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::Result<()> {
     let point_at = Instant::now();
     let h = hooks(caller)?;
+    if h.memory.data_size(&*caller) < crate::asyncify::HEADER as usize {
+        wasmtime::bail!("cannot checkpoint a program whose linear memory is empty");
+    }
     let spare = std::mem::take(&mut caller.data_mut().spare);
     let captured = capture::capture(&mut *caller, &h, req.trigger.as_str(), spare);
     let mem = h.memory.data_mut(&mut *caller);

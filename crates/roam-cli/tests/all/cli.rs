@@ -249,3 +249,31 @@ fn repeated_checkpoint_and_continue_is_invisible() {
         assert_eq!(text(&out.stdout), text(&reference.stdout), "{name}");
     }
 }
+
+/// A program with an empty linear memory has nowhere to unwind its stack:
+/// the checkpoint is refused with a message, not a crash of roam.
+#[test]
+fn empty_memory_cannot_be_checkpointed_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("empty.wasm");
+    std::fs::write(
+        &m,
+        wat(r#"(module (memory (export "memory") 0)
+            (func (export "_start") (local i32)
+              (loop
+                (local.set 0 (i32.add (local.get 0) (i32.const 1)))
+                (br_if 0 (i32.lt_u (local.get 0) (i32.const 1000))))))"#),
+    )
+    .unwrap();
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["run", "--checkpoint-at-point", "1", "--snapshot"])
+        .arg(dir.path().join("s.roam"))
+        .arg(&m);
+    let out = output(cmd);
+    assert_eq!(out.status.code(), Some(134), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("linear memory is empty"),
+        "{}",
+        text(&out.stderr)
+    );
+}
