@@ -7,8 +7,29 @@ use super::{code, finish, with_mem, MODULE};
 use crate::errno::Errno;
 use crate::ops::path::OpenArgs;
 use crate::ops::Outcome;
-use crate::WasiView;
+use crate::{WasiCtx, WasiView};
 use wasmtime::{Caller, Linker};
+
+/// Register a call of the form `(dirfd, path, path_len) -> errno`.
+fn dir_path_call<T: WasiView>(
+    l: &mut Linker<T>,
+    name: &str,
+    op: fn(&WasiCtx, u32, &str) -> Result<(), Errno>,
+) -> wasmtime::Result<()> {
+    l.func_wrap(
+        MODULE,
+        name,
+        move |mut c: Caller<'_, T>, fd: i32, p: i32, pl: i32| {
+            with_mem(&mut c, |x, m| {
+                code(
+                    m.str(p as u32, pl as u32)
+                        .and_then(|s| op(x, fd as u32, &s)),
+                )
+            })
+        },
+    )?;
+    Ok(())
+}
 
 pub(super) fn add_path<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
     l.func_wrap(
@@ -41,42 +62,9 @@ pub(super) fn add_path<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
             .map(code)
         },
     )?;
-    l.func_wrap(
-        MODULE,
-        "path_create_directory",
-        |mut c: Caller<'_, T>, fd: i32, p: i32, pl: i32| {
-            with_mem(&mut c, |x, m| {
-                code(
-                    m.str(p as u32, pl as u32)
-                        .and_then(|s| x.path_create_directory(fd as u32, &s)),
-                )
-            })
-        },
-    )?;
-    l.func_wrap(
-        MODULE,
-        "path_remove_directory",
-        |mut c: Caller<'_, T>, fd: i32, p: i32, pl: i32| {
-            with_mem(&mut c, |x, m| {
-                code(
-                    m.str(p as u32, pl as u32)
-                        .and_then(|s| x.path_remove_directory(fd as u32, &s)),
-                )
-            })
-        },
-    )?;
-    l.func_wrap(
-        MODULE,
-        "path_unlink_file",
-        |mut c: Caller<'_, T>, fd: i32, p: i32, pl: i32| {
-            with_mem(&mut c, |x, m| {
-                code(
-                    m.str(p as u32, pl as u32)
-                        .and_then(|s| x.path_unlink_file(fd as u32, &s)),
-                )
-            })
-        },
-    )?;
+    dir_path_call(l, "path_create_directory", WasiCtx::path_create_directory)?;
+    dir_path_call(l, "path_remove_directory", WasiCtx::path_remove_directory)?;
+    dir_path_call(l, "path_unlink_file", WasiCtx::path_unlink_file)?;
     l.func_wrap(
         MODULE,
         "path_rename",
