@@ -95,12 +95,8 @@ fn hooks(caller: &Caller<'_, HostState>) -> wasmtime::Result<Hooks> {
         .ok_or_else(|| wasmtime::format_err!("roam import called before the instance was ready"))
 }
 
-/// Finish a rewind if one is in progress. Returns whether it was.
-fn finish_rewind_if_rewinding(caller: &mut Caller<'_, HostState>) -> wasmtime::Result<bool> {
-    let h = hooks(caller)?;
-    if h.asyncify.state(&mut *caller)? != REWINDING {
-        return Ok(false);
-    }
+/// Finish the rewind in progress: the re-entered import was reached.
+fn finish_rewind(caller: &mut Caller<'_, HostState>, h: &Hooks) -> wasmtime::Result<()> {
     h.asyncify.stop_rewind(&mut *caller)?;
     if let Some((buffer, saved)) = caller.data_mut().rewinding.take() {
         buffer.unload(h.memory.data_mut(&mut *caller), &saved);
@@ -108,7 +104,7 @@ fn finish_rewind_if_rewinding(caller: &mut Caller<'_, HostState>) -> wasmtime::R
     let keep = caller.data().flag_wanted();
     h.flag.set(&mut *caller, Val::I32(keep as i32))?;
     tracing::debug!("rewind complete; program resumes");
-    Ok(true)
+    Ok(())
 }
 
 /// Read the state, then start unwinding the guest's stack.
@@ -138,13 +134,11 @@ fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::R
 /// `roam.migration_point`: called when the flag is up (or unconditionally,
 /// by a program's own manual points).
 fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
-    if finish_rewind_if_rewinding(&mut caller)? {
-        return Ok(());
-    }
     let h = hooks(&caller)?;
-    let state = h.asyncify.state(&mut caller)?;
-    if state != NORMAL {
-        wasmtime::bail!("migration point reached in Asyncify state {state}");
+    match h.asyncify.state(&mut caller)? {
+        REWINDING => return finish_rewind(&mut caller, &h),
+        NORMAL => {}
+        state => wasmtime::bail!("migration point reached in Asyncify state {state}"),
     }
     let counting = caller.data().stop_at_point.is_some() || caller.data().continue_every.is_some();
     if counting {
@@ -187,7 +181,11 @@ impl WasiView for HostState {
     }
 
     fn enter_blocking(caller: &mut Caller<'_, Self>) -> wasmtime::Result<()> {
-        finish_rewind_if_rewinding(caller).map(|_| ())
+        let h = hooks(caller)?;
+        if h.asyncify.state(&mut *caller)? == REWINDING {
+            finish_rewind(caller, &h)?;
+        }
+        Ok(())
     }
 
     fn suspend(caller: &mut Caller<'_, Self>) -> wasmtime::Result<()> {
