@@ -204,6 +204,12 @@ impl Cell {
         self.store.data().points_seen
     }
 
+    /// Send the program's stdout and stderr to `sink` instead of this
+    /// process's own streams.
+    pub fn set_output(&mut self, sink: Arc<dyn roam_wasi::OutputSink>) {
+        self.store.data_mut().wasi.set_output(sink);
+    }
+
     /// The module this cell runs.
     pub fn module(&self) -> &Arc<LoadedModule> {
         &self.module

@@ -50,14 +50,33 @@ pub enum SetupError {
     BadGuestPath(String),
 }
 
+/// Receives what a guest writes to stdout and stderr, for embedders that
+/// keep a program's output themselves (a node daemon keeps each cell's log).
+pub trait OutputSink: Send + Sync {
+    /// The guest wrote `data` to stderr (`stderr`) or stdout.
+    fn write(&self, stderr: bool, data: &[u8]);
+}
+
 /// Where guest writes to stdout/stderr go.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub(crate) enum Sink {
     /// The host process's own stream.
     #[default]
     Inherit,
     /// An in-memory buffer (tests, embedders that collect output).
     Buffer(Arc<Mutex<Vec<u8>>>),
+    /// An embedder's sink.
+    Shared(Arc<dyn OutputSink>),
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Sink::Inherit => "Inherit",
+            Sink::Buffer(_) => "Buffer",
+            Sink::Shared(_) => "Shared",
+        })
+    }
 }
 
 /// Output collected by [`WasiCtx::capture_output`].
@@ -240,6 +259,13 @@ impl WasiCtx {
         self.stdout = Sink::Buffer(c.stdout.clone());
         self.stderr = Sink::Buffer(c.stderr.clone());
         c
+    }
+
+    /// Send guest stdout/stderr to `sink` (not part of the snapshot: a
+    /// restored context inherits again until this is called).
+    pub fn set_output(&mut self, sink: Arc<dyn OutputSink>) {
+        self.stdout = Sink::Shared(sink.clone());
+        self.stderr = Sink::Shared(sink);
     }
 
     /// The guest's monotonic clock now (ns).

@@ -25,7 +25,7 @@ mod snapshot;
 mod state;
 mod types;
 
-pub use ctx::{CapturedOutput, Preopen, SetupError, WasiConfig, WasiCtx};
+pub use ctx::{CapturedOutput, OutputSink, Preopen, SetupError, WasiConfig, WasiCtx};
 pub use errno::Errno;
 pub use interrupt::Interrupt;
 pub use linker::add_to_linker;

@@ -35,6 +35,7 @@ fn write_sink(sink: &Sink, stderr: bool, data: &[u8]) -> Result<(), Errno> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend_from_slice(data),
+        Sink::Shared(s) => s.write(stderr, data),
         Sink::Inherit if stderr => std::io::stderr().lock().write_all(data)?,
         Sink::Inherit => {
             let mut out = std::io::stdout().lock();

@@ -13,7 +13,7 @@ use rustix::fs::{Timespec, Timestamps};
 
 /// File type reported for a stdio stream.
 fn stdio_type(handle: &Handle, sink: &Sink) -> u8 {
-    if matches!(sink, Sink::Buffer(_)) && !matches!(handle, Handle::Stdin) {
+    if matches!(sink, Sink::Buffer(_) | Sink::Shared(_)) && !matches!(handle, Handle::Stdin) {
         return filetype::UNKNOWN;
     }
     let fd = match handle {
