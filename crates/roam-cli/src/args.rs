@@ -28,6 +28,18 @@ pub enum Command {
     Restore(RestoreArgs),
     /// Describe a snapshot.
     Inspect(InspectArgs),
+    /// Run a node daemon: cells, control API, migrations.
+    Node(crate::node_args::NodeArgs),
+    /// Launch a program on a node; prints the cell id.
+    Launch(crate::node_args::LaunchArgs),
+    /// List a node's cells.
+    Cells(crate::node_args::CellsArgs),
+    /// Move a running cell to another node.
+    Migrate(crate::node_args::MigrateArgs),
+    /// Print a cell's output, wherever it runs now.
+    Logs(crate::node_args::LogsArgs),
+    /// Stop a cell and drop it.
+    Kill(crate::node_args::KillArgs),
 }
 
 /// Where migration points go.

@@ -7,6 +7,8 @@
 
 mod args;
 mod inspect;
+mod node_args;
+mod node_cmd;
 mod prepare;
 mod run;
 
@@ -20,7 +22,14 @@ const EXIT_TRAP: i32 = 134;
 fn main() {
     let cli = args::Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROAM_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if cli.verbose { "debug" } else { "warn" })
+        let daemon = matches!(cli.command, args::Command::Node(_));
+        tracing_subscriber::EnvFilter::new(if cli.verbose {
+            "debug"
+        } else if daemon {
+            "info"
+        } else {
+            "warn"
+        })
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -37,6 +46,12 @@ fn main() {
             args::Command::Run(a) => run::run(a),
             args::Command::Restore(a) => run::restore(a),
             args::Command::Inspect(a) => inspect::main(a),
+            args::Command::Node(a) => node_cmd::node(a),
+            args::Command::Launch(a) => node_cmd::launch(a),
+            args::Command::Cells(a) => node_cmd::cells(a),
+            args::Command::Migrate(a) => node_cmd::migrate(a),
+            args::Command::Logs(a) => node_cmd::logs(a),
+            args::Command::Kill(a) => node_cmd::kill(a),
         });
     let code = match worker {
         Ok(handle) => handle

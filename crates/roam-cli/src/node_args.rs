@@ -1,0 +1,129 @@
+//! Arguments of the node and cluster commands (`node`, `launch`, `cells`,
+//! `migrate`, `logs`, `kill`). Names are a contract: add, never rename.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+
+/// `roam node`.
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// Control API address (HTTP/JSON).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub listen: SocketAddr,
+    /// This node's name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Migration protocol address [default: the control port + 1000 on the
+    /// same host].
+    #[arg(long)]
+    pub migrate_listen: Option<SocketAddr>,
+    /// Cells' directories and checkpoints [default: $ROAM_STATE_DIR or
+    /// ~/.local/state/roam/<name>].
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Module and compiled-code cache [default: $ROAM_CACHE_DIR or ~/.cache/roam].
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Chunk store budget for dedup across migrations, MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub chunk_store_mib: u64,
+    /// Refuse incoming cells that would leave less memory than this, MiB.
+    #[arg(long, default_value_t = 256)]
+    pub memory_reserve_mib: u64,
+}
+
+/// `roam launch`.
+#[derive(Args, Debug)]
+pub struct LaunchArgs {
+    /// Node to launch on (`host:port` of its control API).
+    #[arg(long)]
+    pub node: String,
+    /// Give the cell a sandbox directory seen as GUEST (repeatable); its
+    /// files travel with the cell.
+    #[arg(long = "dir", value_name = "GUEST")]
+    pub dirs: Vec<String>,
+    /// Environment variable KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// The module (prepared or not).
+    pub module: PathBuf,
+    /// Arguments for the program.
+    #[arg(last = true)]
+    pub args: Vec<String>,
+}
+
+/// `roam cells`.
+#[derive(Args, Debug)]
+pub struct CellsArgs {
+    /// Node to ask.
+    #[arg(long)]
+    pub node: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `roam migrate`.
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// The cell.
+    pub cell: String,
+    /// Node it runs on.
+    #[arg(long)]
+    pub from: String,
+    /// Node to move it to.
+    #[arg(long)]
+    pub to: String,
+    /// stop-and-copy, pre-copy or post-copy.
+    #[arg(long, default_value = "pre-copy")]
+    pub mode: String,
+    /// adaptive, none, lz4, zstd1 ... zstd19.
+    #[arg(long, default_value = "adaptive")]
+    pub codec: String,
+    /// Do not delta-encode pages sent before (static codecs).
+    #[arg(long)]
+    pub no_delta: bool,
+    /// Shape the migration stream to this rate (e.g. 10mbit, 1gbit).
+    #[arg(long)]
+    pub bandwidth: Option<String>,
+    /// Randomise page order.
+    #[arg(long)]
+    pub randomize: bool,
+    /// Pre-copy: start a new round once this much memory is dirty, MB.
+    #[arg(long, default_value_t = 10)]
+    pub max_remaining_mb: u64,
+    /// Pre-copy: stop iterating once a round takes at most this long, ms.
+    #[arg(long, default_value_t = 2000)]
+    pub max_round_ms: u64,
+    /// Pre-copy: most rounds.
+    #[arg(long, default_value_t = 30)]
+    pub max_rounds: u32,
+    /// Pre-copy dirty tracking: auto, write-protect or hash.
+    #[arg(long, default_value = "auto")]
+    pub tracking: String,
+    /// Print the final status as JSON (no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `roam logs`.
+#[derive(Args, Debug)]
+pub struct LogsArgs {
+    /// The cell.
+    pub cell: String,
+    /// A node that runs or ran it (the log is followed to where it runs now).
+    #[arg(long)]
+    pub node: String,
+}
+
+/// `roam kill`.
+#[derive(Args, Debug)]
+pub struct KillArgs {
+    /// The cell.
+    pub cell: String,
+    /// Node it runs on.
+    #[arg(long)]
+    pub node: String,
+}

@@ -1,0 +1,245 @@
+//! The node and cluster commands: a daemon, and thin clients of its API.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use roam_node::types::{LaunchRequest, MigrateRequest, MigrationStatus, TransferOptions};
+use roam_node::{Client, Node, NodeConfig};
+
+use crate::node_args::*;
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// `roam node`.
+pub fn node(a: NodeArgs) -> Result<i32> {
+    let name = a.name.unwrap_or_else(|| format!("{}-{}", roam_runtime::host_isa(), a.listen.port()));
+    let migrate_listen = a.migrate_listen.unwrap_or_else(|| {
+        let mut m = a.listen;
+        m.set_port(a.listen.port().wrapping_add(1000));
+        m
+    });
+    let state_dir = a
+        .state_dir
+        .or_else(|| std::env::var_os("ROAM_STATE_DIR").map(Into::into))
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").map_or_else(|| ".".into(), std::path::PathBuf::from);
+            home.join(".local/state/roam").join(&name)
+        });
+    let cache_dir = a.cache_dir.unwrap_or_else(roam_runtime::cache::Cache::default_dir);
+    // Cells have no terminal: their stdin is empty, their output is logged.
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        let _ = rustix::stdio::dup2_stdin(&null);
+    }
+    let cfg = NodeConfig {
+        name,
+        listen: a.listen,
+        migrate_listen,
+        state_dir,
+        cache_dir,
+        chunk_store_bytes: a.chunk_store_mib << 20,
+        memory_reserve: a.memory_reserve_mib << 20,
+    };
+    runtime()?.block_on(async move {
+        let node = Node::bind(cfg).await?;
+        eprintln!(
+            "roam node listening: control http://{} migrate {}",
+            node.control_addr(),
+            node.migrate_addr()
+        );
+        node.serve(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+        Ok(0)
+    })
+}
+
+/// `roam launch`.
+pub fn launch(a: LaunchArgs) -> Result<i32> {
+    let bytes = std::fs::read(&a.module).with_context(|| format!("cannot read {}", a.module.display()))?;
+    let env = a
+        .env
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .with_context(|| format!("--env {kv}: expected KEY=VALUE"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let program = a
+        .module
+        .file_stem()
+        .map_or_else(|| "program".into(), |s| s.to_string_lossy().into_owned());
+    let mut args = vec![program];
+    args.extend(a.args);
+    runtime()?.block_on(async move {
+        let c = Client::new(&a.node);
+        let m = c.upload_module(bytes).await?;
+        let r = c
+            .launch(&LaunchRequest {
+                module: m.hash,
+                args,
+                env,
+                dirs: a.dirs,
+            })
+            .await?;
+        println!("{}", r.id);
+        Ok(0)
+    })
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+}
+
+/// `roam cells`.
+pub fn cells(a: CellsArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let cells = Client::new(&a.node).cells().await?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&cells)?);
+            return Ok(0);
+        }
+        println!("{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}", "CELL", "STATE", "PROGRAM", "MEMORY", "UPTIME", "HOPS");
+        for c in cells {
+            let state = serde_json::to_value(&c.state)?;
+            let mut st = state["state"].as_str().unwrap_or("?").to_string();
+            if let Some(code) = state.get("code") {
+                st = format!("{st}({code})");
+            }
+            println!(
+                "{:<16} {:<10} {:<24} {:>12} {:>9.1}s {:>5}",
+                c.id,
+                st,
+                c.program,
+                mib(c.memory_bytes),
+                c.uptime_ms as f64 / 1000.0,
+                c.hops
+            );
+        }
+        Ok(0)
+    })
+}
+
+/// `roam migrate`.
+pub fn migrate(a: MigrateArgs) -> Result<i32> {
+    let req = MigrateRequest {
+        to: a.to.clone(),
+        mode: a.mode.clone(),
+        transfer: TransferOptions {
+            codec: Some(a.codec.clone()),
+            delta: Some(!a.no_delta),
+            bandwidth: a.bandwidth.clone(),
+            randomize: a.randomize,
+            max_remaining_bytes: Some(a.max_remaining_mb * 1_000_000),
+            max_round_ms: Some(a.max_round_ms),
+            max_rounds: Some(a.max_rounds),
+            tracking: Some(a.tracking.clone()),
+        },
+    };
+    runtime()?.block_on(async move {
+        let src = Client::new(&a.from);
+        let mid = src.migrate(&a.cell, &req).await?.migration;
+        let bar = if a.json {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {msg:32} {bar:30} {bytes}/{total_bytes} wire {prefix}",
+            )
+            .expect("a valid template"),
+        );
+        let mut last = (std::time::Instant::now(), 0u64);
+        let status: MigrationStatus = loop {
+            let s = src.migration(&mid).await?;
+            if s.done {
+                break s;
+            }
+            let now = std::time::Instant::now();
+            let dt = now.duration_since(last.0).as_secs_f64();
+            if dt >= 0.5 {
+                let rate = (s.wire_bytes.saturating_sub(last.1)) as f64 * 8.0 / dt / 1e6;
+                bar.set_prefix(format!("{} ({rate:.1} Mbit/s)", mib(s.wire_bytes)));
+                last = (now, s.wire_bytes);
+            }
+            bar.set_length(s.memory_bytes.max(1));
+            bar.set_position((s.pages_in * 4096).min(s.memory_bytes.max(1)));
+            bar.set_message(s.phase.clone());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        bar.finish_and_clear();
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&status)?);
+        }
+        if let Some(e) = status.error {
+            bail!("migration of {} failed: {e}", a.cell);
+        }
+        if !a.json {
+            if let Some(s) = &status.summary {
+                print_summary(&a, s);
+            }
+        }
+        Ok(0)
+    })
+}
+
+fn print_summary(a: &MigrateArgs, s: &roam_node::types::MigrationSummary) {
+    println!(
+        "migrated {} {} → {} ({} → {}), {}",
+        a.cell, a.from, a.to, s.from_isa, s.to_isa, s.mode
+    );
+    println!("  total time     {:>10.1} ms", s.total_ms);
+    println!("  downtime       {:>10.1} ms", s.downtime_ms);
+    println!("  rounds         {:>10}", s.rounds);
+    if let Some(t) = &s.tracking {
+        println!("  dirty tracking {t:>10}");
+    }
+    println!("  memory         {:>13}", mib(s.memory_bytes));
+    println!("  modified state {:>13}", mib(s.modified_bytes));
+    println!(
+        "  on the wire    {:>13}  ({:.3} × modified state)",
+        mib(s.wire_bytes),
+        s.wire_bytes as f64 / s.modified_bytes.max(1) as f64
+    );
+    if let Some(p) = &s.post_copy {
+        println!(
+            "  post-copy      {} pages on demand in {} requests, {} pushed, complete after {:.1} ms",
+            p.demand_pages, p.requests, p.pushed_pages, p.complete_ms
+        );
+    }
+    if let Some(obj) = s.pipeline.as_object() {
+        let fields: Vec<String> = obj
+            .iter()
+            .filter(|(_, v)| v.is_u64() && v.as_u64() != Some(0))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!("  pipeline       {}", fields.join(" "));
+    }
+}
+
+/// `roam logs`.
+pub fn logs(a: LogsArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let out = Client::new(&a.node).logs(&a.cell).await?;
+        use std::io::Write;
+        std::io::stdout().write_all(&out)?;
+        Ok(0)
+    })
+}
+
+/// `roam kill`.
+pub fn kill(a: KillArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let c = Client::new(&a.node).kill(&a.cell).await?;
+        println!("{} killed", c.id);
+        Ok(0)
+    })
+}

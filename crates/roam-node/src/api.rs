@@ -1,0 +1,305 @@
+//! The HTTP/JSON control API (see `docs/node-api.md`).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use roam_runtime::{Cell, CellOptions};
+use roam_wasi::{Preopen, WasiConfig};
+use roam_wire::CellSpec;
+
+use crate::cell::{self, CellEntry, Decision, PAUSE_TIMEOUT};
+use crate::log::CellLog;
+use crate::node::{new_id, unix_ms, NodeInner};
+use crate::types::*;
+
+type N = State<Arc<NodeInner>>;
+
+/// An error answer: status and message.
+pub(crate) struct AppError(pub StatusCode, pub String);
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        (self.0, Json(ApiError { error: self.1 })).into_response()
+    }
+}
+
+fn bad(msg: impl Into<String>) -> AppError {
+    AppError(StatusCode::BAD_REQUEST, msg.into())
+}
+fn not_found(what: &str) -> AppError {
+    AppError(StatusCode::NOT_FOUND, format!("no {what} on this node"))
+}
+fn internal(msg: impl std::fmt::Display) -> AppError {
+    AppError(StatusCode::INTERNAL_SERVER_ERROR, msg.to_string())
+}
+
+/// Largest module upload.
+const MODULE_LIMIT: usize = 512 << 20;
+
+pub(crate) fn router(n: Arc<NodeInner>) -> Router {
+    Router::new()
+        .route("/v1/node", get(node_info))
+        .route("/v1/modules", post(upload_module))
+        .route("/v1/cells", post(launch).get(list))
+        .route("/v1/cells/{id}", get(status))
+        .route("/v1/cells/{id}/logs", get(logs))
+        .route("/v1/cells/{id}/kill", post(kill))
+        .route("/v1/cells/{id}/checkpoint", post(checkpoint))
+        .route("/v1/cells/{id}/migrate", post(crate::migrate::source::start))
+        .route("/v1/migrations/{id}", get(crate::migrate::status))
+        .route("/v1/migrations/{id}/resolve", post(crate::migrate::dest::resolve))
+        .layer(DefaultBodyLimit::max(MODULE_LIMIT))
+        .with_state(n)
+}
+
+pub(crate) fn node_info_of(n: &NodeInner) -> NodeInfo {
+    let running = n
+        .cells()
+        .values()
+        .filter(|e| matches!(e.state, CellState::Running | CellState::Migrating))
+        .count();
+    NodeInfo {
+        name: n.cfg.name.clone(),
+        isa: roam_runtime::host_isa().to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        migrate_addr: n.migrate_addr.to_string(),
+        userfaultfd: n.features().userfaultfd,
+        cells_running: running,
+        machine: crate::sysinfo::Machine::read(),
+    }
+}
+
+async fn node_info(State(n): N) -> Json<NodeInfo> {
+    Json(node_info_of(&n))
+}
+
+async fn upload_module(State(n): N, body: Bytes) -> Result<Json<ModuleInfo>, AppError> {
+    let module = tokio::task::spawn_blocking(move || n.rt.load_bytes(&body))
+        .await
+        .map_err(internal)?
+        .map_err(|e| bad(format!("module refused: {e}")))?;
+    Ok(Json(ModuleInfo {
+        hash: roam_runtime::cache::hex(module.hash()),
+        bytes: module.bytes().len() as u64,
+    }))
+}
+
+pub(crate) fn parse_hash(s: &str) -> Result<[u8; 32], AppError> {
+    let b = s.as_bytes();
+    if b.len() != 64 || !b.iter().all(u8::is_ascii_hexdigit) {
+        return Err(bad(format!("`{s}` is not a module hash (64 hex digits)")));
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex checked");
+    }
+    Ok(out)
+}
+
+/// Host directories for a cell's guest directories, created empty.
+pub(crate) fn make_preopens(
+    n: &NodeInner,
+    id: &str,
+    dirs: &[String],
+) -> std::io::Result<Vec<Preopen>> {
+    dirs.iter()
+        .enumerate()
+        .map(|(i, guest)| {
+            let host = n.cell_dir(id).join("dirs").join(i.to_string());
+            std::fs::create_dir_all(&host)?;
+            Ok(Preopen {
+                host,
+                guest: guest.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Put a cell into the table with its handle. The caller then runs it.
+pub(crate) fn register(
+    n: &Arc<NodeInner>,
+    spec: CellSpec,
+    log: Arc<CellLog>,
+    cell: &mut Cell,
+) -> Arc<cell::CellHandle> {
+    let handle = cell::handle_for(cell, log.clone());
+    n.cells().insert(
+        spec.id.clone(),
+        CellEntry {
+            spec,
+            state: CellState::Running,
+            log,
+            handle: Some(handle.clone()),
+        },
+    );
+    handle
+}
+
+/// What to do when a cell's thread ends: record the state it ended in.
+pub(crate) fn on_end(n: &Arc<NodeInner>, id: &str) -> cell::OnEnd {
+    let node = n.clone();
+    let id = id.to_string();
+    Box::new(move |st| {
+        if let Some(st) = st {
+            node.set_state(&id, st);
+        }
+    })
+}
+
+/// Put a cell into the table and start its thread.
+pub(crate) fn register_and_spawn(
+    n: &Arc<NodeInner>,
+    spec: CellSpec,
+    log: Arc<CellLog>,
+    mut cell: Cell,
+) -> Result<(), AppError> {
+    let id = spec.id.clone();
+    let handle = register(n, spec, log, &mut cell);
+    cell::spawn(&id, cell, handle, on_end(n, &id)).map_err(|e| {
+        n.set_state(&id, CellState::Failed { error: e.to_string() });
+        internal(e)
+    })
+}
+
+async fn launch(State(n): N, Json(req): Json<LaunchRequest>) -> Result<Json<LaunchResponse>, AppError> {
+    let hash = parse_hash(&req.module)?;
+    if req.args.is_empty() {
+        return Err(bad("args must hold at least the program name"));
+    }
+    let id = new_id("c-");
+    let node = n.clone();
+    let cid = id.clone();
+    tokio::task::spawn_blocking(move || {
+        let module = node
+            .rt
+            .load_by_hash(&hash, None)
+            .map_err(|e| AppError(StatusCode::NOT_FOUND, e.to_string()))?;
+        let preopens = make_preopens(&node, &cid, &req.dirs).map_err(internal)?;
+        let wasi = WasiConfig {
+            args: req.args.clone(),
+            env: req.env.clone(),
+            preopens,
+        };
+        let opts = CellOptions {
+            with_files: !req.dirs.is_empty(),
+            ..CellOptions::default()
+        };
+        let cell = Cell::start(&node.rt, module, wasi, opts).map_err(|e| bad(e.to_string()))?;
+        let spec = CellSpec {
+            id: cid.clone(),
+            module_hash: hash,
+            args: req.args,
+            env: req.env,
+            dirs: req.dirs,
+            launched_unix_ms: unix_ms(),
+            hops: 0,
+        };
+        tracing::info!(cell = %cid, program = %spec.args[0], "launched");
+        register_and_spawn(&node, spec, Arc::new(CellLog::default()), cell)
+    })
+    .await
+    .map_err(internal)??;
+    Ok(Json(LaunchResponse { id }))
+}
+
+fn info(e: &CellEntry) -> CellInfo {
+    CellInfo {
+        id: e.spec.id.clone(),
+        state: e.state.clone(),
+        program: e.spec.args.first().cloned().unwrap_or_default(),
+        module: roam_runtime::cache::hex(&e.spec.module_hash),
+        memory_bytes: e.handle.as_ref().map_or(0, |h| h.memory.len() as u64),
+        uptime_ms: unix_ms().saturating_sub(e.spec.launched_unix_ms),
+        hops: e.spec.hops,
+    }
+}
+
+async fn list(State(n): N) -> Json<Vec<CellInfo>> {
+    let mut v: Vec<CellInfo> = n.cells().values().map(info).collect();
+    v.sort_by(|a, b| a.id.cmp(&b.id));
+    Json(v)
+}
+
+async fn status(State(n): N, Path(id): Path<String>) -> Result<Json<CellInfo>, AppError> {
+    n.cells().get(&id).map(info).map(Json).ok_or_else(|| not_found(&format!("cell {id}")))
+}
+
+async fn logs(State(n): N, Path(id): Path<String>) -> Result<Response, AppError> {
+    let cells = n.cells();
+    let e = cells.get(&id).ok_or_else(|| not_found(&format!("cell {id}")))?;
+    if let CellState::Moved { to } = &e.state {
+        let url = format!("http://{to}/v1/cells/{id}/logs");
+        return Ok((StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, url)]).into_response());
+    }
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        e.log.contents(),
+    )
+        .into_response())
+}
+
+pub(crate) fn running_handle(
+    n: &NodeInner,
+    id: &str,
+) -> Result<Arc<cell::CellHandle>, AppError> {
+    let cells = n.cells();
+    let e = cells.get(id).ok_or_else(|| not_found(&format!("cell {id}")))?;
+    match (&e.state, &e.handle) {
+        (CellState::Running, Some(h)) => Ok(h.clone()),
+        (state, _) => Err(AppError(
+            StatusCode::CONFLICT,
+            format!("cell {id} is not running here (state: {state:?})"),
+        )),
+    }
+}
+
+async fn kill(State(n): N, Path(id): Path<String>) -> Result<Json<CellInfo>, AppError> {
+    let h = running_handle(&n, &id)?;
+    n.set_state(&id, CellState::Migrating);
+    let paused = tokio::time::timeout(PAUSE_TIMEOUT, h.pause()).await;
+    match paused {
+        Ok(Ok(p)) => {
+            let _ = p.reply.send(Decision::Release);
+            n.set_state(&id, CellState::Killed);
+        }
+        _ => {
+            if let Some(e) = n.cells().get_mut(&id) {
+                if e.state == CellState::Migrating {
+                    e.state = CellState::Running;
+                }
+            }
+            return Err(internal(format!(
+                "cell {id} did not reach a migration point within {} s",
+                PAUSE_TIMEOUT.as_secs()
+            )));
+        }
+    }
+    status(State(n), Path(id)).await
+}
+
+async fn checkpoint(State(n): N, Path(id): Path<String>) -> Result<Json<serde_json::Value>, AppError> {
+    let h = running_handle(&n, &id)?;
+    let snap = tokio::time::timeout(PAUSE_TIMEOUT, h.checkpoint())
+        .await
+        .map_err(|_| internal("the cell did not reach a migration point in time"))?
+        .map_err(|_| internal("the cell ended before the checkpoint"))?
+        .map_err(internal)?;
+    let dir = n.cell_dir(&id).join("checkpoints");
+    let path = dir.join(format!("{}.roamsnap", unix_ms()));
+    let bytes = tokio::task::spawn_blocking({
+        let path = path.clone();
+        move || -> Result<u64, String> {
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            snap.write_file(&path).map_err(|e| e.to_string())
+        }
+    })
+    .await
+    .map_err(internal)?
+    .map_err(internal)?;
+    Ok(Json(serde_json::json!({ "path": path, "bytes": bytes })))
+}

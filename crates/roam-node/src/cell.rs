@@ -1,0 +1,167 @@
+//! Cells on a node: one OS thread each, and the handshake with migrations.
+//!
+//! A cell's thread owns its wasmtime store and runs it until the program
+//! exits or pauses. A pause is always asked for by someone on the node (a
+//! migration, `kill`); the thread hands the paused state to whoever asked
+//! and waits for a [`Decision`]. *Resume* is the default: if the asker goes
+//! away without deciding, the program continues. That is what makes a failed
+//! migration harmless to the cell.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use roam_runtime::{Cell, CheckpointKind, CheckpointTiming, Controller, LiveMemory, Outcome, Trigger};
+use roam_snapshot::Snapshot;
+use roam_wire::CellSpec;
+use tokio::sync::oneshot;
+
+use crate::log::CellLog;
+use crate::types::CellState;
+
+/// A paused cell, handed to whoever asked for the pause.
+pub(crate) struct Paused {
+    /// Everything but memory (memory stays live in the cell).
+    pub snapshot: Box<Snapshot>,
+    /// When the migration point was reached.
+    pub at: Instant,
+    /// How long the pause took.
+    pub timing: CheckpointTiming,
+    /// The decision goes back here. Dropping it resumes the cell.
+    pub reply: std::sync::mpsc::Sender<Decision>,
+}
+
+/// What a paused cell does next.
+#[derive(Debug)]
+pub(crate) enum Decision {
+    /// Continue here.
+    Resume,
+    /// End the thread; the cell now lives elsewhere (or was killed).
+    Release,
+}
+
+/// What the rest of the node holds of a running cell.
+pub(crate) struct CellHandle {
+    pub controller: Controller,
+    pub memory: LiveMemory,
+    pub module: Arc<roam_runtime::LoadedModule>,
+    waiter: Mutex<Option<oneshot::Sender<Paused>>>,
+    checkpoint: Mutex<Option<oneshot::Sender<Result<Box<Snapshot>, String>>>>,
+}
+
+impl CellHandle {
+    /// Ask the cell to pause at its next migration point; the returned
+    /// receiver gets the paused state.
+    pub(crate) fn pause(&self) -> oneshot::Receiver<Paused> {
+        let (tx, rx) = oneshot::channel();
+        *self.waiter.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
+        self.controller.request(CheckpointKind::Pause, Trigger::Api);
+        rx
+    }
+
+    /// Ask for a checkpoint-and-continue; the receiver gets the snapshot.
+    pub(crate) fn checkpoint(&self) -> oneshot::Receiver<Result<Box<Snapshot>, String>> {
+        let (tx, rx) = oneshot::channel();
+        *self.checkpoint.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
+        self.controller.request(CheckpointKind::Continue, Trigger::Api);
+        rx
+    }
+}
+
+/// One entry of the node's cell table.
+pub(crate) struct CellEntry {
+    pub spec: CellSpec,
+    pub state: CellState,
+    pub log: Arc<CellLog>,
+    pub handle: Option<Arc<CellHandle>>,
+}
+
+/// Called by the cell's thread when its state changes for good.
+/// `None` when the cell was released (moved or killed): whoever released it
+/// has set its state.
+pub(crate) type OnEnd = Box<dyn FnOnce(Option<CellState>) + Send>;
+
+/// Route the cell's output to `log` and build the handle the node keeps.
+pub(crate) fn handle_for(cell: &mut Cell, log: Arc<CellLog>) -> Arc<CellHandle> {
+    cell.set_output(log);
+    Arc::new(CellHandle {
+        controller: cell.controller(),
+        memory: cell.live_memory(),
+        module: cell.module().clone(),
+        waiter: Mutex::new(None),
+        checkpoint: Mutex::new(None),
+    })
+}
+
+/// Start the thread that runs `cell` with `handle` (from [`handle_for`]).
+pub(crate) fn spawn(
+    id: &str,
+    cell: Cell,
+    handle: Arc<CellHandle>,
+    on_end: OnEnd,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("cell-{id}"))
+        .stack_size(roam_runtime::RUN_THREAD_STACK)
+        .spawn(move || on_end(run(cell, &handle)))?;
+    Ok(())
+}
+
+/// Run `cell` on the current thread until it ends here. Used by [`spawn`]
+/// and by a migration destination, whose assembling thread becomes the
+/// cell's thread.
+pub(crate) fn run(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
+    loop {
+        let mut on_checkpoint = |s: &Snapshot, _t: CheckpointTiming| {
+            if let Some(tx) = h.checkpoint.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                let _ = tx.send(Ok(Box::new(s.clone())));
+            }
+            Ok(())
+        };
+        let (snapshot, timing) = match cell.run(&mut on_checkpoint) {
+            Ok(Outcome::Exited(code)) => return Some(CellState::Exited { code }),
+            Ok(Outcome::Paused(s, t)) | Ok(Outcome::Stopped(s, t)) => (s, t),
+            Err(e) => {
+                if let Some(tx) = h.checkpoint.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                    let _ = tx.send(Err(e.to_string()));
+                }
+                return Some(CellState::Failed {
+                    error: e.to_string(),
+                });
+            }
+        };
+        let waiter = h.waiter.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let (reply, decision) = std::sync::mpsc::channel();
+        let at = Instant::now()
+            .checked_sub(timing.capture)
+            .unwrap_or_else(Instant::now);
+        let handed = waiter.is_some_and(|w| {
+            w.send(Paused {
+                snapshot: snapshot.clone(),
+                at,
+                timing,
+                reply,
+            })
+            .is_ok()
+        });
+        let decision = if handed {
+            decision.recv().unwrap_or(Decision::Resume)
+        } else {
+            Decision::Resume
+        };
+        match decision {
+            Decision::Release => return None,
+            Decision::Resume => {
+                if let Err(e) = cell.resume(&snapshot) {
+                    return Some(CellState::Failed {
+                        error: format!("cannot resume after a pause: {e}"),
+                    });
+                }
+                tracing::debug!("cell resumes");
+            }
+        }
+    }
+}
+
+/// How long a pause may take before the asker gives up (a program that
+/// computes without reaching a migration point).
+pub(crate) const PAUSE_TIMEOUT: Duration = Duration::from_secs(30);

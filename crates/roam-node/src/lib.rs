@@ -1,0 +1,30 @@
+//! The roam node: a daemon that runs many cells and moves them between
+//! machines while they run (C4), through the transfer pipeline (C5).
+//!
+//! Why a crate of its own: the node is where the runtime (one cell), the
+//! wire protocol and the transfer pipeline meet tokio, HTTP and the
+//! network; none of them needs to know about the others.
+//!
+//! ```text
+//!   roam CLI ──HTTP/JSON──► control API (axum) ──► cells (one OS thread each)
+//!                                 │
+//!                                 └─► migration source ══TCP frames══► migration dest (other node)
+//!                                        encoder threads                  decoder → receiving instance
+//! ```
+//!
+//! The control API is documented in `docs/node-api.md`, the migration
+//! protocol and its modes in `docs/migration.md`.
+
+#![deny(missing_docs)]
+
+mod api;
+mod cell;
+pub mod client;
+mod log;
+mod migrate;
+mod node;
+pub mod sysinfo;
+pub mod types;
+
+pub use client::{Client, ClientError};
+pub use node::{Node, NodeConfig};

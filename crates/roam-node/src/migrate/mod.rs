@@ -1,0 +1,155 @@
+//! Live migration between nodes.
+//!
+//! The source drives ([`source`]); the destination follows ([`dest`]). The
+//! message order per mode is in `docs/migration.md`. The rule that matters
+//! most: *ownership passes exactly once*. The source keeps the paused cell
+//! until the destination says `Running`; every failure before that resumes
+//! the cell on the source. When the connection breaks after the source sent
+//! the final state, the source asks the destination's control API to
+//! resolve the migration: the destination answers `running` if it started
+//! the cell, or promises never to start it and answers `aborted`.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use axum::extract::{Path, State};
+use axum::Json;
+
+use crate::api::AppError;
+use crate::node::NodeInner;
+use crate::types::{MigrationStatus, MigrationSummary, Resolution};
+
+pub(crate) mod dest;
+mod pages;
+mod stream;
+pub(crate) mod source;
+
+/// A migration this node drives, as seen by `GET /v1/migrations/{id}`.
+pub(crate) struct Migration {
+    pub id: String,
+    pub cell: String,
+    pub mode: roam_wire::Mode,
+    pub started: Instant,
+    pub round: AtomicU32,
+    pub pages_in: AtomicU64,
+    pub wire_bytes: Arc<AtomicU64>,
+    pub memory_bytes: AtomicU64,
+    phase: Mutex<String>,
+    end: Mutex<Option<Result<MigrationSummary, String>>>,
+}
+
+impl Migration {
+    pub(crate) fn new(id: String, cell: String, mode: roam_wire::Mode) -> Migration {
+        Migration {
+            id,
+            cell,
+            mode,
+            started: Instant::now(),
+            round: AtomicU32::new(0),
+            pages_in: AtomicU64::new(0),
+            wire_bytes: Arc::new(AtomicU64::new(0)),
+            memory_bytes: AtomicU64::new(0),
+            phase: Mutex::new("connecting".into()),
+            end: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn phase(&self, p: impl Into<String>) {
+        let p = p.into();
+        tracing::info!(migration = %self.id, cell = %self.cell, phase = %p, "migration phase");
+        *self.phase.lock().unwrap_or_else(PoisonError::into_inner) = p;
+    }
+
+    pub(crate) fn finish(&self, r: Result<MigrationSummary, String>) {
+        match &r {
+            Ok(s) => tracing::info!(
+                migration = %self.id, cell = %self.cell, total_ms = s.total_ms,
+                downtime_ms = s.downtime_ms, wire_bytes = s.wire_bytes, "migration done"
+            ),
+            Err(e) => tracing::warn!(migration = %self.id, cell = %self.cell, error = %e, "migration failed"),
+        }
+        self.phase(if r.is_ok() { "done" } else { "failed" });
+        *self.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+    }
+
+    fn status(&self) -> MigrationStatus {
+        let end = self.end.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        MigrationStatus {
+            id: self.id.clone(),
+            cell: self.cell.clone(),
+            mode: self.mode.as_str().into(),
+            phase: self.phase.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            round: self.round.load(Ordering::Relaxed),
+            pages_in: self.pages_in.load(Ordering::Relaxed),
+            wire_bytes: self.wire_bytes.load(Ordering::Relaxed),
+            memory_bytes: self.memory_bytes.load(Ordering::Relaxed),
+            elapsed_ms: self.started.elapsed().as_millis() as u64,
+            done: end.is_some(),
+            error: end.as_ref().and_then(|r| r.as_ref().err().cloned()),
+            summary: end.and_then(Result::ok),
+        }
+    }
+}
+
+/// `GET /v1/migrations/{id}`.
+pub(crate) async fn status(
+    State(n): State<Arc<NodeInner>>,
+    Path(id): Path<String>,
+) -> Result<Json<MigrationStatus>, AppError> {
+    let m = n
+        .migrations
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&id)
+        .cloned();
+    m.map(|m| Json(m.status())).ok_or_else(|| {
+        AppError(
+            axum::http::StatusCode::NOT_FOUND,
+            format!("no migration {id} driven by this node"),
+        )
+    })
+}
+
+/// A migration this node receives: the commit state the resolve endpoint
+/// and the receiving thread agree on.
+pub(crate) struct Inbound {
+    state: Mutex<InboundState>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InboundState {
+    Receiving,
+    Started,
+    Aborted,
+}
+
+impl Inbound {
+    pub(crate) fn new() -> Arc<Inbound> {
+        Arc::new(Inbound {
+            state: Mutex::new(InboundState::Receiving),
+        })
+    }
+
+    /// The receiver wants to start the cell: allowed unless aborted.
+    pub(crate) fn try_start(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if *s == InboundState::Receiving {
+            *s = InboundState::Started;
+        }
+        *s == InboundState::Started
+    }
+
+    /// The migration failed here, or the source gave up: never start.
+    /// Returns what actually holds.
+    pub(crate) fn abort(&self) -> Resolution {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if *s == InboundState::Receiving {
+            *s = InboundState::Aborted;
+        }
+        match *s {
+            InboundState::Started => Resolution::Running,
+            _ => Resolution::Aborted,
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Where received pages go: the receiving instance's memory (stop-and-copy,
+//! pre-copy) or the lazily filled memory of a running cell (post-copy).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use roam_runtime::{LazyMemory, PageSource};
+use roam_snapshot::{InitialImage, PAGE_SIZE};
+use roam_transfer::{ChunkStore, Decoder, PageTarget};
+use roam_wire::{recv, send, Msg};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, Notify};
+
+/// A [`PageTarget`] over a freshly instantiated memory that skips work the
+/// instantiation already did: an untouched page holds the module's initial
+/// image (or zeros), so `Zero` and `Initial` records for it write nothing
+/// and fault nothing in.
+pub(crate) struct IncomingTarget<'a> {
+    mem: &'a mut [u8],
+    initial: &'a InitialImage,
+    written: &'a mut Vec<bool>,
+}
+
+impl<'a> IncomingTarget<'a> {
+    pub(crate) fn new(mem: &'a mut [u8], initial: &'a InitialImage, written: &'a mut Vec<bool>) -> Self {
+        let pages = mem.len() / PAGE_SIZE;
+        if written.len() < pages {
+            written.resize(pages, false);
+        }
+        IncomingTarget { mem, initial, written }
+    }
+
+    fn slot(&mut self, i: u32) -> &mut [u8] {
+        let o = i as usize * PAGE_SIZE;
+        &mut self.mem[o..o + PAGE_SIZE]
+    }
+}
+
+impl PageTarget for IncomingTarget<'_> {
+    fn page_count(&self) -> u32 {
+        (self.mem.len() / PAGE_SIZE) as u32
+    }
+
+    fn page(&self, i: u32) -> &[u8] {
+        let o = i as usize * PAGE_SIZE;
+        &self.mem[o..o + PAGE_SIZE]
+    }
+
+    fn write(&mut self, i: u32, data: &[u8]) {
+        self.slot(i).copy_from_slice(data);
+        self.written[i as usize] = true;
+    }
+
+    fn zero(&mut self, i: u32) {
+        if self.written[i as usize] || self.initial.page(u64::from(i)).is_some() {
+            self.slot(i).fill(0);
+            self.written[i as usize] = true;
+        }
+    }
+
+    fn initial(&mut self, i: u32) {
+        if self.written[i as usize] {
+            let page = self.initial.page(u64::from(i)).map(<[u8]>::to_vec);
+            match page {
+                Some(p) => self.slot(i).copy_from_slice(&p),
+                None => self.slot(i).fill(0),
+            }
+        }
+    }
+}
+
+/// Pages of a post-copy stream, decoded but not yet installed. Keeps a copy
+/// of every page received, because later records may refer to one
+/// (`Copy`/`Delta`); that costs as much memory as the state sent.
+struct Received {
+    pages: HashMap<u32, Vec<u8>>,
+    fresh: Vec<u32>,
+}
+
+impl PageTarget for Received {
+    fn page_count(&self) -> u32 {
+        // The largest wasm32 memory; the lazy memory checks the real size.
+        (1u64 << 32).div_ceil(PAGE_SIZE as u64) as u32
+    }
+    fn page(&self, i: u32) -> &[u8] {
+        self.pages.get(&i).map_or(&[0u8; PAGE_SIZE][..], Vec::as_slice)
+    }
+    fn write(&mut self, i: u32, data: &[u8]) {
+        self.pages.insert(i, data.to_vec());
+        self.fresh.push(i);
+    }
+    fn initial(&mut self, _i: u32) {
+        // The lazy memory serves initial pages itself.
+    }
+    fn zero(&mut self, _i: u32) {}
+}
+
+/// The destination of a post-copy migration: serves the fault handler's
+/// requests over the connection and installs pages as they arrive.
+pub(crate) struct PostCopyPages {
+    wanted: Mutex<HashMap<u32, Option<Vec<u8>>>>,
+    arrived: Condvar,
+    failed: Mutex<Option<String>>,
+    requests: mpsc::UnboundedSender<Vec<u32>>,
+    request_rx: Mutex<Option<mpsc::UnboundedReceiver<Vec<u32>>>>,
+}
+
+impl PostCopyPages {
+    pub(crate) fn new() -> Arc<PostCopyPages> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Arc::new(PostCopyPages {
+            wanted: Mutex::new(HashMap::new()),
+            arrived: Condvar::new(),
+            failed: Mutex::new(None),
+            requests: tx,
+            request_rx: Mutex::new(Some(rx)),
+        })
+    }
+
+    /// The [`PageSource`] the runtime's fault handler calls.
+    pub(crate) fn source(self: &Arc<Self>) -> NetSource {
+        NetSource(self.clone())
+    }
+
+    fn fail(&self, why: &str) {
+        *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(why.to_string());
+        self.arrived.notify_all();
+    }
+
+    /// Receive pages until every page of the cell is present; send the
+    /// fault handler's requests meanwhile. On a broken stream the cell
+    /// cannot go on: its memory is incomplete and the source is gone.
+    pub(crate) async fn serve(
+        self: Arc<Self>,
+        lazy: LazyMemory,
+        rd: &mut OwnedReadHalf,
+        wr: &mut OwnedWriteHalf,
+        store: Arc<ChunkStore>,
+    ) -> Result<(), String> {
+        let done = Notify::new();
+        let mut requests = self
+            .request_rx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or("post-copy served twice")?;
+        let reader = async {
+            let r = self.receive(&lazy, rd, store).await;
+            done.notify_one();
+            r
+        };
+        let writer = async {
+            loop {
+                tokio::select! {
+                    Some(pages) = requests.recv() => {
+                        if let Err(e) = send(wr, &Msg::PageRequest { pages }).await {
+                            return Err(e.to_string());
+                        }
+                    }
+                    () = done.notified() => return Ok(()),
+                }
+            }
+        };
+        let (r, w) = tokio::join!(reader, writer);
+        let result = r.and(w);
+        match &result {
+            Ok(()) => {
+                let _ = send(wr, &Msg::Complete).await;
+            }
+            Err(e) => {
+                self.fail(e);
+                lazy.fail(e);
+            }
+        }
+        result
+    }
+
+    async fn receive(
+        &self,
+        lazy: &LazyMemory,
+        rd: &mut OwnedReadHalf,
+        store: Arc<ChunkStore>,
+    ) -> Result<(), String> {
+        let mut decoder = Decoder::with_store(store, true);
+        let mut got = Received {
+            pages: HashMap::new(),
+            fresh: Vec::new(),
+        };
+        while !lazy.is_complete() {
+            match recv(rd).await.map_err(|e| format!("post-copy stream from the source broke: {e}"))? {
+                Msg::Pages { batch } => {
+                    decoder.apply(&batch, &mut got).map_err(|e| e.to_string())?;
+                    self.deliver(lazy, &mut got)?;
+                }
+                Msg::PagesDone => {
+                    // Requested pages may still be on their way into memory
+                    // through the fault handler.
+                    for _ in 0..500 {
+                        if lazy.is_complete() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    if !lazy.is_complete() {
+                        return Err("the source finished sending, but pages are still missing".into());
+                    }
+                }
+                Msg::Abort { reason } => return Err(format!("the source aborted post-copy: {reason}")),
+                m => return Err(format!("protocol error: unexpected `{}` during post-copy", m.name())),
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&self, lazy: &LazyMemory, got: &mut Received) -> Result<(), String> {
+        let mut wanted = self.wanted.lock().unwrap_or_else(PoisonError::into_inner);
+        for i in got.fresh.drain(..) {
+            let data = &got.pages[&i];
+            match wanted.get_mut(&i) {
+                Some(slot) => *slot = Some(data.clone()),
+                None => lazy.install(i, data).map_err(|e| e.to_string())?,
+            }
+        }
+        self.arrived.notify_all();
+        Ok(())
+    }
+}
+
+/// Fetches pages for the fault handler through the connection.
+pub(crate) struct NetSource(Arc<PostCopyPages>);
+
+impl PageSource for NetSource {
+    fn fetch(&mut self, pages: &[u32]) -> Result<Vec<(u32, Vec<u8>)>, String> {
+        let p = &self.0;
+        {
+            let mut w = p.wanted.lock().unwrap_or_else(PoisonError::into_inner);
+            for &i in pages {
+                w.entry(i).or_insert(None);
+            }
+        }
+        p.requests
+            .send(pages.to_vec())
+            .map_err(|_| "the post-copy connection is closed".to_string())?;
+        let mut w = p.wanted.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(e) = p.failed.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+                return Err(e);
+            }
+            if pages.iter().all(|i| matches!(w.get(i), Some(Some(_)))) {
+                return Ok(pages
+                    .iter()
+                    .filter_map(|i| w.remove(i).flatten().map(|d| (*i, d)))
+                    .collect());
+            }
+            w = p
+                .arrived
+                .wait_timeout(w, Duration::from_millis(100))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}

@@ -1,0 +1,525 @@
+//! The sending side of a migration: the three modes and the commit.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::Json;
+use roam_runtime::{DirtyTracker, TrackMethod};
+use roam_snapshot::{EncodeOptions, PAGE_SIZE};
+use roam_transfer::{AdaptConfig, Codec, EncoderConfig, Mode as XMode, ModeSelect, StoreSummary};
+use roam_wire::{recv, Final, Mode, Msg, Offer};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::TcpStream;
+
+use tokio::sync::mpsc;
+
+use super::stream::{write_loop, Out, Stream, Writer};
+use super::Migration;
+use crate::api::{running_handle, AppError};
+use crate::cell::{CellHandle, Decision, Paused, PAUSE_TIMEOUT};
+use crate::node::{new_id, NodeInner};
+use crate::types::*;
+
+/// `POST /v1/cells/{id}/migrate`: start a migration; progress is polled.
+pub(crate) async fn start(
+    State(n): State<Arc<NodeInner>>,
+    Path(id): Path<String>,
+    Json(req): Json<MigrateRequest>,
+) -> Result<Json<MigrateResponse>, AppError> {
+    let bad = |m: String| AppError(axum::http::StatusCode::BAD_REQUEST, m);
+    let mode = Mode::parse(&req.mode).ok_or_else(|| {
+        bad(format!("unknown mode `{}`: use stop-and-copy, pre-copy or post-copy", req.mode))
+    })?;
+    let select = parse_codec(&req.transfer).map_err(bad)?;
+    let rate = match &req.transfer.bandwidth {
+        Some(b) => Some(roam_link::Rate::parse(b).map_err(|e| bad(e.to_string()))?),
+        None => None,
+    };
+    let handle = running_handle(&n, &id)?;
+    n.set_state(&id, CellState::Migrating);
+    let m = Arc::new(Migration::new(new_id("m-"), id.clone(), mode));
+    n.migrations
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(m.id.clone(), m.clone());
+    let (node, mig) = (n.clone(), m.clone());
+    tokio::spawn(async move {
+        let plan = Plan { req, mode, select, rate };
+        let r = run(&node, &mig, &handle, plan).await;
+        if r.is_err() {
+            // Every failure path resumed the cell (or it ended by itself).
+            if let Some(e) = node.cells().get_mut(&mig.cell) {
+                if e.state == CellState::Migrating {
+                    e.state = CellState::Running;
+                }
+            }
+        }
+        mig.finish(r);
+    });
+    Ok(Json(MigrateResponse { migration: m.id.clone() }))
+}
+
+/// Parse `codec`/`delta` into the pipeline's mode selection.
+pub(crate) fn parse_codec(t: &TransferOptions) -> Result<ModeSelect, String> {
+    let delta = t.delta.unwrap_or(true);
+    let codec = match t.codec.as_deref() {
+        None | Some("adaptive") => return Ok(ModeSelect::Adaptive(AdaptConfig::default())),
+        Some("none") => Codec::None,
+        Some("lz4") => Codec::Lz4,
+        Some(z) if z.starts_with("zstd") => {
+            let level: u8 = z[4..].parse().map_err(|_| format!("bad zstd level in `{z}`"))?;
+            if !(1..=19).contains(&level) {
+                return Err(format!("zstd level {level} is outside 1..=19"));
+            }
+            Codec::Zstd(level)
+        }
+        Some(other) => {
+            return Err(format!(
+                "unknown codec `{other}`: use adaptive, none, lz4 or zstd1 ... zstd19"
+            ))
+        }
+    };
+    Ok(ModeSelect::Static(XMode::new(delta, codec)))
+}
+
+struct Plan {
+    req: MigrateRequest,
+    mode: Mode,
+    select: ModeSelect,
+    rate: Option<roam_link::Rate>,
+}
+
+/// Messages from the destination after the handshake.
+type Inbox = mpsc::Receiver<Result<Msg, String>>;
+
+fn spawn_reader(mut rd: OwnedReadHalf) -> Inbox {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let m = recv(&mut rd).await.map_err(|e| e.to_string());
+            let end = m.is_err();
+            if tx.send(m).await.is_err() || end {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+async fn next(inbox: &mut Inbox, during: &str, limit: Duration) -> Result<Msg, String> {
+    match tokio::time::timeout(limit, inbox.recv()).await {
+        Err(_) => Err(format!("the destination did not answer during {during} within {} s", limit.as_secs())),
+        Ok(None) => Err(format!("the connection to the destination closed during {during}")),
+        Ok(Some(Err(e))) => Err(format!("{during}: {e}")),
+        Ok(Some(Ok(Msg::Abort { reason }))) => Err(format!("the destination refused: {reason}")),
+        Ok(Some(Ok(m))) => Ok(m),
+    }
+}
+
+async fn run(n: &Arc<NodeInner>, m: &Migration, h: &Arc<CellHandle>, plan: Plan) -> Result<MigrationSummary, String> {
+    let spec = n
+        .cells()
+        .get(&m.cell)
+        .map(|e| (e.spec.clone(), e.log.clone()))
+        .ok_or("the cell disappeared")?;
+    let (spec, log) = spec;
+    m.memory_bytes.store(h.memory.len() as u64, Ordering::Relaxed);
+
+    // Who is the destination?
+    let info: NodeInfo = crate::client::Client::new(&plan.req.to)
+        .node()
+        .await
+        .map_err(|e| format!("cannot reach destination {}: {e}", plan.req.to))?;
+    let sock = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(&info.migrate_addr))
+        .await
+        .map_err(|_| format!("connecting to {} timed out", info.migrate_addr))?
+        .map_err(|e| format!("cannot connect to {} ({}): {e}", info.migrate_addr, info.name))?;
+    sock.set_nodelay(true).ok();
+    let (mut rd, mut wr) = sock.into_split();
+    let peer = super::dest::handshake(n, &mut rd, &mut wr).await?;
+    let mut wr: Writer = match plan.rate {
+        Some(r) => Box::new(roam_link::Shaped::new(wr, r)),
+        None => Box::new(wr),
+    };
+    let mut inbox = spawn_reader(rd);
+
+    // Offer, before anything pauses.
+    m.phase("offering");
+    let offer = Offer {
+        migration_id: m.id.clone(),
+        cell: spec.clone(),
+        mode: plan.mode,
+        module_len: h.module.bytes().len() as u64,
+        memory_bytes: h.memory.len() as u64,
+    };
+    let sent = roam_wire::send(&mut wr, &Msg::Offer(offer))
+        .await
+        .map_err(|e| format!("sending the offer failed: {e}"))?;
+    m.wire_bytes.fetch_add(sent as u64, Ordering::Relaxed);
+    let accept = match next(&mut inbox, "the offer", Duration::from_secs(60)).await? {
+        Msg::Accept(a) => a,
+        other => return Err(format!("protocol error: `{}` instead of accept", other.name())),
+    };
+    let summary = StoreSummary::from_bytes(&accept.store_summary).ok();
+    let (out_tx, out_rx) = mpsc::channel::<Out>(if plan.mode == Mode::PostCopy { 2 } else { 8 });
+    let (mut stream, meter) = Stream::new(
+        encoder_config(&plan),
+        h.module.initial_image(),
+        summary,
+        out_tx,
+        h.memory.clone(),
+    );
+    let writer = tokio::spawn(write_loop(
+        wr,
+        out_rx,
+        m.wire_bytes.clone(),
+        stream.pages_on_wire.clone(),
+        meter,
+    ));
+    if accept.need_module {
+        m.phase("sending-module");
+        for (k, chunk) in h.module.bytes().chunks(1 << 20).enumerate() {
+            stream
+                .msg(Msg::ModuleChunk { offset: (k << 20) as u64, bytes: chunk.to_vec() })
+                .await?;
+        }
+    }
+    m.phase("preparing");
+    match next(&mut inbox, "the destination's preparation", Duration::from_secs(600)).await? {
+        Msg::Prepared => {}
+        other => return Err(format!("protocol error: `{}` instead of prepared", other.name())),
+    }
+
+    let mut ctx = Ctx {
+        m,
+        h,
+        stream: &mut stream,
+        inbox: &mut inbox,
+        kinds: Vec::new(),
+    };
+    let outcome = match plan.mode {
+        Mode::StopAndCopy => ctx.stop_and_copy().await,
+        Mode::PreCopy => ctx.pre_copy(&plan.req.transfer).await,
+        Mode::PostCopy => ctx.post_copy().await,
+    };
+    let (paused, rounds, tracking) = match outcome {
+        Ok(x) => x,
+        Err((e, paused)) => {
+            if let Some(p) = paused {
+                let _ = p.reply.send(Decision::Resume);
+            }
+            writer.abort();
+            return Err(format!("{e}; the cell keeps running on this node"));
+        }
+    };
+    let pipeline = ctx.stream.stats();
+
+    // Final state and commit.
+    let fin = Final {
+        snapshot: paused.snapshot.encode(&EncodeOptions::default()).map_err(|e| e.to_string())?,
+        memory_bytes: h.memory.len() as u64,
+        log: log.contents(),
+    };
+    let committed = commit(&mut ctx, fin, &plan.req.to).await;
+    let running_at = Instant::now();
+    match committed {
+        Ok(true) => {}
+        Ok(false) | Err(_) => {
+            let _ = paused.reply.send(Decision::Resume);
+            writer.abort();
+            let e = committed.err().unwrap_or_else(|| "the destination aborted".into());
+            return Err(format!("{e}; the cell keeps running on this node"));
+        }
+    }
+    let modified_bytes = modified(&h.memory, h.module.initial_image());
+    // Post-copy: keep serving pages until the destination has them all.
+    let post = if plan.mode == Mode::PostCopy {
+        m.phase("post-copy");
+        Some(ctx.serve_post_copy(running_at).await)
+    } else {
+        None
+    };
+    let _ = paused.reply.send(Decision::Release);
+    n.set_state(&m.cell, CellState::Moved { to: plan.req.to.clone() });
+    let post = match post {
+        Some(Err(e)) => return Err(format!("post-copy failed after the cell moved; the destination's copy cannot continue: {e}")),
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
+    drop(stream);
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    Ok(MigrationSummary {
+        mode: plan.mode.as_str().into(),
+        from_isa: roam_runtime::host_isa().into(),
+        to_isa: peer.isa,
+        total_ms: ms(m.started.elapsed()),
+        downtime_ms: ms(running_at.saturating_duration_since(paused.at)),
+        wire_bytes: m.wire_bytes.load(Ordering::Relaxed),
+        modified_bytes,
+        memory_bytes: h.memory.len() as u64,
+        rounds,
+        tracking,
+        post_copy: post,
+        pipeline: serde_json::to_value(pipeline).unwrap_or_default(),
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn encoder_config(plan: &Plan) -> EncoderConfig {
+    let mut c = EncoderConfig {
+        mode: plan.select.clone(),
+        shuffle_seed: plan.req.transfer.randomize.then_some(0x5eed),
+        ..EncoderConfig::default()
+    };
+    if plan.mode == Mode::PostCopy {
+        // Demand requests must not queue behind a deep pipeline.
+        c.max_in_flight = 64;
+        c.output_batches = 1;
+        c.batch_bytes = 64 * 1024;
+        c.flush_after = Duration::from_millis(2);
+    }
+    c
+}
+
+/// Kind of every page of a (paused) memory: 0 zero, 1 equal to the initial
+/// image, 2 data (modified state).
+fn classify(mem: &roam_runtime::LiveMemory, initial: &roam_snapshot::InitialImage) -> Vec<u8> {
+    let mut buf = Box::new([0u8; PAGE_SIZE]);
+    let mut kinds = Vec::with_capacity(mem.page_count() as usize);
+    for i in 0..mem.page_count() {
+        if !mem.read_page(i, &mut buf) {
+            break;
+        }
+        kinds.push(if buf.iter().all(|&b| b == 0) {
+            0
+        } else if initial.page(u64::from(i)) == Some(&buf[..]) {
+            1
+        } else {
+            2
+        });
+    }
+    kinds
+}
+
+/// Bytes of memory that differ from zero and from the initial image.
+fn modified(mem: &roam_runtime::LiveMemory, initial: &roam_snapshot::InitialImage) -> u64 {
+    let data = classify(mem, initial).iter().filter(|&&k| k == 2).count();
+    (data * PAGE_SIZE) as u64
+}
+
+type ModeResult = Result<(Paused, u32, Option<String>), (String, Option<Paused>)>;
+
+struct Ctx<'a> {
+    m: &'a Migration,
+    h: &'a Arc<CellHandle>,
+    stream: &'a mut Stream,
+    inbox: &'a mut Inbox,
+    /// Post-copy: kind of every page (0 zero, 1 initial, 2 data).
+    kinds: Vec<u8>,
+}
+
+impl Ctx<'_> {
+    async fn pause(&mut self) -> Result<Paused, String> {
+        self.m.phase("pausing");
+        let p = tokio::time::timeout(PAUSE_TIMEOUT, self.h.pause())
+            .await
+            .map_err(|_| format!("the cell did not reach a migration point within {} s", PAUSE_TIMEOUT.as_secs()))?
+            .map_err(|_| "the cell ended before it could pause".to_string())?;
+        self.m.phase("paused");
+        Ok(p)
+    }
+
+    async fn send_pages(&mut self, pages: &[u32]) -> Result<(), String> {
+        self.stream.sync_size().await?;
+        let (stream, counter) = (&mut *self.stream, &self.m.pages_in);
+        tokio::task::block_in_place(|| stream.submit(pages, counter))?;
+        Ok(())
+    }
+
+    async fn stop_and_copy(&mut self) -> ModeResult {
+        let paused = self.pause().await.map_err(|e| (e, None))?;
+        let all: Vec<u32> = (0..self.h.memory.page_count()).collect();
+        self.m.round.store(1, Ordering::Relaxed);
+        let sent = async {
+            self.send_pages(&all).await?;
+            tokio::task::block_in_place(|| self.stream.finish())?;
+            self.stream.drain().await
+        }
+        .await;
+        match sent {
+            Ok(()) => Ok((paused, 1, None)),
+            Err(e) => Err((e, Some(paused))),
+        }
+    }
+
+    async fn pre_copy(&mut self, t: &TransferOptions) -> ModeResult {
+        let max_remaining = t.max_remaining_bytes.unwrap_or(10_000_000);
+        let max_round = Duration::from_millis(t.max_round_ms.unwrap_or(2000));
+        let max_rounds = t.max_rounds.unwrap_or(30).max(1);
+        let method = match t.tracking.as_deref() {
+            None | Some("auto") => TrackMethod::Auto,
+            Some("write-protect") => TrackMethod::WriteProtect,
+            Some("hash") => TrackMethod::Hash,
+            Some(o) => return Err((format!("unknown tracking `{o}`: use auto, write-protect or hash"), None)),
+        };
+        let mut tracker = DirtyTracker::start(&self.h.memory, method).map_err(|e| (e.to_string(), None))?;
+        let tracking = Some(tracker.method().to_string());
+        let mut pages: Vec<u32> = (0..self.h.memory.page_count()).collect();
+        let mut round = 0;
+        let r: Result<(), String> = async {
+            loop {
+                round += 1;
+                self.m.round.store(round, Ordering::Relaxed);
+                self.m.phase(format!("round {round}"));
+                let began = Instant::now();
+                self.send_pages(&pages).await?;
+                self.stream.drain().await?;
+                self.stream.msg(Msg::RoundDone { round, pages: pages.len() as u64 }).await?;
+                let took = began.elapsed();
+                tracing::info!(round, pages = pages.len(), ms = took.as_millis() as u64, "pre-copy round");
+                if took <= max_round || round >= max_rounds {
+                    return Ok(());
+                }
+                // Let dirty state build up to the threshold before the next
+                // round (VM handoff's input-queue rule), but never wait
+                // longer than a round takes.
+                let mut dirty = std::collections::BTreeSet::new();
+                let waited = Instant::now();
+                loop {
+                    let d = tokio::task::block_in_place(|| tracker.collect());
+                    dirty.extend(d);
+                    if (dirty.len() * PAGE_SIZE) as u64 >= max_remaining || waited.elapsed() >= took {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                pages = dirty.into_iter().collect();
+            }
+        }
+        .await;
+        if let Err(e) = r {
+            return Err((e, None));
+        }
+        let paused = self.pause().await.map_err(|e| (e, None))?;
+        let last = async {
+            let dirty = tokio::task::block_in_place(|| tracker.collect());
+            self.m.phase(format!("final round ({} pages)", dirty.len()));
+            self.send_pages(&dirty).await?;
+            tokio::task::block_in_place(|| self.stream.finish())?;
+            self.stream.drain().await
+        }
+        .await;
+        drop(tracker);
+        match last {
+            Ok(()) => Ok((paused, round + 1, tracking)),
+            Err(e) => Err((e, Some(paused))),
+        }
+    }
+
+    async fn post_copy(&mut self) -> ModeResult {
+        let paused = self.pause().await.map_err(|e| (e, None))?;
+        self.kinds = tokio::task::block_in_place(|| classify(&self.h.memory, self.h.module.initial_image()));
+        let kinds = self.kinds.clone();
+        let r = async {
+            self.stream.sync_size().await?;
+            self.stream.msg(Msg::PageKinds { kinds }).await
+        }
+        .await;
+        match r {
+            Ok(()) => Ok((paused, 1, None)),
+            Err(e) => Err((e, Some(paused))),
+        }
+    }
+
+    /// After the destination runs the cell: answer its page requests first,
+    /// push every other data page meanwhile, until it has them all.
+    async fn serve_post_copy(&mut self, began: Instant) -> Result<PostCopyStats, String> {
+        const PUSH: usize = 32;
+        let data: Vec<u32> = (0..self.kinds.len() as u32)
+            .filter(|&i| self.kinds[i as usize] == 2)
+            .collect();
+        let mut stats = PostCopyStats::default();
+        let mut cursor = 0;
+        let mut done_sent = false;
+        loop {
+            // Requests first, without waiting.
+            while let Ok(m) = self.inbox.try_recv() {
+                if self.on_post_copy_msg(m, &mut stats).await? {
+                    stats.complete_ms = ms(began.elapsed());
+                    return Ok(stats);
+                }
+            }
+            if cursor < data.len() {
+                let end = (cursor + PUSH).min(data.len());
+                self.send_pages(&data[cursor..end]).await?;
+                stats.pushed_pages += (end - cursor) as u64;
+                cursor = end;
+                continue;
+            }
+            if !done_sent {
+                self.stream.drain().await?;
+                self.stream.msg(Msg::PagesDone).await?;
+                done_sent = true;
+                continue;
+            }
+            let m = match tokio::time::timeout(Duration::from_secs(300), self.inbox.recv()).await {
+                Ok(Some(m)) => m,
+                Ok(None) => return Err("the destination closed the connection".into()),
+                Err(_) => return Err("the destination neither asked for pages nor finished in 300 s".into()),
+            };
+            if self.on_post_copy_msg(m, &mut stats).await? {
+                stats.complete_ms = ms(began.elapsed());
+                return Ok(stats);
+            }
+        }
+    }
+
+    /// Handle one message during post-copy; true when the destination has
+    /// every page.
+    async fn on_post_copy_msg(
+        &mut self,
+        m: Result<Msg, String>,
+        stats: &mut PostCopyStats,
+    ) -> Result<bool, String> {
+        match m? {
+            Msg::PageRequest { pages } => {
+                stats.requests += 1;
+                stats.demand_pages += pages.len() as u64;
+                self.send_pages(&pages).await?;
+                Ok(false)
+            }
+            Msg::Complete => Ok(true),
+            Msg::Abort { reason } => Err(reason),
+            other => Err(format!("protocol error: `{}` during post-copy", other.name())),
+        }
+    }
+}
+
+/// Send the final state and learn whether the cell runs on the
+/// destination. `Ok(true)`: it runs there. `Ok(false)`: it does not and
+/// never will. `Err`: the destination refused or failed before starting.
+async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &str) -> Result<bool, String> {
+    ctx.m.phase("committing");
+    ctx.stream.msg(Msg::Final(Box::new(fin))).await?;
+    match next(ctx.inbox, "the commit", Duration::from_secs(120)).await {
+        Ok(Msg::Running) => Ok(true),
+        Ok(other) => Err(format!("protocol error: `{}` instead of running", other.name())),
+        Err(e) if e.starts_with("the destination refused") => Err(e),
+        Err(e) => {
+            // The connection broke after the final state went out: only the
+            // destination knows whether it started the cell.
+            tracing::warn!(error = %e, "commit interrupted; asking the destination to resolve");
+            match crate::client::Client::new(to).resolve(&ctx.m.id).await {
+                Ok(Resolution::Running) => Ok(true),
+                Ok(Resolution::Aborted) => Ok(false),
+                // Unreachable: a dead destination runs nothing.
+                Err(_) => Ok(false),
+            }
+        }
+    }
+}

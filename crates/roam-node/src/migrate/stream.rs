@@ -1,0 +1,168 @@
+//! The source's outgoing stream: the transfer pipeline's batches and control
+//! messages, in order, on one connection.
+//!
+//! The encoder runs on its own threads; a pump thread moves its batches into
+//! the writer task's queue, which is also where control messages go. A
+//! message queued after pages were submitted is therefore written after the
+//! batches holding them only if the caller waits for [`Stream::drain`]; a
+//! `Grow` may go ahead of older batches (memory only grows, so that is
+//! harmless). The writer counts pages put on the wire, which is how a
+//! pre-copy round knows it is over.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use roam_runtime::LiveMemory;
+use roam_snapshot::{InitialImage, PAGE_SIZE};
+use roam_transfer::{decode_batch, BatchReceiver, Encoder, EncoderConfig, Stats, StoreSummary, WireMeter};
+use roam_wire::{send, Msg};
+use tokio::io::AsyncWrite;
+use tokio::sync::mpsc;
+
+/// What the writer task writes.
+pub(crate) enum Out {
+    Msg(Msg),
+    Batch(Vec<u8>, u64),
+}
+
+/// Writer half of the connection, boxed so shaping is optional.
+pub(crate) type Writer = Box<dyn AsyncWrite + Unpin + Send>;
+
+/// The writer task: write everything queued, in order; count bytes and pages.
+pub(crate) async fn write_loop(
+    mut wr: Writer,
+    mut rx: mpsc::Receiver<Out>,
+    wire: Arc<AtomicU64>,
+    pages_on_wire: Arc<AtomicU64>,
+    meter: WireMeter,
+) -> Result<Writer, String> {
+    while let Some(out) = rx.recv().await {
+        let (msg, pages) = match out {
+            Out::Msg(m) => (m, 0),
+            Out::Batch(batch, n) => (Msg::Pages { batch }, n),
+        };
+        let n = send(&mut wr, &msg)
+            .await
+            .map_err(|e| format!("sending `{}` to the destination failed: {e}", msg.name()))?;
+        wire.fetch_add(n as u64, Ordering::Relaxed);
+        meter.record(n as u64);
+        pages_on_wire.fetch_add(pages, Ordering::Relaxed);
+    }
+    use tokio::io::AsyncWriteExt;
+    wr.flush().await.map_err(|e| e.to_string())?;
+    Ok(wr)
+}
+
+/// The encoder side of the stream.
+pub(crate) struct Stream {
+    encoder: Option<Encoder>,
+    pump: Option<std::thread::JoinHandle<()>>,
+    out: mpsc::Sender<Out>,
+    submitted: u64,
+    pub pages_on_wire: Arc<AtomicU64>,
+    memory: LiveMemory,
+    sent_len: u64,
+}
+
+impl Stream {
+    pub(crate) fn new(
+        cfg: EncoderConfig,
+        initial: &InitialImage,
+        summary: Option<StoreSummary>,
+        out: mpsc::Sender<Out>,
+        memory: LiveMemory,
+    ) -> (Stream, WireMeter) {
+        let (encoder, batches) = Encoder::new(cfg, initial, summary);
+        let meter = encoder.wire_meter();
+        let pump = spawn_pump(batches, out.clone());
+        (
+            Stream {
+                encoder: Some(encoder),
+                pump: Some(pump),
+                out,
+                submitted: 0,
+                pages_on_wire: Arc::new(AtomicU64::new(0)),
+                memory,
+                sent_len: 0,
+            },
+            meter,
+        )
+    }
+
+    /// Queue a control message.
+    pub(crate) async fn msg(&self, m: Msg) -> Result<(), String> {
+        self.out
+            .send(Out::Msg(m))
+            .await
+            .map_err(|_| "the connection to the destination is closed".to_string())
+    }
+
+    /// Tell the destination the memory's current size if it changed.
+    pub(crate) async fn sync_size(&mut self) -> Result<u64, String> {
+        let len = self.memory.len() as u64;
+        if len != self.sent_len {
+            self.msg(Msg::Grow { bytes: len }).await?;
+            self.sent_len = len;
+        }
+        Ok(len)
+    }
+
+    /// Read `pages` from the live memory into the pipeline (blocking: call
+    /// from a blocking context). Pages beyond the memory are skipped.
+    pub(crate) fn submit(&mut self, pages: &[u32], counter: &AtomicU64) -> Result<(), String> {
+        let enc = self.encoder.as_mut().ok_or("stream finished")?;
+        let mut buf = Box::new([0u8; PAGE_SIZE]);
+        for &i in pages {
+            if !self.memory.read_page(i, &mut buf) {
+                continue;
+            }
+            enc.submit(i, &buf[..]).map_err(|e| e.to_string())?;
+            self.submitted += 1;
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        enc.flush();
+        Ok(())
+    }
+
+    /// Wait until every page submitted so far is on the wire, or the writer
+    /// died.
+    pub(crate) async fn drain(&self) -> Result<(), String> {
+        while self.pages_on_wire.load(Ordering::Relaxed) < self.submitted {
+            if self.out.is_closed() {
+                return Err("the connection to the destination is closed".into());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(())
+    }
+
+    /// Statistics so far.
+    pub(crate) fn stats(&self) -> Stats {
+        self.encoder.as_ref().map(Encoder::stats).unwrap_or_default()
+    }
+
+    /// No more pages: wait for the last batch to be queued; final stats.
+    pub(crate) fn finish(&mut self) -> Result<Stats, String> {
+        let enc = self.encoder.take().ok_or("stream finished twice")?;
+        let stats = enc.finish().map_err(|e| e.to_string())?;
+        if let Some(p) = self.pump.take() {
+            p.join().map_err(|_| "the batch pump panicked".to_string())?;
+        }
+        Ok(stats)
+    }
+}
+
+fn spawn_pump(batches: BatchReceiver, out: mpsc::Sender<Out>) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("transfer-pump".into())
+        .spawn(move || {
+            for batch in batches {
+                let n = decode_batch(&batch).map_or(0, |r| r.len() as u64);
+                if out.blocking_send(Out::Batch(batch, n)).is_err() {
+                    break;
+                }
+            }
+        })
+        .expect("spawning the batch pump thread")
+}

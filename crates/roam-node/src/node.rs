@@ -1,0 +1,165 @@
+//! The node: its runtime, its cells, its migrations, and its two listeners.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use roam_runtime::{Runtime, RuntimeConfig};
+use roam_transfer::ChunkStore;
+use tokio::net::TcpListener;
+
+use crate::cell::CellEntry;
+use crate::migrate::{Inbound, Migration};
+use crate::types::CellState;
+
+/// How to run a node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The node's name.
+    pub name: String,
+    /// Control API address.
+    pub listen: SocketAddr,
+    /// Migration protocol address. Port 0 picks one.
+    pub migrate_listen: SocketAddr,
+    /// Where cells' directories and checkpoints live.
+    pub state_dir: PathBuf,
+    /// Module and compiled-code cache.
+    pub cache_dir: PathBuf,
+    /// Byte budget of the chunk store used for dedup across migrations.
+    pub chunk_store_bytes: u64,
+    /// Refuse incoming cells that would leave less than this much memory.
+    pub memory_reserve: u64,
+}
+
+/// State shared by every task of a node.
+pub(crate) struct NodeInner {
+    pub cfg: NodeConfig,
+    pub rt: Runtime,
+    pub migrate_addr: SocketAddr,
+    pub cells: Mutex<HashMap<String, CellEntry>>,
+    pub migrations: Mutex<HashMap<String, Arc<Migration>>>,
+    pub inbound: Mutex<HashMap<String, Arc<Inbound>>>,
+    pub store: Arc<ChunkStore>,
+    pub started: Instant,
+}
+
+/// A running node.
+pub struct Node {
+    inner: Arc<NodeInner>,
+    control: TcpListener,
+    migrate: TcpListener,
+}
+
+impl NodeInner {
+    pub(crate) fn cells(&self) -> std::sync::MutexGuard<'_, HashMap<String, CellEntry>> {
+        self.cells.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Set a cell's state, unless it already ended.
+    pub(crate) fn set_state(&self, id: &str, state: CellState) {
+        if let Some(e) = self.cells().get_mut(id) {
+            tracing::info!(cell = id, ?state, "cell state");
+            if !matches!(state, CellState::Running | CellState::Migrating) {
+                e.handle = None;
+            }
+            e.state = state;
+        }
+    }
+
+    pub(crate) fn cell_dir(&self, id: &str) -> PathBuf {
+        self.cfg.state_dir.join("cells").join(id)
+    }
+
+    pub(crate) fn features(&self) -> roam_wire::Features {
+        roam_wire::Features {
+            userfaultfd: roam_runtime::userfaultfd_available(),
+        }
+    }
+}
+
+/// Unix milliseconds now.
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A fresh random id: `prefix` and 12 hex digits.
+pub(crate) fn new_id(prefix: &str) -> String {
+    let mut b = [0u8; 6];
+    getrandom::fill(&mut b).expect("the OS random source works");
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{prefix}{hex}")
+}
+
+impl Node {
+    /// Bind both listeners and build the runtime.
+    pub async fn bind(cfg: NodeConfig) -> anyhow::Result<Node> {
+        std::fs::create_dir_all(cfg.state_dir.join("cells")).map_err(|e| {
+            anyhow::anyhow!("cannot create state directory {}: {e}", cfg.state_dir.display())
+        })?;
+        let rt = Runtime::new(RuntimeConfig {
+            cache_dir: cfg.cache_dir.clone(),
+            ..RuntimeConfig::default()
+        })?;
+        let control = TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
+        let migrate = TcpListener::bind(cfg.migrate_listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.migrate_listen))?;
+        let mut cfg = cfg;
+        cfg.listen = control.local_addr()?;
+        let migrate_addr = migrate.local_addr()?;
+        let store = Arc::new(ChunkStore::new(cfg.chunk_store_bytes));
+        let inner = Arc::new(NodeInner {
+            cfg,
+            rt,
+            migrate_addr,
+            cells: Mutex::new(HashMap::new()),
+            migrations: Mutex::new(HashMap::new()),
+            inbound: Mutex::new(HashMap::new()),
+            store,
+            started: Instant::now(),
+        });
+        Ok(Node {
+            inner,
+            control,
+            migrate,
+        })
+    }
+
+    /// The control API's address.
+    pub fn control_addr(&self) -> SocketAddr {
+        self.inner.cfg.listen
+    }
+
+    /// The migration listener's address.
+    pub fn migrate_addr(&self) -> SocketAddr {
+        self.inner.migrate_addr
+    }
+
+    /// Serve until `shutdown` resolves.
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let Node {
+            inner,
+            control,
+            migrate,
+        } = self;
+        tracing::info!(
+            name = %inner.cfg.name,
+            isa = roam_runtime::host_isa(),
+            control = %inner.cfg.listen,
+            migrate = %inner.migrate_addr,
+            userfaultfd = inner.features().userfaultfd,
+            "node up"
+        );
+        let acceptor = tokio::spawn(crate::migrate::dest::accept_loop(inner.clone(), migrate));
+        let app = crate::api::router(inner.clone());
+        let served = axum::serve(control, app).with_graceful_shutdown(shutdown).await;
+        acceptor.abort();
+        served.map_err(|e| anyhow::anyhow!("control API failed: {e}"))
+    }
+}

@@ -1,0 +1,247 @@
+//! The JSON types of the control API, shared by the node and its clients.
+//!
+//! Documented field by field in `docs/node-api.md`; changing a field name is
+//! an API break.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sysinfo::Machine;
+
+/// `GET /v1/node`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The node's name.
+    pub name: String,
+    /// Its ISA.
+    pub isa: String,
+    /// roam version.
+    pub version: String,
+    /// Where the node accepts migrations (`host:port`).
+    pub migrate_addr: String,
+    /// userfaultfd works here (post-copy destination, write-protect dirty tracking).
+    pub userfaultfd: bool,
+    /// Cells running here now.
+    pub cells_running: usize,
+    /// The machine.
+    pub machine: Machine,
+}
+
+/// `POST /v1/modules` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModuleInfo {
+    /// BLAKE3 of the prepared module, hex.
+    pub hash: String,
+    /// Its size.
+    pub bytes: u64,
+}
+
+/// `POST /v1/cells` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaunchRequest {
+    /// Hash of a module uploaded with `POST /v1/modules`.
+    pub module: String,
+    /// argv, program name first.
+    pub args: Vec<String>,
+    /// Environment.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Guest paths of sandbox directories to give the cell (each gets an
+    /// empty directory on the node, and travels with the cell).
+    #[serde(default)]
+    pub dirs: Vec<String>,
+}
+
+/// `POST /v1/cells` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaunchResponse {
+    /// The new cell's id.
+    pub id: String,
+}
+
+/// Where a cell is in its life, as seen by one node.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum CellState {
+    /// Running here.
+    Running,
+    /// Paused here for a migration in progress.
+    Migrating,
+    /// Exited here with this status.
+    Exited {
+        /// Exit status.
+        code: i32,
+    },
+    /// Failed here (trap, or lost pages after a failed post-copy).
+    Failed {
+        /// What happened.
+        error: String,
+    },
+    /// Killed by `roam kill`.
+    Killed,
+    /// Moved to another node.
+    Moved {
+        /// The node's control address.
+        to: String,
+    },
+}
+
+/// One cell.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CellInfo {
+    /// Id.
+    pub id: String,
+    /// Its state.
+    #[serde(flatten)]
+    pub state: CellState,
+    /// Program name.
+    pub program: String,
+    /// Module hash, hex.
+    pub module: String,
+    /// Linear memory, bytes (0 when not running here).
+    pub memory_bytes: u64,
+    /// Milliseconds since the cell was first launched (anywhere).
+    pub uptime_ms: u64,
+    /// Migrations so far.
+    pub hops: u32,
+}
+
+/// `POST /v1/cells/{id}/migrate` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MigrateRequest {
+    /// Destination node's control address (`host:port`).
+    pub to: String,
+    /// `stop-and-copy`, `pre-copy` or `post-copy`.
+    pub mode: String,
+    /// Transfer options.
+    #[serde(default)]
+    pub transfer: TransferOptions,
+}
+
+/// How the transfer pipeline runs.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct TransferOptions {
+    /// `adaptive` (default), `none`, `lz4`, `zstd1` ... `zstd19`.
+    #[serde(default)]
+    pub codec: Option<String>,
+    /// Delta against pages sent earlier (static modes only; default on).
+    #[serde(default)]
+    pub delta: Option<bool>,
+    /// Shape the migration stream to this rate (`10mbit`, `1gbit`).
+    #[serde(default)]
+    pub bandwidth: Option<String>,
+    /// Randomise page order (workload levelling).
+    #[serde(default)]
+    pub randomize: bool,
+    /// Pre-copy: stop the rounds when at most this many dirty bytes remain
+    /// (default 10 MB).
+    #[serde(default)]
+    pub max_remaining_bytes: Option<u64>,
+    /// Pre-copy: stop the rounds once a round takes at most this long
+    /// (default 2000 ms).
+    #[serde(default)]
+    pub max_round_ms: Option<u64>,
+    /// Pre-copy: most rounds (default 30).
+    #[serde(default)]
+    pub max_rounds: Option<u32>,
+    /// Pre-copy dirty tracking: `auto` (default), `write-protect`, `hash`.
+    #[serde(default)]
+    pub tracking: Option<String>,
+}
+
+/// `POST /v1/cells/{id}/migrate` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MigrateResponse {
+    /// Poll `GET /v1/migrations/{id}` for progress.
+    pub migration: String,
+}
+
+/// `GET /v1/migrations/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct MigrationStatus {
+    /// Migration id.
+    pub id: String,
+    /// Cell id.
+    pub cell: String,
+    /// Mode.
+    pub mode: String,
+    /// `connecting`, `offering`, `sending-module`, `preparing`, `round N`,
+    /// `paused`, `final`, `committing`, `post-copy`, `done`, `failed`.
+    pub phase: String,
+    /// Pre-copy round (0 before the first).
+    pub round: u32,
+    /// Memory pages handed to the pipeline so far.
+    pub pages_in: u64,
+    /// Bytes written to the connection so far.
+    pub wire_bytes: u64,
+    /// Memory size of the cell, bytes.
+    pub memory_bytes: u64,
+    /// Milliseconds since the migration started.
+    pub elapsed_ms: u64,
+    /// Finished (successfully or not).
+    pub done: bool,
+    /// Why it failed; the cell then still runs on the source.
+    pub error: Option<String>,
+    /// Set when done and successful.
+    pub summary: Option<MigrationSummary>,
+}
+
+/// The outcome of a migration.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct MigrationSummary {
+    /// Mode.
+    pub mode: String,
+    /// Source and destination ISAs.
+    pub from_isa: String,
+    /// Destination ISA.
+    pub to_isa: String,
+    /// From the request to the destination confirming the cell runs.
+    pub total_ms: f64,
+    /// From the cell's pause to the destination confirming it runs.
+    pub downtime_ms: f64,
+    /// Bytes written to the connection, framing included.
+    pub wire_bytes: u64,
+    /// Bytes of memory that differ from zero and from the module's initial
+    /// image at the end (the modified state).
+    pub modified_bytes: u64,
+    /// Linear memory size at the end.
+    pub memory_bytes: u64,
+    /// Pre-copy rounds (1 for stop-and-copy).
+    pub rounds: u32,
+    /// Dirty-page tracking method used by pre-copy.
+    pub tracking: Option<String>,
+    /// Post-copy: pages fetched on demand / pushed in the background.
+    pub post_copy: Option<PostCopyStats>,
+    /// What each pipeline stage removed (transfer-pipeline statistics).
+    pub pipeline: serde_json::Value,
+}
+
+/// Post-copy counters reported by the destination.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct PostCopyStats {
+    /// Pages requested on demand (after a fault).
+    pub demand_pages: u64,
+    /// Page requests (each may carry a batch of neighbours).
+    pub requests: u64,
+    /// Pages pushed in the background.
+    pub pushed_pages: u64,
+    /// Milliseconds from resume until every page was present.
+    pub complete_ms: f64,
+}
+
+/// `POST /v1/migrations/{id}/resolve` answer (asked of a destination by a
+/// source whose connection broke during the commit).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Resolution {
+    /// The cell runs on the destination: the source must drop its copy.
+    Running,
+    /// The destination did not and will never start it: the source resumes.
+    Aborted,
+}
+
+/// Error body of every failed request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiError {
+    /// What went wrong, for a person.
+    pub error: String,
+}

@@ -1,0 +1,43 @@
+//! The node-to-node migration protocol.
+//!
+//! Why a crate of its own: these bytes arrive from another machine, so they
+//! are untrusted input with a fuzz target of their own, and both ends of a
+//! migration (and any future tool that speaks to a node) must agree on them
+//! exactly. Nothing here knows about wasmtime or cells.
+//!
+//! A connection is a sequence of *frames*:
+//!
+//! ```text
+//!   u32 LE  payload length (≤ MAX_FRAME, checked before allocating)
+//!   u32 LE  CRC-32 of the payload
+//!   payload: one `Msg`, postcard-encoded
+//! ```
+//!
+//! The first frame each way is a [`Hello`] carrying the protocol version and
+//! the node's ISA; everything after it is a [`Msg`]. The order of messages in
+//! each migration mode is described in `docs/migration.md`.
+
+#![deny(missing_docs)]
+
+mod frame;
+mod msg;
+
+pub use frame::{read_frame, write_frame, FrameError, FRAME_HEADER, MAX_FRAME};
+pub use msg::{
+    Accept, CellSpec, Features, Final, Hello, Mode, Msg, Offer, HELLO_MAGIC, PROTOCOL_VERSION,
+};
+
+/// Read one frame and decode the message in it.
+pub async fn recv<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Result<Msg, FrameError> {
+    let payload = read_frame(r).await?;
+    Msg::decode(&payload)
+}
+
+/// Encode a message and write it as one frame. Returns bytes written.
+pub async fn send<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    msg: &Msg,
+) -> Result<usize, FrameError> {
+    let payload = msg.encode()?;
+    write_frame(w, &payload).await
+}

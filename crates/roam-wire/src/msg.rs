@@ -1,0 +1,298 @@
+//! The messages of the migration protocol.
+//!
+//! Control messages are small postcard structs. Bulk data (module bytes, page
+//! batches of the transfer pipeline) rides in `Vec<u8>` fields, bounded by
+//! the frame limit; their inner formats are defined by the crates that
+//! produce them (`roam-transfer` batches, `roam-snapshot` encodings).
+
+use serde::{Deserialize, Serialize};
+
+use crate::frame::FrameError;
+
+/// Protocol version. A node refuses a peer with a different one.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// First bytes of every [`Hello`]: identifies the protocol.
+pub const HELLO_MAGIC: [u8; 8] = *b"ROAMMIG\x01";
+
+/// First message each way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Must equal [`HELLO_MAGIC`].
+    pub magic: [u8; 8],
+    /// The sender's [`PROTOCOL_VERSION`].
+    pub protocol: u16,
+    /// The sender's roam version (informational).
+    pub roam_version: String,
+    /// The sender node's name.
+    pub node: String,
+    /// The sender's ISA (`x86_64`, `aarch64`, `riscv64`).
+    pub isa: String,
+    /// What the sender can do.
+    pub features: Features,
+}
+
+/// Capabilities a node advertises in its [`Hello`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Features {
+    /// userfaultfd works here: the node can receive post-copy migrations and
+    /// track dirty pages by write protection.
+    pub userfaultfd: bool,
+}
+
+/// How a cell moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    /// Pause, send everything, resume on the destination.
+    StopAndCopy,
+    /// Send rounds of dirty pages while the cell runs, then pause briefly.
+    PreCopy,
+    /// Pause, send the execution state, resume on the destination at once and
+    /// fetch memory on demand and in the background.
+    PostCopy,
+}
+
+impl Mode {
+    /// The name used on the command line and in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::StopAndCopy => "stop-and-copy",
+            Mode::PreCopy => "pre-copy",
+            Mode::PostCopy => "post-copy",
+        }
+    }
+
+    /// Parse a command-line name.
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "stop-and-copy" | "stop" => Some(Mode::StopAndCopy),
+            "pre-copy" | "precopy" => Some(Mode::PreCopy),
+            "post-copy" | "postcopy" => Some(Mode::PostCopy),
+            _ => None,
+        }
+    }
+}
+
+/// What a cell is, independent of where it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellSpec {
+    /// Cluster-wide id; kept across migrations.
+    pub id: String,
+    /// BLAKE3 of the prepared module.
+    pub module_hash: [u8; 32],
+    /// Program name and arguments.
+    pub args: Vec<String>,
+    /// Environment.
+    pub env: Vec<(String, String)>,
+    /// Guest paths of the cell's sandbox directories (host paths are chosen
+    /// by each node).
+    pub dirs: Vec<String>,
+    /// Unix milliseconds when the cell was first launched.
+    pub launched_unix_ms: u64,
+    /// How many migrations the cell has been through.
+    pub hops: u32,
+}
+
+/// The source proposes a migration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offer {
+    /// Id of this migration (for resolving an interrupted commit).
+    pub migration_id: String,
+    /// The cell.
+    pub cell: CellSpec,
+    /// Mode.
+    pub mode: Mode,
+    /// Size of the prepared module in bytes.
+    pub module_len: u64,
+    /// Current size of linear memory in bytes.
+    pub memory_bytes: u64,
+}
+
+/// The destination takes the cell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accept {
+    /// The destination lacks the module; the source sends it.
+    pub need_module: bool,
+    /// Summary of the destination's chunk store (transfer-pipeline format).
+    pub store_summary: Vec<u8>,
+}
+
+/// Everything but memory, sent while the cell is paused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Final {
+    /// A `roam-snapshot` encoding with an empty memory image: globals,
+    /// unwound stack, OS-layer state, files.
+    pub snapshot: Vec<u8>,
+    /// Final size of linear memory in bytes.
+    pub memory_bytes: u64,
+    /// The cell's output so far (stdout and stderr, interleaved as written).
+    pub log: Vec<u8>,
+}
+
+/// One protocol message (after the [`Hello`] exchange).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Msg {
+    /// Handshake.
+    Hello(Hello),
+    /// Source → destination: proposal.
+    Offer(Offer),
+    /// Destination → source: yes.
+    Accept(Accept),
+    /// Either way: no, or stop; the cell stays where it is.
+    Abort {
+        /// Why, for the user.
+        reason: String,
+    },
+    /// Source → destination: a piece of the prepared module.
+    ModuleChunk {
+        /// Offset of `bytes` in the module.
+        offset: u64,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// Destination → source: the module is compiled and the receiving
+    /// instance exists; state may flow.
+    Prepared,
+    /// Source → destination: linear memory is now this many bytes.
+    Grow {
+        /// New size.
+        bytes: u64,
+    },
+    /// Source → destination: a transfer-pipeline batch of pages.
+    Pages {
+        /// The batch.
+        batch: Vec<u8>,
+    },
+    /// Source → destination: the end of a pre-copy round.
+    RoundDone {
+        /// Round number, from 1.
+        round: u32,
+        /// Pages sent in the round.
+        pages: u64,
+    },
+    /// Source → destination: the paused cell's execution state.
+    Final(Box<Final>),
+    /// Source → destination (post-copy): kind of every page of the final
+    /// memory (0 zero, 1 initial, 2 data), one byte each.
+    PageKinds {
+        /// The kinds.
+        kinds: Vec<u8>,
+    },
+    /// Destination → source: the cell runs here now.
+    Running,
+    /// Destination → source (post-copy): send these pages first.
+    PageRequest {
+        /// Page indices.
+        pages: Vec<u32>,
+    },
+    /// Source → destination (post-copy): every data page has been sent.
+    PagesDone,
+    /// Destination → source (post-copy): every page is present; the source
+    /// may drop its copy.
+    Complete,
+}
+
+impl Msg {
+    /// Encode with postcard.
+    pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
+        postcard::to_stdvec(self).map_err(|e| FrameError::Malformed(e.to_string()))
+    }
+
+    /// Decode with postcard. Lengths inside are bounded by the frame.
+    pub fn decode(bytes: &[u8]) -> Result<Msg, FrameError> {
+        postcard::from_bytes(bytes).map_err(|e| FrameError::Malformed(e.to_string()))
+    }
+
+    /// A short name for logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Hello(_) => "hello",
+            Msg::Offer(_) => "offer",
+            Msg::Accept(_) => "accept",
+            Msg::Abort { .. } => "abort",
+            Msg::ModuleChunk { .. } => "module-chunk",
+            Msg::Prepared => "prepared",
+            Msg::Grow { .. } => "grow",
+            Msg::Pages { .. } => "pages",
+            Msg::RoundDone { .. } => "round-done",
+            Msg::Final(_) => "final",
+            Msg::PageKinds { .. } => "page-kinds",
+            Msg::Running => "running",
+            Msg::PageRequest { .. } => "page-request",
+            Msg::PagesDone => "pages-done",
+            Msg::Complete => "complete",
+        }
+    }
+}
+
+impl Hello {
+    /// This node's hello.
+    pub fn new(node: &str, isa: &str, features: Features) -> Hello {
+        Hello {
+            magic: HELLO_MAGIC,
+            protocol: PROTOCOL_VERSION,
+            roam_version: env!("CARGO_PKG_VERSION").to_string(),
+            node: node.to_string(),
+            isa: isa.to_string(),
+            features,
+        }
+    }
+
+    /// Check a peer's hello: magic and version must match.
+    pub fn check(&self) -> Result<(), String> {
+        if self.magic != HELLO_MAGIC {
+            return Err("the peer does not speak the roam migration protocol".into());
+        }
+        if self.protocol != PROTOCOL_VERSION {
+            return Err(format!(
+                "protocol version mismatch: peer {} (roam {}) speaks version {}, this node speaks {}; \
+                 run the same roam release on both nodes",
+                self.node, self.roam_version, self.protocol, PROTOCOL_VERSION
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_roundtrip() {
+        let msgs = vec![
+            Msg::Hello(Hello::new("a", "x86_64", Features { userfaultfd: true })),
+            Msg::Pages {
+                batch: vec![1, 2, 3],
+            },
+            Msg::Final(Box::new(Final {
+                snapshot: vec![9; 10],
+                memory_bytes: 65536,
+                log: b"out".to_vec(),
+            })),
+            Msg::PageRequest { pages: vec![1, 7] },
+            Msg::Running,
+        ];
+        for m in msgs {
+            assert_eq!(Msg::decode(&m.encode().unwrap()).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn version_mismatch_is_explained() {
+        let mut h = Hello::new("b", "aarch64", Features::default());
+        assert!(h.check().is_ok());
+        h.protocol = 99;
+        let e = h.check().unwrap_err();
+        assert!(e.contains("version 99"), "{e}");
+        h.magic = *b"HTTP/1.1";
+        assert!(h.check().unwrap_err().contains("does not speak"));
+    }
+
+    #[test]
+    fn garbage_is_malformed_not_a_panic() {
+        for bytes in [&[][..], &[0xff; 3], &[13, 0xff, 0xff, 0xff, 0xff, 0xff]] {
+            assert!(Msg::decode(bytes).is_err());
+        }
+    }
+}
