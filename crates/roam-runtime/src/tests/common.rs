@@ -7,7 +7,7 @@ use roam_wasi::{CapturedOutput, WasiConfig};
 
 use crate::{Cell, CellOptions, LoadedModule, Outcome, Runtime, RuntimeConfig};
 
-/// Fills 75 pages over 20 rounds, keeps a data-segment page untouched and
+/// Fills 75 pages over 200 rounds, keeps a data-segment page untouched and
 /// the top of memory zero, and prints a checksum of everything it wrote.
 pub(crate) const COMPUTE_WAT: &str = r#"
 (module
@@ -31,7 +31,7 @@ pub(crate) const COMPUTE_WAT: &str = r#"
         (local.set $i (i32.add (local.get $i) (i32.const 8)))
         (br_if $fill (i32.lt_u (local.get $i) (i32.const 323584))))
       (local.set $r (i32.add (local.get $r) (i32.const 1)))
-      (br_if $rounds (i32.lt_u (local.get $r) (i32.const 20))))
+      (br_if $rounds (i32.lt_u (local.get $r) (i32.const 200))))
     ;; the data page still reads as written by the data segment
     (global.set $sum (i64.xor (global.get $sum) (i64.load (i32.const 450560))))
     (local.set $k (i32.const 0))
