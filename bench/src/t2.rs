@@ -121,7 +121,9 @@ fn checkpoints(
         .map_err(|_| anyhow::anyhow!("driver thread panicked"))?;
     match outcome? {
         Outcome::Stopped(s, t) if filled(&s, mib) => Ok((caps, *s, t.capture)),
-        Outcome::Stopped(..) => bail!("stopped before the {mib} MiB fill finished"),
+        Outcome::Stopped(..) | Outcome::Paused(..) => {
+            bail!("stopped before the {mib} MiB fill finished")
+        }
         Outcome::Exited(c) => bail!("the fill program exited ({c}); it should spin"),
     }
 }

@@ -124,7 +124,7 @@ fn one_run(
     match outcome.context("the workload failed under checkpointing")? {
         Outcome::Exited(0) => Ok(()),
         Outcome::Exited(c) => bail!("{} exited with status {c}", wasm.display()),
-        Outcome::Stopped(..) => bail!("unexpected stop"),
+        Outcome::Stopped(..) | Outcome::Paused(..) => bail!("unexpected stop"),
     }
 }
 

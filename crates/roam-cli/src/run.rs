@@ -214,5 +214,7 @@ fn drive(mut cell: Cell, c: &CellArgs, path: &Path, signals: Signals) -> anyhow:
             write_snapshot(&s, path, level, "stop")?;
             Ok(0)
         }
+        // The CLI never asks for a pause (it has no live memory to send).
+        Outcome::Paused(..) => anyhow::bail!("the program paused, which the CLI never requests"),
     }
 }

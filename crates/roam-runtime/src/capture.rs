@@ -13,26 +13,74 @@ use crate::error::{CheckpointError, RestoreError};
 use crate::host::{Hooks, HostState};
 use crate::module::LoadedModule;
 
+/// What was read of linear memory before the unwind: enough to put back
+/// the bytes the unwind borrows.
+pub(crate) enum Saved {
+    /// The whole memory, as a snapshot image (continue, stop).
+    Image(MemoryImage),
+    /// Only the prefix the unwind buffer covers (pause): the memory stays
+    /// live in the cell.
+    Prefix(Vec<u8>),
+}
+
+impl Saved {
+    /// Put bytes `[start, end)` of `mem` back as they were when saved.
+    pub(crate) fn put_back(&self, mem: &mut [u8], initial: &InitialImage, start: usize, end: usize) {
+        match self {
+            Saved::Image(image) => restore_range(mem, image, initial, start, end),
+            Saved::Prefix(bytes) => {
+                let end = end.min(bytes.len());
+                if start < end {
+                    mem[start..end].copy_from_slice(&bytes[start..end]);
+                }
+            }
+        }
+    }
+
+    /// The image to put in the snapshot (empty for a prefix), and the
+    /// prefix buffer to keep for the next pause.
+    pub(crate) fn into_image(self) -> (MemoryImage, Vec<u8>) {
+        match self {
+            Saved::Image(image) => (image, Vec::new()),
+            Saved::Prefix(prefix) => (MemoryImage::empty(), prefix),
+        }
+    }
+}
+
 /// The state read at a migration point, before the stack unwinds.
 pub(crate) struct Captured {
-    /// Linear memory; always captured, since the bytes the unwind borrows
-    /// are put back from it.
-    pub memory: MemoryImage,
+    /// Linear memory, or the part of it the unwind borrows.
+    pub memory: Saved,
     /// Everything else, with an empty memory and stack to be filled in.
     pub rest: Result<Snapshot, CheckpointError>,
 }
 
 /// Read memory, globals and the OS layer of a cell stopped at a migration
-/// point. `spare` is a previous image's page buffer, reused.
+/// point. `spare` is a previous image's page buffer, reused. With
+/// `prefix_only = Some(n)`, only the first `n` bytes of memory are copied.
 pub(crate) fn capture(
     mut store: impl AsContextMut<Data = HostState>,
     h: &Hooks,
     reason: &str,
     spare: Vec<u8>,
+    prefix_only: Option<usize>,
 ) -> Captured {
     let mut store = store.as_context_mut();
-    let memory =
-        MemoryImage::capture_reusing(h.memory.data(&store), h.module.initial_image(), spare);
+    let memory = match prefix_only {
+        Some(n) => {
+            // Reuse the previous pause's buffer: no page faults after the first.
+            let mut prefix = std::mem::take(&mut store.data_mut().pause_spare);
+            let mem = h.memory.data(&store);
+            prefix.clear();
+            prefix.extend_from_slice(&mem[..n.min(mem.len())]);
+            Saved::Prefix(prefix)
+        }
+        None => Saved::Image(MemoryImage::capture_reusing(
+            h.memory.data(&store),
+            h.module.initial_image(),
+            spare,
+        )),
+    };
     let rest = capture_rest(&mut store, h, reason);
     Captured { memory, rest }
 }
@@ -132,30 +180,49 @@ pub(crate) fn restore_range(
     }
 }
 
-/// Write memory and globals of `snapshot` into a fresh instance. Returns the
-/// unwind buffer recorded in the snapshot, checked against the memory.
-pub(crate) fn restore_state(
+/// Grow a fresh instance's memory to `want` bytes.
+pub(crate) fn grow_to(
     store: &mut Store<HostState>,
     memory: Memory,
-    globals: &[(String, Global)],
-    snapshot: &Snapshot,
-    module: &LoadedModule,
-) -> Result<Buffer, RestoreError> {
-    let want = snapshot.memory.byte_len();
+    want: u64,
+) -> Result<(), RestoreError> {
     let have = memory.data_size(&mut *store) as u64;
     if want < have || !want.is_multiple_of(WASM_PAGE_SIZE) {
         return Err(RestoreError::Memory(format!(
-            "snapshot memory is {want} bytes, the module starts with {have}"
+            "memory of {want} bytes requested, the module starts with {have}"
         )));
     }
     memory
         .grow(&mut *store, (want - have) / WASM_PAGE_SIZE)
         .map_err(|e| RestoreError::Memory(format!("cannot grow memory to {want} bytes: {e}")))?;
+    Ok(())
+}
+
+/// Write the memory image of `snapshot` into a fresh instance (grown to its
+/// size first).
+pub(crate) fn restore_memory(
+    store: &mut Store<HostState>,
+    memory: Memory,
+    snapshot: &Snapshot,
+    module: &LoadedModule,
+) -> Result<(), RestoreError> {
+    grow_to(store, memory, snapshot.memory.byte_len())?;
     snapshot
         .memory
         .restore_into(memory.data_mut(&mut *store), module.initial_image(), true)
-        .map_err(|e| RestoreError::Memory(e.to_string()))?;
+        .map_err(|e| RestoreError::Memory(e.to_string()))
+}
 
+/// Write the globals of `snapshot` into an instance whose memory already
+/// holds the snapshot's memory. Returns the unwind buffer recorded in the
+/// snapshot, checked against the memory.
+pub(crate) fn restore_state(
+    store: &mut Store<HostState>,
+    memory: Memory,
+    globals: &[(String, Global)],
+    snapshot: &Snapshot,
+) -> Result<Buffer, RestoreError> {
+    let want = memory.data_size(&mut *store) as u64;
     for gv in &snapshot.globals {
         let Some((_, g)) = globals.iter().find(|(n, _)| *n == gv.name) else {
             return Err(RestoreError::Global {

@@ -3,11 +3,13 @@
 use std::sync::Arc;
 
 use roam_snapshot::{Snapshot, UnwoundStack};
-use roam_wasi::{Preopen, WasiConfig, WasiCtx};
+use roam_wasi::{CapturedOutput, Preopen, WasiConfig, WasiCtx};
 use wasmtime::{Global, Instance, Linker, Store, TypedFunc};
 
 use crate::asyncify::{Asyncify, Buffer, HEADER, UNWINDING};
-use crate::capture;
+use crate::capture::{self, Saved};
+use crate::incoming::Incoming;
+use crate::memory::LiveMemory;
 use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
 use crate::host::{self, Hooks, HostState};
@@ -48,8 +50,15 @@ impl Default for CellOptions {
 pub enum Outcome {
     /// The program exited with this status.
     Exited(i32),
-    /// A checkpoint-and-stop was taken; the program is no longer running.
+    /// A checkpoint-and-stop was taken; the program is no longer running
+    /// (unless [`Cell::resume`] is called).
     Stopped(Box<Snapshot>, CheckpointTiming),
+    /// A [`CheckpointKind::Pause`] was taken. The snapshot is complete except
+    /// for its memory image, which is **empty**: the memory stays live in the
+    /// cell, intact, and is read with [`Cell::live_memory`] or
+    /// [`Cell::memory`]. [`Cell::resume`] continues the program; otherwise
+    /// it is no longer running.
+    Paused(Box<Snapshot>, CheckpointTiming),
 }
 
 /// One running program.
@@ -59,19 +68,24 @@ pub struct Cell {
     start: TypedFunc<(), ()>,
     hooks: Hooks,
     control: Arc<Control>,
+    live: LiveMemory,
+    /// Stopped or paused at a checkpoint: `_start` must not be called again
+    /// until [`Cell::resume`] prepares the rewind.
+    stopped: bool,
 }
 
-struct Parts {
-    store: Store<HostState>,
+pub(crate) struct Parts {
+    pub(crate) store: Store<HostState>,
     instance: Instance,
     start: TypedFunc<(), ()>,
     globals: Vec<(String, Global)>,
     asyncify: Asyncify,
-    memory: wasmtime::Memory,
+    pub(crate) memory: wasmtime::Memory,
     flag: Global,
+    pub(crate) live: LiveMemory,
 }
 
-fn instantiate(rt: &Runtime, module: &LoadedModule, host: HostState) -> Result<Parts, Source> {
+pub(crate) fn instantiate(rt: &Runtime, module: &LoadedModule, host: HostState) -> Result<Parts, Source> {
     let mut linker = Linker::new(rt.engine());
     host::add_to_linker(&mut linker).map_err(boxed)?;
     let mut store = Store::new(rt.engine(), host);
@@ -94,7 +108,12 @@ fn instantiate(rt: &Runtime, module: &LoadedModule, host: HostState) -> Result<P
         .iter()
         .filter_map(|n| Some((n.clone(), instance.get_global(&mut store, n)?)))
         .collect();
+    let map = rt
+        .memories()
+        .find(memory.data_ptr(&store))
+        .ok_or("the linear memory was not mapped by roam's memory creator")?;
     Ok(Parts {
+        live: LiveMemory { map },
         store,
         instance,
         start,
@@ -140,27 +159,69 @@ impl Cell {
         preopens: Vec<Preopen>,
         opts: CellOptions,
     ) -> Result<Cell, RestoreError> {
-        if snapshot.module.hash != *module.hash() {
-            return Err(RestoreError::ModuleMismatch {
-                expected: crate::cache::hex(&snapshot.module.hash),
-                found: crate::cache::hex(module.hash()),
-            });
-        }
-        if let Some(files) = &snapshot.files {
-            crate::files::materialize(files, &preopens)?;
-        }
+        check_module(snapshot, &module)?;
+        let mut incoming = Cell::incoming(rt, module, opts)?;
+        incoming.write_image(snapshot)?;
+        Cell::finish_incoming(incoming, snapshot, preopens)
+    }
+
+    /// Instantiate `module` to receive a migrating program: its memory
+    /// holds the initial image (data segments) and can be grown and written
+    /// page by page with the returned [`Incoming`], then
+    /// [`Incoming::finish`] (or [`Incoming::finish_lazy`]) turns it into a
+    /// cell ready to rewind.
+    pub fn incoming(
+        rt: &Runtime,
+        module: Arc<LoadedModule>,
+        opts: CellOptions,
+    ) -> Result<Incoming, RestoreError> {
         let control = Control::new(rt.engine().clone());
-        let state = roam_wasi::OsState::decode(&snapshot.os_state)?;
-        let ctx = WasiCtx::restore(state, preopens, control.interrupt.clone())?;
+        // The OS layer comes with the snapshot; until then an empty one.
+        let ctx = WasiCtx::new(WasiConfig::default(), control.interrupt.clone())
+            .map_err(|e| RestoreError::Instantiate(Box::new(e)))?;
         let host = HostState::new(
             ctx,
             control.clone(),
             opts.checkpoint_at_point,
             opts.checkpoint_every_points.filter(|&k| k > 0),
         );
-        let mut p = instantiate(rt, &module, host).map_err(RestoreError::Instantiate)?;
-        let buffer = capture::restore_state(&mut p.store, p.memory, &p.globals, snapshot, &module)?;
-        let mut cell = Cell::assemble(p, module, &opts, control);
+        let parts = instantiate(rt, &module, host).map_err(RestoreError::Instantiate)?;
+        Ok(Incoming {
+            parts,
+            module,
+            opts,
+            control,
+        })
+    }
+
+    /// Finish an [`Incoming`]: OS layer, files, globals, and the rewind.
+    pub(crate) fn finish_incoming(
+        incoming: Incoming,
+        snapshot: &Snapshot,
+        preopens: Vec<Preopen>,
+    ) -> Result<Cell, RestoreError> {
+        let Incoming {
+            mut parts,
+            module,
+            opts,
+            control,
+        } = incoming;
+        check_module(snapshot, &module)?;
+        if let Some(files) = &snapshot.files {
+            crate::files::materialize(files, &preopens)?;
+        }
+        let state = roam_wasi::OsState::decode(&snapshot.os_state)?;
+        parts.store.data_mut().wasi = WasiCtx::restore(state, preopens, control.interrupt.clone())?;
+        let have = parts.memory.data_size(&parts.store) as u64;
+        let want = snapshot.memory.byte_len();
+        if want != 0 && want != have {
+            return Err(RestoreError::Memory(format!(
+                "the snapshot's memory is {want} bytes, the receiving memory {have}"
+            )));
+        }
+        let buffer =
+            capture::restore_state(&mut parts.store, parts.memory, &parts.globals, snapshot)?;
+        let mut cell = Cell::assemble(parts, module, &opts, control);
         cell.begin_rewind(buffer, &snapshot.stack.data)
             .map_err(RestoreError::Stack)?;
         Ok(cell)
@@ -190,7 +251,56 @@ impl Cell {
             start: p.start,
             hooks,
             control,
+            live: p.live,
+            stopped: false,
         }
+    }
+
+    /// A handle to this cell's linear memory, usable from other threads
+    /// while the program runs (see [`LiveMemory`]).
+    pub fn live_memory(&self) -> LiveMemory {
+        self.live.clone()
+    }
+
+    /// The linear memory, while the program is not running (e.g. after
+    /// [`Outcome::Paused`]).
+    pub fn memory(&self) -> &[u8] {
+        self.hooks.memory.data(&self.store)
+    }
+
+    /// Collect the program's stdout and stderr in memory from now on
+    /// instead of writing them to this process's streams.
+    pub fn capture_output(&mut self) -> CapturedOutput {
+        self.store.data_mut().wasi.capture_output()
+    }
+
+    /// Continue a program that stopped with [`Outcome::Stopped`] or
+    /// [`Outcome::Paused`] in this same cell: the next [`Cell::run`] rewinds
+    /// into the checkpoint from `snapshot`'s stack, with the memory as it is
+    /// in the cell. This keeps a program running on the source when a
+    /// migration fails. `snapshot` must be the one this cell returned.
+    pub fn resume(&mut self, snapshot: &Snapshot) -> Result<(), RestoreError> {
+        if !self.stopped {
+            return Err(RestoreError::NotStopped);
+        }
+        check_module(snapshot, &self.module)?;
+        let s = &snapshot.stack;
+        let len = self.hooks.memory.data_size(&self.store) as u64;
+        let end = u64::from(s.buffer_offset) + u64::from(s.capacity);
+        if end > len || s.capacity < HEADER {
+            return Err(RestoreError::Stack(format!(
+                "buffer [{:#x}, {end:#x}) lies outside the {len}-byte memory",
+                s.buffer_offset
+            )));
+        }
+        let buffer = Buffer {
+            offset: s.buffer_offset,
+            capacity: s.capacity,
+        };
+        self.begin_rewind(buffer, &s.data)
+            .map_err(RestoreError::Stack)?;
+        self.stopped = false;
+        Ok(())
     }
 
     /// A handle to request checkpoints from other threads.
@@ -222,8 +332,15 @@ impl Cell {
         &mut self,
         on_checkpoint: &mut dyn FnMut(&Snapshot, CheckpointTiming) -> Result<(), Source>,
     ) -> Result<Outcome, RunError> {
+        if self.stopped {
+            return Err(RunError::Stopped);
+        }
         loop {
             let result = self.start.call(&mut self.store, ());
+            if let Some(reason) = self.store.data().pages_lost() {
+                self.stopped = true;
+                return Err(RunError::PagesLost(reason));
+            }
             if let Err(e) = result {
                 if let Some(exit) = e.downcast_ref::<roam_wasi::ProcExit>() {
                     return Ok(Outcome::Exited(exit.0));
@@ -256,21 +373,28 @@ impl Cell {
                 u.buffer.offset as usize,
                 (u.buffer.offset + HEADER) as usize + stack.len(),
             );
-            let image = u.captured.memory;
-            capture::restore_range(mem, &image, self.module.initial_image(), start, end);
+            let saved = u.captured.memory;
+            saved.put_back(mem, self.module.initial_image(), start, end);
             self.control.take();
             let mut snapshot = match u.captured.rest {
                 Ok(s) => s,
                 Err(e) => {
                     // Nothing is lost: the program rewinds and goes on.
                     tracing::error!("checkpoint failed, the program continues: {e}");
-                    self.store.data_mut().spare = image.into_stored_data();
+                    match saved {
+                        Saved::Image(image) => {
+                            self.store.data_mut().spare = image.into_stored_data()
+                        }
+                        Saved::Prefix(p) => self.store.data_mut().pause_spare = p,
+                    }
                     self.begin_rewind(u.buffer, &stack)
                         .map_err(CheckpointError::Stack)?;
                     continue;
                 }
             };
+            let (image, prefix) = saved.into_image();
             snapshot.memory = image;
+            self.store.data_mut().pause_spare = prefix;
             snapshot.stack = UnwoundStack {
                 buffer_offset: u.buffer.offset,
                 capacity: u.buffer.capacity,
@@ -281,7 +405,14 @@ impl Cell {
                 capture: u.point_at.elapsed(),
             };
             match u.req.kind {
-                CheckpointKind::Stop => return Ok(Outcome::Stopped(Box::new(snapshot), timing)),
+                CheckpointKind::Stop => {
+                    self.stopped = true;
+                    return Ok(Outcome::Stopped(Box::new(snapshot), timing));
+                }
+                CheckpointKind::Pause => {
+                    self.stopped = true;
+                    return Ok(Outcome::Paused(Box::new(snapshot), timing));
+                }
                 CheckpointKind::Continue => {
                     on_checkpoint(&snapshot, timing).map_err(RunError::Sink)?;
                     self.begin_rewind(u.buffer, &snapshot.stack.data)
@@ -301,4 +432,14 @@ impl Cell {
         self.store.data_mut().rewinding = Some((buffer, saved));
         Ok(())
     }
+}
+
+fn check_module(snapshot: &Snapshot, module: &LoadedModule) -> Result<(), RestoreError> {
+    if snapshot.module.hash != *module.hash() {
+        return Err(RestoreError::ModuleMismatch {
+            expected: crate::cache::hex(&snapshot.module.hash),
+            found: crate::cache::hex(module.hash()),
+        });
+    }
+    Ok(())
 }

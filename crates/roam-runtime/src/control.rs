@@ -20,6 +20,13 @@ pub enum CheckpointKind {
     Continue,
     /// Return the snapshot and stop the program.
     Stop,
+    /// Stop the program without copying its memory: the snapshot returned
+    /// in [`crate::Outcome::Paused`] has an empty memory image, and the
+    /// memory stays live in the cell (read it with [`crate::LiveMemory`]).
+    /// Only the bytes the unwound stack borrows (at most
+    /// [`crate::PAUSE_BUFFER_MAX`] from address 0) are copied aside and put
+    /// back. [`crate::Cell::resume`] continues the program.
+    Pause,
 }
 
 /// Why a checkpoint was taken (recorded in the snapshot's origin).
@@ -87,9 +94,9 @@ impl Control {
     pub(crate) fn request(&self, req: Request) {
         {
             let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            // A stop outranks a continue that has not been served yet.
+            // A stop or pause outranks a continue that has not been served yet.
             *p = match *p {
-                Some(old) if old.kind == CheckpointKind::Stop => Some(old),
+                Some(old) if old.kind != CheckpointKind::Continue => Some(old),
                 _ => Some(req),
             };
         }

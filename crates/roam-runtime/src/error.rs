@@ -124,6 +124,15 @@ pub enum RestoreError {
     /// The unwound stack does not fit the buffer it claims to live in.
     #[error("the snapshot's unwound stack is invalid: {0}")]
     Stack(String),
+    /// [`crate::Cell::resume`] on a cell that is not stopped at a checkpoint.
+    #[error("the cell is not stopped or paused at a checkpoint; nothing to resume")]
+    NotStopped,
+    /// Post-copy needs userfaultfd, which this host does not provide.
+    #[error("post-copy (lazy memory) needs userfaultfd on the destination: {0}")]
+    NoUserfaultfd(String),
+    /// Setting up lazy memory failed.
+    #[error("cannot set up lazy memory: {0}")]
+    Lazy(String),
 }
 
 /// Running a cell failed (not the program's own exit status).
@@ -146,6 +155,14 @@ pub enum RunError {
     /// The checkpoint sink (e.g. writing the snapshot file) failed.
     #[error("could not store the checkpoint")]
     Sink(#[source] Source),
+    /// The cell stopped or paused at a checkpoint and was not resumed.
+    #[error("the cell stopped at a checkpoint; call Cell::resume before running it again")]
+    Stopped,
+    /// Post-copy: the pages of memory still at the source cannot be fetched
+    /// any more ([`crate::LazyMemory::fail`]). The program was stopped at
+    /// once and is lost on this node.
+    #[error("memory pages could not be fetched from the source, the program was stopped: {0}")]
+    PagesLost(String),
 }
 
 /// Capturing a snapshot failed.

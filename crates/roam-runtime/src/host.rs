@@ -10,7 +10,7 @@
 //! itself, so that the unwind may borrow program memory for its buffer (see
 //! [`crate::asyncify`]) and the bytes it overwrites can be put back.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use roam_wasi::{WasiCtx, WasiView};
@@ -20,6 +20,15 @@ use crate::asyncify::{Asyncify, Buffer, NORMAL, REWINDING};
 use crate::capture::{self, Captured};
 use crate::control::{CheckpointKind, Control, Request, Trigger};
 use crate::module::LoadedModule;
+
+/// Most bytes from address 0 that the unwound stack may borrow during a
+/// [`CheckpointKind::Pause`] (all of memory if smaller). These bytes, and
+/// only these, are copied aside before the unwind, which keeps a pause well
+/// under a millisecond whatever the memory size. 1 MiB of unwound stack is
+/// far more than the workloads need (their stacks unwind to a few KiB); a
+/// deeper stack makes the unwind trap and loses the program, as a stack
+/// deeper than memory does for the other kinds.
+pub const PAUSE_BUFFER_MAX: usize = 1 << 20;
 
 /// Handles into one instance, set once it exists.
 #[derive(Clone)]
@@ -58,6 +67,10 @@ pub(crate) struct HostState {
     pub points_seen: u64,
     /// The previous snapshot's page buffer, reused to avoid page faults.
     pub spare: Vec<u8>,
+    /// The previous pause's prefix buffer, reused likewise.
+    pub pause_spare: Vec<u8>,
+    /// Set when lazily fetched memory pages are lost: the guest must stop.
+    pub lost: Arc<OnceLock<String>>,
 }
 
 impl HostState {
@@ -77,7 +90,14 @@ impl HostState {
             continue_every,
             points_seen: 0,
             spare: Vec::new(),
+            pause_spare: Vec::new(),
+            lost: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Why the memory is unusable, if lazily fetched pages were lost.
+    pub(crate) fn pages_lost(&self) -> Option<String> {
+        self.lost.get().cloned()
     }
 
     fn flag_wanted(&self) -> bool {
@@ -115,9 +135,13 @@ fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::R
         wasmtime::bail!("cannot checkpoint a program whose linear memory is empty");
     }
     let spare = std::mem::take(&mut caller.data_mut().spare);
-    let captured = capture::capture(&mut *caller, &h, req.trigger.as_str(), spare);
+    let len = h.memory.data_size(&*caller);
+    // A pause copies no memory: the buffer is capped so that only its
+    // prefix needs saving.
+    let cap = (req.kind == CheckpointKind::Pause).then(|| len.min(PAUSE_BUFFER_MAX));
+    let captured = capture::capture(&mut *caller, &h, req.trigger.as_str(), spare, cap);
     let mem = h.memory.data_mut(&mut *caller);
-    let buffer = Buffer::over(mem.len());
+    let buffer = Buffer::over(cap.unwrap_or(mem.len()));
     buffer.reset_header(mem);
     h.asyncify.start_unwind(&mut *caller, buffer)?;
     h.flag.set(&mut *caller, Val::I32(0))?;
@@ -214,6 +238,9 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
 pub(crate) fn arm_epoch(store: &mut wasmtime::Store<HostState>) {
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(|mut ctx| {
+        if let Some(reason) = ctx.data().pages_lost() {
+            wasmtime::bail!("memory pages lost: {reason}");
+        }
         if ctx.data().flag_wanted() {
             if let Some(h) = ctx.data().hooks.clone() {
                 h.flag.set(ctx.as_context_mut(), Val::I32(1))?;

@@ -31,14 +31,26 @@ pub mod cache;
 mod capture;
 mod cell;
 mod control;
+mod dirty;
 mod error;
 pub mod files;
 mod host;
+mod incoming;
+mod memory;
 mod module;
 mod runtime;
+mod uffd;
 
 pub use cell::{Cell, CellOptions, Outcome};
 pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger};
+pub use dirty::{DirtyTracker, TrackError, TrackMethod};
 pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
+pub use host::PAUSE_BUFFER_MAX;
+pub use incoming::Incoming;
+pub use memory::LiveMemory;
 pub use module::LoadedModule;
+pub use uffd::userfaultfd_available;
 pub use runtime::{host_isa, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, RUN_THREAD_STACK};
+
+#[cfg(test)]
+mod tests;

@@ -10,6 +10,7 @@ use wasmtime::{Config, Engine, Module};
 
 use crate::cache::{hex, Cache};
 use crate::error::{boxed, LoadError};
+use crate::memory::Creator;
 use crate::module::LoadedModule;
 
 /// The ISA this process runs on, as recorded in snapshots and cache keys.
@@ -56,6 +57,7 @@ pub struct Runtime {
     cache: Cache,
     engine_key: u64,
     prepare: PrepareOptions,
+    memories: Arc<Creator>,
 }
 
 impl Runtime {
@@ -68,6 +70,12 @@ impl Runtime {
         config.max_wasm_stack(cfg.max_wasm_stack);
         // wasmtime checks max_wasm_stack against the (unused) async stack size.
         config.async_stack_size(cfg.max_wasm_stack + (1 << 20));
+        // roam maps every linear memory itself (see `crate::memory`).
+        let memories = Arc::new(Creator::default());
+        config.with_host_memory(memories.clone());
+        // Copy-on-write initialisation needs wasmtime's own mmaps (it
+        // panics on a module with data segments otherwise).
+        config.memory_init_cow(false);
         let engine = Engine::new(&config).map_err(|e| LoadError::Compile {
             isa: host_isa().to_string(),
             source: boxed(e),
@@ -83,6 +91,7 @@ impl Runtime {
             cache,
             engine_key: h.finish(),
             prepare: cfg.prepare,
+            memories,
         })
     }
 
@@ -94,6 +103,11 @@ impl Runtime {
     /// The cache.
     pub fn cache(&self) -> &Cache {
         &self.cache
+    }
+
+    /// The memory creator that maps every cell's linear memory.
+    pub(crate) fn memories(&self) -> &Creator {
+        &self.memories
     }
 
     /// Load a module file, preparing it first (and caching the result by

@@ -1,0 +1,87 @@
+//! A cell being received: instantiated at once, filled page by page, then
+//! finished into a [`Cell`] that rewinds into the migration point.
+//!
+//! Why a separate step before the snapshot is complete: in stop-and-copy
+//! and pre-copy migration the memory arrives over the network in pages,
+//! possibly in several rounds, and the rest of the state (globals, stack,
+//! OS layer) comes last. Instantiating first lets the pages be written
+//! straight into the final linear memory as they arrive, and compilation or
+//! instantiation errors show before anything is sent.
+
+use std::sync::Arc;
+
+use roam_snapshot::Snapshot;
+use roam_wasi::Preopen;
+
+use crate::capture;
+use crate::cell::{Cell, CellOptions, Parts};
+use crate::control::Control;
+use crate::error::RestoreError;
+use crate::memory::LiveMemory;
+use crate::module::LoadedModule;
+
+/// A receiving cell: the module is instantiated (its memory holds the
+/// initial image), nothing runs. Made by [`Cell::incoming`].
+pub struct Incoming {
+    pub(crate) parts: Parts,
+    pub(crate) module: Arc<LoadedModule>,
+    pub(crate) opts: CellOptions,
+    pub(crate) control: Arc<Control>,
+}
+
+impl Incoming {
+    /// Grow the memory to `bytes` (a multiple of 64 KiB, not smaller than
+    /// the current size).
+    pub fn grow_to(&mut self, bytes: u64) -> Result<(), RestoreError> {
+        capture::grow_to(&mut self.parts.store, self.parts.memory, bytes)
+    }
+
+    /// The memory, to write pages into as they arrive.
+    pub fn memory_mut(&mut self) -> &mut [u8] {
+        self.parts.memory.data_mut(&mut self.parts.store)
+    }
+
+    /// A handle to the memory (see [`LiveMemory`]).
+    pub fn live_memory(&self) -> LiveMemory {
+        self.parts.live.clone()
+    }
+
+    /// The module being received.
+    pub fn module(&self) -> &Arc<LoadedModule> {
+        &self.module
+    }
+
+    /// Write `snapshot`'s memory image (growing to its size first).
+    pub(crate) fn write_image(&mut self, snapshot: &Snapshot) -> Result<(), RestoreError> {
+        capture::restore_memory(
+            &mut self.parts.store,
+            self.parts.memory,
+            snapshot,
+            &self.module,
+        )
+    }
+
+    /// Apply the rest of `snapshot` and prepare the rewind: globals, OS
+    /// layer (with `preopens` mapping its directories), files if carried.
+    /// The memory is the one the caller filled; if `snapshot.memory` is not
+    /// empty it is written first (so a complete snapshot also works), and
+    /// otherwise it is left as it is.
+    pub fn finish(
+        mut self,
+        snapshot: &Snapshot,
+        preopens: Vec<Preopen>,
+    ) -> Result<Cell, RestoreError> {
+        if snapshot.memory.byte_len() != 0 {
+            self.write_image(snapshot)?;
+        }
+        Cell::finish_incoming(self, snapshot, preopens)
+    }
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming")
+            .field("memory", &self.parts.live)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,7 @@
+//! Tests of live migration support on small WAT programs: pause/resume,
+//! incoming cells, dirty tracking and lazy memory, each compared with an
+//! uninterrupted run.
+
+mod common;
+mod pause;
+mod dirty;
