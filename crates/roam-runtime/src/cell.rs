@@ -72,6 +72,8 @@ pub struct Cell {
     /// Stopped or paused at a checkpoint: `_start` must not be called again
     /// until [`Cell::resume`] prepares the rewind.
     stopped: bool,
+    /// Post-copy: keeps the fault handler running while the cell lives.
+    pub(crate) lazy: Option<crate::lazy::Owner>,
 }
 
 pub(crate) struct Parts {
@@ -253,6 +255,7 @@ impl Cell {
             control,
             live: p.live,
             stopped: false,
+            lazy: None,
         }
     }
 

@@ -5,3 +5,4 @@
 mod common;
 mod pause;
 mod dirty;
+mod lazy;
