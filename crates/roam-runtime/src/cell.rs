@@ -8,11 +8,11 @@ use wasmtime::{Global, Instance, Linker, Store, TypedFunc};
 
 use crate::asyncify::{Asyncify, Buffer, HEADER, UNWINDING};
 use crate::capture::{self, Saved};
-use crate::incoming::Incoming;
-use crate::memory::LiveMemory;
 use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
 use crate::host::{self, Hooks, HostState};
+use crate::incoming::Incoming;
+use crate::memory::LiveMemory;
 use crate::module::LoadedModule;
 use crate::runtime::Runtime;
 
@@ -87,7 +87,11 @@ pub(crate) struct Parts {
     pub(crate) live: LiveMemory,
 }
 
-pub(crate) fn instantiate(rt: &Runtime, module: &LoadedModule, host: HostState) -> Result<Parts, Source> {
+pub(crate) fn instantiate(
+    rt: &Runtime,
+    module: &LoadedModule,
+    host: HostState,
+) -> Result<Parts, Source> {
     let mut linker = Linker::new(rt.engine());
     host::add_to_linker(&mut linker).map_err(boxed)?;
     let mut store = Store::new(rt.engine(), host);

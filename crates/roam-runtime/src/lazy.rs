@@ -340,8 +340,11 @@ impl Shared {
         // SAFETY: `bytes` is a readable 4 KiB buffer; the destination page
         // lies in the registered range of our mapping, kept alive by `mem`.
         unsafe {
-            self.uffd
-                .copy(self.base + page as usize * PAGE_SIZE, bytes.as_ptr(), PAGE_SIZE)
+            self.uffd.copy(
+                self.base + page as usize * PAGE_SIZE,
+                bytes.as_ptr(),
+                PAGE_SIZE,
+            )
         }
     }
 

@@ -51,8 +51,8 @@ pub use incoming::Incoming;
 pub use lazy::{LazyError, LazyMemory, LazyStats, PageSource, DEFAULT_FETCH_BATCH};
 pub use memory::LiveMemory;
 pub use module::LoadedModule;
-pub use uffd::userfaultfd_available;
 pub use runtime::{host_isa, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, RUN_THREAD_STACK};
+pub use uffd::userfaultfd_available;
 
 #[cfg(test)]
 mod tests;

@@ -67,7 +67,13 @@ fn setup() -> Option<Setup> {
     let (_c, snap, _o) = stopped_at(&env.rt, &m, 100_000);
     let pages = Arc::new(data_pages(&snap));
     assert!(pages.len() > 50, "{} data pages", pages.len());
-    Some(Setup { env, m, want, snap, pages })
+    Some(Setup {
+        env,
+        m,
+        want,
+        snap,
+        pages,
+    })
 }
 
 fn lazy_cell(s: &Setup, source: SnapSource, batch: usize) -> (Cell, crate::LazyMemory) {
@@ -134,7 +140,10 @@ fn post_copy_with_a_prefetcher_equals_an_uninterrupted_run() {
     assert_eq!(out.stdout(), s.want);
     let st = lazy.stats();
     eprintln!("post-copy with prefetch: {st:?}");
-    assert_eq!((st.pages_fetched + st.pages_prefetched) as usize, s.pages.len());
+    assert_eq!(
+        (st.pages_fetched + st.pages_prefetched) as usize,
+        s.pages.len()
+    );
     assert!(st.pages_prefetched > 0);
     assert!(lazy.install(0, &[0; 5]).is_err(), "not a page");
 }
@@ -175,7 +184,9 @@ fn post_copy_without_userfaultfd_is_a_precise_error() {
         return; // covered where userfaultfd is missing (qemu-user builds)
     }
     let env = env();
-    let Some(m) = load(&env.rt, COMPUTE_WAT) else { return };
+    let Some(m) = load(&env.rt, COMPUTE_WAT) else {
+        return;
+    };
     let (_c, snap, _o) = stopped_at(&env.rt, &m, 1000);
     let pages = Arc::new(data_pages(&snap));
     let src = SnapSource {
@@ -186,7 +197,12 @@ fn post_copy_without_userfaultfd_is_a_precise_error() {
     };
     let err = Cell::incoming(&env.rt, m, CellOptions::default())
         .unwrap()
-        .finish_lazy(&snap, vec![], snap.memory.page_kinds().to_vec(), Box::new(src))
+        .finish_lazy(
+            &snap,
+            vec![],
+            snap.memory.page_kinds().to_vec(),
+            Box::new(src),
+        )
         .err()
         .unwrap();
     assert!(matches!(err, RestoreError::NoUserfaultfd(_)), "{err}");
