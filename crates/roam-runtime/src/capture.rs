@@ -25,7 +25,13 @@ pub(crate) enum Saved {
 
 impl Saved {
     /// Put bytes `[start, end)` of `mem` back as they were when saved.
-    pub(crate) fn put_back(&self, mem: &mut [u8], initial: &InitialImage, start: usize, end: usize) {
+    pub(crate) fn put_back(
+        &self,
+        mem: &mut [u8],
+        initial: &InitialImage,
+        start: usize,
+        end: usize,
+    ) {
         match self {
             Saved::Image(image) => restore_range(mem, image, initial, start, end),
             Saved::Prefix(bytes) => {

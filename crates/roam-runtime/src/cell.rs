@@ -8,11 +8,11 @@ use wasmtime::{Global, Instance, Linker, Store, TypedFunc};
 
 use crate::asyncify::{Asyncify, Buffer, HEADER, UNWINDING};
 use crate::capture::{self, Saved};
-use crate::incoming::Incoming;
-use crate::memory::LiveMemory;
 use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
 use crate::host::{self, Hooks, HostState};
+use crate::incoming::Incoming;
+use crate::memory::LiveMemory;
 use crate::module::LoadedModule;
 use crate::runtime::Runtime;
 
@@ -72,6 +72,8 @@ pub struct Cell {
     /// Stopped or paused at a checkpoint: `_start` must not be called again
     /// until [`Cell::resume`] prepares the rewind.
     stopped: bool,
+    /// Post-copy: keeps the fault handler running while the cell lives.
+    pub(crate) lazy: Option<crate::lazy::Owner>,
 }
 
 pub(crate) struct Parts {
@@ -85,7 +87,11 @@ pub(crate) struct Parts {
     pub(crate) live: LiveMemory,
 }
 
-pub(crate) fn instantiate(rt: &Runtime, module: &LoadedModule, host: HostState) -> Result<Parts, Source> {
+pub(crate) fn instantiate(
+    rt: &Runtime,
+    module: &LoadedModule,
+    host: HostState,
+) -> Result<Parts, Source> {
     let mut linker = Linker::new(rt.engine());
     host::add_to_linker(&mut linker).map_err(boxed)?;
     let mut store = Store::new(rt.engine(), host);
@@ -253,6 +259,7 @@ impl Cell {
             control,
             live: p.live,
             stopped: false,
+            lazy: None,
         }
     }
 

@@ -198,8 +198,7 @@ impl WpTracker {
                 "the kernel has no userfaultfd write-protect mode (Linux 5.7+)".into(),
             ));
         }
-        let features =
-            uffd::FEATURE_PAGEFAULT_FLAG_WP | (offered & uffd::FEATURE_WP_UNPOPULATED);
+        let features = uffd::FEATURE_PAGEFAULT_FLAG_WP | (offered & uffd::FEATURE_WP_UNPOPULATED);
         let fd = Uffd::open(features).map_err(|e| TrackError::Unavailable(e.to_string()))?;
         let map = &mem.map;
         let (base, registered) = (map.base() as usize, map.capacity());

@@ -36,6 +36,7 @@ mod error;
 pub mod files;
 mod host;
 mod incoming;
+mod lazy;
 mod memory;
 mod module;
 mod runtime;
@@ -47,10 +48,11 @@ pub use dirty::{DirtyTracker, TrackError, TrackMethod};
 pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
 pub use host::PAUSE_BUFFER_MAX;
 pub use incoming::Incoming;
+pub use lazy::{LazyError, LazyMemory, LazyStats, PageSource, DEFAULT_FETCH_BATCH};
 pub use memory::LiveMemory;
 pub use module::LoadedModule;
-pub use uffd::userfaultfd_available;
 pub use runtime::{host_isa, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, RUN_THREAD_STACK};
+pub use uffd::userfaultfd_available;
 
 #[cfg(test)]
 mod tests;

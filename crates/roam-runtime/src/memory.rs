@@ -88,10 +88,7 @@ impl Mapping {
             ));
         }
         let page = host_page_size();
-        let (from, to) = (
-            old.next_multiple_of(page),
-            new_len.next_multiple_of(page),
-        );
+        let (from, to) = (old.next_multiple_of(page), new_len.next_multiple_of(page));
         if to > from {
             // SAFETY: `[from, to)` lies inside this mapping (to <= capacity),
             // and making reserved pages accessible invalidates no reference.

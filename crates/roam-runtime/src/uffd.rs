@@ -111,12 +111,8 @@ impl Uffd {
     pub(crate) fn open(features: u64) -> io::Result<Uffd> {
         // SAFETY: a plain system call with flag arguments; it returns a new
         // descriptor or -1.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_userfaultfd,
-                libc::O_CLOEXEC | libc::O_NONBLOCK,
-            )
-        };
+        let fd =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }

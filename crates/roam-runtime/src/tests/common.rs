@@ -119,7 +119,11 @@ pub(crate) fn load(rt: &Runtime, wat: &str) -> Option<Arc<LoadedModule>> {
     }
 }
 
-pub(crate) fn start(rt: &Runtime, m: &Arc<LoadedModule>, opts: CellOptions) -> (Cell, CapturedOutput) {
+pub(crate) fn start(
+    rt: &Runtime,
+    m: &Arc<LoadedModule>,
+    opts: CellOptions,
+) -> (Cell, CapturedOutput) {
     let mut cell = Cell::start(rt, m.clone(), WasiConfig::default(), opts).unwrap();
     let out = cell.capture_output();
     (cell, out)
@@ -127,7 +131,8 @@ pub(crate) fn start(rt: &Runtime, m: &Arc<LoadedModule>, opts: CellOptions) -> (
 
 /// Run to the end, refusing checkpoints-and-continue.
 pub(crate) fn run(cell: &mut Cell) -> Outcome {
-    cell.run(&mut |_, _| Err("unexpected continue".into())).unwrap()
+    cell.run(&mut |_, _| Err("unexpected continue".into()))
+        .unwrap()
 }
 
 /// The output of an uninterrupted run.
@@ -140,7 +145,11 @@ pub(crate) fn reference(rt: &Runtime, m: &Arc<LoadedModule>) -> Vec<u8> {
 }
 
 /// Stop with a full snapshot at migration point `n`.
-pub(crate) fn stopped_at(rt: &Runtime, m: &Arc<LoadedModule>, n: u64) -> (Cell, Snapshot, CapturedOutput) {
+pub(crate) fn stopped_at(
+    rt: &Runtime,
+    m: &Arc<LoadedModule>,
+    n: u64,
+) -> (Cell, Snapshot, CapturedOutput) {
     let opts = CellOptions {
         checkpoint_at_point: Some(n),
         ..CellOptions::default()
@@ -185,7 +194,10 @@ impl Mailbox {
         self.word(4096).store(self.seq, Release);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while self.word(8192).load(Acquire) != self.seq {
-            assert!(std::time::Instant::now() < deadline, "the program did not answer");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the program did not answer"
+            );
             std::thread::yield_now();
         }
         self.seq
@@ -193,6 +205,7 @@ impl Mailbox {
 
     /// Have the program exit.
     pub(crate) fn exit(&mut self) {
-        self.word(4096).store(u32::MAX, std::sync::atomic::Ordering::Release);
+        self.word(4096)
+            .store(u32::MAX, std::sync::atomic::Ordering::Release);
     }
 }

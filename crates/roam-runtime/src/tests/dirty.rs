@@ -11,7 +11,9 @@ fn set(v: impl IntoIterator<Item = u32>) -> BTreeSet<u32> {
 
 fn exact_pages(method: TrackMethod) {
     let env = env();
-    let Some(m) = load(&env.rt, MAILBOX_WAT) else { return };
+    let Some(m) = load(&env.rt, MAILBOX_WAT) else {
+        return;
+    };
     let (mut cell, _out) = start(&env.rt, &m, CellOptions::default());
     let live = cell.live_memory();
     let runner = std::thread::spawn(move || run(&mut cell));
@@ -28,7 +30,10 @@ fn exact_pages(method: TrackMethod) {
     assert_eq!(set(t.collect()), set([1, 2, 7, 41]));
     // Growth: every new page is reported once, then only written ones.
     mb.command(&[3], 1);
-    assert_eq!(set(t.collect()), set([1, 2, 3]).union(&set(256..272)).copied().collect());
+    assert_eq!(
+        set(t.collect()),
+        set([1, 2, 3]).union(&set(256..272)).copied().collect()
+    );
     mb.command(&[260], 0);
     assert_eq!(set(t.collect()), set([1, 2, 260]));
     // Many rounds over the same pages: none is lost.
@@ -59,7 +64,9 @@ fn write_protect_tracking_reports_exactly_the_written_pages() {
 #[test]
 fn auto_picks_write_protect_where_userfaultfd_works() {
     let env = env();
-    let Some(m) = load(&env.rt, MAILBOX_WAT) else { return };
+    let Some(m) = load(&env.rt, MAILBOX_WAT) else {
+        return;
+    };
     let (cell, _out) = start(&env.rt, &m, CellOptions::default());
     let t = DirtyTracker::start(&cell.live_memory(), TrackMethod::Auto).unwrap();
     let want = if crate::userfaultfd_available() {
@@ -81,7 +88,9 @@ fn pre_copy_rounds_then_pause_reproduce_the_program() {
     use crate::{Cell, CheckpointKind, Trigger};
     use roam_snapshot::PAGE_SIZE;
     let env = env();
-    let Some(m) = load(&env.rt, COMPUTE_WAT) else { return };
+    let Some(m) = load(&env.rt, COMPUTE_WAT) else {
+        return;
+    };
     let want = reference(&env.rt, &m);
     for method in [TrackMethod::Hash, TrackMethod::Auto] {
         let (mut src, _o) = start(&env.rt, &m, CellOptions::default());

@@ -3,5 +3,6 @@
 //! uninterrupted run.
 
 mod common;
-mod pause;
 mod dirty;
+mod lazy;
+mod pause;

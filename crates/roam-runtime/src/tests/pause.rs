@@ -8,7 +8,9 @@ use crate::{Cell, CellOptions, CheckpointKind, Outcome, Trigger};
 #[test]
 fn pause_resume_many_times_equals_an_uninterrupted_run() {
     let env = env();
-    let Some(m) = load(&env.rt, COMPUTE_WAT) else { return };
+    let Some(m) = load(&env.rt, COMPUTE_WAT) else {
+        return;
+    };
     let want = reference(&env.rt, &m);
     let (mut cell, out) = start(&env.rt, &m, CellOptions::default());
     let ctl = cell.controller();
@@ -45,12 +47,17 @@ fn pause_resume_many_times_equals_an_uninterrupted_run() {
 #[test]
 fn resume_after_stop_continues_in_the_same_cell() {
     let env = env();
-    let Some(m) = load(&env.rt, COMPUTE_WAT) else { return };
+    let Some(m) = load(&env.rt, COMPUTE_WAT) else {
+        return;
+    };
     let want = reference(&env.rt, &m);
     let (mut cell, snap, out) = stopped_at(&env.rt, &m, 20_000);
     assert!(snap.memory.byte_len() > 0);
     cell.resume(&snap).unwrap();
-    assert!(matches!(cell.resume(&snap), Err(crate::RestoreError::NotStopped)));
+    assert!(matches!(
+        cell.resume(&snap),
+        Err(crate::RestoreError::NotStopped)
+    ));
     assert!(matches!(run(&mut cell), Outcome::Exited(0)));
     assert_eq!(out.stdout(), want);
 }
@@ -73,11 +80,16 @@ fn pause_of_a_large_memory_is_fast() {
         std::thread::sleep(std::time::Duration::from_millis(300));
         ctl.request(CheckpointKind::Pause, Trigger::Api);
     });
-    let Outcome::Paused(snap, timing) = run(&mut cell) else { panic!("no pause") };
+    let Outcome::Paused(snap, timing) = run(&mut cell) else {
+        panic!("no pause")
+    };
     t.join().unwrap();
     cell.resume(&snap).unwrap();
-    cell.controller().request(CheckpointKind::Pause, Trigger::Api);
-    let Outcome::Paused(snap, again) = run(&mut cell) else { panic!("no pause") };
+    cell.controller()
+        .request(CheckpointKind::Pause, Trigger::Api);
+    let Outcome::Paused(snap, again) = run(&mut cell) else {
+        panic!("no pause")
+    };
     eprintln!(
         "pause of a 256 MiB memory: {:?} (first), {:?} (second) from the migration point to the outcome",
         timing.capture, again.capture
@@ -91,7 +103,9 @@ fn pause_of_a_large_memory_is_fast() {
 #[test]
 fn live_memory_reads_while_the_program_runs() {
     let env = env();
-    let Some(m) = load(&env.rt, MAILBOX_WAT) else { return };
+    let Some(m) = load(&env.rt, MAILBOX_WAT) else {
+        return;
+    };
     let (mut cell, _out) = start(&env.rt, &m, CellOptions::default());
     let live = cell.live_memory();
     let runner = std::thread::spawn(move || run(&mut cell));
@@ -113,14 +127,19 @@ fn live_memory_reads_while_the_program_runs() {
 #[test]
 fn incoming_filled_page_by_page_equals_restore() {
     let env = env();
-    let Some(m) = load(&env.rt, COMPUTE_WAT) else { return };
+    let Some(m) = load(&env.rt, COMPUTE_WAT) else {
+        return;
+    };
     let want = reference(&env.rt, &m);
     // The source pauses; its memory is sent from the live cell.
     let (mut src, out1) = start(&env.rt, &m, CellOptions::default());
     let mut points = 0;
     let snap = loop {
-        src.controller().request(CheckpointKind::Pause, Trigger::Api);
-        let Outcome::Paused(snap, _) = run(&mut src) else { panic!() };
+        src.controller()
+            .request(CheckpointKind::Pause, Trigger::Api);
+        let Outcome::Paused(snap, _) = run(&mut src) else {
+            panic!()
+        };
         points += 1;
         if points == 300 {
             break snap;
@@ -162,7 +181,9 @@ fn incoming_filled_page_by_page_equals_restore() {
 #[test]
 fn incoming_checks_the_memory_size() {
     let env = env();
-    let Some(m) = load(&env.rt, COMPUTE_WAT) else { return };
+    let Some(m) = load(&env.rt, COMPUTE_WAT) else {
+        return;
+    };
     let (_c, full, _o) = stopped_at(&env.rt, &m, 1000);
     let mut incoming = Cell::incoming(&env.rt, m.clone(), CellOptions::default()).unwrap();
     incoming.grow_to(16 * 65536).unwrap();
