@@ -34,7 +34,7 @@ pub(crate) async fn start(
     })?;
     let select = parse_codec(&req.transfer).map_err(bad)?;
     let rate = match &req.transfer.bandwidth {
-        Some(b) => Some(roam_link::Rate::parse(b).map_err(|e| bad(e.to_string()))?),
+        Some(b) => Some(roam_link::parse_rate(b).map_err(|e| bad(e.to_string()))?),
         None => None,
     };
     let handle = running_handle(&n, &id)?;
@@ -335,9 +335,18 @@ impl Ctx<'_> {
     }
 
     async fn send_pages(&mut self, pages: &[u32]) -> Result<(), String> {
+        let mem = self.h.memory.clone();
+        self.send_pages_with(pages, &mut |i, buf| mem.read_page(i, buf)).await
+    }
+
+    async fn send_pages_with(
+        &mut self,
+        pages: &[u32],
+        read: &mut (dyn FnMut(u32, &mut [u8; PAGE_SIZE]) -> bool + Send),
+    ) -> Result<(), String> {
         self.stream.sync_size().await?;
         let (stream, counter) = (&mut *self.stream, &self.m.pages_in);
-        tokio::task::block_in_place(|| stream.submit(pages, counter))?;
+        tokio::task::block_in_place(|| stream.submit(pages, counter, read))?;
         Ok(())
     }
 
@@ -368,7 +377,11 @@ impl Ctx<'_> {
             Some(o) => return Err((format!("unknown tracking `{o}`: use auto, write-protect or hash"), None)),
         };
         let mut tracker = DirtyTracker::start(&self.h.memory, method).map_err(|e| (e.to_string(), None))?;
-        let tracking = Some(tracker.method().to_string());
+        let tracking = Some(match tracker.method() {
+            TrackMethod::WriteProtect => "write-protect".to_string(),
+            TrackMethod::Hash => "hash".to_string(),
+            TrackMethod::Auto => "auto".to_string(),
+        });
         let mut pages: Vec<u32> = (0..self.h.memory.page_count()).collect();
         let mut round = 0;
         let r: Result<(), String> = async {
@@ -377,7 +390,7 @@ impl Ctx<'_> {
                 self.m.round.store(round, Ordering::Relaxed);
                 self.m.phase(format!("round {round}"));
                 let began = Instant::now();
-                self.send_pages(&pages).await?;
+                self.send_pages_with(&pages, &mut |i, b| tracker.read_page(i, b)).await?;
                 self.stream.drain().await?;
                 self.stream.msg(Msg::RoundDone { round, pages: pages.len() as u64 }).await?;
                 let took = began.elapsed();
@@ -409,7 +422,7 @@ impl Ctx<'_> {
         let last = async {
             let dirty = tokio::task::block_in_place(|| tracker.collect());
             self.m.phase(format!("final round ({} pages)", dirty.len()));
-            self.send_pages(&dirty).await?;
+            self.send_pages_with(&dirty, &mut |i, b| tracker.read_page(i, b)).await?;
             tokio::task::block_in_place(|| self.stream.finish())?;
             self.stream.drain().await
         }

@@ -108,13 +108,19 @@ impl Stream {
         Ok(len)
     }
 
-    /// Read `pages` from the live memory into the pipeline (blocking: call
-    /// from a blocking context). Pages beyond the memory are skipped.
-    pub(crate) fn submit(&mut self, pages: &[u32], counter: &AtomicU64) -> Result<(), String> {
+    /// Read `pages` into the pipeline (blocking: call from a blocking
+    /// context) through `read` (the live memory, or a dirty tracker that
+    /// must see what is sent). Pages beyond the memory are skipped.
+    pub(crate) fn submit(
+        &mut self,
+        pages: &[u32],
+        counter: &AtomicU64,
+        read: &mut (dyn FnMut(u32, &mut [u8; PAGE_SIZE]) -> bool + Send),
+    ) -> Result<(), String> {
         let enc = self.encoder.as_mut().ok_or("stream finished")?;
         let mut buf = Box::new([0u8; PAGE_SIZE]);
         for &i in pages {
-            if !self.memory.read_page(i, &mut buf) {
+            if !read(i, &mut buf) {
                 continue;
             }
             enc.submit(i, &buf[..]).map_err(|e| e.to_string())?;
