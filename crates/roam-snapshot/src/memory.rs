@@ -106,6 +106,24 @@ impl MemoryImage {
         capture_with(memory, initial, buffer, threads)
     }
 
+    /// An image of a `byte_len`-byte memory whose contents travel
+    /// separately (a live migration streams the pages on their own): it
+    /// records the size, so the rest of the snapshot validates, and every
+    /// page as Zero. Restoring from it yields zeros; a receiver replaces it
+    /// with the pages it got before use.
+    ///
+    /// # Panics
+    /// If `byte_len` is not a multiple of [`WASM_PAGE_SIZE`].
+    pub fn placeholder(byte_len: u64, initial: &InitialImage) -> MemoryImage {
+        assert!(byte_len.is_multiple_of(WASM_PAGE_SIZE), "memory size {byte_len}");
+        MemoryImage {
+            byte_len,
+            initial_digest: initial.digest(),
+            kinds: vec![PageKind::Zero; (byte_len / PAGE_SIZE as u64) as usize],
+            data: Vec::new(),
+        }
+    }
+
     /// Give up the image, keeping the stored-page buffer for reuse.
     pub fn into_stored_data(self) -> Vec<u8> {
         self.data

@@ -301,7 +301,12 @@ fn start(
     inbound: &Inbound,
     post: Option<Arc<PostCopyPages>>,
 ) -> Result<StartedCell, String> {
-    let snapshot = Snapshot::decode(&fin.snapshot).map_err(|e| format!("final state: {e}"))?;
+    let mut snapshot = Snapshot::decode(&fin.snapshot).map_err(|e| format!("final state: {e}"))?;
+    if snapshot.memory.byte_len() != fin.memory_bytes || snapshot.memory.stored_pages() != 0 {
+        return Err("final state: its memory record does not match the streamed memory".into());
+    }
+    // The pages arrived on their own; the snapshot's image is a placeholder.
+    snapshot.memory = roam_snapshot::MemoryImage::empty();
     incoming.grow_to(fin.memory_bytes).map_err(|e| e.to_string())?;
     let preopens = make_preopens(n, &offer.cell.id, &offer.cell.dirs).map_err(|e| e.to_string())?;
     let (mut cell, lazy) = match (post, kinds) {

@@ -70,9 +70,12 @@ impl PageTarget for IncomingTarget<'_> {
     }
 }
 
-/// Pages of a post-copy stream, decoded but not yet installed. Keeps a copy
-/// of every page received, because later records may refer to one
-/// (`Copy`/`Delta`); that costs as much memory as the state sent.
+/// Pages of a post-copy stream as received. Every page is kept until the
+/// migration completes: later records may refer to one (`Copy`), and the
+/// fault handler may ask for a page that already went by (the source then
+/// sends nothing, because this stream already carried it). That costs as
+/// much memory as the state sent.
+#[derive(Default)]
 struct Received {
     pages: HashMap<u32, Vec<u8>>,
     fresh: Vec<u32>,
@@ -99,7 +102,7 @@ impl PageTarget for Received {
 /// The destination of a post-copy migration: serves the fault handler's
 /// requests over the connection and installs pages as they arrive.
 pub(crate) struct PostCopyPages {
-    wanted: Mutex<HashMap<u32, Option<Vec<u8>>>>,
+    received: Mutex<Received>,
     arrived: Condvar,
     failed: Mutex<Option<String>>,
     requests: mpsc::UnboundedSender<Vec<u32>>,
@@ -110,7 +113,7 @@ impl PostCopyPages {
     pub(crate) fn new() -> Arc<PostCopyPages> {
         let (tx, rx) = mpsc::unbounded_channel();
         Arc::new(PostCopyPages {
-            wanted: Mutex::new(HashMap::new()),
+            received: Mutex::new(Received::default()),
             arrived: Condvar::new(),
             failed: Mutex::new(None),
             requests: tx,
@@ -183,15 +186,25 @@ impl PostCopyPages {
         store: Arc<ChunkStore>,
     ) -> Result<(), String> {
         let mut decoder = Decoder::with_store(store, true);
-        let mut got = Received {
-            pages: HashMap::new(),
-            fresh: Vec::new(),
-        };
         while !lazy.is_complete() {
+            // Not raced with a timeout: a frame read is not cancel-safe. The
+            // source ends with `PagesDone`, so this cannot wait forever on a
+            // healthy stream.
             match recv(rd).await.map_err(|e| format!("post-copy stream from the source broke: {e}"))? {
                 Msg::Pages { batch } => {
-                    decoder.apply(&batch, &mut got).map_err(|e| e.to_string())?;
-                    self.deliver(lazy, &mut got)?;
+                    let fresh = {
+                        let mut got = self.received.lock().unwrap_or_else(PoisonError::into_inner);
+                        decoder.apply(&batch, &mut *got).map_err(|e| e.to_string())?;
+                        let fresh: Vec<(u32, Vec<u8>)> = std::mem::take(&mut got.fresh)
+                            .into_iter()
+                            .map(|i| (i, got.pages[&i].clone()))
+                            .collect();
+                        fresh
+                    };
+                    self.arrived.notify_all();
+                    for (i, data) in fresh {
+                        lazy.install(i, &data).map_err(|e| e.to_string())?;
+                    }
                 }
                 Msg::PagesDone => {
                     // Requested pages may still be on their way into memory
@@ -212,19 +225,6 @@ impl PostCopyPages {
         }
         Ok(())
     }
-
-    fn deliver(&self, lazy: &LazyMemory, got: &mut Received) -> Result<(), String> {
-        let mut wanted = self.wanted.lock().unwrap_or_else(PoisonError::into_inner);
-        for i in got.fresh.drain(..) {
-            let data = &got.pages[&i];
-            match wanted.get_mut(&i) {
-                Some(slot) => *slot = Some(data.clone()),
-                None => lazy.install(i, data).map_err(|e| e.to_string())?,
-            }
-        }
-        self.arrived.notify_all();
-        Ok(())
-    }
 }
 
 /// Fetches pages for the fault handler through the connection.
@@ -233,29 +233,30 @@ pub(crate) struct NetSource(Arc<PostCopyPages>);
 impl PageSource for NetSource {
     fn fetch(&mut self, pages: &[u32]) -> Result<Vec<(u32, Vec<u8>)>, String> {
         let p = &self.0;
-        {
-            let mut w = p.wanted.lock().unwrap_or_else(PoisonError::into_inner);
-            for &i in pages {
-                w.entry(i).or_insert(None);
-            }
+        let Some(&first) = pages.first() else {
+            return Ok(Vec::new());
+        };
+        let have = |got: &Received| got.pages.contains_key(&first);
+        let mut got = p.received.lock().unwrap_or_else(PoisonError::into_inner);
+        if !have(&got) {
+            let missing: Vec<u32> = pages.iter().copied().filter(|i| !got.pages.contains_key(i)).collect();
+            p.requests
+                .send(missing)
+                .map_err(|_| "the post-copy connection is closed".to_string())?;
         }
-        p.requests
-            .send(pages.to_vec())
-            .map_err(|_| "the post-copy connection is closed".to_string())?;
-        let mut w = p.wanted.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             if let Some(e) = p.failed.lock().unwrap_or_else(PoisonError::into_inner).clone() {
                 return Err(e);
             }
-            if pages.iter().all(|i| matches!(w.get(i), Some(Some(_)))) {
+            if have(&got) {
                 return Ok(pages
                     .iter()
-                    .filter_map(|i| w.remove(i).flatten().map(|d| (*i, d)))
+                    .filter_map(|i| got.pages.get(i).map(|d| (*i, d.clone())))
                     .collect());
             }
-            w = p
+            got = p
                 .arrived
-                .wait_timeout(w, Duration::from_millis(100))
+                .wait_timeout(got, Duration::from_millis(100))
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }

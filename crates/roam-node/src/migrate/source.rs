@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{Path, State};
 use axum::Json;
 use roam_runtime::{DirtyTracker, TrackMethod};
-use roam_snapshot::{EncodeOptions, PAGE_SIZE};
+use roam_snapshot::{EncodeOptions, MemoryImage, PAGE_SIZE};
 use roam_transfer::{AdaptConfig, Codec, EncoderConfig, Mode as XMode, ModeSelect, StoreSummary};
 use roam_wire::{recv, Final, Mode, Msg, Offer};
 use tokio::net::tcp::OwnedReadHalf;
@@ -217,8 +217,11 @@ async fn run(n: &Arc<NodeInner>, m: &Migration, h: &Arc<CellHandle>, plan: Plan)
     let pipeline = ctx.stream.stats();
 
     // Final state and commit.
+    // The memory went as pages; the snapshot only records its size.
+    let mut state = (*paused.snapshot).clone();
+    state.memory = MemoryImage::placeholder(h.memory.len() as u64, h.module.initial_image());
     let fin = Final {
-        snapshot: paused.snapshot.encode(&EncodeOptions::default()).map_err(|e| e.to_string())?,
+        snapshot: state.encode(&EncodeOptions::default()).map_err(|e| e.to_string())?,
         memory_bytes: h.memory.len() as u64,
         log: log.contents(),
     };

@@ -63,6 +63,7 @@ pub(crate) struct Stream {
     pub pages_on_wire: Arc<AtomicU64>,
     memory: LiveMemory,
     sent_len: u64,
+    finished: Option<Stats>,
 }
 
 impl Stream {
@@ -85,6 +86,7 @@ impl Stream {
                 pages_on_wire: Arc::new(AtomicU64::new(0)),
                 memory,
                 sent_len: 0,
+                finished: None,
             },
             meter,
         )
@@ -132,9 +134,18 @@ impl Stream {
     }
 
     /// Wait until every page submitted so far is on the wire, or the writer
-    /// died.
+    /// died. A page whose content the destination already has from this
+    /// stream yields no record; the encoder counts those (exactly once it
+    /// finished, otherwise as of its last statistics window).
     pub(crate) async fn drain(&self) -> Result<(), String> {
-        while self.pages_on_wire.load(Ordering::Relaxed) < self.submitted {
+        loop {
+            let unchanged = match &self.finished {
+                Some(s) => s.unchanged_pages,
+                None => self.stats().unchanged_pages,
+            };
+            if self.pages_on_wire.load(Ordering::Relaxed) + unchanged >= self.submitted {
+                break;
+            }
             if self.out.is_closed() {
                 return Err("the connection to the destination is closed".into());
             }
@@ -145,7 +156,11 @@ impl Stream {
 
     /// Statistics so far.
     pub(crate) fn stats(&self) -> Stats {
-        self.encoder.as_ref().map(Encoder::stats).unwrap_or_default()
+        match (&self.encoder, &self.finished) {
+            (Some(e), _) => e.stats(),
+            (None, Some(s)) => s.clone(),
+            (None, None) => Stats::default(),
+        }
     }
 
     /// No more pages: wait for the last batch to be queued; final stats.
@@ -155,6 +170,7 @@ impl Stream {
         if let Some(p) = self.pump.take() {
             p.join().map_err(|_| "the batch pump panicked".to_string())?;
         }
+        self.finished = Some(stats.clone());
         Ok(stats)
     }
 }
