@@ -40,3 +40,7 @@ else
   echo "MISMATCH" >&2
   exit 1
 fi
+
+echo
+echo "== 4. live migration between two nodes (x86-64 -> aarch64, pre-copy)"
+scripts/demo-live.sh "$W" M pre-copy
