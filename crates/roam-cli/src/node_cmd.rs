@@ -18,7 +18,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 /// `roam node`.
 pub fn node(a: NodeArgs) -> Result<i32> {
-    let name = a.name.unwrap_or_else(|| format!("{}-{}", roam_runtime::host_isa(), a.listen.port()));
+    let name = a
+        .name
+        .unwrap_or_else(|| format!("{}-{}", roam_runtime::host_isa(), a.listen.port()));
     let migrate_listen = a.migrate_listen.unwrap_or_else(|| {
         let mut m = a.listen;
         m.set_port(a.listen.port().wrapping_add(1000));
@@ -28,10 +30,13 @@ pub fn node(a: NodeArgs) -> Result<i32> {
         .state_dir
         .or_else(|| std::env::var_os("ROAM_STATE_DIR").map(Into::into))
         .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").map_or_else(|| ".".into(), std::path::PathBuf::from);
+            let home =
+                std::env::var_os("HOME").map_or_else(|| ".".into(), std::path::PathBuf::from);
             home.join(".local/state/roam").join(&name)
         });
-    let cache_dir = a.cache_dir.unwrap_or_else(roam_runtime::cache::Cache::default_dir);
+    let cache_dir = a
+        .cache_dir
+        .unwrap_or_else(roam_runtime::cache::Cache::default_dir);
     // Cells have no terminal: their stdin is empty, their output is logged.
     if let Ok(null) = std::fs::File::open("/dev/null") {
         let _ = rustix::stdio::dup2_stdin(&null);
@@ -62,7 +67,8 @@ pub fn node(a: NodeArgs) -> Result<i32> {
 
 /// `roam launch`.
 pub fn launch(a: LaunchArgs) -> Result<i32> {
-    let bytes = std::fs::read(&a.module).with_context(|| format!("cannot read {}", a.module.display()))?;
+    let bytes =
+        std::fs::read(&a.module).with_context(|| format!("cannot read {}", a.module.display()))?;
     let env = a
         .env
         .iter()
@@ -106,7 +112,10 @@ pub fn cells(a: CellsArgs) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&cells)?);
             return Ok(0);
         }
-        println!("{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}", "CELL", "STATE", "PROGRAM", "MEMORY", "UPTIME", "HOPS");
+        println!(
+            "{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}",
+            "CELL", "STATE", "PROGRAM", "MEMORY", "UPTIME", "HOPS"
+        );
         for c in cells {
             let state = serde_json::to_value(&c.state)?;
             let mut st = state["state"].as_str().unwrap_or("?").to_string();

@@ -50,9 +50,15 @@ pub(crate) fn router(n: Arc<NodeInner>) -> Router {
         .route("/v1/cells/{id}/logs", get(logs))
         .route("/v1/cells/{id}/kill", post(kill))
         .route("/v1/cells/{id}/checkpoint", post(checkpoint))
-        .route("/v1/cells/{id}/migrate", post(crate::migrate::source::start))
+        .route(
+            "/v1/cells/{id}/migrate",
+            post(crate::migrate::source::start),
+        )
         .route("/v1/migrations/{id}", get(crate::migrate::status))
-        .route("/v1/migrations/{id}/resolve", post(crate::migrate::dest::resolve))
+        .route(
+            "/v1/migrations/{id}/resolve",
+            post(crate::migrate::dest::resolve),
+        )
         .layer(DefaultBodyLimit::max(MODULE_LIMIT))
         .with_state(n)
 }
@@ -161,12 +167,20 @@ pub(crate) fn register_and_spawn(
     let id = spec.id.clone();
     let handle = register(n, spec, log, &mut cell);
     cell::spawn(&id, cell, handle, on_end(n, &id)).map_err(|e| {
-        n.set_state(&id, CellState::Failed { error: e.to_string() });
+        n.set_state(
+            &id,
+            CellState::Failed {
+                error: e.to_string(),
+            },
+        );
         internal(e)
     })
 }
 
-async fn launch(State(n): N, Json(req): Json<LaunchRequest>) -> Result<Json<LaunchResponse>, AppError> {
+async fn launch(
+    State(n): N,
+    Json(req): Json<LaunchRequest>,
+) -> Result<Json<LaunchResponse>, AppError> {
     let hash = parse_hash(&req.module)?;
     if req.args.is_empty() {
         return Err(bad("args must hold at least the program name"));
@@ -226,12 +240,18 @@ async fn list(State(n): N) -> Json<Vec<CellInfo>> {
 }
 
 async fn status(State(n): N, Path(id): Path<String>) -> Result<Json<CellInfo>, AppError> {
-    n.cells().get(&id).map(info).map(Json).ok_or_else(|| not_found(&format!("cell {id}")))
+    n.cells()
+        .get(&id)
+        .map(info)
+        .map(Json)
+        .ok_or_else(|| not_found(&format!("cell {id}")))
 }
 
 async fn logs(State(n): N, Path(id): Path<String>) -> Result<Response, AppError> {
     let cells = n.cells();
-    let e = cells.get(&id).ok_or_else(|| not_found(&format!("cell {id}")))?;
+    let e = cells
+        .get(&id)
+        .ok_or_else(|| not_found(&format!("cell {id}")))?;
     if let CellState::Moved { to } = &e.state {
         let url = format!("http://{to}/v1/cells/{id}/logs");
         return Ok((StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, url)]).into_response());
@@ -243,12 +263,11 @@ async fn logs(State(n): N, Path(id): Path<String>) -> Result<Response, AppError>
         .into_response())
 }
 
-pub(crate) fn running_handle(
-    n: &NodeInner,
-    id: &str,
-) -> Result<Arc<cell::CellHandle>, AppError> {
+pub(crate) fn running_handle(n: &NodeInner, id: &str) -> Result<Arc<cell::CellHandle>, AppError> {
     let cells = n.cells();
-    let e = cells.get(id).ok_or_else(|| not_found(&format!("cell {id}")))?;
+    let e = cells
+        .get(id)
+        .ok_or_else(|| not_found(&format!("cell {id}")))?;
     match (&e.state, &e.handle) {
         (CellState::Running, Some(h)) => Ok(h.clone()),
         (state, _) => Err(AppError(
@@ -282,7 +301,10 @@ async fn kill(State(n): N, Path(id): Path<String>) -> Result<Json<CellInfo>, App
     status(State(n), Path(id)).await
 }
 
-async fn checkpoint(State(n): N, Path(id): Path<String>) -> Result<Json<serde_json::Value>, AppError> {
+async fn checkpoint(
+    State(n): N,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, AppError> {
     let h = running_handle(&n, &id)?;
     let snap = tokio::time::timeout(PAUSE_TIMEOUT, h.checkpoint())
         .await

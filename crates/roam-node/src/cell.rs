@@ -10,7 +10,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use roam_runtime::{Cell, CheckpointKind, CheckpointTiming, Controller, LiveMemory, Outcome, Trigger};
+use roam_runtime::{
+    Cell, CheckpointKind, CheckpointTiming, Controller, LiveMemory, Outcome, Trigger,
+};
 use roam_snapshot::Snapshot;
 use roam_wire::CellSpec;
 use tokio::sync::oneshot;
@@ -61,8 +63,12 @@ impl CellHandle {
     /// Ask for a checkpoint-and-continue; the receiver gets the snapshot.
     pub(crate) fn checkpoint(&self) -> oneshot::Receiver<Result<Box<Snapshot>, String>> {
         let (tx, rx) = oneshot::channel();
-        *self.checkpoint.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
-        self.controller.request(CheckpointKind::Continue, Trigger::Api);
+        *self
+            .checkpoint
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(tx);
+        self.controller
+            .request(CheckpointKind::Continue, Trigger::Api);
         rx
     }
 }
@@ -112,7 +118,12 @@ pub(crate) fn spawn(
 pub(crate) fn run(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
     loop {
         let mut on_checkpoint = |s: &Snapshot, _t: CheckpointTiming| {
-            if let Some(tx) = h.checkpoint.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            if let Some(tx) = h
+                .checkpoint
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
                 let _ = tx.send(Ok(Box::new(s.clone())));
             }
             Ok(())
@@ -121,7 +132,12 @@ pub(crate) fn run(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
             Ok(Outcome::Exited(code)) => return Some(CellState::Exited { code }),
             Ok(Outcome::Paused(s, t)) | Ok(Outcome::Stopped(s, t)) => (s, t),
             Err(e) => {
-                if let Some(tx) = h.checkpoint.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                if let Some(tx) = h
+                    .checkpoint
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                {
                     let _ = tx.send(Err(e.to_string()));
                 }
                 return Some(CellState::Failed {
@@ -129,7 +145,11 @@ pub(crate) fn run(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
                 });
             }
         };
-        let waiter = h.waiter.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let waiter = h
+            .waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         let (reply, decision) = std::sync::mpsc::channel();
         let at = Instant::now()
             .checked_sub(timing.capture)

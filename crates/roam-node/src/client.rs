@@ -47,7 +47,10 @@ impl Client {
         Client { base, http }
     }
 
-    async fn parse<T: DeserializeOwned>(&self, r: Result<reqwest::Response, reqwest::Error>) -> Result<T, ClientError> {
+    async fn parse<T: DeserializeOwned>(
+        &self,
+        r: Result<reqwest::Response, reqwest::Error>,
+    ) -> Result<T, ClientError> {
         let r = r.map_err(|source| ClientError::Unreachable {
             addr: self.base.clone(),
             source,
@@ -73,13 +76,20 @@ impl Client {
 
     /// `GET /v1/node`.
     pub async fn node(&self) -> Result<NodeInfo, ClientError> {
-        self.parse(self.http.get(self.url("/v1/node")).send().await).await
+        self.parse(self.http.get(self.url("/v1/node")).send().await)
+            .await
     }
 
     /// `POST /v1/modules`.
     pub async fn upload_module(&self, bytes: Vec<u8>) -> Result<ModuleInfo, ClientError> {
-        self.parse(self.http.post(self.url("/v1/modules")).body(bytes).send().await)
-            .await
+        self.parse(
+            self.http
+                .post(self.url("/v1/modules"))
+                .body(bytes)
+                .send()
+                .await,
+        )
+        .await
     }
 
     /// `POST /v1/cells`.
@@ -90,13 +100,19 @@ impl Client {
 
     /// `GET /v1/cells`.
     pub async fn cells(&self) -> Result<Vec<CellInfo>, ClientError> {
-        self.parse(self.http.get(self.url("/v1/cells")).send().await).await
+        self.parse(self.http.get(self.url("/v1/cells")).send().await)
+            .await
     }
 
     /// `GET /v1/cells/{id}`.
     pub async fn cell(&self, id: &str) -> Result<CellInfo, ClientError> {
-        self.parse(self.http.get(self.url(&format!("/v1/cells/{id}"))).send().await)
-            .await
+        self.parse(
+            self.http
+                .get(self.url(&format!("/v1/cells/{id}")))
+                .send()
+                .await,
+        )
+        .await
     }
 
     /// `GET /v1/cells/{id}/logs`, following the cell to wherever it runs.
@@ -113,26 +129,43 @@ impl Client {
         if !r.status().is_success() {
             return self.parse::<Vec<u8>>(Ok(r)).await;
         }
-        r.bytes().await.map(|b| b.to_vec()).map_err(|source| ClientError::Unreachable {
-            addr: self.base.clone(),
-            source,
-        })
+        r.bytes()
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|source| ClientError::Unreachable {
+                addr: self.base.clone(),
+                source,
+            })
     }
 
     /// `POST /v1/cells/{id}/kill`.
     pub async fn kill(&self, id: &str) -> Result<CellInfo, ClientError> {
-        self.parse(self.http.post(self.url(&format!("/v1/cells/{id}/kill"))).send().await)
-            .await
+        self.parse(
+            self.http
+                .post(self.url(&format!("/v1/cells/{id}/kill")))
+                .send()
+                .await,
+        )
+        .await
     }
 
     /// `POST /v1/cells/{id}/checkpoint`.
     pub async fn checkpoint(&self, id: &str) -> Result<serde_json::Value, ClientError> {
-        self.parse(self.http.post(self.url(&format!("/v1/cells/{id}/checkpoint"))).send().await)
-            .await
+        self.parse(
+            self.http
+                .post(self.url(&format!("/v1/cells/{id}/checkpoint")))
+                .send()
+                .await,
+        )
+        .await
     }
 
     /// `POST /v1/cells/{id}/migrate`.
-    pub async fn migrate(&self, id: &str, req: &MigrateRequest) -> Result<MigrateResponse, ClientError> {
+    pub async fn migrate(
+        &self,
+        id: &str,
+        req: &MigrateRequest,
+    ) -> Result<MigrateResponse, ClientError> {
         self.parse(
             self.http
                 .post(self.url(&format!("/v1/cells/{id}/migrate")))
@@ -145,8 +178,13 @@ impl Client {
 
     /// `GET /v1/migrations/{id}`.
     pub async fn migration(&self, id: &str) -> Result<MigrationStatus, ClientError> {
-        self.parse(self.http.get(self.url(&format!("/v1/migrations/{id}"))).send().await)
-            .await
+        self.parse(
+            self.http
+                .get(self.url(&format!("/v1/migrations/{id}")))
+                .send()
+                .await,
+        )
+        .await
     }
 
     /// `POST /v1/migrations/{id}/resolve` (asked of a destination).

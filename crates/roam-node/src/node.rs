@@ -98,7 +98,10 @@ impl Node {
     /// Bind both listeners and build the runtime.
     pub async fn bind(cfg: NodeConfig) -> anyhow::Result<Node> {
         std::fs::create_dir_all(cfg.state_dir.join("cells")).map_err(|e| {
-            anyhow::anyhow!("cannot create state directory {}: {e}", cfg.state_dir.display())
+            anyhow::anyhow!(
+                "cannot create state directory {}: {e}",
+                cfg.state_dir.display()
+            )
         })?;
         let rt = Runtime::new(RuntimeConfig {
             cache_dir: cfg.cache_dir.clone(),
@@ -142,7 +145,10 @@ impl Node {
     }
 
     /// Serve until `shutdown` resolves.
-    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
         let Node {
             inner,
             control,
@@ -158,7 +164,9 @@ impl Node {
         );
         let acceptor = tokio::spawn(crate::migrate::dest::accept_loop(inner.clone(), migrate));
         let app = crate::api::router(inner.clone());
-        let served = axum::serve(control, app).with_graceful_shutdown(shutdown).await;
+        let served = axum::serve(control, app)
+            .with_graceful_shutdown(shutdown)
+            .await;
         acceptor.abort();
         served.map_err(|e| anyhow::anyhow!("control API failed: {e}"))
     }

@@ -115,7 +115,10 @@ impl MemoryImage {
     /// # Panics
     /// If `byte_len` is not a multiple of [`WASM_PAGE_SIZE`].
     pub fn placeholder(byte_len: u64, initial: &InitialImage) -> MemoryImage {
-        assert!(byte_len.is_multiple_of(WASM_PAGE_SIZE), "memory size {byte_len}");
+        assert!(
+            byte_len.is_multiple_of(WASM_PAGE_SIZE),
+            "memory size {byte_len}"
+        );
         MemoryImage {
             byte_len,
             initial_digest: initial.digest(),

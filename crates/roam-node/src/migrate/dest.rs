@@ -47,7 +47,10 @@ pub(crate) async fn accept_loop(n: Arc<NodeInner>, l: TcpListener) {
 }
 
 fn unexpected(m: &Msg, during: &str) -> String {
-    format!("protocol error: unexpected `{}` message during {during}", m.name())
+    format!(
+        "protocol error: unexpected `{}` message during {during}",
+        m.name()
+    )
 }
 
 /// Exchange hellos (both sides send first) and check the peer's.
@@ -57,7 +60,9 @@ pub(crate) async fn handshake(
     wr: &mut OwnedWriteHalf,
 ) -> Result<Hello, String> {
     let ours = Hello::new(&n.cfg.name, roam_runtime::host_isa(), n.features());
-    send(wr, &Msg::Hello(ours)).await.map_err(|e| e.to_string())?;
+    send(wr, &Msg::Hello(ours))
+        .await
+        .map_err(|e| e.to_string())?;
     match recv(rd).await.map_err(|e| format!("handshake: {e}"))? {
         Msg::Hello(h) => {
             h.check()?;
@@ -80,7 +85,13 @@ async fn receive(n: Arc<NodeInner>, sock: TcpStream) -> Result<(), String> {
         mode = offer.mode.as_str(), memory = offer.memory_bytes, "incoming migration"
     );
     if let Err(reason) = admit(&n, &offer) {
-        let _ = send(&mut wr, &Msg::Abort { reason: reason.clone() }).await;
+        let _ = send(
+            &mut wr,
+            &Msg::Abort {
+                reason: reason.clone(),
+            },
+        )
+        .await;
         return Err(reason);
     }
     let inbound = Inbound::new();
@@ -201,7 +212,11 @@ async fn receive_cell(
         let m = recv(rd).await.map_err(|e| e.to_string())?;
         let last = matches!(m, Msg::Final(_));
         match m {
-            Msg::Pages { .. } | Msg::Grow { .. } | Msg::RoundDone { .. } | Msg::PageKinds { .. } | Msg::Final(_) => {
+            Msg::Pages { .. }
+            | Msg::Grow { .. }
+            | Msg::RoundDone { .. }
+            | Msg::PageKinds { .. }
+            | Msg::Final(_) => {
                 if tx.send(m).await.is_err() {
                     break;
                 }
@@ -260,8 +275,15 @@ fn assemble(
         let step = match m {
             Msg::Grow { bytes } => incoming.grow_to(bytes).map_err(|e| e.to_string()),
             Msg::Pages { batch } => {
-                let mut t = IncomingTarget::new(incoming.memory_mut(), module.initial_image(), &mut written);
-                decoder.apply(&batch, &mut t).map(|_| ()).map_err(|e| e.to_string())
+                let mut t = IncomingTarget::new(
+                    incoming.memory_mut(),
+                    module.initial_image(),
+                    &mut written,
+                );
+                decoder
+                    .apply(&batch, &mut t)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             }
             Msg::PageKinds { kinds: k } => {
                 kinds = Some(k);
@@ -307,7 +329,9 @@ fn start(
     }
     // The pages arrived on their own; the snapshot's image is a placeholder.
     snapshot.memory = roam_snapshot::MemoryImage::empty();
-    incoming.grow_to(fin.memory_bytes).map_err(|e| e.to_string())?;
+    incoming
+        .grow_to(fin.memory_bytes)
+        .map_err(|e| e.to_string())?;
     let preopens = make_preopens(n, &offer.cell.id, &offer.cell.dirs).map_err(|e| e.to_string())?;
     let (mut cell, lazy) = match (post, kinds) {
         (Some(post), Some(kinds)) => {
@@ -326,7 +350,12 @@ fn start(
             (cell, Some(lazy))
         }
         (Some(_), None) => return Err("post-copy without page kinds".into()),
-        (None, _) => (incoming.finish(&snapshot, preopens).map_err(|e| e.to_string())?, None),
+        (None, _) => (
+            incoming
+                .finish(&snapshot, preopens)
+                .map_err(|e| e.to_string())?,
+            None,
+        ),
     };
     // The commit point: from here on the cell is this node's.
     if !inbound.try_start() {

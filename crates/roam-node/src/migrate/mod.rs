@@ -22,8 +22,8 @@ use crate::types::{MigrationStatus, MigrationSummary, Resolution};
 
 pub(crate) mod dest;
 mod pages;
-mod stream;
 pub(crate) mod source;
+mod stream;
 
 /// A migration this node drives, as seen by `GET /v1/migrations/{id}`.
 pub(crate) struct Migration {
@@ -67,19 +67,29 @@ impl Migration {
                 migration = %self.id, cell = %self.cell, total_ms = s.total_ms,
                 downtime_ms = s.downtime_ms, wire_bytes = s.wire_bytes, "migration done"
             ),
-            Err(e) => tracing::warn!(migration = %self.id, cell = %self.cell, error = %e, "migration failed"),
+            Err(e) => {
+                tracing::warn!(migration = %self.id, cell = %self.cell, error = %e, "migration failed")
+            }
         }
         self.phase(if r.is_ok() { "done" } else { "failed" });
         *self.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
     }
 
     fn status(&self) -> MigrationStatus {
-        let end = self.end.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let end = self
+            .end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         MigrationStatus {
             id: self.id.clone(),
             cell: self.cell.clone(),
             mode: self.mode.as_str().into(),
-            phase: self.phase.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            phase: self
+                .phase
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
             round: self.round.load(Ordering::Relaxed),
             pages_in: self.pages_in.load(Ordering::Relaxed),
             wire_bytes: self.wire_bytes.load(Ordering::Relaxed),

@@ -23,12 +23,20 @@ pub(crate) struct IncomingTarget<'a> {
 }
 
 impl<'a> IncomingTarget<'a> {
-    pub(crate) fn new(mem: &'a mut [u8], initial: &'a InitialImage, written: &'a mut Vec<bool>) -> Self {
+    pub(crate) fn new(
+        mem: &'a mut [u8],
+        initial: &'a InitialImage,
+        written: &'a mut Vec<bool>,
+    ) -> Self {
         let pages = mem.len() / PAGE_SIZE;
         if written.len() < pages {
             written.resize(pages, false);
         }
-        IncomingTarget { mem, initial, written }
+        IncomingTarget {
+            mem,
+            initial,
+            written,
+        }
     }
 
     fn slot(&mut self, i: u32) -> &mut [u8] {
@@ -87,7 +95,9 @@ impl PageTarget for Received {
         (1u64 << 32).div_ceil(PAGE_SIZE as u64) as u32
     }
     fn page(&self, i: u32) -> &[u8] {
-        self.pages.get(&i).map_or(&[0u8; PAGE_SIZE][..], Vec::as_slice)
+        self.pages
+            .get(&i)
+            .map_or(&[0u8; PAGE_SIZE][..], Vec::as_slice)
     }
     fn write(&mut self, i: u32, data: &[u8]) {
         self.pages.insert(i, data.to_vec());
@@ -190,11 +200,16 @@ impl PostCopyPages {
             // Not raced with a timeout: a frame read is not cancel-safe. The
             // source ends with `PagesDone`, so this cannot wait forever on a
             // healthy stream.
-            match recv(rd).await.map_err(|e| format!("post-copy stream from the source broke: {e}"))? {
+            match recv(rd)
+                .await
+                .map_err(|e| format!("post-copy stream from the source broke: {e}"))?
+            {
                 Msg::Pages { batch } => {
                     let fresh = {
                         let mut got = self.received.lock().unwrap_or_else(PoisonError::into_inner);
-                        decoder.apply(&batch, &mut *got).map_err(|e| e.to_string())?;
+                        decoder
+                            .apply(&batch, &mut *got)
+                            .map_err(|e| e.to_string())?;
                         let fresh: Vec<(u32, Vec<u8>)> = std::mem::take(&mut got.fresh)
                             .into_iter()
                             .map(|i| (i, got.pages[&i].clone()))
@@ -216,11 +231,20 @@ impl PostCopyPages {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                     if !lazy.is_complete() {
-                        return Err("the source finished sending, but pages are still missing".into());
+                        return Err(
+                            "the source finished sending, but pages are still missing".into()
+                        );
                     }
                 }
-                Msg::Abort { reason } => return Err(format!("the source aborted post-copy: {reason}")),
-                m => return Err(format!("protocol error: unexpected `{}` during post-copy", m.name())),
+                Msg::Abort { reason } => {
+                    return Err(format!("the source aborted post-copy: {reason}"))
+                }
+                m => {
+                    return Err(format!(
+                        "protocol error: unexpected `{}` during post-copy",
+                        m.name()
+                    ))
+                }
             }
         }
         Ok(())
@@ -239,13 +263,22 @@ impl PageSource for NetSource {
         let have = |got: &Received| got.pages.contains_key(&first);
         let mut got = p.received.lock().unwrap_or_else(PoisonError::into_inner);
         if !have(&got) {
-            let missing: Vec<u32> = pages.iter().copied().filter(|i| !got.pages.contains_key(i)).collect();
+            let missing: Vec<u32> = pages
+                .iter()
+                .copied()
+                .filter(|i| !got.pages.contains_key(i))
+                .collect();
             p.requests
                 .send(missing)
                 .map_err(|_| "the post-copy connection is closed".to_string())?;
         }
         loop {
-            if let Some(e) = p.failed.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+            if let Some(e) = p
+                .failed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+            {
                 return Err(e);
             }
             if have(&got) {

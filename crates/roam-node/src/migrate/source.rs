@@ -30,7 +30,10 @@ pub(crate) async fn start(
 ) -> Result<Json<MigrateResponse>, AppError> {
     let bad = |m: String| AppError(axum::http::StatusCode::BAD_REQUEST, m);
     let mode = Mode::parse(&req.mode).ok_or_else(|| {
-        bad(format!("unknown mode `{}`: use stop-and-copy, pre-copy or post-copy", req.mode))
+        bad(format!(
+            "unknown mode `{}`: use stop-and-copy, pre-copy or post-copy",
+            req.mode
+        ))
     })?;
     let select = parse_codec(&req.transfer).map_err(bad)?;
     let rate = match &req.transfer.bandwidth {
@@ -46,7 +49,12 @@ pub(crate) async fn start(
         .insert(m.id.clone(), m.clone());
     let (node, mig) = (n.clone(), m.clone());
     tokio::spawn(async move {
-        let plan = Plan { req, mode, select, rate };
+        let plan = Plan {
+            req,
+            mode,
+            select,
+            rate,
+        };
         let r = run(&node, &mig, &handle, plan).await;
         if r.is_err() {
             // Every failure path resumed the cell (or it ended by itself).
@@ -58,7 +66,9 @@ pub(crate) async fn start(
         }
         mig.finish(r);
     });
-    Ok(Json(MigrateResponse { migration: m.id.clone() }))
+    Ok(Json(MigrateResponse {
+        migration: m.id.clone(),
+    }))
 }
 
 /// Parse `codec`/`delta` into the pipeline's mode selection.
@@ -69,7 +79,9 @@ pub(crate) fn parse_codec(t: &TransferOptions) -> Result<ModeSelect, String> {
         Some("none") => Codec::None,
         Some("lz4") => Codec::Lz4,
         Some(z) if z.starts_with("zstd") => {
-            let level: u8 = z[4..].parse().map_err(|_| format!("bad zstd level in `{z}`"))?;
+            let level: u8 = z[4..]
+                .parse()
+                .map_err(|_| format!("bad zstd level in `{z}`"))?;
             if !(1..=19).contains(&level) {
                 return Err(format!("zstd level {level} is outside 1..=19"));
             }
@@ -110,32 +122,51 @@ fn spawn_reader(mut rd: OwnedReadHalf) -> Inbox {
 
 async fn next(inbox: &mut Inbox, during: &str, limit: Duration) -> Result<Msg, String> {
     match tokio::time::timeout(limit, inbox.recv()).await {
-        Err(_) => Err(format!("the destination did not answer during {during} within {} s", limit.as_secs())),
-        Ok(None) => Err(format!("the connection to the destination closed during {during}")),
+        Err(_) => Err(format!(
+            "the destination did not answer during {during} within {} s",
+            limit.as_secs()
+        )),
+        Ok(None) => Err(format!(
+            "the connection to the destination closed during {during}"
+        )),
         Ok(Some(Err(e))) => Err(format!("{during}: {e}")),
         Ok(Some(Ok(Msg::Abort { reason }))) => Err(format!("the destination refused: {reason}")),
         Ok(Some(Ok(m))) => Ok(m),
     }
 }
 
-async fn run(n: &Arc<NodeInner>, m: &Migration, h: &Arc<CellHandle>, plan: Plan) -> Result<MigrationSummary, String> {
+async fn run(
+    n: &Arc<NodeInner>,
+    m: &Migration,
+    h: &Arc<CellHandle>,
+    plan: Plan,
+) -> Result<MigrationSummary, String> {
     let spec = n
         .cells()
         .get(&m.cell)
         .map(|e| (e.spec.clone(), e.log.clone()))
         .ok_or("the cell disappeared")?;
     let (spec, log) = spec;
-    m.memory_bytes.store(h.memory.len() as u64, Ordering::Relaxed);
+    m.memory_bytes
+        .store(h.memory.len() as u64, Ordering::Relaxed);
 
     // Who is the destination?
     let info: NodeInfo = crate::client::Client::new(&plan.req.to)
         .node()
         .await
         .map_err(|e| format!("cannot reach destination {}: {e}", plan.req.to))?;
-    let sock = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(&info.migrate_addr))
-        .await
-        .map_err(|_| format!("connecting to {} timed out", info.migrate_addr))?
-        .map_err(|e| format!("cannot connect to {} ({}): {e}", info.migrate_addr, info.name))?;
+    let sock = tokio::time::timeout(
+        Duration::from_secs(10),
+        TcpStream::connect(&info.migrate_addr),
+    )
+    .await
+    .map_err(|_| format!("connecting to {} timed out", info.migrate_addr))?
+    .map_err(|e| {
+        format!(
+            "cannot connect to {} ({}): {e}",
+            info.migrate_addr, info.name
+        )
+    })?;
     sock.set_nodelay(true).ok();
     let (mut rd, mut wr) = sock.into_split();
     let peer = super::dest::handshake(n, &mut rd, &mut wr).await?;
@@ -160,7 +191,12 @@ async fn run(n: &Arc<NodeInner>, m: &Migration, h: &Arc<CellHandle>, plan: Plan)
     m.wire_bytes.fetch_add(sent as u64, Ordering::Relaxed);
     let accept = match next(&mut inbox, "the offer", Duration::from_secs(60)).await? {
         Msg::Accept(a) => a,
-        other => return Err(format!("protocol error: `{}` instead of accept", other.name())),
+        other => {
+            return Err(format!(
+                "protocol error: `{}` instead of accept",
+                other.name()
+            ))
+        }
     };
     let summary = StoreSummary::from_bytes(&accept.store_summary).ok();
     let (out_tx, out_rx) = mpsc::channel::<Out>(if plan.mode == Mode::PostCopy { 2 } else { 8 });
@@ -182,14 +218,28 @@ async fn run(n: &Arc<NodeInner>, m: &Migration, h: &Arc<CellHandle>, plan: Plan)
         m.phase("sending-module");
         for (k, chunk) in h.module.bytes().chunks(1 << 20).enumerate() {
             stream
-                .msg(Msg::ModuleChunk { offset: (k << 20) as u64, bytes: chunk.to_vec() })
+                .msg(Msg::ModuleChunk {
+                    offset: (k << 20) as u64,
+                    bytes: chunk.to_vec(),
+                })
                 .await?;
         }
     }
     m.phase("preparing");
-    match next(&mut inbox, "the destination's preparation", Duration::from_secs(600)).await? {
+    match next(
+        &mut inbox,
+        "the destination's preparation",
+        Duration::from_secs(600),
+    )
+    .await?
+    {
         Msg::Prepared => {}
-        other => return Err(format!("protocol error: `{}` instead of prepared", other.name())),
+        other => {
+            return Err(format!(
+                "protocol error: `{}` instead of prepared",
+                other.name()
+            ))
+        }
     }
 
     let mut ctx = Ctx {
@@ -221,7 +271,9 @@ async fn run(n: &Arc<NodeInner>, m: &Migration, h: &Arc<CellHandle>, plan: Plan)
     let mut state = (*paused.snapshot).clone();
     state.memory = MemoryImage::placeholder(h.memory.len() as u64, h.module.initial_image());
     let fin = Final {
-        snapshot: state.encode(&EncodeOptions::default()).map_err(|e| e.to_string())?,
+        snapshot: state
+            .encode(&EncodeOptions::default())
+            .map_err(|e| e.to_string())?,
         memory_bytes: h.memory.len() as u64,
         log: log.contents(),
     };
@@ -232,7 +284,9 @@ async fn run(n: &Arc<NodeInner>, m: &Migration, h: &Arc<CellHandle>, plan: Plan)
         Ok(false) | Err(_) => {
             let _ = paused.reply.send(Decision::Resume);
             writer.abort();
-            let e = committed.err().unwrap_or_else(|| "the destination aborted".into());
+            let e = committed
+                .err()
+                .unwrap_or_else(|| "the destination aborted".into());
             return Err(format!("{e}; the cell keeps running on this node"));
         }
     }
@@ -245,9 +299,16 @@ async fn run(n: &Arc<NodeInner>, m: &Migration, h: &Arc<CellHandle>, plan: Plan)
         None
     };
     let _ = paused.reply.send(Decision::Release);
-    n.set_state(&m.cell, CellState::Moved { to: plan.req.to.clone() });
+    n.set_state(
+        &m.cell,
+        CellState::Moved {
+            to: plan.req.to.clone(),
+        },
+    );
     let post = match post {
-        Some(Err(e)) => return Err(format!("post-copy failed after the cell moved; the destination's copy cannot continue: {e}")),
+        Some(Err(e)) => return Err(format!(
+            "post-copy failed after the cell moved; the destination's copy cannot continue: {e}"
+        )),
         Some(Ok(p)) => Some(p),
         None => None,
     };
@@ -331,7 +392,12 @@ impl Ctx<'_> {
         self.m.phase("pausing");
         let p = tokio::time::timeout(PAUSE_TIMEOUT, self.h.pause())
             .await
-            .map_err(|_| format!("the cell did not reach a migration point within {} s", PAUSE_TIMEOUT.as_secs()))?
+            .map_err(|_| {
+                format!(
+                    "the cell did not reach a migration point within {} s",
+                    PAUSE_TIMEOUT.as_secs()
+                )
+            })?
             .map_err(|_| "the cell ended before it could pause".to_string())?;
         self.m.phase("paused");
         Ok(p)
@@ -339,7 +405,8 @@ impl Ctx<'_> {
 
     async fn send_pages(&mut self, pages: &[u32]) -> Result<(), String> {
         let mem = self.h.memory.clone();
-        self.send_pages_with(pages, &mut |i, buf| mem.read_page(i, buf)).await
+        self.send_pages_with(pages, &mut |i, buf| mem.read_page(i, buf))
+            .await
     }
 
     async fn send_pages_with(
@@ -377,9 +444,15 @@ impl Ctx<'_> {
             None | Some("auto") => TrackMethod::Auto,
             Some("write-protect") => TrackMethod::WriteProtect,
             Some("hash") => TrackMethod::Hash,
-            Some(o) => return Err((format!("unknown tracking `{o}`: use auto, write-protect or hash"), None)),
+            Some(o) => {
+                return Err((
+                    format!("unknown tracking `{o}`: use auto, write-protect or hash"),
+                    None,
+                ))
+            }
         };
-        let mut tracker = DirtyTracker::start(&self.h.memory, method).map_err(|e| (e.to_string(), None))?;
+        let mut tracker =
+            DirtyTracker::start(&self.h.memory, method).map_err(|e| (e.to_string(), None))?;
         let tracking = Some(match tracker.method() {
             TrackMethod::WriteProtect => "write-protect".to_string(),
             TrackMethod::Hash => "hash".to_string(),
@@ -393,11 +466,22 @@ impl Ctx<'_> {
                 self.m.round.store(round, Ordering::Relaxed);
                 self.m.phase(format!("round {round}"));
                 let began = Instant::now();
-                self.send_pages_with(&pages, &mut |i, b| tracker.read_page(i, b)).await?;
+                self.send_pages_with(&pages, &mut |i, b| tracker.read_page(i, b))
+                    .await?;
                 self.stream.drain().await?;
-                self.stream.msg(Msg::RoundDone { round, pages: pages.len() as u64 }).await?;
+                self.stream
+                    .msg(Msg::RoundDone {
+                        round,
+                        pages: pages.len() as u64,
+                    })
+                    .await?;
                 let took = began.elapsed();
-                tracing::info!(round, pages = pages.len(), ms = took.as_millis() as u64, "pre-copy round");
+                tracing::info!(
+                    round,
+                    pages = pages.len(),
+                    ms = took.as_millis() as u64,
+                    "pre-copy round"
+                );
                 if took <= max_round || round >= max_rounds {
                     return Ok(());
                 }
@@ -409,7 +493,8 @@ impl Ctx<'_> {
                 loop {
                     let d = tokio::task::block_in_place(|| tracker.collect());
                     dirty.extend(d);
-                    if (dirty.len() * PAGE_SIZE) as u64 >= max_remaining || waited.elapsed() >= took {
+                    if (dirty.len() * PAGE_SIZE) as u64 >= max_remaining || waited.elapsed() >= took
+                    {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -425,7 +510,8 @@ impl Ctx<'_> {
         let last = async {
             let dirty = tokio::task::block_in_place(|| tracker.collect());
             self.m.phase(format!("final round ({} pages)", dirty.len()));
-            self.send_pages_with(&dirty, &mut |i, b| tracker.read_page(i, b)).await?;
+            self.send_pages_with(&dirty, &mut |i, b| tracker.read_page(i, b))
+                .await?;
             tokio::task::block_in_place(|| self.stream.finish())?;
             self.stream.drain().await
         }
@@ -439,7 +525,8 @@ impl Ctx<'_> {
 
     async fn post_copy(&mut self) -> ModeResult {
         let paused = self.pause().await.map_err(|e| (e, None))?;
-        self.kinds = tokio::task::block_in_place(|| classify(&self.h.memory, self.h.module.initial_image()));
+        self.kinds =
+            tokio::task::block_in_place(|| classify(&self.h.memory, self.h.module.initial_image()));
         let kinds = self.kinds.clone();
         let r = async {
             self.stream.sync_size().await?;
@@ -486,7 +573,11 @@ impl Ctx<'_> {
             let m = match tokio::time::timeout(Duration::from_secs(300), self.inbox.recv()).await {
                 Ok(Some(m)) => m,
                 Ok(None) => return Err("the destination closed the connection".into()),
-                Err(_) => return Err("the destination neither asked for pages nor finished in 300 s".into()),
+                Err(_) => {
+                    return Err(
+                        "the destination neither asked for pages nor finished in 300 s".into(),
+                    )
+                }
             };
             if self.on_post_copy_msg(m, &mut stats).await? {
                 stats.complete_ms = ms(began.elapsed());
@@ -511,7 +602,10 @@ impl Ctx<'_> {
             }
             Msg::Complete => Ok(true),
             Msg::Abort { reason } => Err(reason),
-            other => Err(format!("protocol error: `{}` during post-copy", other.name())),
+            other => Err(format!(
+                "protocol error: `{}` during post-copy",
+                other.name()
+            )),
         }
     }
 }
@@ -524,7 +618,10 @@ async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &str) -> Result<bool, String>
     ctx.stream.msg(Msg::Final(Box::new(fin))).await?;
     match next(ctx.inbox, "the commit", Duration::from_secs(120)).await {
         Ok(Msg::Running) => Ok(true),
-        Ok(other) => Err(format!("protocol error: `{}` instead of running", other.name())),
+        Ok(other) => Err(format!(
+            "protocol error: `{}` instead of running",
+            other.name()
+        )),
         Err(e) if e.starts_with("the destination refused") => Err(e),
         Err(e) => {
             // The connection broke after the final state went out: only the

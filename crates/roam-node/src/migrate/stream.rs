@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use roam_runtime::LiveMemory;
 use roam_snapshot::{InitialImage, PAGE_SIZE};
-use roam_transfer::{decode_batch, BatchReceiver, Encoder, EncoderConfig, Stats, StoreSummary, WireMeter};
+use roam_transfer::{
+    decode_batch, BatchReceiver, Encoder, EncoderConfig, Stats, StoreSummary, WireMeter,
+};
 use roam_wire::{send, Msg};
 use tokio::io::AsyncWrite;
 use tokio::sync::mpsc;
@@ -168,7 +170,8 @@ impl Stream {
         let enc = self.encoder.take().ok_or("stream finished twice")?;
         let stats = enc.finish().map_err(|e| e.to_string())?;
         if let Some(p) = self.pump.take() {
-            p.join().map_err(|_| "the batch pump panicked".to_string())?;
+            p.join()
+                .map_err(|_| "the batch pump panicked".to_string())?;
         }
         self.finished = Some(stats.clone());
         Ok(stats)
