@@ -147,7 +147,12 @@ impl Adapter {
             w.with_base as f64 / w.pages as f64
         };
         let (sp, sr) = match self.reference(self.current, f) {
-            Some((p, r)) if p > 0.0 && r > 0.0 => (w.p_nanos / p, w.ratio / r),
+            // Clamped: a mode whose reference cost is tiny (no compression)
+            // would otherwise turn timer noise into huge scale factors.
+            Some((p, r)) if p > 0.0 && r > 0.0 => (
+                (w.p_nanos / p).clamp(1.0 / 8.0, 8.0),
+                (w.ratio / r).clamp(1.0 / 8.0, 8.0),
+            ),
             _ => (1.0, 1.0),
         };
         let workers = w.workers.max(1) as f64;
