@@ -196,9 +196,10 @@ impl Adapter {
         }
         let preds = self.predict(w);
         let cur = preds.iter().find(|p| p.mode == self.current)?.system();
+        // On ties keep the earlier table entry (cheaper, or without delta).
         let best = preds
             .iter()
-            .max_by(|a, b| a.system().total_cmp(&b.system()))?;
+            .reduce(|a, b| if b.system() > a.system() { b } else { a })?;
         if best.mode == self.current || best.system() <= cur * (1.0 + self.cfg.min_gain) {
             self.streak = 0;
             return None;

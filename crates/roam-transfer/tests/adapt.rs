@@ -130,7 +130,11 @@ fn drive(start: Mode, bandwidth: Option<f64>, secs: f64) -> Stats {
             stop.store(true, Ordering::Relaxed);
         }
     }
-    producer.join().unwrap()
+    let stats = producer.join().unwrap();
+    for s in &stats.mode_switches {
+        eprintln!("{} ms: {} -> {}: {}", s.at_ms, s.from, s.to, s.reason);
+    }
+    stats
 }
 
 #[test]
