@@ -166,7 +166,7 @@ pub enum BatchError {
         /// Tag found.
         tag: u8,
     },
-    /// A varint is longer than 5 bytes or overflows `u32`.
+    /// A varint is longer than 5 bytes, overlong, or overflows `u32`.
     #[error("record {record} at byte {offset}: {what} is not a valid u32 varint")]
     BadVarint {
         /// Record number.
@@ -194,8 +194,9 @@ pub enum BatchError {
     },
 }
 
-/// Checksum of a batch body: the first 8 bytes of its BLAKE3 hash.
-fn checksum(bytes: &[u8]) -> [u8; 8] {
+/// Checksum of a batch (everything before the checksum itself): the first 8
+/// bytes of its BLAKE3 hash.
+pub fn batch_checksum(bytes: &[u8]) -> [u8; 8] {
     let h = blake3::hash(bytes);
     let mut c = [0u8; 8];
     c.copy_from_slice(&h.as_bytes()[..8]);
@@ -250,7 +251,7 @@ impl BatchWriter {
     pub fn take(&mut self) -> Vec<u8> {
         let mut out = std::mem::replace(&mut self.buf, vec![BATCH_VERSION]);
         out.extend_from_slice(&self.count.to_le_bytes());
-        let c = checksum(&out);
+        let c = batch_checksum(&out);
         out.extend_from_slice(&c);
         self.count = 0;
         out
@@ -263,7 +264,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Record<'_>>, BatchError> {
         return Err(BatchError::TooShort { len: bytes.len() });
     }
     let (covered, sum) = bytes.split_at(bytes.len() - 8);
-    if checksum(covered) != sum {
+    if batch_checksum(covered) != sum {
         return Err(BatchError::ChecksumMismatch);
     }
     if bytes[0] != BATCH_VERSION {
@@ -324,12 +325,18 @@ impl<'a> Reader<'a> {
         for i in 0..5 {
             let b = self.take(record, what, 1)?[0];
             v |= u64::from(b & 0x7f) << (7 * i);
+            // A zero final byte after the first is an overlong encoding;
+            // refusing it keeps every value's encoding unique.
             if b & 0x80 == 0 {
-                return u32::try_from(v).map_err(|_| BatchError::BadVarint {
-                    record,
-                    offset: start,
-                    what,
-                });
+                let canonical = b != 0 || i == 0;
+                return u32::try_from(v)
+                    .ok()
+                    .filter(|_| canonical)
+                    .ok_or(BatchError::BadVarint {
+                        record,
+                        offset: start,
+                        what,
+                    });
             }
         }
         Err(BatchError::BadVarint {
