@@ -69,7 +69,7 @@ fn structural_errors_are_precise() {
         decode_batch(&seal(&[0, 0x81, 0x00], 1)),
         Err(BatchError::BadVarint {
             record: 0,
-            offset: 1,
+            offset: 2,
             what: "page index"
         })
     ));

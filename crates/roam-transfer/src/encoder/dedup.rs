@@ -78,7 +78,8 @@ impl Dedup {
         let (decision, data) = if zero {
             (Decision::Zero, None)
         } else if self.initial.get(&index) == Some(&hash) {
-            (Decision::Initial, None)
+            // Kept so a later small change to a data-segment page can be a delta.
+            (Decision::Initial, self.keep_copies.then(|| Arc::from(page)))
         } else if let Some(&from) = self.holders.get(&hash) {
             let data = self.dest.get(&from).and_then(|d| d.data.clone());
             (Decision::Copy(from), data)
