@@ -135,3 +135,35 @@ fn push_image_reports_totals() {
     assert!(r.first_batch_after.unwrap() <= r.elapsed);
     assert_eq!(r.stats.pages_in, 256);
 }
+
+/// End-to-end encoder throughput per static mode with an unthrottled consumer.
+#[test]
+#[ignore]
+fn print_pipeline_throughput() {
+    let (initial, mem) = mixed_memory(8192, 12);
+    for codec in [
+        Codec::None,
+        Codec::Lz4,
+        Codec::Zstd(1),
+        Codec::Zstd(3),
+        Codec::Zstd(9),
+        Codec::Zstd(19),
+    ] {
+        for workers in [1, 2] {
+            let cfg = EncoderConfig {
+                workers,
+                ..static_cfg(Mode::new(false, codec))
+            };
+            let r = push_image(&mem, None, &initial, None, cfg, |b, m| {
+                m.record(b.len() as u64)
+            })
+            .unwrap();
+            println!(
+                "{codec:8} workers {workers}: {:7.1} MB/s in, ratio {:.3}, first batch after {:?}",
+                r.bytes_in as f64 / r.elapsed.as_secs_f64() / 1e6,
+                r.bytes_out as f64 / r.bytes_in as f64,
+                r.first_batch_after.unwrap()
+            );
+        }
+    }
+}
