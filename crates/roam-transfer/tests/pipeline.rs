@@ -39,6 +39,29 @@ fn first_batch_comes_out_before_input_ends() {
 }
 
 #[test]
+fn flush_with_nothing_pending_does_not_split_later_batches() {
+    let initial = roam_snapshot::InitialImage::empty();
+    let cfg = EncoderConfig {
+        batch_bytes: 1 << 20,
+        flush_after: Duration::from_secs(10),
+        ..static_cfg(Mode::new(false, Codec::Lz4))
+    };
+    let (mut enc, rx) = Encoder::new(cfg, &initial, None);
+    let consumer = std::thread::spawn(move || rx.count());
+    let mut rng = SplitMix64::new(4);
+    enc.submit(0, &text_page(&mut rng)).unwrap();
+    enc.flush();
+    std::thread::sleep(Duration::from_millis(100));
+    enc.flush(); // nothing pending any more
+    std::thread::sleep(Duration::from_millis(50));
+    for i in 1..200 {
+        enc.submit(i, &text_page(&mut rng)).unwrap();
+    }
+    enc.finish().unwrap();
+    assert_eq!(consumer.join().unwrap(), 2, "one batch per flush/finish");
+}
+
+#[test]
 fn slow_consumer_stalls_the_submitter() {
     let initial = roam_snapshot::InitialImage::empty();
     let cfg = EncoderConfig {

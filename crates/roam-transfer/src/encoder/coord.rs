@@ -231,7 +231,7 @@ impl Coordinator {
         if released > 0 {
             self.shared.release(released);
         }
-        if s.next_emit >= s.flush_upto && s.flush_upto > 0 && !s.writer.is_empty() {
+        if s.flush_upto > 0 && s.next_emit >= s.flush_upto {
             self.send(s);
             s.flush_upto = 0;
         }
