@@ -191,7 +191,7 @@ impl Adapter {
             self.bandwidth = self.bandwidth.max(2.0 * measured);
         }
         if w.pages < 4 || self.bandwidth <= 0.0 {
-            self.streak = 0;
+            // Too little to judge: neither confirms nor breaks a streak.
             return None;
         }
         let preds = self.predict(w);

@@ -177,12 +177,17 @@ impl Coordinator {
                     s.stats.store_pages += 1;
                     Record::Stored { index, hash }.encode_into(&mut buf);
                 }
-                Decision::Compress { page, base } => {
+                Decision::Compress {
+                    page,
+                    base,
+                    eligible,
+                } => {
                     let job = Job::Compress {
                         seq,
                         index,
                         page,
                         base,
+                        eligible,
                         mode: s.mode,
                     };
                     // Workers outlive the coordinator's sender, so this only

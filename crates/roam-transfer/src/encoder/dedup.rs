@@ -28,10 +28,13 @@ pub(crate) enum Decision {
     Initial,
     Copy(u32),
     Stored(ChunkHash),
-    /// Needs compression; `base` is the previous version if one is kept.
+    /// Needs compression; `base` is the previous version if one is kept and
+    /// the mode uses delta; `eligible` says whether one is kept at all (so the
+    /// adapter can tell how much delta would apply in a non-delta mode).
     Compress {
         page: Arc<Page>,
         base: Option<Arc<Page>>,
+        eligible: bool,
     },
 }
 
@@ -87,14 +90,19 @@ impl Dedup {
             let data = self.keep_copies.then(|| Arc::from(page));
             (Decision::Stored(hash), data)
         } else {
-            let base = if delta {
-                prev.and_then(|p| p.data.clone())
-            } else {
-                None
-            };
+            let kept = prev.and_then(|p| p.data.clone());
+            let eligible = kept.is_some();
+            let base = if delta { kept } else { None };
             let page: Arc<Page> = Arc::from(page);
             let data = self.keep_copies.then(|| page.clone());
-            (Decision::Compress { page, base }, data)
+            (
+                Decision::Compress {
+                    page,
+                    base,
+                    eligible,
+                },
+                data,
+            )
         };
         self.set_dest(index, hash, data, !zero);
         decision
