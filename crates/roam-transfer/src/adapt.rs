@@ -147,7 +147,12 @@ impl Adapter {
             w.with_base as f64 / w.pages as f64
         };
         let (sp, sr) = match self.reference(self.current, f) {
-            Some((p, r)) if p > 0.0 && r > 0.0 => (w.p_nanos / p, w.ratio / r),
+            // Clamped: a mode whose reference cost is tiny (no compression)
+            // would otherwise turn timer noise into huge scale factors.
+            Some((p, r)) if p > 0.0 && r > 0.0 => (
+                (w.p_nanos / p).clamp(1.0 / 8.0, 8.0),
+                (w.ratio / r).clamp(1.0 / 8.0, 8.0),
+            ),
             _ => (1.0, 1.0),
         };
         let workers = w.workers.max(1) as f64;
@@ -186,14 +191,15 @@ impl Adapter {
             self.bandwidth = self.bandwidth.max(2.0 * measured);
         }
         if w.pages < 4 || self.bandwidth <= 0.0 {
-            self.streak = 0;
+            // Too little to judge: neither confirms nor breaks a streak.
             return None;
         }
         let preds = self.predict(w);
         let cur = preds.iter().find(|p| p.mode == self.current)?.system();
+        // On ties keep the earlier table entry (cheaper, or without delta).
         let best = preds
             .iter()
-            .max_by(|a, b| a.system().total_cmp(&b.system()))?;
+            .reduce(|a, b| if b.system() > a.system() { b } else { a })?;
         if best.mode == self.current || best.system() <= cur * (1.0 + self.cfg.min_gain) {
             self.streak = 0;
             return None;

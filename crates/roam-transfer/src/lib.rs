@@ -54,7 +54,7 @@ pub use codec::{decompress_page, Codec, CodecError, PageCompressor};
 pub use decoder::{ApplyError, DecodeStats, Decoder};
 pub use encoder::{BatchReceiver, EncodeError, Encoder, EncoderConfig, WireMeter};
 pub use mode::{default_modes, reference_workload, Mode, ModeProfile, ModeTable, DEFAULT_CODECS};
-pub use record::{decode_batch, BatchError, BatchWriter, Record, BATCH_VERSION};
+pub use record::{batch_checksum, decode_batch, BatchError, BatchWriter, Record, BATCH_VERSION};
 pub use shuffle::SplitMix64;
 pub use stats::{ModeSwitch, Stats};
 pub use store::{ChunkHash, ChunkStore, Page, StoreSummary, SummaryError};

@@ -104,6 +104,7 @@ impl ModeTable {
     pub fn measure(pairs: &[(&[u8], &[u8])], modes: &[Mode]) -> Self {
         let mut c = PageCompressor::default();
         let mut x = vec![0u8; PAGE_SIZE];
+        let mut rec = Vec::with_capacity(2 * PAGE_SIZE);
         let pairs: Vec<_> = pairs
             .iter()
             .filter(|(a, b)| a.len() == PAGE_SIZE && b.len() == PAGE_SIZE)
@@ -123,7 +124,12 @@ impl ModeTable {
                     } else {
                         cur
                     };
-                    out += c.compress(mode.codec, input).1.len();
+                    // Copy the output as the pipeline does when it builds
+                    // the record, so "none" is not measured as free.
+                    let (_, data) = c.compress(mode.codec, input);
+                    rec.clear();
+                    rec.extend_from_slice(data);
+                    out += rec.len();
                 }
                 ModeProfile {
                     mode,

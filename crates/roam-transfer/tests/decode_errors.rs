@@ -66,6 +66,14 @@ fn structural_errors_are_precise() {
         })
     ));
     assert!(matches!(
+        decode_batch(&seal(&[0, 0x81, 0x00], 1)),
+        Err(BatchError::BadVarint {
+            record: 0,
+            offset: 2,
+            what: "page index"
+        })
+    ));
+    assert!(matches!(
         decode_batch(&seal(&[3, 1, 0, 0], 1)),
         Err(BatchError::Truncated {
             record: 0,

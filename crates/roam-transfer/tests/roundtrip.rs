@@ -135,9 +135,9 @@ fn copy_source_is_invalidated_when_it_changes() {
         rounds,
         &mut dst,
     );
-    assert_eq!(&dst[..PS], &y[..]);
-    assert_eq!(&dst[PS..2 * PS], &x[..]);
-    assert_eq!(&dst[2 * PS..], &x[..], "C must hold the old contents of A");
+    assert!(dst[..PS] == y[..], "A holds its new contents");
+    assert!(dst[PS..2 * PS] == x[..], "B holds the old contents of A");
+    assert!(dst[2 * PS..] == x[..], "C must hold the old contents of A");
     let recs: Vec<String> = batches
         .iter()
         .flat_map(|b| {

@@ -177,12 +177,17 @@ impl Coordinator {
                     s.stats.store_pages += 1;
                     Record::Stored { index, hash }.encode_into(&mut buf);
                 }
-                Decision::Compress { page, base } => {
+                Decision::Compress {
+                    page,
+                    base,
+                    eligible,
+                } => {
                     let job = Job::Compress {
                         seq,
                         index,
                         page,
                         base,
+                        eligible,
                         mode: s.mode,
                     };
                     // Workers outlive the coordinator's sender, so this only
@@ -231,7 +236,7 @@ impl Coordinator {
         if released > 0 {
             self.shared.release(released);
         }
-        if s.next_emit >= s.flush_upto && s.flush_upto > 0 && !s.writer.is_empty() {
+        if s.flush_upto > 0 && s.next_emit >= s.flush_upto {
             self.send(s);
             s.flush_upto = 0;
         }

@@ -28,10 +28,13 @@ pub(crate) enum Decision {
     Initial,
     Copy(u32),
     Stored(ChunkHash),
-    /// Needs compression; `base` is the previous version if one is kept.
+    /// Needs compression; `base` is the previous version if one is kept and
+    /// the mode uses delta; `eligible` says whether one is kept at all (so the
+    /// adapter can tell how much delta would apply in a non-delta mode).
     Compress {
         page: Arc<Page>,
         base: Option<Arc<Page>>,
+        eligible: bool,
     },
 }
 
@@ -78,7 +81,8 @@ impl Dedup {
         let (decision, data) = if zero {
             (Decision::Zero, None)
         } else if self.initial.get(&index) == Some(&hash) {
-            (Decision::Initial, None)
+            // Kept so a later small change to a data-segment page can be a delta.
+            (Decision::Initial, self.keep_copies.then(|| Arc::from(page)))
         } else if let Some(&from) = self.holders.get(&hash) {
             let data = self.dest.get(&from).and_then(|d| d.data.clone());
             (Decision::Copy(from), data)
@@ -86,14 +90,19 @@ impl Dedup {
             let data = self.keep_copies.then(|| Arc::from(page));
             (Decision::Stored(hash), data)
         } else {
-            let base = if delta {
-                prev.and_then(|p| p.data.clone())
-            } else {
-                None
-            };
+            let kept = prev.and_then(|p| p.data.clone());
+            let eligible = kept.is_some();
+            let base = if delta { kept } else { None };
             let page: Arc<Page> = Arc::from(page);
             let data = self.keep_copies.then(|| page.clone());
-            (Decision::Compress { page, base }, data)
+            (
+                Decision::Compress {
+                    page,
+                    base,
+                    eligible,
+                },
+                data,
+            )
         };
         self.set_dest(index, hash, data, !zero);
         decision

@@ -13,7 +13,11 @@
 
 mod coord;
 mod dedup;
+mod output;
 mod worker;
+
+pub(crate) use output::Shared;
+pub use output::{BatchReceiver, WireMeter};
 
 use crate::adapt::ModeSelect;
 use crate::shuffle::SplitMix64;
@@ -22,7 +26,7 @@ use crate::store::{Page, StoreSummary};
 use crate::PAGE_SIZE;
 use roam_snapshot::InitialImage;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -93,99 +97,6 @@ pub enum EncodeError {
     /// A worker thread died.
     #[error("a pipeline thread panicked; the stream is incomplete")]
     WorkerPanicked,
-}
-
-/// Bytes the consumer has written to the wire. The network writer calls
-/// [`WireMeter::record`] after each write; the adapter derives the bandwidth.
-#[derive(Debug, Clone, Default)]
-pub struct WireMeter(Arc<AtomicU64>);
-
-impl WireMeter {
-    /// Report `bytes` written.
-    pub fn record(&self, bytes: u64) {
-        self.0.fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    /// Total reported so far.
-    pub fn total(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-pub(crate) struct Shared {
-    in_flight: Mutex<usize>,
-    cv: Condvar,
-    closed: AtomicBool,
-    sent: AtomicU64,
-    received: AtomicU64,
-    wire: WireMeter,
-    stats: Mutex<Stats>,
-}
-
-impl Shared {
-    fn release(&self, n: usize) {
-        let mut g = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        *g = g.saturating_sub(n);
-        self.cv.notify_all();
-    }
-
-    fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        let _g = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.cv.notify_all();
-    }
-}
-
-/// The finished batches, in order. Iterating ends after the last batch.
-#[derive(Debug)]
-pub struct BatchReceiver {
-    rx: Receiver<Vec<u8>>,
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Shared")
-    }
-}
-
-impl BatchReceiver {
-    /// The next batch; `None` once the encoder finished and all were taken.
-    pub fn recv(&self) -> Option<Vec<u8>> {
-        let b = self.rx.recv().ok()?;
-        self.shared.received.fetch_add(1, Ordering::Relaxed);
-        Some(b)
-    }
-
-    /// Like [`BatchReceiver::recv`] with a timeout; `Ok(None)` means finished.
-    pub fn recv_timeout(&self, t: Duration) -> Result<Option<Vec<u8>>, RecvTimeoutError> {
-        match self.rx.recv_timeout(t) {
-            Ok(b) => {
-                self.shared.received.fetch_add(1, Ordering::Relaxed);
-                Ok(Some(b))
-            }
-            Err(RecvTimeoutError::Disconnected) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The meter the consumer reports wire bytes to.
-    pub fn wire_meter(&self) -> WireMeter {
-        self.shared.wire.clone()
-    }
-}
-
-impl Iterator for BatchReceiver {
-    type Item = Vec<u8>;
-    fn next(&mut self) -> Option<Vec<u8>> {
-        self.recv()
-    }
 }
 
 /// The source side of one stream.

@@ -24,6 +24,7 @@ pub(crate) enum Job {
         index: u32,
         page: Arc<Page>,
         base: Option<Arc<Page>>,
+        eligible: bool,
         mode: Mode,
     },
 }
@@ -98,9 +99,11 @@ pub(crate) fn run(jobs: Arc<Mutex<Receiver<Job>>>, out: Sender<Msg>) {
                 index,
                 page,
                 base,
+                eligible,
                 mode,
             } => {
-                let c = compress(&mut comp, &mut x, index, &page, base.as_deref(), mode);
+                let mut c = compress(&mut comp, &mut x, index, &page, base.as_deref(), mode);
+                c.had_base = eligible;
                 Msg::Compressed {
                     seq,
                     nanos: t.elapsed().as_nanos() as u64,
