@@ -26,8 +26,6 @@ pub(crate) struct Paused {
     pub snapshot: Box<Snapshot>,
     /// When the migration point was reached.
     pub at: Instant,
-    /// How long the pause took.
-    pub timing: CheckpointTiming,
     /// The decision goes back here. Dropping it resumes the cell.
     pub reply: std::sync::mpsc::Sender<Decision>,
 }
@@ -41,13 +39,16 @@ pub(crate) enum Decision {
     Release,
 }
 
+/// Where a requested checkpoint-and-continue goes.
+type CheckpointReply = oneshot::Sender<Result<Box<Snapshot>, String>>;
+
 /// What the rest of the node holds of a running cell.
 pub(crate) struct CellHandle {
     pub controller: Controller,
     pub memory: LiveMemory,
     pub module: Arc<roam_runtime::LoadedModule>,
     waiter: Mutex<Option<oneshot::Sender<Paused>>>,
-    checkpoint: Mutex<Option<oneshot::Sender<Result<Box<Snapshot>, String>>>>,
+    checkpoint: Mutex<Option<CheckpointReply>>,
 }
 
 impl CellHandle {
@@ -158,7 +159,6 @@ pub(crate) fn run(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
             w.send(Paused {
                 snapshot: snapshot.clone(),
                 at,
-                timing,
                 reply,
             })
             .is_ok()

@@ -52,6 +52,7 @@ impl CellLog {
     }
 
     /// Bytes dropped because the log was full.
+    #[cfg(test)]
     pub fn dropped(&self) -> u64 {
         self.inner
             .lock()
