@@ -19,6 +19,11 @@ pub struct NodeArgs {
     /// same host].
     #[arg(long)]
     pub migrate_listen: Option<SocketAddr>,
+    /// Migration address to advertise to sources (`host:port`) when they
+    /// must connect through something else than --migrate-listen (a NAT, a
+    /// proxy) [default: the address --migrate-listen bound].
+    #[arg(long)]
+    pub advertise_migrate: Option<String>,
     /// Cells' directories and checkpoints [default: $ROAM_STATE_DIR or
     /// ~/.local/state/roam/<name>].
     #[arg(long)]

@@ -45,6 +45,7 @@ pub fn node(a: NodeArgs) -> Result<i32> {
         name,
         listen: a.listen,
         migrate_listen,
+        advertise_migrate: a.advertise_migrate,
         state_dir,
         cache_dir,
         chunk_store_bytes: a.chunk_store_mib << 20,

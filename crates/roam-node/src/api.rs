@@ -73,7 +73,11 @@ pub(crate) fn node_info_of(n: &NodeInner) -> NodeInfo {
         name: n.cfg.name.clone(),
         isa: roam_runtime::host_isa().to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
-        migrate_addr: n.migrate_addr.to_string(),
+        migrate_addr: n
+            .cfg
+            .advertise_migrate
+            .clone()
+            .unwrap_or_else(|| n.migrate_addr.to_string()),
         userfaultfd: n.features().userfaultfd,
         cells_running: running,
         machine: crate::sysinfo::Machine::read(),

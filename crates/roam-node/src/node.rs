@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use roam_runtime::{Runtime, RuntimeConfig};
 use roam_transfer::ChunkStore;
@@ -23,6 +23,9 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// Migration protocol address. Port 0 picks one.
     pub migrate_listen: SocketAddr,
+    /// The migration address given to sources, when it is not the bound
+    /// one (a NAT, a proxy). `None`: the bound address.
+    pub advertise_migrate: Option<String>,
     /// Where cells' directories and checkpoints live.
     pub state_dir: PathBuf,
     /// Module and compiled-code cache.
@@ -42,7 +45,6 @@ pub(crate) struct NodeInner {
     pub migrations: Mutex<HashMap<String, Arc<Migration>>>,
     pub inbound: Mutex<HashMap<String, Arc<Inbound>>>,
     pub store: Arc<ChunkStore>,
-    pub started: Instant,
 }
 
 /// A running node.
@@ -125,7 +127,6 @@ impl Node {
             migrations: Mutex::new(HashMap::new()),
             inbound: Mutex::new(HashMap::new()),
             store,
-            started: Instant::now(),
         });
         Ok(Node {
             inner,

@@ -9,4 +9,5 @@
 mod cli;
 mod common;
 mod cross_isa;
+mod nodes;
 mod snapshot_errors;

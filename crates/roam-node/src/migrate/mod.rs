@@ -163,3 +163,25 @@ impl Inbound {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aborted_migration_never_starts_and_a_started_one_stays_running() {
+        let a = Inbound::new();
+        assert_eq!(a.abort(), Resolution::Aborted);
+        assert!(!a.try_start(), "aborted before the start: must never start");
+        assert_eq!(a.abort(), Resolution::Aborted);
+
+        let b = Inbound::new();
+        assert!(b.try_start());
+        assert_eq!(
+            b.abort(),
+            Resolution::Running,
+            "a started cell cannot be aborted"
+        );
+        assert!(b.try_start());
+    }
+}

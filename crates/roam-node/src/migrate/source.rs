@@ -56,14 +56,22 @@ pub(crate) async fn start(
             rate,
         };
         let r = run(&node, &mig, &handle, plan).await;
-        if r.is_err() {
-            // Every failure path resumed the cell (or it ended by itself).
-            if let Some(e) = node.cells().get_mut(&mig.cell) {
-                if e.state == CellState::Migrating {
-                    e.state = CellState::Running;
+        let r = r.map_err(|e| {
+            // Every failure before the commit resumed the cell (or it ended
+            // by itself meanwhile); say so.
+            let mut cells = node.cells();
+            match cells.get_mut(&mig.cell) {
+                Some(c) if c.state == CellState::Migrating => {
+                    c.state = CellState::Running;
+                    if e.contains("keeps running") {
+                        e
+                    } else {
+                        format!("{e}; the cell keeps running on this node")
+                    }
                 }
+                _ => e,
             }
-        }
+        });
         mig.finish(r);
     });
     Ok(Json(MigrateResponse {
@@ -118,6 +126,19 @@ fn spawn_reader(mut rd: OwnedReadHalf) -> Inbox {
         }
     });
     rx
+}
+
+/// When the local side of a stream fails (the writer sees a closed
+/// connection), the destination usually said why just before closing:
+/// prefer its reason. Waits briefly for it.
+async fn abort_reason(inbox: &mut Inbox) -> Option<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    while let Ok(Some(m)) = tokio::time::timeout_at(deadline, inbox.recv()).await {
+        if let Ok(Msg::Abort { reason }) = m {
+            return Some(format!("the destination aborted: {reason}"));
+        }
+    }
+    None
 }
 
 async fn next(inbox: &mut Inbox, during: &str, limit: Duration) -> Result<Msg, String> {
@@ -261,6 +282,7 @@ async fn run(
                 let _ = p.reply.send(Decision::Resume);
             }
             writer.abort();
+            let e = abort_reason(&mut inbox).await.unwrap_or(e);
             return Err(format!("{e}; the cell keeps running on this node"));
         }
     };
@@ -287,6 +309,7 @@ async fn run(
             let e = committed
                 .err()
                 .unwrap_or_else(|| "the destination aborted".into());
+            let e = abort_reason(ctx.inbox).await.unwrap_or(e);
             return Err(format!("{e}; the cell keeps running on this node"));
         }
     }
@@ -306,9 +329,11 @@ async fn run(
         },
     );
     let post = match post {
-        Some(Err(e)) => return Err(format!(
+        Some(Err(e)) => {
+            return Err(format!(
             "post-copy failed after the cell moved; the destination's copy cannot continue: {e}"
-        )),
+        ))
+        }
         Some(Ok(p)) => Some(p),
         None => None,
     };
