@@ -1,6 +1,7 @@
 //! `roam-bench`: roam's benchmarks T1 (steady-state overhead), T2
-//! (checkpoint capture/restore vs memory size) and T3 (migration response
-//! time).
+//! (checkpoint capture/restore vs memory size), T3 (migration response
+//! time), T4 (live migration between two nodes) and T5 (the page transfer
+//! pipeline against bandwidth).
 //!
 //! Why it exists: roam makes quantitative promises; these programs measure
 //! them, always next to a baseline measured in the same run on the same
@@ -18,6 +19,8 @@ mod stats;
 mod t1;
 mod t2;
 mod t3;
+mod t4;
+mod t5;
 
 use std::path::PathBuf;
 
@@ -71,6 +74,33 @@ enum Bench {
         /// Comma-separated workloads (default: all).
         #[arg(long)]
         only: Option<String>,
+    },
+    /// Live migration between two local nodes: modes and bandwidths.
+    T4 {
+        /// Arguments of the `dirty` workload: MiB of state, MiB/s dirtied, seconds.
+        #[arg(long, default_value = "256,20,60", value_delimiter = ',')]
+        dirty: Vec<String>,
+        /// Seconds the cell runs before the migration starts.
+        #[arg(long, default_value_t = 3.0)]
+        settle: f64,
+    },
+    /// Transfer pipeline vs bandwidth: static modes against adaptive.
+    T5 {
+        /// Size class of the workloads.
+        #[arg(long, default_value = "S")]
+        size: String,
+        /// Comma-separated workloads whose memory is pushed.
+        #[arg(long, default_value = "kmeans,pca,is", value_delimiter = ',')]
+        workloads: Vec<String>,
+        /// Milliseconds each workload runs before it is stopped.
+        #[arg(long, default_value_t = 1000)]
+        after_ms: u64,
+        /// Cap on modified MiB pushed per image.
+        #[arg(long, default_value_t = 8)]
+        cap_mib: u64,
+        /// Comma-separated bandwidths in Mbit/s.
+        #[arg(long, default_value = "5,10,25,100,1000", value_delimiter = ',')]
+        mbit: Vec<u64>,
     },
 }
 
@@ -147,6 +177,74 @@ fn main() -> anyhow::Result<()> {
             let mut r = t3::report(&results, &base, &size);
             r.notes.extend(failures);
             r
+        }
+        Bench::T4 { dirty, settle } => {
+            let cases = t4::default_cases();
+            let out = t4::run(
+                &paths,
+                &dirty,
+                std::time::Duration::from_secs_f64(settle),
+                &cases,
+            )?;
+            let setup = format!(
+                "`roam-bench t4 --dirty {} --settle {settle}`: `dirty {}` on node a, \
+                 `roam migrate --json` to node b after {settle} s, fresh nodes per case",
+                dirty.join(","),
+                dirty.join(" "),
+            );
+            t4::report(&out, setup)
+        }
+        Bench::T5 {
+            size,
+            workloads,
+            after_ms,
+            cap_mib,
+            mbit,
+        } => {
+            let rt = runtime(&paths)?;
+            let cap = cap_mib << 20;
+            let mut images = Vec::new();
+            let mut notes = Vec::new();
+            for name in &workloads {
+                eprintln!("t5: capturing {name} ...");
+                match t5::workload_image(
+                    &rt,
+                    &paths,
+                    name,
+                    &size,
+                    std::time::Duration::from_millis(after_ms),
+                    cap,
+                ) {
+                    Ok(img) => images.push(img),
+                    Err(e) => {
+                        eprintln!("t5: {name} FAILED: {e:#}");
+                        notes.push(format!("FAILED {name}: {e:#}"));
+                    }
+                }
+            }
+            images.push(t5::synthetic_image(cap));
+            for img in &images {
+                notes.push(format!(
+                    "{}: memory {:.1} MiB, {} pages pushed, modified {:.2} MiB pushed of {:.2} MiB",
+                    img.name,
+                    img.memory.len() as f64 / f64::from(1 << 20),
+                    img.pages.len(),
+                    img.modified as f64 / f64::from(1 << 20),
+                    img.modified_uncapped as f64 / f64::from(1 << 20),
+                ));
+            }
+            let mut rows = Vec::new();
+            for img in &images {
+                for &m in &mbit {
+                    rows.push(t5::measure(img, m)?);
+                }
+            }
+            let setup = format!(
+                "`roam-bench t5 --size {size} --workloads {} --after-ms {after_ms} --cap-mib {cap_mib} --mbit {}`",
+                workloads.join(","),
+                mbit.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+            );
+            t5::report(&rows, setup, notes)
         }
     };
     report.emit(&cli.out)?;

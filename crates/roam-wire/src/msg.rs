@@ -198,9 +198,19 @@ impl Msg {
         postcard::to_stdvec(self).map_err(|e| FrameError::Malformed(e.to_string()))
     }
 
-    /// Decode with postcard. Lengths inside are bounded by the frame.
+    /// Decode with postcard. Lengths inside are bounded by the frame;
+    /// bytes after the message are an error, not ignored.
     pub fn decode(bytes: &[u8]) -> Result<Msg, FrameError> {
-        postcard::from_bytes(bytes).map_err(|e| FrameError::Malformed(e.to_string()))
+        let (msg, rest) =
+            postcard::take_from_bytes(bytes).map_err(|e| FrameError::Malformed(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(FrameError::Malformed(format!(
+                "{} bytes after a `{}` message",
+                rest.len(),
+                Msg::name(&msg)
+            )));
+        }
+        Ok(msg)
     }
 
     /// A short name for logs and errors.
@@ -291,8 +301,17 @@ mod tests {
 
     #[test]
     fn garbage_is_malformed_not_a_panic() {
-        for bytes in [&[][..], &[0xff; 3], &[13, 0xff, 0xff, 0xff, 0xff, 0xff]] {
-            assert!(Msg::decode(bytes).is_err());
+        // Empty; a variant index past the last; a Hello cut short; a
+        // length prefix far beyond the bytes present; trailing bytes.
+        let prepared_and_more: &[u8] = &[5, 0xff, 0xff, 0xff, 0x0f];
+        for bytes in [
+            &[][..],
+            &[200],
+            &[0, 1, 2],
+            &[4, 1, 0xff, 0xff, 0x0f],
+            prepared_and_more,
+        ] {
+            assert!(Msg::decode(bytes).is_err(), "{bytes:?} decoded");
         }
     }
 }
