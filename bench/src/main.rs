@@ -78,7 +78,7 @@ enum Bench {
     /// Live migration between two local nodes: modes and bandwidths.
     T4 {
         /// Arguments of the `dirty` workload: MiB of state, MiB/s dirtied, seconds.
-        #[arg(long, default_value = "256,20,60", value_delimiter = ',')]
+        #[arg(long, default_value = "256,20,300", value_delimiter = ',')]
         dirty: Vec<String>,
         /// Seconds the cell runs before the migration starts.
         #[arg(long, default_value_t = 3.0)]

@@ -99,9 +99,14 @@ pub struct MigrateArgs {
     /// Pre-copy: start a new round once this much memory is dirty, MB.
     #[arg(long, default_value_t = 10)]
     pub max_remaining_mb: u64,
-    /// Pre-copy: stop iterating once a round takes at most this long, ms.
-    #[arg(long, default_value_t = 2000)]
+    /// Pre-copy: also stop iterating once a round takes at most this long,
+    /// ms (VM handoff used 2000; 0 = off).
+    #[arg(long, default_value_t = 0)]
     pub max_round_ms: u64,
+    /// Pre-copy: stop iterating once what is dirty would take at most this
+    /// long to send, ms.
+    #[arg(long, default_value_t = 30)]
+    pub max_downtime_ms: u64,
     /// Pre-copy: most rounds.
     #[arg(long, default_value_t = 30)]
     pub max_rounds: u32,

@@ -149,6 +149,7 @@ pub fn migrate(a: MigrateArgs) -> Result<i32> {
             randomize: a.randomize,
             max_remaining_bytes: Some(a.max_remaining_mb * 1_000_000),
             max_round_ms: Some(a.max_round_ms),
+            max_downtime_ms: Some(a.max_downtime_ms),
             max_rounds: Some(a.max_rounds),
             tracking: Some(a.tracking.clone()),
         },

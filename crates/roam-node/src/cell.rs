@@ -44,6 +44,8 @@ type CheckpointReply = oneshot::Sender<Result<Box<Snapshot>, String>>;
 
 /// What the rest of the node holds of a running cell.
 pub(crate) struct CellHandle {
+    /// The cell's thread has returned: nothing will ever pause again.
+    ended: std::sync::atomic::AtomicBool,
     pub controller: Controller,
     pub memory: LiveMemory,
     pub module: Arc<roam_runtime::LoadedModule>,
@@ -57,7 +59,15 @@ impl CellHandle {
     pub(crate) fn pause(&self) -> oneshot::Receiver<Paused> {
         let (tx, rx) = oneshot::channel();
         *self.waiter.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
-        self.controller.request(CheckpointKind::Pause, Trigger::Api);
+        if self.ended.load(std::sync::atomic::Ordering::SeqCst) {
+            // The program already ended: the asker learns it at once.
+            self.waiter
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+        } else {
+            self.controller.request(CheckpointKind::Pause, Trigger::Api);
+        }
         rx
     }
 
@@ -91,6 +101,7 @@ pub(crate) type OnEnd = Box<dyn FnOnce(Option<CellState>) + Send>;
 pub(crate) fn handle_for(cell: &mut Cell, log: Arc<CellLog>) -> Arc<CellHandle> {
     cell.set_output(log);
     Arc::new(CellHandle {
+        ended: std::sync::atomic::AtomicBool::new(false),
         controller: cell.controller(),
         memory: cell.live_memory(),
         module: cell.module().clone(),
@@ -116,7 +127,18 @@ pub(crate) fn spawn(
 /// Run `cell` on the current thread until it ends here. Used by [`spawn`]
 /// and by a migration destination, whose assembling thread becomes the
 /// cell's thread.
-pub(crate) fn run(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
+pub(crate) fn run(cell: Cell, h: &CellHandle) -> Option<CellState> {
+    let end = run_until_end(cell, h);
+    h.ended.store(true, std::sync::atomic::Ordering::SeqCst);
+    // A pause asked for while the program was ending gets its answer now.
+    h.waiter
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    end
+}
+
+fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
     loop {
         let mut on_checkpoint = |s: &Snapshot, _t: CheckpointTiming| {
             if let Some(tx) = h

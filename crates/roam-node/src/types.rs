@@ -136,10 +136,14 @@ pub struct TransferOptions {
     /// (default 10 MB).
     #[serde(default)]
     pub max_remaining_bytes: Option<u64>,
-    /// Pre-copy: stop the rounds once a round takes at most this long
-    /// (default 2000 ms).
+    /// Pre-copy: also stop the rounds once a round takes at most this long
+    /// (VM handoff's rule with 2000 ms; default off).
     #[serde(default)]
     pub max_round_ms: Option<u64>,
+    /// Pre-copy: stop the rounds once the pages dirty now would take at
+    /// most this long to send at the last round's rate (default 30 ms).
+    #[serde(default)]
+    pub max_downtime_ms: Option<u64>,
     /// Pre-copy: most rounds (default 30).
     #[serde(default)]
     pub max_rounds: Option<u32>,

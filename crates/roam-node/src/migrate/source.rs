@@ -286,7 +286,6 @@ async fn run(
             return Err(format!("{e}; the cell keeps running on this node"));
         }
     };
-    let pipeline = ctx.stream.stats();
 
     // Final state and commit.
     // The memory went as pages; the snapshot only records its size.
@@ -321,6 +320,7 @@ async fn run(
     } else {
         None
     };
+    let pipeline = ctx.stream.stats();
     let _ = paused.reply.send(Decision::Release);
     n.set_state(
         &m.cell,
@@ -463,7 +463,11 @@ impl Ctx<'_> {
 
     async fn pre_copy(&mut self, t: &TransferOptions) -> ModeResult {
         let max_remaining = t.max_remaining_bytes.unwrap_or(10_000_000);
-        let max_round = Duration::from_millis(t.max_round_ms.unwrap_or(2000));
+        let max_round = t
+            .max_round_ms
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis);
+        let max_downtime = Duration::from_millis(t.max_downtime_ms.unwrap_or(30));
         let max_rounds = t.max_rounds.unwrap_or(30).max(1);
         let method = match t.tracking.as_deref() {
             None | Some("auto") => TrackMethod::Auto,
@@ -485,6 +489,9 @@ impl Ctx<'_> {
         });
         let mut pages: Vec<u32> = (0..self.h.memory.page_count()).collect();
         let mut round = 0;
+        // Pages found dirty when deciding to stop: they go in the final round.
+        let mut carry = std::collections::BTreeSet::new();
+        let mut stalled = 0;
         let r: Result<(), String> = async {
             loop {
                 round += 1;
@@ -501,28 +508,46 @@ impl Ctx<'_> {
                     })
                     .await?;
                 let took = began.elapsed();
+                let sent = (pages.len() * PAGE_SIZE) as f64;
+                // Memory bytes per second through the pipeline and the link.
+                let rate = sent / took.as_secs_f64().max(1e-6);
+                let dirty: std::collections::BTreeSet<u32> =
+                    tokio::task::block_in_place(|| tracker.collect())
+                        .into_iter()
+                        .collect();
+                let dirty_bytes = (dirty.len() * PAGE_SIZE) as f64;
+                let predicted = Duration::from_secs_f64(dirty_bytes / rate.max(1.0));
                 tracing::info!(
                     round,
                     pages = pages.len(),
                     ms = took.as_millis() as u64,
+                    dirty_pages = dirty.len(),
+                    predicted_final_ms = predicted.as_millis() as u64,
                     "pre-copy round"
                 );
-                if took <= max_round || round >= max_rounds {
+                // Not converging: the cell dirties about as much as a round sends.
+                stalled = if dirty_bytes >= 0.9 * sent {
+                    stalled + 1
+                } else {
+                    0
+                };
+                let stop = predicted <= max_downtime
+                    || max_round.is_some_and(|m| took <= m)
+                    || round >= max_rounds
+                    || stalled >= 2;
+                if stop {
+                    carry = dirty;
                     return Ok(());
                 }
                 // Let dirty state build up to the threshold before the next
                 // round (VM handoff's input-queue rule), but never wait
                 // longer than a round takes.
-                let mut dirty = std::collections::BTreeSet::new();
+                let mut dirty = dirty;
                 let waited = Instant::now();
-                loop {
-                    let d = tokio::task::block_in_place(|| tracker.collect());
-                    dirty.extend(d);
-                    if (dirty.len() * PAGE_SIZE) as u64 >= max_remaining || waited.elapsed() >= took
-                    {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                while ((dirty.len() * PAGE_SIZE) as u64) < max_remaining && waited.elapsed() < took
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    dirty.extend(tokio::task::block_in_place(|| tracker.collect()));
                 }
                 pages = dirty.into_iter().collect();
             }
@@ -533,7 +558,8 @@ impl Ctx<'_> {
         }
         let paused = self.pause().await.map_err(|e| (e, None))?;
         let last = async {
-            let dirty = tokio::task::block_in_place(|| tracker.collect());
+            carry.extend(tokio::task::block_in_place(|| tracker.collect()));
+            let dirty: Vec<u32> = std::mem::take(&mut carry).into_iter().collect();
             self.m.phase(format!("final round ({} pages)", dirty.len()));
             self.send_pages_with(&dirty, &mut |i, b| tracker.read_page(i, b))
                 .await?;
