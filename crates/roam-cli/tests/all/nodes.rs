@@ -716,3 +716,49 @@ fn corrupted_byte_is_reported_as_a_checksum_error() {
     assert_failed(&out, "checksum", &a, &b);
     check_stayed_on_source(&id, &a, &b, &BIG);
 }
+
+// ---- dedup across migrations ---------------------------------------------
+
+/// A cell that goes A → B → A sends little on the way back: A kept the pages
+/// it sent, advertises them in its store summary, and B refers to them.
+/// The round trip must still end with the uninterrupted run's output.
+#[test]
+fn a_cell_coming_back_sends_only_what_changed() {
+    let args = ["32", "2", "12"];
+    let expected = reference(&args);
+    let (a, b) = (Node::start(Isa::X86_64), Node::start(Isa::X86_64));
+    let id = a.launch(&args);
+    // Let it finish filling its state: from then on it rewrites 2 MiB/s.
+    std::thread::sleep(Duration::from_secs(3));
+    let (out, there) = migrate(&id, &a, &b, "stop-and-copy", &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stderr),
+        both_logs(&a, &b)
+    );
+    let (out, back) = migrate(&id, &b, &a, "stop-and-copy", &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stderr),
+        both_logs(&a, &b)
+    );
+    let first = there["summary"]["wire_bytes"].as_u64().unwrap();
+    let second = back["summary"]["wire_bytes"].as_u64().unwrap();
+    let stored = back["summary"]["pipeline"]["store_pages"].as_u64().unwrap();
+    assert!(stored > 0, "no page came from the store: {back}");
+    assert!(
+        second * 2 < first,
+        "the way back sent {second} bytes, the way there {first}: {back}"
+    );
+    let end = a.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "exited", "{end}\n{}", both_logs(&a, &b));
+    assert_eq!(end["hops"], 2, "{end}");
+    assert_eq!(
+        text(&logs(&id, &b)),
+        text(&expected),
+        "{}",
+        both_logs(&a, &b)
+    );
+}

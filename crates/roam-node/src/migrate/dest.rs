@@ -145,9 +145,22 @@ async fn load_module(
 ) -> Result<Arc<LoadedModule>, String> {
     let hash = offer.cell.module_hash;
     let node = n.clone();
-    let have = tokio::task::spawn_blocking(move || node.rt.load_by_hash(&hash, None).ok())
-        .await
-        .map_err(|e| e.to_string())?;
+    let have = tokio::task::spawn_blocking(move || {
+        // Cells of the same module running here often share pages with
+        // the incoming one: offer them for dedup before the summary goes out.
+        let siblings: Vec<_> = node
+            .cells()
+            .values()
+            .filter(|e| e.spec.module_hash == hash)
+            .filter_map(|e| e.handle.as_ref().map(|h| h.memory.clone()))
+            .collect();
+        for mem in siblings {
+            super::remember(&node.store, &mem);
+        }
+        node.rt.load_by_hash(&hash, None).ok()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     send(
         wr,
         &Msg::Accept(Accept {

@@ -121,6 +121,31 @@ pub(crate) async fn status(
     })
 }
 
+/// Put the non-zero pages of `mem` into the node's chunk store, so that a
+/// later migration to this node (the same cell coming back, or another cell
+/// of the same module arriving) can refer to them instead of sending them.
+/// Runs off the migration's critical path. Returns chunks that were new.
+pub(crate) fn remember(store: &roam_transfer::ChunkStore, mem: &roam_runtime::LiveMemory) -> usize {
+    const AT_ONCE: usize = 256;
+    let page = roam_snapshot::PAGE_SIZE;
+    let mut buf = vec![0u8; AT_ONCE * page];
+    let mut one = Box::new([0u8; roam_snapshot::PAGE_SIZE]);
+    let mut new = 0;
+    let mut i = 0;
+    while i < mem.page_count() {
+        let mut n = 0;
+        while n < AT_ONCE && i < mem.page_count() {
+            if mem.read_page(i, &mut one) && one.iter().any(|&b| b != 0) {
+                buf[n * page..(n + 1) * page].copy_from_slice(&one[..]);
+                n += 1;
+            }
+            i += 1;
+        }
+        new += store.insert_many(buf[..n * page].chunks(page));
+    }
+    new
+}
+
 /// A migration this node receives: the commit state the resolve endpoint
 /// and the receiving thread agree on.
 pub(crate) struct Inbound {

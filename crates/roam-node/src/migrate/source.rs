@@ -322,6 +322,14 @@ async fn run(
     };
     let pipeline = ctx.stream.stats();
     let _ = paused.reply.send(Decision::Release);
+    {
+        // If the cell comes back, most of it need not travel again.
+        let (store, mem) = (n.store.clone(), h.memory.clone());
+        tokio::task::spawn_blocking(move || {
+            let new = super::remember(&store, &mem);
+            tracing::debug!(chunks = new, "kept the departed cell's pages for dedup");
+        });
+    }
     n.set_state(
         &m.cell,
         CellState::Moved {
