@@ -208,7 +208,10 @@ fn print_summary(a: &MigrateArgs, s: &roam_node::types::MigrationSummary) {
         a.cell, a.from, a.to, s.from_isa, s.to_isa, s.mode
     );
     println!("  total time     {:>10.1} ms", s.total_ms);
-    println!("  downtime       {:>10.1} ms", s.downtime_ms);
+    println!(
+        "  downtime       {:>10.1} ms  (pages while paused {:.1} ms, commit {:.1} ms)",
+        s.downtime_ms, s.paused_pages_ms, s.commit_ms
+    );
     println!("  rounds         {:>10}", s.rounds);
     if let Some(t) = &s.tracking {
         println!("  dirty tracking {t:>10}");

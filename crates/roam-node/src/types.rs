@@ -202,6 +202,14 @@ pub struct MigrationSummary {
     pub total_ms: f64,
     /// From the cell's pause to the destination confirming it runs.
     pub downtime_ms: f64,
+    /// Part of the downtime spent sending pages while paused (the final
+    /// round; all of memory for stop-and-copy).
+    #[serde(default)]
+    pub paused_pages_ms: f64,
+    /// Part of the downtime from the final state going out to `Running`
+    /// coming back (encoding, the destination finishing the instance).
+    #[serde(default)]
+    pub commit_ms: f64,
     /// Bytes written to the connection, framing included.
     pub wire_bytes: u64,
     /// Bytes of memory that differ from zero and from the module's initial

@@ -288,6 +288,7 @@ async fn run(
     };
 
     // Final state and commit.
+    let pages_done = Instant::now();
     // The memory went as pages; the snapshot only records its size.
     let mut state = (*paused.snapshot).clone();
     state.memory = MemoryImage::placeholder(h.memory.len() as u64, h.module.initial_image());
@@ -353,6 +354,8 @@ async fn run(
         to_isa: peer.isa,
         total_ms: ms(m.started.elapsed()),
         downtime_ms: ms(running_at.saturating_duration_since(paused.at)),
+        paused_pages_ms: ms(pages_done.saturating_duration_since(paused.at)),
+        commit_ms: ms(running_at.saturating_duration_since(pages_done)),
         wire_bytes: m.wire_bytes.load(Ordering::Relaxed),
         modified_bytes,
         memory_bytes: h.memory.len() as u64,
@@ -566,13 +569,26 @@ impl Ctx<'_> {
         }
         let paused = self.pause().await.map_err(|e| (e, None))?;
         let last = async {
+            let t0 = Instant::now();
             carry.extend(tokio::task::block_in_place(|| tracker.collect()));
             let dirty: Vec<u32> = std::mem::take(&mut carry).into_iter().collect();
             self.m.phase(format!("final round ({} pages)", dirty.len()));
+            let t1 = Instant::now();
             self.send_pages_with(&dirty, &mut |i, b| tracker.read_page(i, b))
                 .await?;
+            let t2 = Instant::now();
             tokio::task::block_in_place(|| self.stream.finish())?;
-            self.stream.drain().await
+            let t3 = Instant::now();
+            self.stream.drain().await?;
+            tracing::info!(
+                pages = dirty.len(),
+                collect_ms = ms(t1 - t0),
+                submit_ms = ms(t2 - t1),
+                finish_ms = ms(t3 - t2),
+                drain_ms = ms(t3.elapsed()),
+                "pre-copy final round"
+            );
+            Ok::<(), String>(())
         }
         .await;
         drop(tracker);
