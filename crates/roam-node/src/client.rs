@@ -74,10 +74,18 @@ impl Client {
         format!("{}{path}", self.base)
     }
 
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.parse(self.http.get(self.url(path)).send().await).await
+    }
+
+    async fn post<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.parse(self.http.post(self.url(path)).send().await)
+            .await
+    }
+
     /// `GET /v1/node`.
     pub async fn node(&self) -> Result<NodeInfo, ClientError> {
-        self.parse(self.http.get(self.url("/v1/node")).send().await)
-            .await
+        self.get("/v1/node").await
     }
 
     /// `POST /v1/modules`.
@@ -100,19 +108,12 @@ impl Client {
 
     /// `GET /v1/cells`.
     pub async fn cells(&self) -> Result<Vec<CellInfo>, ClientError> {
-        self.parse(self.http.get(self.url("/v1/cells")).send().await)
-            .await
+        self.get("/v1/cells").await
     }
 
     /// `GET /v1/cells/{id}`.
     pub async fn cell(&self, id: &str) -> Result<CellInfo, ClientError> {
-        self.parse(
-            self.http
-                .get(self.url(&format!("/v1/cells/{id}")))
-                .send()
-                .await,
-        )
-        .await
+        self.get(&format!("/v1/cells/{id}")).await
     }
 
     /// `GET /v1/cells/{id}/logs`, following the cell to wherever it runs.
@@ -140,24 +141,12 @@ impl Client {
 
     /// `POST /v1/cells/{id}/kill`.
     pub async fn kill(&self, id: &str) -> Result<CellInfo, ClientError> {
-        self.parse(
-            self.http
-                .post(self.url(&format!("/v1/cells/{id}/kill")))
-                .send()
-                .await,
-        )
-        .await
+        self.post(&format!("/v1/cells/{id}/kill")).await
     }
 
     /// `POST /v1/cells/{id}/checkpoint`.
     pub async fn checkpoint(&self, id: &str) -> Result<serde_json::Value, ClientError> {
-        self.parse(
-            self.http
-                .post(self.url(&format!("/v1/cells/{id}/checkpoint")))
-                .send()
-                .await,
-        )
-        .await
+        self.post(&format!("/v1/cells/{id}/checkpoint")).await
     }
 
     /// `POST /v1/cells/{id}/migrate`.
@@ -178,13 +167,7 @@ impl Client {
 
     /// `GET /v1/migrations/{id}`.
     pub async fn migration(&self, id: &str) -> Result<MigrationStatus, ClientError> {
-        self.parse(
-            self.http
-                .get(self.url(&format!("/v1/migrations/{id}")))
-                .send()
-                .await,
-        )
-        .await
+        self.get(&format!("/v1/migrations/{id}")).await
     }
 
     /// `POST /v1/migrations/{id}/resolve` (asked of a destination).
