@@ -53,7 +53,7 @@ int main(void) { puts("ok"); return 0; }' >"$probe/probe.c"
         die "$CLANG cannot build for wasm32-wasi: install the Debian packages wasi-libc, lld-16 and libclang-rt-16-dev-wasm32"
     }
     for name in "${want_c[@]}"; do
-        deps=("$SRC/c/$name.c" "$SRC/c/common.h" "$SRC/build.sh")
+        deps=("$SRC/c/$name.c" "$SRC/c/common.h" "$SRC/c/pace.h" "$SRC/build.sh")
         if up_to_date "$OUT/$name.wasm" "${deps[@]}"; then
             echo "up to date  target/workloads/$name.wasm"
         else
@@ -74,7 +74,7 @@ int main(void) { puts("ok"); return 0; }' >"$probe/probe.c"
         mkdir -p "$OUT/native/$arch"
         for name in "${want_c[@]}"; do
             out="$OUT/native/$arch/$name"
-            if up_to_date "$out" "$SRC/c/$name.c" "$SRC/c/common.h" "$SRC/build.sh"; then
+            if up_to_date "$out" "$SRC/c/$name.c" "$SRC/c/common.h" "$SRC/c/pace.h" "$SRC/build.sh"; then
                 echo "up to date  target/workloads/native/$arch/$name"
             else
                 "$cc" "${NATIVE_CFLAGS[@]}" "${static[@]}" -o "$out" "$SRC/c/$name.c" -lm

@@ -17,9 +17,9 @@
  * the Rust workloads mirror and which has no clock use by design.
  */
 #include "common.h"
+#include "pace.h"
 
-enum { TICKS_PER_SEC = 100, KEY_LEN = 16 };
-#define TICK_NS (1000000000LL / TICKS_PER_SEC)
+enum { KEY_LEN = 16 };
 
 typedef struct {
     char key[KEY_LEN];
@@ -48,33 +48,6 @@ static void fill_value(unsigned char *v, uint32_t len, uint32_t id, uint32_t ver
         uint64_t w = wl_next(&rng);
         for (int b = 0; b < 8; b++) v[i + b] = (unsigned char)(w >> (8 * b));
     }
-}
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-/* Same schedule as dirty.c: sleep to the end of tick `tick`, re-base when
- * the clock is more than 10 ticks off in either direction. */
-static void pace(int64_t *base, int64_t tick) {
-    int64_t due = *base + (tick + 1) * TICK_NS, now = now_ns();
-    if (now > due + 10 * TICK_NS || due - now > 10 * TICK_NS) {
-        *base = now - (tick + 1) * TICK_NS;
-        return;
-    }
-    if (due > now) {
-        struct timespec ts = { (time_t)((due - now) / 1000000000LL), (long)((due - now) % 1000000000LL) };
-        nanosleep(&ts, NULL);
-    }
-}
-
-static long parse_arg(const char *s, long lo, long hi) {
-    char *end;
-    if (!*s || *s == '-' || *s == '+') return -1;
-    long v = strtol(s, &end, 10);
-    return (*end || v < lo || v > hi) ? -1 : v;
 }
 
 static _Noreturn void usage(void) {
