@@ -61,7 +61,7 @@ impl Default for EncoderConfig {
             mode: ModeSelect::Adaptive(Default::default()),
             batch_bytes: 256 * 1024,
             flush_after: Duration::from_millis(20),
-            max_in_flight: 1024,
+            max_in_flight: 256,
             output_batches: 4,
             shuffle_seed: None,
             keep_sent_copies: None,
