@@ -103,9 +103,26 @@ async fn receive(n: Arc<NodeInner>, sock: TcpStream) -> Result<(), String> {
     if let Err(e) = &result {
         if inbound.abort() == Resolution::Aborted {
             let _ = send(&mut wr, &Msg::Abort { reason: e.clone() }).await;
+            linger(&mut rd, &mut wr).await;
         }
     }
     result
+}
+
+/// Close after an abort without losing it: closing a socket with unread
+/// data makes the kernel reset the connection, and a reset can discard the
+/// abort before the source reads it. So: end our side, then read and drop
+/// what the source still sends, until it closes or a second has passed.
+async fn linger(rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = wr.shutdown().await;
+    let mut sink = vec![0u8; 64 * 1024];
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, rd.read(&mut sink)).await {
+        if n == 0 {
+            break;
+        }
+    }
 }
 
 /// Refuse, before the source pauses anything, a cell this node cannot take.
