@@ -313,7 +313,12 @@ async fn run(
             return Err(format!("{e}; the cell keeps running on this node"));
         }
     }
-    let modified_bytes = modified(&h.memory, h.module.initial_image());
+    // Post-copy classified the paused memory already.
+    let modified_bytes = if ctx.kinds.is_empty() {
+        modified(&h.memory, h.module.initial_image())
+    } else {
+        (ctx.kinds.iter().filter(|&&k| k == 2).count() * PAGE_SIZE) as u64
+    };
     // Post-copy: keep serving pages until the destination has them all.
     let post = if plan.mode == Mode::PostCopy {
         m.phase("post-copy");
