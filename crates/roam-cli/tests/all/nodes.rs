@@ -23,6 +23,10 @@ use serde_json::Value;
 
 use super::common::*;
 
+mod faults;
+mod fetch;
+mod suite;
+
 /// The workload every test migrates.
 const WORKLOAD: &str = "dirty";
 /// 8 MiB of state rewritten at 4 MiB/s for 6 s: long enough to be
@@ -112,6 +116,61 @@ fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
     Ok((status, buf[end + 4..].to_vec()))
 }
 
+/// `POST path` with a JSON body over HTTP/1.0: status and body.
+fn http_post(addr: &str, path: &str, body: &Value) -> std::io::Result<(u16, Vec<u8>)> {
+    let sa: SocketAddr = addr
+        .parse()
+        .map_err(|e| std::io::Error::other(format!("{addr}: {e}")))?;
+    let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no end of headers"))?;
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line: {head}")))?;
+    Ok((status, buf[end + 4..].to_vec()))
+}
+
+/// Under `CI=true` a missing capability fails the test; elsewhere it may
+/// skip it with a message.
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Pre-copy on a host with userfaultfd write-protect must have used it: a
+/// silent fallback to hashing fails here. A machine without it may skip the
+/// check, except under CI.
+fn expect_write_protect(status: &Value, node: &Node) {
+    let used = &status["summary"]["tracking"];
+    if used == "write-protect" {
+        return;
+    }
+    assert!(
+        !in_ci(),
+        "pre-copy tracked dirty pages with {used}, not userfaultfd write-protect \
+         (CI=true: userfaultfd write-protect is required)\n{status}\n{}",
+        node.log()
+    );
+    eprintln!(
+        "skipping the write-protect check: pre-copy used {used} \
+         (userfaultfd write-protect unavailable on this machine?)"
+    );
+}
+
 /// A free loopback port (free when this returns; tests that need a port
 /// known in advance accept the small race).
 fn free_port() -> u16 {
@@ -169,6 +228,18 @@ impl Node {
             .arg(dir.path().join("state"))
             .args(extra)
             .env("NO_COLOR", "1")
+            // Each host node has its own module cache, so a destination
+            // lacks a migrating cell's module and fetches it from the
+            // source. Nodes under qemu share the run's cache: compiling
+            // there takes long.
+            .env(
+                "ROAM_CACHE_DIR",
+                if isa == Isa::X86_64 {
+                    dir.path().join("cache")
+                } else {
+                    cache_dir().to_path_buf()
+                },
+            )
             .stdout(Stdio::null())
             .stderr(File::create(&log).unwrap());
         let mut child = cmd
