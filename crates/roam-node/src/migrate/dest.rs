@@ -7,6 +7,7 @@
 //! becomes the cell's thread once the cell starts.
 
 use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -25,6 +26,11 @@ use crate::cell;
 use crate::log::CellLog;
 use crate::node::NodeInner;
 use crate::types::Resolution;
+
+/// Longest silence of the source before the final state.
+const STATE_IDLE: Duration = Duration::from_secs(120);
+/// Longest time from the final state to the cell's start.
+const START_LIMIT: Duration = Duration::from_secs(60);
 
 /// Accept migrations until the task is aborted.
 pub(crate) async fn accept_loop(n: Arc<NodeInner>, l: TcpListener) {
@@ -99,14 +105,41 @@ async fn receive(n: Arc<NodeInner>, sock: TcpStream) -> Result<(), String> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .insert(offer.migration_id.clone(), inbound.clone());
+    let had_dir = n.cell_dir(&offer.cell.id).exists();
     let result = receive_cell(&n, &offer, &inbound, &mut rd, &mut wr).await;
     if let Err(e) = &result {
         if inbound.abort() == Resolution::Aborted {
+            tracing::warn!(cell = %offer.cell.id, error = %e, "incoming migration aborted; freeing what it took");
             let _ = send(&mut wr, &Msg::Abort { reason: e.clone() }).await;
             linger(&mut rd, &mut wr).await;
+            release(&n, &offer, had_dir);
         }
     }
     result
+}
+
+/// After an aborted incoming migration: forget it (the resolve endpoint
+/// answers `aborted` for an unknown migration too) and remove the cell's
+/// directory if this migration made it and no cell of that id is here. The
+/// receiving thread frees the instance by itself when its channel closes.
+fn release(n: &NodeInner, offer: &Offer, had_dir: bool) {
+    n.inbound
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&offer.migration_id);
+    let id = &offer.cell.id;
+    let plain = !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !had_dir && plain && !n.cells().contains_key(id) {
+        let dir = n.cell_dir(id);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(cell = %id, "cannot remove {}: {e}", dir.display());
+            }
+        }
+    }
 }
 
 /// Close after an abort without losing it: closing a socket with unread
@@ -200,6 +233,15 @@ async fn load_module(
             m => return Err(unexpected(&m, "the module transfer")),
         }
     }
+    // The hash names the prepared bytes: check it before compiling anything
+    // a peer sent.
+    if bytes.len() as u64 != offer.module_len || *blake3::hash(&bytes).as_bytes() != hash {
+        return Err(format!(
+            "the module sent by the source does not match the offered hash {}; refused \
+             before compiling it",
+            roam_runtime::cache::hex(&hash)
+        ));
+    }
     let node = n.clone();
     let module = tokio::task::spawn_blocking(move || node.rt.load_bytes(&bytes))
         .await
@@ -239,7 +281,18 @@ async fn receive_cell(
         .map_err(|_| "the receiving thread ended".to_string())??;
     send(wr, &Msg::Prepared).await.map_err(|e| e.to_string())?;
     loop {
-        let m = recv(rd).await.map_err(|e| e.to_string())?;
+        // A source that went silent is gone or cut off: give up rather
+        // than hold the receiving instance forever. It never stays silent
+        // this long while healthy (a pause takes at most 30 s).
+        let m = tokio::time::timeout(STATE_IDLE, recv(rd))
+            .await
+            .map_err(|_| {
+                format!(
+                    "the source sent nothing for {} s during the state transfer",
+                    STATE_IDLE.as_secs()
+                )
+            })?
+            .map_err(|e| e.to_string())?;
         let last = matches!(m, Msg::Final(_));
         match m {
             Msg::Pages { .. }
@@ -259,15 +312,44 @@ async fn receive_cell(
         }
     }
     drop(tx);
-    let lazy = run_rx
-        .await
-        .map_err(|_| "the receiving thread ended".to_string())??;
+    let lazy = started(offer, inbound, post.as_ref(), run_rx).await?;
     send(wr, &Msg::Running).await.map_err(|e| e.to_string())?;
     tracing::info!(cell = %offer.cell.id, "migrated cell runs here");
     match (lazy, post) {
         (Some(lazy), Some(post)) => post.serve(lazy, rd, wr, n.store.clone()).await,
         _ => Ok(()),
     }
+}
+
+/// Wait for the receiving thread to start the cell, for at most
+/// [`START_LIMIT`]. Past it, the migration is aborted (unless the cell
+/// started meanwhile): the source learns it through `Abort` or the resolve
+/// endpoint and keeps its cell; a thread stuck waiting for pages is
+/// released, ends without starting, and frees the instance.
+async fn started(
+    offer: &Offer,
+    inbound: &Inbound,
+    post: Option<&Arc<PostCopyPages>>,
+    mut run_rx: oneshot::Receiver<Started>,
+) -> Result<Option<LazyMemory>, String> {
+    let ended = |_| "the receiving thread ended".to_string();
+    match tokio::time::timeout(START_LIMIT, &mut run_rx).await {
+        Ok(r) => return r.map_err(ended)?,
+        Err(_) if inbound.abort() == Resolution::Running => {}
+        Err(_) => {
+            let why = format!(
+                "the cell did not start within {} s of the final state; nothing runs here",
+                START_LIMIT.as_secs()
+            );
+            tracing::error!(cell = %offer.cell.id, "{why}");
+            if let Some(p) = post {
+                p.fail(&why);
+            }
+            return Err(why);
+        }
+    }
+    // It started just as the limit passed: it is this node's now.
+    run_rx.await.map_err(ended)?
 }
 
 /// The receiving thread: build the instance, apply pages, finish, run.
@@ -304,6 +386,11 @@ fn assemble(
         };
         let step = match m {
             Msg::Grow { bytes } => incoming.grow_to(bytes).map_err(|e| e.to_string()),
+            // Post-copy: the pages the rewind touches, kept for the fault
+            // handler (this memory is dropped and refilled lazily).
+            Msg::Pages { batch } if post.is_some() => post
+                .as_ref()
+                .map_or(Ok(()), |p| p.receive_early(&mut decoder, &batch)),
             Msg::Pages { batch } => {
                 let mut t = IncomingTarget::new(
                     incoming.memory_mut(),

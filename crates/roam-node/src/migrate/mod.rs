@@ -22,6 +22,7 @@ use crate::types::{MigrationStatus, MigrationSummary, Resolution};
 
 pub(crate) mod dest;
 mod pages;
+mod postfail;
 pub(crate) mod source;
 mod stream;
 

@@ -12,6 +12,13 @@ use roam_wire::{recv, send, Msg};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, Notify};
 
+/// How long the destination of a post-copy waits for the next message from
+/// the source before it stops the cell (its memory cannot be completed).
+/// The source waits longer than this before it resumes the cell from its
+/// paused state when the destination cannot be asked (see
+/// `docs/failure-matrix.md`).
+pub(crate) const POST_COPY_IDLE: Duration = Duration::from_secs(10);
+
 /// A [`PageTarget`] over a freshly instantiated memory that skips work the
 /// instantiation already did: an untouched page holds the module's initial
 /// image (or zeros), so `Zero` and `Initial` records for it write nothing
@@ -136,7 +143,25 @@ impl PostCopyPages {
         NetSource(self.clone())
     }
 
-    fn fail(&self, why: &str) {
+    /// Decode a batch that arrived before the final state: the pages the
+    /// rewind touches (see `docs/migration.md`, "post-copy ordering"). They
+    /// are kept here, where the fault handler finds them without asking the
+    /// source, which does not serve requests before the commit. Installed
+    /// into the lazy memory when [`PostCopyPages::serve`] starts, if the
+    /// rewind did not fault them in already.
+    pub(crate) fn receive_early(&self, decoder: &mut Decoder, batch: &[u8]) -> Result<(), String> {
+        let mut got = self.received.lock().unwrap_or_else(PoisonError::into_inner);
+        decoder
+            .apply(batch, &mut *got)
+            .map(|_| ())
+            .map_err(|e| format!("pages sent ahead of the final state: {e}"))?;
+        drop(got);
+        self.arrived.notify_all();
+        Ok(())
+    }
+
+    /// Give up: every waiting and later fetch fails with `why`.
+    pub(crate) fn fail(&self, why: &str) {
         *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(why.to_string());
         self.arrived.notify_all();
     }
@@ -196,14 +221,34 @@ impl PostCopyPages {
         store: Arc<ChunkStore>,
     ) -> Result<(), String> {
         let mut decoder = Decoder::with_store(store, true);
+        // Pages sent ahead of the final state that no fault asked for.
+        let early = {
+            let mut got = self.received.lock().unwrap_or_else(PoisonError::into_inner);
+            let fresh = std::mem::take(&mut got.fresh);
+            fresh
+                .into_iter()
+                .map(|i| (i, got.pages[&i].clone()))
+                .collect::<Vec<_>>()
+        };
+        for (i, data) in early {
+            lazy.install(i, &data).map_err(|e| e.to_string())?;
+        }
         while !lazy.is_complete() {
-            // Not raced with a timeout: a frame read is not cancel-safe. The
-            // source ends with `PagesDone`, so this cannot wait forever on a
-            // healthy stream.
-            match recv(rd)
+            // A healthy source pushes pages without pause until `PagesDone`;
+            // a silent one is gone (or cut off), and the copy here must stop
+            // by itself: the source may resume the cell from its paused
+            // state once this limit has passed. Giving up on a frame half
+            // read is fine: the stream is abandoned.
+            let m = tokio::time::timeout(POST_COPY_IDLE, recv(rd))
                 .await
-                .map_err(|e| format!("post-copy stream from the source broke: {e}"))?
-            {
+                .map_err(|_| {
+                    format!(
+                        "the source sent nothing for {} s during post-copy",
+                        POST_COPY_IDLE.as_secs()
+                    )
+                })?
+                .map_err(|e| format!("post-copy stream from the source broke: {e}"))?;
+            match m {
                 Msg::Pages { batch } => {
                     let fresh = {
                         let mut got = self.received.lock().unwrap_or_else(PoisonError::into_inner);

@@ -269,6 +269,7 @@ async fn run(
         stream: &mut stream,
         inbox: &mut inbox,
         kinds: Vec::new(),
+        post_sent: Vec::new(),
     };
     let outcome = match plan.mode {
         Mode::StopAndCopy => ctx.stop_and_copy().await,
@@ -326,6 +327,26 @@ async fn run(
     } else {
         None
     };
+    let mut stay = None;
+    if let Some(Err(e)) = &post {
+        use super::postfail::{after_broken_post_copy, Verdict};
+        m.phase("post-copy broken");
+        let all_sent = ctx.all_data_sent();
+        let verdict = after_broken_post_copy(&plan.req.to, &m.cell, all_sent).await;
+        tracing::warn!(migration = %m.id, cell = %m.cell, error = %e, ?verdict,
+            "post-copy broke after the cell started on the destination");
+        match verdict {
+            Verdict::Resume(why) => {
+                let _ = paused.reply.send(Decision::Resume);
+                writer.abort();
+                return Err(format!(
+                    "post-copy broke after the cell started on the destination ({e}); {why}, \
+                     so the cell resumed from its paused state and keeps running on this node"
+                ));
+            }
+            Verdict::Stay(why) => stay = Some(why),
+        }
+    }
     let pipeline = ctx.stream.stats();
     let _ = paused.reply.send(Decision::Release);
     {
@@ -345,8 +366,9 @@ async fn run(
     let post = match post {
         Some(Err(e)) => {
             return Err(format!(
-            "post-copy failed after the cell moved; the destination's copy cannot continue: {e}"
-        ))
+                "post-copy broke after the cell started on the destination ({e}); {}",
+                stay.unwrap_or_default()
+            ))
         }
         Some(Ok(p)) => Some(p),
         None => None,
@@ -391,6 +413,19 @@ fn encoder_config(plan: &Plan) -> EncoderConfig {
     c
 }
 
+/// The data pages under an unwound stack of `len` bytes in the Asyncify
+/// buffer at `offset` (its 8-byte header included): what a rewind reads
+/// and writes before the program runs.
+fn rewind_pages(offset: u32, len: usize, kinds: &[u8]) -> Vec<u32> {
+    const HEADER: u64 = 8;
+    let start = u64::from(offset) / PAGE_SIZE as u64;
+    let end = (u64::from(offset) + HEADER + len as u64).div_ceil(PAGE_SIZE as u64);
+    (start..end.min(kinds.len() as u64))
+        .map(|i| i as u32)
+        .filter(|&i| kinds[i as usize] == 2)
+        .collect()
+}
+
 /// Kind of every page of a (paused) memory: 0 zero, 1 equal to the initial
 /// image, 2 data (modified state).
 fn classify(mem: &roam_runtime::LiveMemory, initial: &roam_snapshot::InitialImage) -> Vec<u8> {
@@ -426,6 +461,9 @@ struct Ctx<'a> {
     inbox: &'a mut Inbox,
     /// Post-copy: kind of every page (0 zero, 1 initial, 2 data).
     kinds: Vec<u8>,
+    /// Post-copy: pages put into the stream (pushed, asked for, or sent
+    /// ahead of the final state).
+    post_sent: Vec<bool>,
 }
 
 impl Ctx<'_> {
@@ -607,12 +645,27 @@ impl Ctx<'_> {
         let paused = self.pause().await.map_err(|e| (e, None))?;
         self.kinds =
             tokio::task::block_in_place(|| classify(&self.h.memory, self.h.module.initial_image()));
+        self.post_sent = vec![false; self.kinds.len()];
         let kinds = self.kinds.clone();
+        // The destination's rewind reads and writes the memory under the
+        // unwound stack before the cell starts, and before this side serves
+        // page requests (it does so only after `Running`): send those pages
+        // now, ahead of the final state, or the destination deadlocks.
+        let s = &paused.snapshot.stack;
+        let rewind: Vec<u32> = rewind_pages(s.buffer_offset, s.data.len(), &self.kinds);
         let r = async {
             self.stream.sync_size().await?;
-            self.stream.msg(Msg::PageKinds { kinds }).await
+            self.stream.msg(Msg::PageKinds { kinds }).await?;
+            if !rewind.is_empty() {
+                self.send_pages(&rewind).await?;
+                self.stream.drain().await?;
+            }
+            Ok::<(), String>(())
         }
         .await;
+        for &i in &rewind {
+            self.post_sent[i as usize] = true;
+        }
         match r {
             Ok(()) => Ok((paused, 1, None)),
             Err(e) => Err((e, Some(paused))),
@@ -624,7 +677,7 @@ impl Ctx<'_> {
     async fn serve_post_copy(&mut self, began: Instant) -> Result<PostCopyStats, String> {
         const PUSH: usize = 32;
         let data: Vec<u32> = (0..self.kinds.len() as u32)
-            .filter(|&i| self.kinds[i as usize] == 2)
+            .filter(|&i| self.kinds[i as usize] == 2 && !self.post_sent[i as usize])
             .collect();
         let mut stats = PostCopyStats::default();
         let mut cursor = 0;
@@ -640,6 +693,7 @@ impl Ctx<'_> {
             if cursor < data.len() {
                 let end = (cursor + PUSH).min(data.len());
                 self.send_pages(&data[cursor..end]).await?;
+                self.mark_sent(&data[cursor..end]);
                 stats.pushed_pages += (end - cursor) as u64;
                 cursor = end;
                 continue;
@@ -666,6 +720,23 @@ impl Ctx<'_> {
         }
     }
 
+    fn mark_sent(&mut self, pages: &[u32]) {
+        for &i in pages {
+            if let Some(s) = self.post_sent.get_mut(i as usize) {
+                *s = true;
+            }
+        }
+    }
+
+    /// Whether every data page went into the stream: only then can the
+    /// destination have all of its memory.
+    fn all_data_sent(&self) -> bool {
+        self.kinds
+            .iter()
+            .zip(&self.post_sent)
+            .all(|(&k, &s)| k != 2 || s)
+    }
+
     /// Handle one message during post-copy; true when the destination has
     /// every page.
     async fn on_post_copy_msg(
@@ -678,6 +749,7 @@ impl Ctx<'_> {
                 stats.requests += 1;
                 stats.demand_pages += pages.len() as u64;
                 self.send_pages(&pages).await?;
+                self.mark_sent(&pages);
                 Ok(false)
             }
             Msg::Complete => Ok(true),

@@ -149,7 +149,10 @@ fn exactly_once(id: &str, a: &Node, b: &Node, expected: &[u8]) {
     assert_eq!(end["code"], 0, "{end}");
     if let Some(c) = other.cell(id) {
         assert!(
-            !matches!(c["state"].as_str(), Some("running" | "migrating" | "exited")),
+            !matches!(
+                c["state"].as_str(),
+                Some("running" | "migrating" | "exited")
+            ),
             "the cell is also on {}: {c}\n{}",
             other.isa.name(),
             both_logs(a, b)
@@ -157,9 +160,18 @@ fn exactly_once(id: &str, a: &Node, b: &Node, expected: &[u8]) {
     }
     let finals = [a, b]
         .iter()
-        .map(|n| text(&n.raw_logs(id).unwrap_or_default()).matches("checksum: ").count())
+        .map(|n| {
+            text(&n.raw_logs(id).unwrap_or_default())
+                .matches("checksum: ")
+                .count()
+        })
         .sum::<usize>();
-    assert_eq!(finals, 1, "the final output appears {finals} times\n{}", both_logs(a, b));
+    assert_eq!(
+        finals,
+        1,
+        "the final output appears {finals} times\n{}",
+        both_logs(a, b)
+    );
     assert_eq!(
         text(&logs(id, a)),
         text(expected),

@@ -104,13 +104,11 @@ fn a_module_that_does_not_match_the_offered_hash_is_refused() {
             };
             send(&mut wr, &m).await.unwrap();
         }
-        loop {
-            match tokio::time::timeout(Duration::from_secs(60), recv(&mut rd)).await {
-                Ok(Ok(Msg::Abort { reason })) => break reason,
-                Ok(Ok(m)) => panic!("expected abort, got {m:?}"),
-                Ok(Err(e)) => panic!("the node closed without saying why: {e}"),
-                Err(_) => panic!("the node did not answer within 60 s"),
-            }
+        match tokio::time::timeout(Duration::from_secs(60), recv(&mut rd)).await {
+            Ok(Ok(Msg::Abort { reason })) => reason,
+            Ok(Ok(m)) => panic!("expected abort, got {m:?}"),
+            Ok(Err(e)) => panic!("the node closed without saying why: {e}"),
+            Err(_) => panic!("the node did not answer within 60 s"),
         }
     });
     assert!(

@@ -50,7 +50,7 @@ fn needs_dir(name: &str) -> bool {
 fn reference_of(name: &str) -> &'static Reference {
     static DONE: OnceLock<Mutex<HashMap<String, &'static Reference>>> = OnceLock::new();
     let mut done = DONE.get_or_init(Default::default).lock().unwrap();
-    *done.entry(name.to_string()).or_insert_with(|| {
+    done.entry(name.to_string()).or_insert_with(|| {
         let data = tempfile::tempdir().unwrap();
         let mut cmd = roam(Isa::X86_64);
         cmd.arg("run");
