@@ -7,7 +7,9 @@
 //! build under qemu-user) on free loopback ports, runs the `dirty` workload
 //! (its length is set by its arguments and its output does not depend on
 //! timing), and compares the output the cell left in the logs with an
-//! uninterrupted `roam run`.
+//! uninterrupted `roam run`. The real workload suite in every mode is in
+//! `nodes/suite.rs`, the failure matrix in `nodes/faults.rs`, the module
+//! fetch path in `nodes/fetch.rs`.
 
 use std::collections::HashMap;
 use std::fs::File;
