@@ -131,3 +131,75 @@ fn a_module_that_does_not_match_the_offered_hash_is_refused() {
             .then_some(())
     });
 }
+
+/// A source that fails after the destination fetched and compiled its
+/// module and built the receiving instance (here: a final state that does
+/// not decode): the destination says why in its log, frees what it took,
+/// and the resolve endpoint answers `aborted`.
+#[test]
+fn a_destination_that_cannot_finish_says_why_and_frees_what_it_took() {
+    let (a, b) = (Node::start(Isa::X86_64), Node::start(Isa::X86_64));
+    let id = a.launch(&SMALL);
+    let hash = a.cell(&id).unwrap()["module"].as_str().unwrap().to_string();
+    let module = std::fs::read(a.dir.path().join(format!("cache/modules/{hash}.wasm"))).unwrap();
+    let module_hash = *blake3::hash(&module).as_bytes();
+    let addr = b.info()["migrate_addr"].as_str().unwrap().to_string();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let reason = rt.block_on(async {
+        let sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (mut rd, mut wr) = sock.into_split();
+        let _ = recv(&mut rd).await.unwrap();
+        let hello = Hello::new("broken", "x86_64", Features::default());
+        send(&mut wr, &Msg::Hello(hello)).await.unwrap();
+        let offer = Offer {
+            migration_id: "m-broken".into(),
+            cell: CellSpec {
+                id: "c-broken".into(),
+                module_hash,
+                args: vec!["dirty".into()],
+                env: Vec::new(),
+                dirs: vec!["/data".into()],
+                launched_unix_ms: 0,
+                hops: 0,
+            },
+            mode: Mode::StopAndCopy,
+            module_len: module.len() as u64,
+            memory_bytes: 1 << 20,
+        };
+        send(&mut wr, &Msg::Offer(offer)).await.unwrap();
+        assert!(matches!(recv(&mut rd).await.unwrap(), Msg::Accept(_)));
+        for (k, chunk) in module.chunks(1 << 20).enumerate() {
+            let m = Msg::ModuleChunk {
+                offset: (k << 20) as u64,
+                bytes: chunk.to_vec(),
+            };
+            send(&mut wr, &m).await.unwrap();
+        }
+        let prepared = recv(&mut rd).await.unwrap();
+        assert!(matches!(prepared, Msg::Prepared), "{prepared:?}");
+        let fin = roam_wire::Final {
+            snapshot: vec![9; 10],
+            memory_bytes: 1 << 20,
+            log: Vec::new(),
+        };
+        send(&mut wr, &Msg::Final(Box::new(fin))).await.unwrap();
+        match tokio::time::timeout(Duration::from_secs(60), recv(&mut rd)).await {
+            Ok(Ok(Msg::Abort { reason })) => reason,
+            other => panic!("expected abort, got {other:?}"),
+        }
+    });
+    assert!(reason.contains("final state"), "{reason}");
+    wait_for("the reason in the log", Duration::from_secs(10), || {
+        b.log().contains("freeing what it took").then_some(())
+    });
+    assert!(b.cell("c-broken").is_none(), "{}", b.log());
+    assert!(
+        !b.dir.path().join("state/cells/c-broken").exists(),
+        "the cell directory was left behind"
+    );
+    let (st, body) = http_post(&b.addr, "/v1/migrations/m-broken/resolve", &Value::Null).unwrap();
+    assert_eq!((st, text(&body)), (200, "\"aborted\"".to_string()));
+}
