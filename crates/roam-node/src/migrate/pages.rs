@@ -9,8 +9,9 @@ use roam_runtime::{LazyMemory, PageSource};
 use roam_snapshot::{InitialImage, PAGE_SIZE};
 use roam_transfer::{ChunkStore, Decoder, PageTarget};
 use roam_wire::{recv, send, Msg};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, Notify};
+
+use super::{ReadHalf, WriteHalf};
 
 /// A [`PageTarget`] over a freshly instantiated memory that skips work the
 /// instantiation already did: an untouched page holds the module's initial
@@ -147,8 +148,8 @@ impl PostCopyPages {
     pub(crate) async fn serve(
         self: Arc<Self>,
         lazy: LazyMemory,
-        rd: &mut OwnedReadHalf,
-        wr: &mut OwnedWriteHalf,
+        rd: &mut ReadHalf,
+        wr: &mut WriteHalf,
         store: Arc<ChunkStore>,
     ) -> Result<(), String> {
         let done = Notify::new();
@@ -192,7 +193,7 @@ impl PostCopyPages {
     async fn receive(
         &self,
         lazy: &LazyMemory,
-        rd: &mut OwnedReadHalf,
+        rd: &mut ReadHalf,
         store: Arc<ChunkStore>,
     ) -> Result<(), String> {
         let mut decoder = Decoder::with_store(store, true);

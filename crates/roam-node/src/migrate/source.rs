@@ -10,13 +10,11 @@ use roam_runtime::{DirtyTracker, TrackMethod};
 use roam_snapshot::{EncodeOptions, MemoryImage, PAGE_SIZE};
 use roam_transfer::{AdaptConfig, Codec, EncoderConfig, Mode as XMode, ModeSelect, StoreSummary};
 use roam_wire::{recv, Final, Mode, Msg, Offer};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
 
 use tokio::sync::mpsc;
 
 use super::stream::{write_loop, Out, Stream, Writer};
-use super::Migration;
+use super::{Migration, ReadHalf};
 use crate::api::{running_handle, AppError};
 use crate::cell::{CellHandle, Decision, Paused, PAUSE_TIMEOUT};
 use crate::node::{new_id, NodeInner};
@@ -114,7 +112,7 @@ struct Plan {
 /// Messages from the destination after the handshake.
 type Inbox = mpsc::Receiver<Result<Msg, String>>;
 
-fn spawn_reader(mut rd: OwnedReadHalf) -> Inbox {
+fn spawn_reader(mut rd: ReadHalf) -> Inbox {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -176,21 +174,13 @@ async fn run(
         .node()
         .await
         .map_err(|e| format!("cannot reach destination {}: {e}", plan.req.to))?;
-    let sock = tokio::time::timeout(
-        Duration::from_secs(10),
-        TcpStream::connect(&info.migrate_addr),
-    )
-    .await
-    .map_err(|_| format!("connecting to {} timed out", info.migrate_addr))?
-    .map_err(|e| {
-        format!(
-            "cannot connect to {} ({}): {e}",
-            info.migrate_addr, info.name
-        )
-    })?;
-    sock.set_nodelay(true).ok();
-    let (mut rd, mut wr) = sock.into_split();
+    let super::transport::Conn {
+        mut rd,
+        mut wr,
+        peer_cert,
+    } = super::transport::connect(n, &info.migrate_addr, &info.name).await?;
     let peer = super::dest::handshake(n, &mut rd, &mut wr).await?;
+    super::transport::check_peer(&n, peer_cert.as_ref(), &peer.node)?;
     let mut wr: Writer = match plan.rate {
         Some(r) => Box::new(roam_link::Shaped::new(wr, r)),
         None => Box::new(wr),
