@@ -170,7 +170,10 @@ async fn run(
         .store(h.memory.len() as u64, Ordering::Relaxed);
 
     // Who is the destination?
-    let info: NodeInfo = crate::client::Client::new(&plan.req.to)
+    let dest_api = n
+        .client(&plan.req.to)
+        .map_err(|e| format!("cannot reach destination {}: {e}", plan.req.to))?;
+    let info: NodeInfo = dest_api
         .node()
         .await
         .map_err(|e| format!("cannot reach destination {}: {e}", plan.req.to))?;
@@ -289,7 +292,7 @@ async fn run(
         memory_bytes: h.memory.len() as u64,
         log: log.contents(),
     };
-    let committed = commit(&mut ctx, fin, &plan.req.to).await;
+    let committed = commit(&mut ctx, fin, &dest_api).await;
     let running_at = Instant::now();
     match committed {
         Ok(true) => {}
@@ -683,7 +686,7 @@ impl Ctx<'_> {
 /// Send the final state and learn whether the cell runs on the
 /// destination. `Ok(true)`: it runs there. `Ok(false)`: it does not and
 /// never will. `Err`: the destination refused or failed before starting.
-async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &str) -> Result<bool, String> {
+async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &crate::client::Client) -> Result<bool, String> {
     ctx.m.phase("committing");
     ctx.stream.msg(Msg::Final(Box::new(fin))).await?;
     match next(ctx.inbox, "the commit", Duration::from_secs(120)).await {
@@ -697,7 +700,7 @@ async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &str) -> Result<bool, String>
             // The connection broke after the final state went out: only the
             // destination knows whether it started the cell.
             tracing::warn!(error = %e, "commit interrupted; asking the destination to resolve");
-            match crate::client::Client::new(to).resolve(&ctx.m.id).await {
+            match to.resolve(&ctx.m.id).await {
                 Ok(Resolution::Running) => Ok(true),
                 Ok(Resolution::Aborted) => Ok(false),
                 // Unreachable: a dead destination runs nothing.
