@@ -40,6 +40,8 @@ pub enum Command {
     Logs(crate::node_args::LogsArgs),
     /// Stop a cell and drop it.
     Kill(crate::node_args::KillArgs),
+    /// Make the cluster CA, node and client certificates (mutual TLS).
+    Cert(crate::cert::CertArgs),
 }
 
 /// Where migration points go.

@@ -6,6 +6,7 @@
 //! traps.
 
 mod args;
+mod cert;
 mod inspect;
 mod node_args;
 mod node_cmd;
@@ -52,6 +53,7 @@ fn main() {
             args::Command::Migrate(a) => node_cmd::migrate(a),
             args::Command::Logs(a) => node_cmd::logs(a),
             args::Command::Kill(a) => node_cmd::kill(a),
+            args::Command::Cert(a) => cert::main(a),
         });
     let code = match worker {
         Ok(handle) => handle

@@ -37,6 +37,47 @@ pub struct NodeArgs {
     /// Refuse incoming cells that would leave less memory than this, MiB.
     #[arg(long, default_value_t = 256)]
     pub memory_reserve_mib: u64,
+    /// Cluster CA certificate (PEM, `roam cert ca`). With --tls-cert and
+    /// --tls-key, the control API and the migration port use mutual TLS
+    /// and admit only peers with certificates from this CA.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// This node's certificate (`roam cert node NAME`, NAME = --name).
+    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// This node's private key.
+    #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
+    pub tls_key: Option<PathBuf>,
+    /// Require `Authorization: Bearer TOKEN` on the control API, TOKEN
+    /// being this file's content (keep it mode 0600). The node sends it to
+    /// other nodes' control APIs too.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Allow plain, unauthenticated listening on a non-loopback address.
+    /// Anyone who reaches the ports can then run code on this node: only
+    /// on a network that is itself trusted.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// How a command authenticates to a node (`launch`, `cells`, `migrate`,
+/// `logs`, `kill`).
+#[derive(Args, Debug, Clone)]
+pub struct AuthArgs {
+    /// Cluster CA to check the node's certificate against; selects https
+    /// for a `host:port` node address.
+    #[arg(long, env = "ROAM_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (`roam cert client NAME`).
+    #[arg(long, env = "ROAM_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key.
+    #[arg(long, env = "ROAM_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// File holding the node's bearer token [or the token itself in
+    /// $ROAM_TOKEN].
+    #[arg(long, env = "ROAM_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 /// `roam launch`.
@@ -57,6 +98,8 @@ pub struct LaunchArgs {
     /// Arguments for the program.
     #[arg(last = true)]
     pub args: Vec<String>,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 /// `roam cells`.
@@ -68,6 +111,8 @@ pub struct CellsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 /// `roam migrate`.
@@ -116,6 +161,8 @@ pub struct MigrateArgs {
     /// Print the final status as JSON (no progress bar).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 /// `roam logs`.
@@ -126,6 +173,8 @@ pub struct LogsArgs {
     /// A node that runs or ran it (the log is followed to where it runs now).
     #[arg(long)]
     pub node: String,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 /// `roam kill`.
@@ -136,4 +185,6 @@ pub struct KillArgs {
     /// Node it runs on.
     #[arg(long)]
     pub node: String,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }

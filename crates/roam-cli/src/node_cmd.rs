@@ -4,10 +4,32 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use roam_node::roam_auth::{Identity, TlsFiles, Token};
 use roam_node::types::{LaunchRequest, MigrateRequest, MigrationStatus, TransferOptions};
-use roam_node::{Client, Node, NodeConfig};
+use roam_node::{Client, ClientAuth, Node, NodeConfig};
 
 use crate::node_args::*;
+
+/// A client of `addr` with the credentials the command was given.
+fn client(addr: &str, a: &AuthArgs) -> Result<Client> {
+    let tls = match &a.tls_ca {
+        Some(ca) => Some(roam_node::roam_auth::ClientTls::load(
+            ca,
+            a.tls_cert.as_deref(),
+            a.tls_key.as_deref(),
+        )?),
+        None if a.tls_cert.is_some() => {
+            bail!("--tls-cert needs --tls-ca (or ROAM_TLS_CA): the CA to check the node against")
+        }
+        None => None,
+    };
+    let token = match (&a.token_file, std::env::var("ROAM_TOKEN")) {
+        (Some(f), _) => Some(Token::load(f)?),
+        (None, Ok(t)) => Some(Token::new(&t, "in $ROAM_TOKEN")?),
+        (None, Err(_)) => None,
+    };
+    Ok(Client::with_auth(addr, &ClientAuth { tls, token })?)
+}
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -41,6 +63,11 @@ pub fn node(a: NodeArgs) -> Result<i32> {
     if let Ok(null) = std::fs::File::open("/dev/null") {
         let _ = rustix::stdio::dup2_stdin(&null);
     }
+    let tls = match (a.tls_ca, a.tls_cert, a.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => Some(Identity::load(&TlsFiles { ca, cert, key })?),
+        _ => None,
+    };
+    let token = a.token_file.as_deref().map(Token::load).transpose()?;
     let cfg = NodeConfig {
         name,
         listen: a.listen,
@@ -50,12 +77,15 @@ pub fn node(a: NodeArgs) -> Result<i32> {
         cache_dir,
         chunk_store_bytes: a.chunk_store_mib << 20,
         memory_reserve: a.memory_reserve_mib << 20,
+        tls,
+        token,
+        insecure: a.insecure,
     };
     runtime()?.block_on(async move {
         let node = Node::bind(cfg).await?;
         eprintln!(
-            "roam node listening: control http://{} migrate {}",
-            node.control_addr(),
+            "roam node listening: control {} migrate {}",
+            node.control_url(),
             node.migrate_addr()
         );
         node.serve(async {
@@ -86,7 +116,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
     let mut args = vec![program];
     args.extend(a.args);
     runtime()?.block_on(async move {
-        let c = Client::new(&a.node);
+        let c = client(&a.node, &a.auth)?;
         let m = c.upload_module(bytes).await?;
         let r = c
             .launch(&LaunchRequest {
@@ -108,7 +138,7 @@ fn mib(b: u64) -> String {
 /// `roam cells`.
 pub fn cells(a: CellsArgs) -> Result<i32> {
     runtime()?.block_on(async move {
-        let cells = Client::new(&a.node).cells().await?;
+        let cells = client(&a.node, &a.auth)?.cells().await?;
         if a.json {
             println!("{}", serde_json::to_string_pretty(&cells)?);
             return Ok(0);
@@ -155,7 +185,7 @@ pub fn migrate(a: MigrateArgs) -> Result<i32> {
         },
     };
     runtime()?.block_on(async move {
-        let src = Client::new(&a.from);
+        let src = client(&a.from, &a.auth)?;
         let mid = src.migrate(&a.cell, &req).await?.migration;
         let bar = if a.json {
             ProgressBar::hidden()
@@ -242,7 +272,7 @@ fn print_summary(a: &MigrateArgs, s: &roam_node::types::MigrationSummary) {
 /// `roam logs`.
 pub fn logs(a: LogsArgs) -> Result<i32> {
     runtime()?.block_on(async move {
-        let out = Client::new(&a.node).logs(&a.cell).await?;
+        let out = client(&a.node, &a.auth)?.logs(&a.cell).await?;
         use std::io::Write;
         std::io::stdout().write_all(&out)?;
         Ok(0)
@@ -252,7 +282,7 @@ pub fn logs(a: LogsArgs) -> Result<i32> {
 /// `roam kill`.
 pub fn kill(a: KillArgs) -> Result<i32> {
     runtime()?.block_on(async move {
-        let c = Client::new(&a.node).kill(&a.cell).await?;
+        let c = client(&a.node, &a.auth)?.kill(&a.cell).await?;
         println!("{} killed", c.id);
         Ok(0)
     })

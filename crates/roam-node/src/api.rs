@@ -42,7 +42,7 @@ fn internal(msg: impl std::fmt::Display) -> AppError {
 const MODULE_LIMIT: usize = 512 << 20;
 
 pub(crate) fn router(n: Arc<NodeInner>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/v1/node", get(node_info))
         .route("/v1/modules", post(upload_module))
         .route("/v1/cells", post(launch).get(list))
@@ -59,8 +59,9 @@ pub(crate) fn router(n: Arc<NodeInner>) -> Router {
             "/v1/migrations/{id}/resolve",
             post(crate::migrate::dest::resolve),
         )
-        .layer(DefaultBodyLimit::max(MODULE_LIMIT))
-        .with_state(n)
+        .layer(DefaultBodyLimit::max(MODULE_LIMIT));
+    // The token check wraps every route: no handler runs without it.
+    crate::secure::guard(router, n.auth.token.as_ref()).with_state(n)
 }
 
 pub(crate) fn node_info_of(n: &NodeInner) -> NodeInfo {
@@ -257,7 +258,14 @@ async fn logs(State(n): N, Path(id): Path<String>) -> Result<Response, AppError>
         .get(&id)
         .ok_or_else(|| not_found(&format!("cell {id}")))?;
     if let CellState::Moved { to } = &e.state {
-        let url = format!("http://{to}/v1/cells/{id}/logs");
+        let url = if to.contains("://") {
+            format!("{}/v1/cells/{id}/logs", to.trim_end_matches('/'))
+        } else {
+            format!(
+                "{}://{to}/v1/cells/{id}/logs",
+                crate::secure::scheme(&n.auth)
+            )
+        };
         return Ok((StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, url)]).into_response());
     }
     Ok((

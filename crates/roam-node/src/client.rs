@@ -1,5 +1,11 @@
 //! A client of a node's control API, used by the `roam` command and by
 //! nodes talking to each other.
+//!
+//! With [`ClientAuth`], requests go over mutual TLS (the CA checks the
+//! node; the client certificate, if any, identifies the caller) and carry
+//! the bearer token. An `https://` address, or TLS material with a bare
+//! `host:port`, selects TLS. Redirects (a cell's log on the node it moved
+//! to) are followed here, not by reqwest, so the token goes along.
 
 use std::time::Duration;
 
@@ -12,6 +18,16 @@ use crate::types::*;
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    auth: ClientAuth,
+}
+
+/// The credentials a client presents.
+#[derive(Debug, Clone, Default)]
+pub struct ClientAuth {
+    /// The cluster CA and, optionally, a client certificate.
+    pub tls: Option<roam_auth::ClientTls>,
+    /// The bearer token.
+    pub token: Option<roam_auth::Token>,
 }
 
 /// Why a request failed.
@@ -29,22 +45,74 @@ pub enum ClientError {
     /// The node answered with an error.
     #[error("{0}")]
     Api(String),
+    /// The TLS configuration could not be built.
+    #[error("cannot set up TLS for {addr}")]
+    Tls {
+        /// The node's address.
+        addr: String,
+        /// What failed.
+        #[source]
+        source: roam_auth::rustls::Error,
+    },
+    /// An `https://` address without a CA to check the node against.
+    #[error("{addr} is an https:// address: give the cluster CA with --tls-ca (or ROAM_TLS_CA)")]
+    NoCa {
+        /// The node's address.
+        addr: String,
+    },
 }
 
 impl Client {
     /// A client for the node whose control API listens on `addr`
     /// (`host:port`, or a full `http://` URL).
     pub fn new(addr: &str) -> Client {
+        Client::with_auth(addr, &ClientAuth::default())
+            .expect("a client without TLS material builds")
+    }
+
+    /// A client presenting `auth`. A bare `host:port` means `https://` when
+    /// `auth` has TLS material, `http://` otherwise.
+    pub fn with_auth(addr: &str, auth: &ClientAuth) -> Result<Client, ClientError> {
         let base = if addr.starts_with("http://") || addr.starts_with("https://") {
             addr.trim_end_matches('/').to_string()
+        } else if auth.tls.is_some() {
+            format!("https://{addr}")
         } else {
             format!("http://{addr}")
         };
-        let http = reqwest::Client::builder()
+        let mut b = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
-            .build()
-            .expect("an HTTP client without TLS builds");
-        Client { base, http }
+            .redirect(reqwest::redirect::Policy::none());
+        match &auth.tls {
+            Some(tls) => {
+                let cfg = tls
+                    .config(roam_auth::ALPN_HTTP)
+                    .map_err(|source| ClientError::Tls {
+                        addr: base.clone(),
+                        source,
+                    })?;
+                b = b.use_preconfigured_tls((*cfg).clone());
+            }
+            None if base.starts_with("https://") => return Err(ClientError::NoCa { addr: base }),
+            None => {}
+        }
+        let http = b.build().map_err(|source| ClientError::Unreachable {
+            addr: base.clone(),
+            source,
+        })?;
+        Ok(Client {
+            base,
+            http,
+            auth: auth.clone(),
+        })
+    }
+
+    /// Add the token, if any, to a request.
+    fn authed(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.auth.token {
+            Some(t) => r.header(reqwest::header::AUTHORIZATION, t.header_value()),
+            None => r,
+        }
     }
 
     async fn parse<T: DeserializeOwned>(
@@ -75,11 +143,12 @@ impl Client {
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
-        self.parse(self.http.get(self.url(path)).send().await).await
+        self.parse(self.authed(self.http.get(self.url(path))).send().await)
+            .await
     }
 
     async fn post<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
-        self.parse(self.http.post(self.url(path)).send().await)
+        self.parse(self.authed(self.http.post(self.url(path))).send().await)
             .await
     }
 
@@ -91,8 +160,7 @@ impl Client {
     /// `POST /v1/modules`.
     pub async fn upload_module(&self, bytes: Vec<u8>) -> Result<ModuleInfo, ClientError> {
         self.parse(
-            self.http
-                .post(self.url("/v1/modules"))
+            self.authed(self.http.post(self.url("/v1/modules")))
                 .body(bytes)
                 .send()
                 .await,
@@ -102,8 +170,13 @@ impl Client {
 
     /// `POST /v1/cells`.
     pub async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResponse, ClientError> {
-        self.parse(self.http.post(self.url("/v1/cells")).json(req).send().await)
-            .await
+        self.parse(
+            self.authed(self.http.post(self.url("/v1/cells")))
+                .json(req)
+                .send()
+                .await,
+        )
+        .await
     }
 
     /// `GET /v1/cells`.
@@ -118,15 +191,33 @@ impl Client {
 
     /// `GET /v1/cells/{id}/logs`, following the cell to wherever it runs.
     pub async fn logs(&self, id: &str) -> Result<Vec<u8>, ClientError> {
-        let r = self
-            .http
-            .get(self.url(&format!("/v1/cells/{id}/logs")))
-            .send()
-            .await
-            .map_err(|source| ClientError::Unreachable {
-                addr: self.base.clone(),
-                source,
-            })?;
+        let mut url = self.url(&format!("/v1/cells/{id}/logs"));
+        let mut hops = 0;
+        let r = loop {
+            let r = self
+                .authed(self.http.get(&url))
+                .send()
+                .await
+                .map_err(|source| ClientError::Unreachable {
+                    addr: self.base.clone(),
+                    source,
+                })?;
+            let next = r
+                .status()
+                .is_redirection()
+                .then(|| r.headers().get(reqwest::header::LOCATION))
+                .flatten()
+                .and_then(|l| l.to_str().ok())
+                .map(str::to_string);
+            match next {
+                // A cell that moved more often than this went in circles.
+                Some(next) if hops < 16 => {
+                    hops += 1;
+                    url = next;
+                }
+                _ => break r,
+            }
+        };
         if !r.status().is_success() {
             return self.parse::<Vec<u8>>(Ok(r)).await;
         }
@@ -156,8 +247,7 @@ impl Client {
         req: &MigrateRequest,
     ) -> Result<MigrateResponse, ClientError> {
         self.parse(
-            self.http
-                .post(self.url(&format!("/v1/cells/{id}/migrate")))
+            self.authed(self.http.post(self.url(&format!("/v1/cells/{id}/migrate"))))
                 .json(req)
                 .send()
                 .await,
@@ -173,11 +263,13 @@ impl Client {
     /// `POST /v1/migrations/{id}/resolve` (asked of a destination).
     pub async fn resolve(&self, id: &str) -> Result<Resolution, ClientError> {
         self.parse(
-            self.http
-                .post(self.url(&format!("/v1/migrations/{id}/resolve")))
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await,
+            self.authed(
+                self.http
+                    .post(self.url(&format!("/v1/migrations/{id}/resolve"))),
+            )
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await,
         )
         .await
     }

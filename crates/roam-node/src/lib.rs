@@ -9,6 +9,8 @@
 //!   roam CLI ──HTTP/JSON──► control API (axum) ──► cells (one OS thread each)
 //!                                 │
 //!                                 └─► migration source ══TCP frames══► migration dest (other node)
+//!
+//!   both arrows: mutual TLS and a bearer token when configured (see docs/trust.md)
 //!                                        encoder threads                  decoder → receiving instance
 //! ```
 //!
@@ -23,8 +25,11 @@ pub mod client;
 mod log;
 mod migrate;
 mod node;
+mod secure;
 pub mod sysinfo;
 pub mod types;
 
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientAuth, ClientError};
 pub use node::{Node, NodeConfig};
+pub use roam_auth;
+pub use secure::ExposureError;

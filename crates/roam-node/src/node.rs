@@ -11,7 +11,9 @@ use roam_transfer::ChunkStore;
 use tokio::net::TcpListener;
 
 use crate::cell::CellEntry;
+use crate::client::{Client, ClientError};
 use crate::migrate::{Inbound, Migration};
+use crate::secure::{NodeAuth, TlsListener};
 use crate::types::CellState;
 
 /// How to run a node.
@@ -34,6 +36,14 @@ pub struct NodeConfig {
     pub chunk_store_bytes: u64,
     /// Refuse incoming cells that would leave less than this much memory.
     pub memory_reserve: u64,
+    /// Mutual TLS on both listeners and for calls to other nodes, with this
+    /// node certificate of the cluster CA. `None`: plain TCP.
+    pub tls: Option<roam_auth::Identity>,
+    /// The bearer token the control API requires (and that this node sends
+    /// to other nodes' control APIs).
+    pub token: Option<roam_auth::Token>,
+    /// Allow plain, unauthenticated listeners on non-loopback addresses.
+    pub insecure: bool,
 }
 
 /// State shared by every task of a node.
@@ -45,6 +55,7 @@ pub(crate) struct NodeInner {
     pub migrations: Mutex<HashMap<String, Arc<Migration>>>,
     pub inbound: Mutex<HashMap<String, Arc<Inbound>>>,
     pub store: Arc<ChunkStore>,
+    pub auth: NodeAuth,
 }
 
 /// A running node.
@@ -74,6 +85,12 @@ impl NodeInner {
         self.cfg.state_dir.join("cells").join(id)
     }
 
+    /// A client of another node's control API, with this node's
+    /// credentials.
+    pub(crate) fn client(&self, addr: &str) -> Result<Client, ClientError> {
+        Client::with_auth(addr, &self.auth.client)
+    }
+
     pub(crate) fn features(&self) -> roam_wire::Features {
         roam_wire::Features {
             userfaultfd: roam_runtime::userfaultfd_available(),
@@ -99,6 +116,10 @@ pub(crate) fn new_id(prefix: &str) -> String {
 impl Node {
     /// Bind both listeners and build the runtime.
     pub async fn bind(cfg: NodeConfig) -> anyhow::Result<Node> {
+        let auth = NodeAuth::new(&cfg)?;
+        if cfg.token.as_ref().is_some_and(|t| t.loose_permissions) {
+            tracing::warn!("the token file can be read by other users: chmod 600 it");
+        }
         std::fs::create_dir_all(cfg.state_dir.join("cells")).map_err(|e| {
             anyhow::anyhow!(
                 "cannot create state directory {}: {e}",
@@ -127,6 +148,7 @@ impl Node {
             migrations: Mutex::new(HashMap::new()),
             inbound: Mutex::new(HashMap::new()),
             store,
+            auth,
         });
         Ok(Node {
             inner,
@@ -138,6 +160,15 @@ impl Node {
     /// The control API's address.
     pub fn control_addr(&self) -> SocketAddr {
         self.inner.cfg.listen
+    }
+
+    /// The control API's URL (`https://` with TLS).
+    pub fn control_url(&self) -> String {
+        format!(
+            "{}://{}",
+            crate::secure::scheme(&self.inner.auth),
+            self.inner.cfg.listen
+        )
     }
 
     /// The migration listener's address.
@@ -160,14 +191,25 @@ impl Node {
             isa = roam_runtime::host_isa(),
             control = %inner.cfg.listen,
             migrate = %inner.migrate_addr,
+            tls = inner.auth.control.is_some(),
+            token = inner.auth.token.is_some(),
             userfaultfd = inner.features().userfaultfd,
             "node up"
         );
         let acceptor = tokio::spawn(crate::migrate::dest::accept_loop(inner.clone(), migrate));
         let app = crate::api::router(inner.clone());
-        let served = axum::serve(control, app)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let served = match inner.auth.control.clone() {
+            Some(acceptor) => {
+                axum::serve(TlsListener::new(control, acceptor)?, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            None => {
+                axum::serve(control, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+        };
         acceptor.abort();
         served.map_err(|e| anyhow::anyhow!("control API failed: {e}"))
     }

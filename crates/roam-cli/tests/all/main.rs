@@ -6,6 +6,7 @@
 //! (`scripts/build-all.sh`) and the workloads (`workloads/build.sh`). A
 //! missing prerequisite fails the test with the command that makes it.
 
+mod auth;
 mod cli;
 mod common;
 mod cross_isa;

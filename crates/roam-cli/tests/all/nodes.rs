@@ -30,18 +30,18 @@ mod fetch;
 mod suite;
 
 /// The workload every test migrates.
-const WORKLOAD: &str = "dirty";
+pub(crate) const WORKLOAD: &str = "dirty";
 /// 8 MiB of state rewritten at 4 MiB/s for 6 s: long enough to be
 /// migrated mid-run, short enough under qemu.
-const SMALL: [&str; 3] = ["8", "4", "6"];
+pub(crate) const SMALL: [&str; 3] = ["8", "4", "6"];
 /// 32 MiB for 12 s: a transfer that takes seconds on a 20 Mbit/s link.
 const BIG: [&str; 3] = ["32", "4", "12"];
 
 /// Time allowed for anything that involves a node under qemu.
-const SLOW: Duration = Duration::from_secs(180);
+pub(crate) const SLOW: Duration = Duration::from_secs(180);
 
 /// Poll `f` every 100 ms until it gives a value; panic after `limit`.
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
@@ -57,7 +57,7 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
 }
 
 /// Run `cmd` to completion, killing it after `limit`.
-fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
+pub(crate) fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
     let (out, err) = (tempfile::tempfile().unwrap(), tempfile::tempfile().unwrap());
     cmd.stdout(out.try_clone().unwrap())
         .stderr(err.try_clone().unwrap());
@@ -393,7 +393,7 @@ impl Drop for Node {
 
 /// stdout of an uninterrupted `roam run` of the workload (host build),
 /// computed once per argument list.
-fn reference(args: &[&str]) -> Vec<u8> {
+pub(crate) fn reference(args: &[&str]) -> Vec<u8> {
     static DONE: OnceLock<Mutex<HashMap<Vec<String>, Vec<u8>>>> = OnceLock::new();
     let key: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let mut done = DONE.get_or_init(Default::default).lock().unwrap();

@@ -15,12 +15,12 @@ use roam_runtime::{Cell, CellOptions, LazyMemory, LoadedModule};
 use roam_snapshot::{PageKind, Snapshot};
 use roam_transfer::Decoder;
 use roam_wire::{recv, send, Accept, Final, Hello, Mode, Msg, Offer};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use super::pages::{IncomingTarget, PostCopyPages};
-use super::Inbound;
+use super::transport::Conn;
+use super::{Inbound, ReadHalf, WriteHalf};
 use crate::api::{make_preopens, on_end, register, AppError};
 use crate::cell;
 use crate::log::CellLog;
@@ -39,7 +39,8 @@ pub(crate) async fn accept_loop(n: Arc<NodeInner>, l: TcpListener) {
             Ok((sock, peer)) => {
                 let n = n.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = receive(n, sock).await {
+                    let conn = super::transport::accept(&n, sock).await;
+                    if let Err(e) = async { receive(n, conn?).await }.await {
                         tracing::warn!(%peer, error = %e, "incoming migration failed; nothing was started here");
                     }
                 });
@@ -62,8 +63,8 @@ fn unexpected(m: &Msg, during: &str) -> String {
 /// Exchange hellos (both sides send first) and check the peer's.
 pub(crate) async fn handshake(
     n: &NodeInner,
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+    rd: &mut ReadHalf,
+    wr: &mut WriteHalf,
 ) -> Result<Hello, String> {
     let ours = Hello::new(&n.cfg.name, roam_runtime::host_isa(), n.features());
     send(wr, &Msg::Hello(ours))
@@ -78,10 +79,14 @@ pub(crate) async fn handshake(
     }
 }
 
-async fn receive(n: Arc<NodeInner>, sock: TcpStream) -> Result<(), String> {
-    sock.set_nodelay(true).ok();
-    let (mut rd, mut wr) = sock.into_split();
+async fn receive(n: Arc<NodeInner>, conn: Conn) -> Result<(), String> {
+    let Conn {
+        mut rd,
+        mut wr,
+        peer_cert,
+    } = conn;
     let peer = handshake(&n, &mut rd, &mut wr).await?;
+    super::transport::check_peer(&n, peer_cert.as_ref(), &peer.node)?;
     let offer = match recv(&mut rd).await.map_err(|e| e.to_string())? {
         Msg::Offer(o) => o,
         m => return Err(unexpected(&m, "the offer")),
@@ -146,7 +151,7 @@ fn release(n: &NodeInner, offer: &Offer, had_dir: bool) {
 /// data makes the kernel reset the connection, and a reset can discard the
 /// abort before the source reads it. So: end our side, then read and drop
 /// what the source still sends, until it closes or a second has passed.
-async fn linger(rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf) {
+async fn linger(rd: &mut ReadHalf, wr: &mut WriteHalf) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _ = wr.shutdown().await;
     let mut sink = vec![0u8; 64 * 1024];
@@ -190,8 +195,8 @@ fn admit(n: &NodeInner, offer: &Offer) -> Result<(), String> {
 async fn load_module(
     n: &Arc<NodeInner>,
     offer: &Offer,
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+    rd: &mut ReadHalf,
+    wr: &mut WriteHalf,
 ) -> Result<Arc<LoadedModule>, String> {
     let hash = offer.cell.module_hash;
     let node = n.clone();
@@ -260,8 +265,8 @@ async fn receive_cell(
     n: &Arc<NodeInner>,
     offer: &Offer,
     inbound: &Arc<Inbound>,
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+    rd: &mut ReadHalf,
+    wr: &mut WriteHalf,
 ) -> Result<(), String> {
     let module = load_module(n, offer, rd, wr).await?;
     let (tx, rx) = mpsc::channel::<Msg>(8);

@@ -25,6 +25,12 @@ mod pages;
 mod postfail;
 pub(crate) mod source;
 mod stream;
+pub(crate) mod transport;
+
+/// The reading half of a migration connection (plain TCP or TLS).
+pub(crate) type ReadHalf = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+/// The writing half of a migration connection (plain TCP or TLS).
+pub(crate) type WriteHalf = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
 
 /// A migration this node drives, as seen by `GET /v1/migrations/{id}`.
 pub(crate) struct Migration {

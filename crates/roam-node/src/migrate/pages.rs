@@ -9,8 +9,9 @@ use roam_runtime::{LazyMemory, PageSource};
 use roam_snapshot::{InitialImage, PAGE_SIZE};
 use roam_transfer::{ChunkStore, Decoder, PageTarget};
 use roam_wire::{recv, send, Msg};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, Notify};
+
+use super::{ReadHalf, WriteHalf};
 
 /// How long the destination of a post-copy waits for the next message from
 /// the source before it stops the cell (its memory cannot be completed).
@@ -172,8 +173,8 @@ impl PostCopyPages {
     pub(crate) async fn serve(
         self: Arc<Self>,
         lazy: LazyMemory,
-        rd: &mut OwnedReadHalf,
-        wr: &mut OwnedWriteHalf,
+        rd: &mut ReadHalf,
+        wr: &mut WriteHalf,
         store: Arc<ChunkStore>,
     ) -> Result<(), String> {
         let done = Notify::new();
@@ -217,7 +218,7 @@ impl PostCopyPages {
     async fn receive(
         &self,
         lazy: &LazyMemory,
-        rd: &mut OwnedReadHalf,
+        rd: &mut ReadHalf,
         store: Arc<ChunkStore>,
     ) -> Result<(), String> {
         let mut decoder = Decoder::with_store(store, true);

@@ -10,13 +10,11 @@ use roam_runtime::{DirtyTracker, TrackMethod};
 use roam_snapshot::{EncodeOptions, MemoryImage, PAGE_SIZE};
 use roam_transfer::{AdaptConfig, Codec, EncoderConfig, Mode as XMode, ModeSelect, StoreSummary};
 use roam_wire::{recv, Final, Mode, Msg, Offer};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
 
 use tokio::sync::mpsc;
 
 use super::stream::{write_loop, Out, Stream, Writer};
-use super::Migration;
+use super::{Migration, ReadHalf};
 use crate::api::{running_handle, AppError};
 use crate::cell::{CellHandle, Decision, Paused, PAUSE_TIMEOUT};
 use crate::node::{new_id, NodeInner};
@@ -114,7 +112,7 @@ struct Plan {
 /// Messages from the destination after the handshake.
 type Inbox = mpsc::Receiver<Result<Msg, String>>;
 
-fn spawn_reader(mut rd: OwnedReadHalf) -> Inbox {
+fn spawn_reader(mut rd: ReadHalf) -> Inbox {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -172,25 +170,20 @@ async fn run(
         .store(h.memory.len() as u64, Ordering::Relaxed);
 
     // Who is the destination?
-    let info: NodeInfo = crate::client::Client::new(&plan.req.to)
+    let dest_api = n
+        .client(&plan.req.to)
+        .map_err(|e| format!("cannot reach destination {}: {e}", plan.req.to))?;
+    let info: NodeInfo = dest_api
         .node()
         .await
         .map_err(|e| format!("cannot reach destination {}: {e}", plan.req.to))?;
-    let sock = tokio::time::timeout(
-        Duration::from_secs(10),
-        TcpStream::connect(&info.migrate_addr),
-    )
-    .await
-    .map_err(|_| format!("connecting to {} timed out", info.migrate_addr))?
-    .map_err(|e| {
-        format!(
-            "cannot connect to {} ({}): {e}",
-            info.migrate_addr, info.name
-        )
-    })?;
-    sock.set_nodelay(true).ok();
-    let (mut rd, mut wr) = sock.into_split();
+    let super::transport::Conn {
+        mut rd,
+        mut wr,
+        peer_cert,
+    } = super::transport::connect(n, &info.migrate_addr, &info.name).await?;
     let peer = super::dest::handshake(n, &mut rd, &mut wr).await?;
+    super::transport::check_peer(&n, peer_cert.as_ref(), &peer.node)?;
     let mut wr: Writer = match plan.rate {
         Some(r) => Box::new(roam_link::Shaped::new(wr, r)),
         None => Box::new(wr),
@@ -300,7 +293,7 @@ async fn run(
         memory_bytes: h.memory.len() as u64,
         log: log.contents(),
     };
-    let committed = commit(&mut ctx, fin, &plan.req.to).await;
+    let committed = commit(&mut ctx, fin, &dest_api).await;
     let running_at = Instant::now();
     match committed {
         Ok(true) => {}
@@ -765,7 +758,7 @@ impl Ctx<'_> {
 /// Send the final state and learn whether the cell runs on the
 /// destination. `Ok(true)`: it runs there. `Ok(false)`: it does not and
 /// never will. `Err`: the destination refused or failed before starting.
-async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &str) -> Result<bool, String> {
+async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &crate::client::Client) -> Result<bool, String> {
     ctx.m.phase("committing");
     ctx.stream.msg(Msg::Final(Box::new(fin))).await?;
     match next(ctx.inbox, "the commit", Duration::from_secs(120)).await {
@@ -779,7 +772,7 @@ async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &str) -> Result<bool, String>
             // The connection broke after the final state went out: only the
             // destination knows whether it started the cell.
             tracing::warn!(error = %e, "commit interrupted; asking the destination to resolve");
-            match crate::client::Client::new(to).resolve(&ctx.m.id).await {
+            match to.resolve(&ctx.m.id).await {
                 Ok(Resolution::Running) => Ok(true),
                 Ok(Resolution::Aborted) => Ok(false),
                 // Unreachable: a dead destination runs nothing.

@@ -1,0 +1,249 @@
+//! Who may use a node: mutual TLS on both listeners, the bearer token on
+//! the control API, and the rule that a node without either listens only
+//! on loopback (`docs/trust.md`).
+//!
+//! Why here and not in the API or migration code: those only see
+//! connections that were already admitted. Everything that decides whether
+//! a connection gets that far is in this module, so it can be read (and
+//! reviewed) in one place.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use roam_auth::tokio_rustls::{server::TlsStream, TlsAcceptor, TlsConnector};
+use roam_auth::{Identity, Token, ALPN_HTTP, ALPN_MIGRATE};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::client::ClientAuth;
+use crate::node::NodeConfig;
+
+/// How long a peer may take to finish its TLS handshake.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A node's credentials, ready to use.
+pub(crate) struct NodeAuth {
+    /// The node's identity (TLS), to check peers' node names.
+    pub identity: Option<Identity>,
+    /// Acceptor of the control API (ALPN `http/1.1`).
+    pub control: Option<TlsAcceptor>,
+    /// Acceptor of the migration port (ALPN `roam-migrate/1`).
+    pub migrate: Option<TlsAcceptor>,
+    /// Connector to other nodes' migration ports.
+    pub connector: Option<TlsConnector>,
+    /// How this node calls other nodes' control APIs.
+    pub client: ClientAuth,
+    /// The token the control API requires.
+    pub token: Option<Token>,
+}
+
+/// Why a node refuses to start with the credentials it was given.
+#[derive(Debug, thiserror::Error)]
+pub enum ExposureError {
+    /// An unauthenticated listener on a non-loopback address.
+    #[error(
+        "refusing to serve the {what} on {addr} without authentication: anyone who can reach \
+         it could {could}. Give --tls-ca, --tls-cert and --tls-key (make them with `roam cert`){token}, \
+         or listen on 127.0.0.1, or add --insecure if the network itself is trusted \
+         (see docs/trust.md)"
+    )]
+    Unauthenticated {
+        /// Which listener.
+        what: &'static str,
+        /// Its address.
+        addr: SocketAddr,
+        /// What an attacker could do.
+        could: &'static str,
+        /// The token alternative, where it applies.
+        token: &'static str,
+    },
+    /// The node's certificate does not name it.
+    #[error(
+        "the certificate {} is not for node `{name}`: make one with `roam cert node {name}`, \
+         or start the node with --name set to the name in the certificate",
+        cert.display()
+    )]
+    WrongName {
+        /// The node name.
+        name: String,
+        /// The certificate file.
+        cert: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: roam_auth::NameError,
+    },
+    /// A TLS configuration could not be built.
+    #[error("cannot build the TLS configuration")]
+    Tls(#[from] roam_auth::rustls::Error),
+}
+
+impl NodeAuth {
+    /// Check the configuration against the exposure rule and build the
+    /// TLS acceptors and connector.
+    pub(crate) fn new(cfg: &NodeConfig) -> Result<NodeAuth, ExposureError> {
+        let tls = cfg.tls.is_some();
+        if !cfg.insecure && !tls && cfg.token.is_none() && !cfg.listen.ip().is_loopback() {
+            return Err(ExposureError::Unauthenticated {
+                what: "control API",
+                addr: cfg.listen,
+                could: "launch, kill and move cells",
+                token: ", or --token-file",
+            });
+        }
+        if !cfg.insecure && !tls && !cfg.migrate_listen.ip().is_loopback() {
+            return Err(ExposureError::Unauthenticated {
+                what: "migration port",
+                addr: cfg.migrate_listen,
+                could: "push cells into this node",
+                token: " (a token does not protect this port)",
+            });
+        }
+        let Some(id) = &cfg.tls else {
+            return Ok(NodeAuth {
+                identity: None,
+                control: None,
+                migrate: None,
+                connector: None,
+                client: ClientAuth {
+                    tls: None,
+                    token: cfg.token.clone(),
+                },
+                token: cfg.token.clone(),
+            });
+        };
+        id.check_own_name(&cfg.name)
+            .map_err(|source| ExposureError::WrongName {
+                name: cfg.name.clone(),
+                cert: id.files().cert.clone(),
+                source,
+            })?;
+        Ok(NodeAuth {
+            identity: Some(id.clone()),
+            control: Some(TlsAcceptor::from(id.server_config(ALPN_HTTP)?)),
+            migrate: Some(TlsAcceptor::from(id.server_config(ALPN_MIGRATE)?)),
+            connector: Some(TlsConnector::from(id.client().config(ALPN_MIGRATE)?)),
+            client: ClientAuth {
+                tls: Some(id.client().clone()),
+                token: cfg.token.clone(),
+            },
+            token: cfg.token.clone(),
+        })
+    }
+}
+
+/// The control API's listener over TLS, for `axum::serve`. Handshakes run
+/// in tasks of their own (with a timeout), so a client that connects and
+/// says nothing holds up no one else.
+pub(crate) struct TlsListener {
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    pub(crate) fn new(l: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<TlsListener> {
+        let local = l.local_addr()?;
+        let (tx, rx) = mpsc::channel(64);
+        let task = tokio::spawn(async move {
+            loop {
+                let (sock, peer) = match l.accept().await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!("accepting a control connection failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
+                        Ok(Ok(s)) => {
+                            let _ = tx.send((s, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(%peer, "control API: TLS handshake refused: {e}")
+                        }
+                        Err(_) => tracing::warn!(%peer, "control API: TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { rx, local, task })
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(x) => x,
+            // The accept task ended (it does not, short of a panic).
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+/// Middleware: without the node's token in `Authorization: Bearer`, a
+/// request gets `401` and a JSON error, and reaches no handler.
+pub(crate) async fn require_token(
+    State(token): State<Token>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let ok = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .is_some_and(|h| token.matches_header(h.as_bytes()));
+    if ok {
+        return next.run(req).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        axum::Json(crate::types::ApiError {
+            error: "missing or wrong bearer token: give the node's token with --token-file \
+                    or ROAM_TOKEN"
+                .into(),
+        }),
+    )
+        .into_response()
+}
+
+/// Wrap `router` in the token check when the node has a token.
+pub(crate) fn guard<S>(router: axum::Router<S>, token: Option<&Token>) -> axum::Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    match token {
+        Some(t) => router.layer(axum::middleware::from_fn_with_state(
+            t.clone(),
+            require_token,
+        )),
+        None => router,
+    }
+}
+
+/// Does the node serve TLS? Used for the scheme of addresses it gives out.
+pub(crate) fn scheme(auth: &NodeAuth) -> &'static str {
+    if auth.control.is_some() {
+        "https"
+    } else {
+        "http"
+    }
+}
