@@ -20,11 +20,14 @@
 mod api;
 mod cell;
 pub mod client;
+pub mod limits;
 mod log;
 mod migrate;
 mod node;
+pub mod size;
 pub mod sysinfo;
 pub mod types;
 
 pub use client::{Client, ClientError};
+pub use limits::NodeLimits;
 pub use node::{Node, NodeConfig};

@@ -34,6 +34,8 @@ pub struct NodeConfig {
     pub chunk_store_bytes: u64,
     /// Refuse incoming cells that would leave less than this much memory.
     pub memory_reserve: u64,
+    /// Caps on cells, memory, modules, files and logs.
+    pub limits: crate::limits::NodeLimits,
 }
 
 /// State shared by every task of a node.
@@ -45,6 +47,8 @@ pub(crate) struct NodeInner {
     pub migrations: Mutex<HashMap<String, Arc<Migration>>>,
     pub inbound: Mutex<HashMap<String, Arc<Inbound>>>,
     pub store: Arc<ChunkStore>,
+    /// Cells admitted but not in `cells` yet (see [`crate::limits`]).
+    pub pending: Arc<crate::limits::Pending>,
 }
 
 /// A running node.
@@ -68,6 +72,11 @@ impl NodeInner {
             }
             e.state = state;
         }
+    }
+
+    /// Bytes of output kept per cell.
+    pub(crate) fn log_capacity(&self) -> usize {
+        usize::try_from(self.cfg.limits.log_bytes).unwrap_or(usize::MAX)
     }
 
     pub(crate) fn cell_dir(&self, id: &str) -> PathBuf {
@@ -99,6 +108,7 @@ pub(crate) fn new_id(prefix: &str) -> String {
 impl Node {
     /// Bind both listeners and build the runtime.
     pub async fn bind(cfg: NodeConfig) -> anyhow::Result<Node> {
+        cfg.limits.validate().map_err(anyhow::Error::msg)?;
         std::fs::create_dir_all(cfg.state_dir.join("cells")).map_err(|e| {
             anyhow::anyhow!(
                 "cannot create state directory {}: {e}",
@@ -127,6 +137,7 @@ impl Node {
             migrations: Mutex::new(HashMap::new()),
             inbound: Mutex::new(HashMap::new()),
             store,
+            pending: Arc::default(),
         });
         Ok(Node {
             inner,

@@ -6,8 +6,10 @@
 //! (`scripts/build-all.sh`) and the workloads (`workloads/build.sh`). A
 //! missing prerequisite fails the test with the command that makes it.
 
+mod bigstate;
 mod cli;
 mod common;
 mod cross_isa;
+mod limits;
 mod nodes;
 mod snapshot_errors;
