@@ -6,8 +6,9 @@
  * /data (argv[4] may name another root for native runs; it is never
  * printed). It writes MIB MiB of files (4 MiB each, the last one smaller),
  * then for SECONDS seconds, paced by the clock, rewrites one 4 KiB block of
- * a file per tick and appends a line to a journal; half-way it deletes the
- * first file and creates another. LOGKIB KiB of progress lines go to stdout
+ * a hot file per tick (the last file, and the one created half-way) and
+ * appends a line to a journal; half-way it deletes the first file and
+ * creates another. The other files stay as first written. LOGKIB KiB of progress lines go to stdout
  * over the run. At the end every file is read back and checked block by
  * block against what it must hold, and a checksum of all file bytes (in
  * name order) is printed. The work is fixed by the arguments; the clock
@@ -131,8 +132,10 @@ int main(int argc, char **argv) {
             alive[0] = 0;
             write_file(nfiles);
         }
-        uint32_t f;
-        do f = wl_below(&rng, nfiles + 1); while (!alive[f]);
+        /* The hot files: the last one written at the start, and the one
+         * created half-way once it exists; the others stay as written. */
+        uint32_t f = nfiles - 1;
+        if (alive[nfiles] && (!alive[f] || (wl_next(&rng) & 1))) f = nfiles;
         uint32_t b = wl_below(&rng, blocks[f]);
         version[f][b] = ++writes;
         fill_block(blk, f, b, version[f][b]);

@@ -280,20 +280,17 @@ fn a_cell_launched_with_less_memory_sees_malloc_fail_and_says_so() {
 
 #[test]
 fn an_oversized_module_upload_gets_413() {
-    let a = TestNode::start(Isa::X86_64, &["--max-module-size", "64KiB"]);
-    let (st, body) = http(&a.addr, "POST", "/v1/modules", &vec![0u8; 200 << 10]);
+    let a = TestNode::start(Isa::X86_64, &["--max-module-size", "1MiB"]);
+    let (st, body) = http(&a.addr, "POST", "/v1/modules", &vec![0u8; 3 << 20]);
     assert_eq!(st, 413, "{}", text(&body));
     let err = text(&body);
     assert!(
-        err.contains("--max-module-size") && err.contains("64.0 KiB"),
+        err.contains("--max-module-size") && err.contains("1.0 MiB"),
         "{err}"
     );
     // A module under the cap is still accepted.
     let small = std::fs::read(workload("dirty")).unwrap();
-    assert!(
-        small.len() < 64 << 10,
-        "dirty.wasm grew past the test's cap"
-    );
+    assert!(small.len() < 1 << 20, "dirty.wasm grew past the test's cap");
     let (st, body) = http(&a.addr, "POST", "/v1/modules", &small);
     assert_eq!(st, 200, "{}", text(&body));
 }

@@ -37,8 +37,9 @@ use super::stream::Stream;
 use crate::log::CellLog;
 use crate::size::human;
 
-/// A file modified this close to its read is sent again at the pause.
-const UNSURE: u64 = 2_000_000_000;
+/// A file modified this close to its read is sent again at the pause
+/// (file timestamps advance by clock ticks of at most 10 ms).
+const UNSURE: u64 = 100_000_000;
 
 /// What identifies a version of an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
