@@ -121,7 +121,11 @@ impl FileSender {
                 continue;
             }
             self.unsure.remove(&key);
-            let sent = self.send_entry(stream, &key, &sig, paused).await?;
+            let Some(sent) = self.send_entry(stream, &key, &sig, paused).await? else {
+                // Removed since the walk (the program runs): the next pass
+                // sees it gone, or back.
+                continue;
+            };
             if paused {
                 self.paused += sent;
             } else {
@@ -138,7 +142,7 @@ impl FileSender {
         key: &Key,
         sig: &Sig,
         paused: bool,
-    ) -> Result<u64, String> {
+    ) -> Result<Option<u64>, String> {
         let (preopen, path) = key;
         let header = |kind| {
             Msg::FileEntry(FileHeader {
@@ -151,7 +155,7 @@ impl FileSender {
         };
         let FileKind::File { len } = sig.kind else {
             stream.msg(header(sig.kind.clone())).await?;
-            return Ok(0);
+            return Ok(Some(0));
         };
         let dir = &self
             .roots
@@ -160,7 +164,11 @@ impl FileSender {
             .expect("scanned roots")
             .1;
         let started = unix_ns();
-        let mut f = dir.open(path).map_err(|e| io_err(preopen, path, e))?;
+        let mut f = match dir.open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(preopen, path, e)),
+        };
         stream.msg(header(FileKind::File { len })).await?;
         // Exactly `len` bytes go out, whatever the file holds now: a file
         // that shrank is padded with zeros, one that grew is cut; both are
@@ -198,7 +206,7 @@ impl FileSender {
                 self.unsure.insert(key.clone());
             }
         }
-        Ok(len)
+        Ok(Some(len))
     }
 }
 
@@ -236,14 +244,20 @@ fn walk(dir: &Dir, prefix: &str, guest: &str, out: &mut BTreeMap<Key, Sig>) -> R
         } else {
             format!("{prefix}/{name}")
         };
-        let m = dir
-            .symlink_metadata(&name)
-            .map_err(|e| io_err(guest, &rel, e))?;
+        // The program may remove entries while the walk runs (pre-copy).
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        let m = match dir.symlink_metadata(&name) {
+            Ok(m) => m,
+            Err(e) if gone(&e) => continue,
+            Err(e) => return Err(io_err(guest, &rel, e)),
+        };
         let ft = m.file_type();
         let kind = if ft.is_symlink() {
-            let target = dir
-                .read_link_contents(&name)
-                .map_err(|e| io_err(guest, &rel, e))?;
+            let target = match dir.read_link_contents(&name) {
+                Ok(t) => t,
+                Err(e) if gone(&e) => continue,
+                Err(e) => return Err(io_err(guest, &rel, e)),
+            };
             FileKind::Symlink {
                 target: target.to_string_lossy().into_owned(),
             }
@@ -265,8 +279,11 @@ fn walk(dir: &Dir, prefix: &str, guest: &str, out: &mut BTreeMap<Key, Sig>) -> R
             },
         );
         if is_dir {
-            let sub = dir.open_dir(&name).map_err(|e| io_err(guest, &rel, e))?;
-            walk(&sub, &rel, guest, out)?;
+            match dir.open_dir(&name) {
+                Ok(sub) => walk(&sub, &rel, guest, out)?,
+                Err(e) if gone(&e) => continue,
+                Err(e) => return Err(io_err(guest, &rel, e)),
+            }
         }
     }
     Ok(())
