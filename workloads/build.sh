@@ -10,7 +10,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SRC="$ROOT/workloads"
 OUT="$ROOT/target/workloads"
 CARGO_OUT="$ROOT/target/workloads-cargo"
-C_WORKLOADS=(ep is cg mg matmul linpack dhrystone filework dirty kv)
+C_WORKLOADS=(ep is cg mg matmul linpack dhrystone filework dirty kv bigfiles)
 RUST_WORKLOADS=(kmeans pca recurse)
 CLANG="${CLANG:-clang-16}"
 WASM_CFLAGS=(--target=wasm32-wasi -O2 -Wall -Wextra -Wl,-z,stack-size=1048576)

@@ -121,6 +121,11 @@ pub struct CellArgs {
     /// zstd level for snapshots (1-19).
     #[arg(long, default_value_t = 3)]
     pub level: i32,
+    /// The program's memory limit (e.g. 64MiB): growing past it fails
+    /// (malloc returns NULL); a snapshot over it is refused [default: 4GiB,
+    /// all a wasm32 program can address].
+    #[arg(long, value_name = "SIZE", value_parser = crate::node_args::size)]
+    pub max_memory: Option<u64>,
     /// Cache directory (default $ROAM_CACHE_DIR or ~/.cache/roam).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,

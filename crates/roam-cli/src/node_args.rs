@@ -58,7 +58,33 @@ pub struct NodeArgs {
     /// on a network that is itself trusted.
     #[arg(long)]
     pub insecure: bool,
+    /// Most cells running or arriving at once.
+    #[arg(long, default_value_t = roam_node::limits::DEFAULT_MAX_CELLS)]
+    pub max_cells: usize,
+    /// Most memory the cells' memory limits may add up to (e.g. 16GiB)
+    /// [default: the machine's memory less --memory-reserve-mib].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub max_total_memory: Option<u64>,
+    /// Memory limit of a launched cell that asks for none.
+    #[arg(long, value_name = "SIZE", value_parser = size, default_value = "1GiB")]
+    pub cell_memory: u64,
+    /// Largest memory limit a cell may have, launched or arriving.
+    #[arg(long, value_name = "SIZE", value_parser = size, default_value = "4GiB")]
+    pub max_cell_memory: u64,
+    /// Largest module accepted by upload or migration.
+    #[arg(long, value_name = "SIZE", value_parser = size, default_value = "256MiB")]
+    pub max_module_size: u64,
+    /// Most bytes of sandbox files an arriving cell may bring.
+    #[arg(long, value_name = "SIZE", value_parser = size, default_value = "1GiB")]
+    pub max_files_size: u64,
+    /// Most sandbox file-tree entries an arriving cell may bring.
+    #[arg(long, default_value_t = roam_node::limits::DEFAULT_MAX_FILE_ENTRIES)]
+    pub max_file_entries: u64,
+    /// Output kept per cell; older output is dropped and counted.
+    #[arg(long, value_name = "SIZE", value_parser = size, default_value = "4MiB")]
+    pub log_size: u64,
 }
+
 
 /// How a command authenticates to a node (`launch`, `cells`, `migrate`,
 /// `logs`, `kill`).
@@ -80,6 +106,12 @@ pub struct AuthArgs {
     pub token_file: Option<PathBuf>,
 }
 
+
+/// A size flag (`64MiB`, `1GiB`, `4096`).
+pub fn size(s: &str) -> Result<u64, String> {
+    roam_node::size::parse_size(s).map_err(|e| e.to_string())
+}
+
 /// `roam launch`.
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
@@ -93,6 +125,10 @@ pub struct LaunchArgs {
     /// Environment variable KEY=VALUE (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
+    /// The cell's memory limit (e.g. 64MiB) [default: the node's
+    /// --cell-memory].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub max_memory: Option<u64>,
     /// The module (prepared or not).
     pub module: PathBuf,
     /// Arguments for the program.

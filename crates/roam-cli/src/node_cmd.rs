@@ -80,6 +80,16 @@ pub fn node(a: NodeArgs) -> Result<i32> {
         tls,
         token,
         insecure: a.insecure,
+        limits: roam_node::NodeLimits {
+            max_cells: a.max_cells,
+            max_total_memory: a.max_total_memory,
+            cell_memory: a.cell_memory,
+            max_cell_memory: a.max_cell_memory,
+            max_module_bytes: a.max_module_size,
+            max_files_bytes: a.max_files_size,
+            max_file_entries: a.max_file_entries,
+            log_bytes: a.log_size,
+        },
     };
     runtime()?.block_on(async move {
         let node = Node::bind(cfg).await?;
@@ -124,6 +134,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 args,
                 env,
                 dirs: a.dirs,
+                max_memory: a.max_memory,
             })
             .await?;
         println!("{}", r.id);

@@ -38,9 +38,6 @@ fn internal(msg: impl std::fmt::Display) -> AppError {
     AppError(StatusCode::INTERNAL_SERVER_ERROR, msg.to_string())
 }
 
-/// Largest module upload.
-const MODULE_LIMIT: usize = 512 << 20;
-
 pub(crate) fn router(n: Arc<NodeInner>) -> Router {
     let router = Router::new()
         .route("/v1/node", get(node_info))
@@ -59,9 +56,14 @@ pub(crate) fn router(n: Arc<NodeInner>) -> Router {
             "/v1/migrations/{id}/resolve",
             post(crate::migrate::dest::resolve),
         )
-        .layer(DefaultBodyLimit::max(MODULE_LIMIT));
+        .layer(DefaultBodyLimit::max(body_limit(&n)));
     // The token check wraps every route: no handler runs without it.
     crate::secure::guard(router, n.auth.token.as_ref()).with_state(n)
+}
+
+/// Largest request body: a module of the node's largest size.
+fn body_limit(n: &NodeInner) -> usize {
+    usize::try_from(n.cfg.limits.max_module_bytes).unwrap_or(usize::MAX)
 }
 
 pub(crate) fn node_info_of(n: &NodeInner) -> NodeInfo {
@@ -89,7 +91,25 @@ async fn node_info(State(n): N) -> Json<NodeInfo> {
     Json(node_info_of(&n))
 }
 
-async fn upload_module(State(n): N, body: Bytes) -> Result<Json<ModuleInfo>, AppError> {
+async fn upload_module(
+    State(n): N,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<ModuleInfo>, AppError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            AppError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the module is larger than node {}'s limit of {} \
+                     (raise it with roam node --max-module-size)",
+                    n.cfg.name,
+                    crate::size::human(n.cfg.limits.max_module_bytes)
+                ),
+            )
+        } else {
+            AppError(e.status(), e.body_text())
+        }
+    })?;
     let module = tokio::task::spawn_blocking(move || n.rt.load_bytes(&body))
         .await
         .map_err(internal)?
@@ -191,6 +211,14 @@ async fn launch(
         return Err(bad("args must hold at least the program name"));
     }
     let id = new_id("c-");
+    let max_memory = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
+    let admission = crate::limits::admit(&n, &id, max_memory).map_err(|e| {
+        if max_memory > n.cfg.limits.max_cell_memory {
+            bad(e)
+        } else {
+            AppError(StatusCode::CONFLICT, e)
+        }
+    })?;
     let node = n.clone();
     let cid = id.clone();
     tokio::task::spawn_blocking(move || {
@@ -206,6 +234,7 @@ async fn launch(
         };
         let opts = CellOptions {
             with_files: !req.dirs.is_empty(),
+            max_memory,
             ..CellOptions::default()
         };
         let cell = Cell::start(&node.rt, module, wasi, opts).map_err(|e| bad(e.to_string()))?;
@@ -217,9 +246,13 @@ async fn launch(
             dirs: req.dirs,
             launched_unix_ms: unix_ms(),
             hops: 0,
+            max_memory,
         };
-        tracing::info!(cell = %cid, program = %spec.args[0], "launched");
-        register_and_spawn(&node, spec, Arc::new(CellLog::default()), cell)
+        tracing::info!(cell = %cid, program = %spec.args[0], max_memory, "launched");
+        let log = Arc::new(CellLog::new(node.log_capacity()));
+        let r = register_and_spawn(&node, spec, log, cell);
+        drop(admission);
+        r
     })
     .await
     .map_err(internal)??;
@@ -233,6 +266,8 @@ fn info(e: &CellEntry) -> CellInfo {
         program: e.spec.args.first().cloned().unwrap_or_default(),
         module: roam_runtime::cache::hex(&e.spec.module_hash),
         memory_bytes: e.handle.as_ref().map_or(0, |h| h.memory.len() as u64),
+        max_memory: e.spec.max_memory,
+        log_dropped_bytes: e.log.dropped(),
         uptime_ms: unix_ms().saturating_sub(e.spec.launched_unix_ms),
         hops: e.spec.hops,
     }
@@ -268,11 +303,19 @@ async fn logs(State(n): N, Path(id): Path<String>) -> Result<Response, AppError>
         };
         return Ok((StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, url)]).into_response());
     }
-    Ok((
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        e.log.contents(),
-    )
-        .into_response())
+    let mut body = Vec::new();
+    let dropped = e.log.dropped();
+    if dropped > 0 {
+        body.extend_from_slice(
+            format!(
+                "[roam: {} of earlier output dropped]\n",
+                crate::size::human(dropped)
+            )
+            .as_bytes(),
+        );
+    }
+    body.extend(e.log.contents());
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
 }
 
 pub(crate) fn running_handle(n: &NodeInner, id: &str) -> Result<Arc<cell::CellHandle>, AppError> {

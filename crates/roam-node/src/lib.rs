@@ -22,14 +22,17 @@
 mod api;
 mod cell;
 pub mod client;
+pub mod limits;
 mod log;
 mod migrate;
 mod node;
 mod secure;
+pub mod size;
 pub mod sysinfo;
 pub mod types;
 
 pub use client::{Client, ClientAuth, ClientError};
+pub use limits::NodeLimits;
 pub use node::{Node, NodeConfig};
 pub use roam_auth;
 pub use secure::ExposureError;

@@ -44,6 +44,8 @@ pub struct NodeConfig {
     pub token: Option<roam_auth::Token>,
     /// Allow plain, unauthenticated listeners on non-loopback addresses.
     pub insecure: bool,
+    /// Caps on cells, memory, modules, files and logs.
+    pub limits: crate::limits::NodeLimits,
 }
 
 /// State shared by every task of a node.
@@ -56,6 +58,8 @@ pub(crate) struct NodeInner {
     pub inbound: Mutex<HashMap<String, Arc<Inbound>>>,
     pub store: Arc<ChunkStore>,
     pub auth: NodeAuth,
+    /// Cells admitted but not in `cells` yet (see [`crate::limits`]).
+    pub pending: Arc<crate::limits::Pending>,
 }
 
 /// A running node.
@@ -79,6 +83,11 @@ impl NodeInner {
             }
             e.state = state;
         }
+    }
+
+    /// Bytes of output kept per cell.
+    pub(crate) fn log_capacity(&self) -> usize {
+        usize::try_from(self.cfg.limits.log_bytes).unwrap_or(usize::MAX)
     }
 
     pub(crate) fn cell_dir(&self, id: &str) -> PathBuf {
@@ -120,6 +129,7 @@ impl Node {
         if cfg.token.as_ref().is_some_and(|t| t.loose_permissions) {
             tracing::warn!("the token file can be read by other users: chmod 600 it");
         }
+        cfg.limits.validate().map_err(anyhow::Error::msg)?;
         std::fs::create_dir_all(cfg.state_dir.join("cells")).map_err(|e| {
             anyhow::anyhow!(
                 "cannot create state directory {}: {e}",
@@ -149,6 +159,7 @@ impl Node {
             inbound: Mutex::new(HashMap::new()),
             store,
             auth,
+            pending: Arc::default(),
         });
         Ok(Node {
             inner,

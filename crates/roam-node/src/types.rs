@@ -49,6 +49,11 @@ pub struct LaunchRequest {
     /// empty directory on the node, and travels with the cell).
     #[serde(default)]
     pub dirs: Vec<String>,
+    /// The cell's memory limit in bytes: a `memory.grow` past it fails
+    /// (`malloc` returns NULL). Default: the node's `--cell-memory`; more
+    /// than its `--max-cell-memory` is refused.
+    #[serde(default)]
+    pub max_memory: Option<u64>,
 }
 
 /// `POST /v1/cells` answer.
@@ -99,6 +104,13 @@ pub struct CellInfo {
     pub module: String,
     /// Linear memory, bytes (0 when not running here).
     pub memory_bytes: u64,
+    /// The cell's memory limit, bytes.
+    #[serde(default)]
+    pub max_memory: u64,
+    /// Bytes of output dropped from the log (it keeps the last
+    /// `--log-size` bytes), on this node and earlier ones.
+    #[serde(default)]
+    pub log_dropped_bytes: u64,
     /// Milliseconds since the cell was first launched (anywhere).
     pub uptime_ms: u64,
     /// Migrations so far.
@@ -221,6 +233,16 @@ pub struct MigrationSummary {
     pub rounds: u32,
     /// Dirty-page tracking method used by pre-copy.
     pub tracking: Option<String>,
+    /// Bytes of sandbox files sent while the cell ran (pre-copy).
+    #[serde(default)]
+    pub files_bytes_before_pause: u64,
+    /// Bytes of sandbox files sent during the pause (those that changed,
+    /// for pre-copy; all of them otherwise).
+    #[serde(default)]
+    pub files_bytes_paused: u64,
+    /// Bytes of log sent (during the pause).
+    #[serde(default)]
+    pub log_bytes: u64,
     /// Post-copy: pages fetched on demand / pushed in the background.
     pub post_copy: Option<PostCopyStats>,
     /// What each pipeline stage removed (transfer-pipeline statistics).

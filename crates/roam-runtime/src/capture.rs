@@ -87,7 +87,9 @@ pub(crate) fn capture(
             spare,
         )),
     };
-    let rest = capture_rest(&mut store, h, reason);
+    // A pause carries no files: its caller reads them from the sandbox
+    // directories itself (a migration streams them, mostly before the pause).
+    let rest = capture_rest(&mut store, h, reason, prefix_only.is_none());
     Captured { memory, rest }
 }
 
@@ -95,6 +97,7 @@ fn capture_rest(
     store: &mut StoreContextMut<'_, HostState>,
     h: &Hooks,
     reason: &str,
+    with_files: bool,
 ) -> Result<Snapshot, CheckpointError> {
     let mut values = Vec::with_capacity(h.globals.len());
     for (name, g) in h.globals.iter() {
@@ -117,7 +120,7 @@ fn capture_rest(
     }
     let wasi = &store.data().wasi;
     let os_state = wasi.save()?.encode();
-    let files = if h.with_files {
+    let files = if h.with_files && with_files {
         Some(crate::files::capture(wasi.preopens())?)
     } else {
         None

@@ -12,6 +12,7 @@ use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
 use crate::host::{self, Hooks, HostState};
 use crate::incoming::Incoming;
+use crate::limits::CellLimits;
 use crate::memory::LiveMemory;
 use crate::module::LoadedModule;
 use crate::runtime::Runtime;
@@ -31,6 +32,12 @@ pub struct CellOptions {
     pub checkpoint_every_points: Option<u64>,
     /// zstd level for snapshots written by the caller. Not used by the cell itself.
     pub compression_level: i32,
+    /// Most bytes of linear memory the program may have. A `memory.grow`
+    /// past it returns -1 (`malloc` returns NULL; the program decides), and
+    /// a snapshot or an incoming migration with a larger memory is refused
+    /// before anything is allocated. Default [`crate::DEFAULT_MAX_MEMORY`]
+    /// (4 GiB: no limit beyond wasm32's).
+    pub max_memory: u64,
 }
 
 impl Default for CellOptions {
@@ -41,6 +48,7 @@ impl Default for CellOptions {
             checkpoint_at_point: None,
             checkpoint_every_points: None,
             compression_level: 3,
+            max_memory: crate::limits::DEFAULT_MAX_MEMORY,
         }
     }
 }
@@ -95,6 +103,7 @@ pub(crate) fn instantiate(
     let mut linker = Linker::new(rt.engine());
     host::add_to_linker(&mut linker).map_err(boxed)?;
     let mut store = Store::new(rt.engine(), host);
+    store.limiter(|h| &mut h.limiter);
     host::arm_epoch(&mut store);
     let instance = linker
         .instantiate(&mut store, module.module())
@@ -145,6 +154,7 @@ impl Cell {
             control.clone(),
             opts.checkpoint_at_point,
             opts.checkpoint_every_points.filter(|&k| k > 0),
+            CellLimits::of(&opts),
         );
         let mut p = instantiate(rt, &module, host).map_err(StartError::Instantiate)?;
         if opts.checkpoint_at_point.is_some() || opts.checkpoint_every_points.is_some() {
@@ -166,6 +176,7 @@ impl Cell {
         opts: CellOptions,
     ) -> Result<Cell, RestoreError> {
         check_module(snapshot, &module)?;
+        CellLimits::of(&opts).check_memory(snapshot.memory.byte_len())?;
         let mut incoming = Cell::incoming(rt, module, opts)?;
         incoming.write_image(snapshot)?;
         Cell::finish_incoming(incoming, snapshot, preopens)
@@ -190,6 +201,7 @@ impl Cell {
             control.clone(),
             opts.checkpoint_at_point,
             opts.checkpoint_every_points.filter(|&k| k > 0),
+            CellLimits::of(&opts),
         );
         let parts = instantiate(rt, &module, host).map_err(RestoreError::Instantiate)?;
         Ok(Incoming {

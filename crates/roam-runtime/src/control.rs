@@ -25,7 +25,10 @@ pub enum CheckpointKind {
     /// memory stays live in the cell (read it with [`crate::LiveMemory`]).
     /// Only the bytes the unwound stack borrows (at most
     /// [`crate::PAUSE_BUFFER_MAX`] from address 0) are copied aside and put
-    /// back. [`crate::Cell::resume`] continues the program.
+    /// back. [`crate::Cell::resume`] continues the program. The snapshot
+    /// carries no sandbox files either (even with
+    /// [`crate::CellOptions::with_files`]): the caller reads them from the
+    /// directories while the cell is paused, so a pause stays short.
     Pause,
 }
 

@@ -113,6 +113,17 @@ pub enum RestoreError {
     /// The snapshot's memory image does not fit this module.
     #[error("the snapshot's memory image is invalid for this module: {0}")]
     Memory(String),
+    /// The memory to restore or receive is larger than the cell's limit.
+    #[error(
+        "the cell's memory is {bytes} bytes, more than its limit of {limit} bytes; \
+         raise the limit (roam run/restore --max-memory, roam node --max-cell-memory)"
+    )]
+    OverLimit {
+        /// Size of the memory image.
+        bytes: u64,
+        /// The cell's limit.
+        limit: u64,
+    },
     /// A global in the snapshot does not exist in the module or has another type.
     #[error("global `{name}` in the snapshot does not match the module: {detail}")]
     Global {

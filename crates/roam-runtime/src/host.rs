@@ -71,6 +71,8 @@ pub(crate) struct HostState {
     pub pause_spare: Vec<u8>,
     /// Set when lazily fetched memory pages are lost: the guest must stop.
     pub lost: Arc<OnceLock<String>>,
+    /// The cell's resource limits, consulted by wasmtime on every growth.
+    pub limiter: crate::limits::Limiter,
 }
 
 impl HostState {
@@ -79,6 +81,7 @@ impl HostState {
         control: Arc<Control>,
         stop_at_point: Option<u64>,
         continue_every: Option<u64>,
+        limits: crate::limits::CellLimits,
     ) -> Self {
         HostState {
             wasi,
@@ -92,6 +95,7 @@ impl HostState {
             spare: Vec::new(),
             pause_spare: Vec::new(),
             lost: Arc::new(OnceLock::new()),
+            limiter: crate::limits::Limiter::new(limits),
         }
     }
 

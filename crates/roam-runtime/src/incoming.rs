@@ -32,8 +32,16 @@ pub struct Incoming {
 impl Incoming {
     /// Grow the memory to `bytes` (a multiple of 64 KiB, not smaller than
     /// the current size).
+    /// A size over the cell's memory limit is refused before growing.
     pub fn grow_to(&mut self, bytes: u64) -> Result<(), RestoreError> {
+        self.check_memory(bytes)?;
         capture::grow_to(&mut self.parts.store, self.parts.memory, bytes)
+    }
+
+    /// Refuse a memory of `bytes` if it is over this cell's limit
+    /// ([`crate::CellOptions::max_memory`]), before anything is allocated.
+    pub fn check_memory(&self, bytes: u64) -> Result<(), RestoreError> {
+        self.parts.store.data().limiter.limits().check_memory(bytes)
     }
 
     /// The memory, to write pages into as they arrive.
@@ -53,6 +61,7 @@ impl Incoming {
 
     /// Write `snapshot`'s memory image (growing to its size first).
     pub(crate) fn write_image(&mut self, snapshot: &Snapshot) -> Result<(), RestoreError> {
+        self.check_memory(snapshot.memory.byte_len())?;
         capture::restore_memory(
             &mut self.parts.store,
             self.parts.memory,

@@ -10,7 +10,16 @@ use serde::{Deserialize, Serialize};
 use crate::frame::FrameError;
 
 /// Protocol version. A node refuses a peer with a different one.
-pub const PROTOCOL_VERSION: u16 = 1;
+///
+/// Version 2: sandbox files and the log travel in bounded chunks
+/// ([`Msg::FileEntry`], [`Msg::FileData`], [`Msg::FileRemoved`],
+/// [`Msg::LogChunk`]) instead of inside [`Final`], and [`CellSpec`] carries
+/// the cell's memory limit.
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// Most bytes of file data or log in one [`Msg::FileData`] or
+/// [`Msg::LogChunk`].
+pub const CHUNK_MAX: usize = 1 << 20;
 
 /// First bytes of every [`Hello`]: identifies the protocol.
 pub const HELLO_MAGIC: [u8; 8] = *b"ROAMMIG\x01";
@@ -91,6 +100,9 @@ pub struct CellSpec {
     pub launched_unix_ms: u64,
     /// How many migrations the cell has been through.
     pub hops: u32,
+    /// The cell's memory limit in bytes (chosen at launch; a destination
+    /// refuses a cell whose limit is over its own per-cell maximum).
+    pub max_memory: u64,
 }
 
 /// The source proposes a migration.
@@ -117,16 +129,48 @@ pub struct Accept {
     pub store_summary: Vec<u8>,
 }
 
-/// Everything but memory, sent while the cell is paused.
+/// The execution state, sent while the cell is paused, after its files
+/// and log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Final {
-    /// A `roam-snapshot` encoding with an empty memory image: globals,
-    /// unwound stack, OS-layer state, files.
+    /// A `roam-snapshot` encoding with an empty memory image and no files:
+    /// globals, unwound stack, OS-layer state.
     pub snapshot: Vec<u8>,
     /// Final size of linear memory in bytes.
     pub memory_bytes: u64,
-    /// The cell's output so far (stdout and stderr, interleaved as written).
-    pub log: Vec<u8>,
+}
+
+/// One entry of a cell's sandbox directories. A [`FileKind::File`] is
+/// followed by [`Msg::FileData`] chunks holding exactly `len` bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileHeader {
+    /// Guest path of the sandbox directory the entry is in.
+    pub preopen: String,
+    /// Path relative to that directory (`/`-separated, no `..`).
+    pub path: String,
+    /// What it is.
+    pub kind: FileKind,
+    /// Permission bits.
+    pub mode: u32,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: u64,
+}
+
+/// The kind of a [`FileHeader`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    /// A directory.
+    Dir,
+    /// A regular file of this many bytes.
+    File {
+        /// Its size.
+        len: u64,
+    },
+    /// A symbolic link.
+    Symlink {
+        /// Its target, as stored.
+        target: String,
+    },
 }
 
 /// One protocol message (after the [`Hello`] exchange).
@@ -169,6 +213,29 @@ pub enum Msg {
         round: u32,
         /// Pages sent in the round.
         pages: u64,
+    },
+    /// Source → destination: a sandbox file-tree entry (new or changed).
+    FileEntry(FileHeader),
+    /// Source → destination: the next bytes of the file of the last
+    /// [`Msg::FileEntry`] (at most [`CHUNK_MAX`]).
+    FileData {
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// Source → destination: an entry sent earlier no longer exists.
+    FileRemoved {
+        /// Guest path of its sandbox directory.
+        preopen: String,
+        /// Its path relative to that directory.
+        path: String,
+    },
+    /// Source → destination: the next bytes of the cell's output so far
+    /// (at most [`CHUNK_MAX`]), in order, sent during the pause.
+    LogChunk {
+        /// Bytes of earlier output the log dropped (the same in every chunk).
+        dropped: u64,
+        /// The bytes.
+        bytes: Vec<u8>,
     },
     /// Source → destination: the paused cell's execution state.
     Final(Box<Final>),
@@ -225,6 +292,10 @@ impl Msg {
             Msg::Grow { .. } => "grow",
             Msg::Pages { .. } => "pages",
             Msg::RoundDone { .. } => "round-done",
+            Msg::FileEntry(_) => "file-entry",
+            Msg::FileData { .. } => "file-data",
+            Msg::FileRemoved { .. } => "file-removed",
+            Msg::LogChunk { .. } => "log-chunk",
             Msg::Final(_) => "final",
             Msg::PageKinds { .. } => "page-kinds",
             Msg::Running => "running",
@@ -278,8 +349,25 @@ mod tests {
             Msg::Final(Box::new(Final {
                 snapshot: vec![9; 10],
                 memory_bytes: 65536,
-                log: b"out".to_vec(),
             })),
+            Msg::FileEntry(FileHeader {
+                preopen: "/data".into(),
+                path: "a/b".into(),
+                kind: FileKind::File { len: 3 },
+                mode: 0o644,
+                mtime_ns: 1,
+            }),
+            Msg::FileData {
+                bytes: b"abc".to_vec(),
+            },
+            Msg::FileRemoved {
+                preopen: "/data".into(),
+                path: "gone".into(),
+            },
+            Msg::LogChunk {
+                dropped: 7,
+                bytes: b"out".to_vec(),
+            },
             Msg::PageRequest { pages: vec![1, 7] },
             Msg::Running,
         ];

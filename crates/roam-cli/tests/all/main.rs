@@ -7,8 +7,10 @@
 //! missing prerequisite fails the test with the command that makes it.
 
 mod auth;
+mod bigstate;
 mod cli;
 mod common;
 mod cross_isa;
+mod limits;
 mod nodes;
 mod snapshot_errors;

@@ -87,7 +87,7 @@ async fn receive(n: Arc<NodeInner>, conn: Conn) -> Result<(), String> {
     } = conn;
     let peer = handshake(&n, &mut rd, &mut wr).await?;
     super::transport::check_peer(&n, peer_cert.as_ref(), &peer.node)?;
-    let offer = match recv(&mut rd).await.map_err(|e| e.to_string())? {
+    let mut offer = match recv(&mut rd).await.map_err(|e| e.to_string())? {
         Msg::Offer(o) => o,
         m => return Err(unexpected(&m, "the offer")),
     };
@@ -95,7 +95,9 @@ async fn receive(n: Arc<NodeInner>, conn: Conn) -> Result<(), String> {
         cell = %offer.cell.id, from = %peer.node, from_isa = %peer.isa,
         mode = offer.mode.as_str(), memory = offer.memory_bytes, "incoming migration"
     );
-    if let Err(reason) = admit(&n, &offer) {
+    let admitted = admit(&n, &mut offer);
+    if let Err(reason) = &admitted {
+        let reason = reason.clone();
         let _ = send(
             &mut wr,
             &Msg::Abort {
@@ -164,12 +166,14 @@ async fn linger(rd: &mut ReadHalf, wr: &mut WriteHalf) {
 }
 
 /// Refuse, before the source pauses anything, a cell this node cannot take.
-fn admit(n: &NodeInner, offer: &Offer) -> Result<(), String> {
+/// The admission counts against the node's caps until dropped.
+fn admit(n: &NodeInner, offer: &mut Offer) -> Result<crate::limits::Admission, String> {
     if let Some(e) = n.cells().get(&offer.cell.id) {
         if e.handle.is_some() {
             return Err(format!("cell {} already runs on this node", offer.cell.id));
         }
     }
+    let admission = crate::limits::admit_offer(n, offer)?;
     let m = crate::sysinfo::Machine::read();
     let need = offer.memory_bytes + n.cfg.memory_reserve;
     if m.memory_available > 0 && need > m.memory_available {
@@ -189,7 +193,7 @@ fn admit(n: &NodeInner, offer: &Offer) -> Result<(), String> {
             roam_runtime::host_isa()
         ));
     }
-    Ok(())
+    Ok(admission)
 }
 
 async fn load_module(
@@ -228,10 +232,17 @@ async fn load_module(
     if let Some(m) = have {
         return Ok(m);
     }
-    let mut bytes = Vec::with_capacity(offer.module_len.min(512 << 20) as usize);
+    // `admit` bounded the declared length; no more than it is taken.
+    let mut bytes = Vec::with_capacity(offer.module_len as usize);
     while (bytes.len() as u64) < offer.module_len {
         match recv(rd).await.map_err(|e| e.to_string())? {
             Msg::ModuleChunk { offset, bytes: b } if offset == bytes.len() as u64 => {
+                if offset + b.len() as u64 > offer.module_len {
+                    return Err(format!(
+                        "the source sent more than the {} module bytes it offered",
+                        offer.module_len
+                    ));
+                }
                 bytes.extend_from_slice(&b);
             }
             Msg::Abort { reason } => return Err(format!("the source aborted: {reason}")),
@@ -304,6 +315,10 @@ async fn receive_cell(
             | Msg::Grow { .. }
             | Msg::RoundDone { .. }
             | Msg::PageKinds { .. }
+            | Msg::FileEntry(_)
+            | Msg::FileData { .. }
+            | Msg::FileRemoved { .. }
+            | Msg::LogChunk { .. }
             | Msg::Final(_) => {
                 if tx.send(m).await.is_err() {
                     break;
@@ -371,6 +386,7 @@ fn assemble(
 ) {
     let opts = CellOptions {
         with_files: !offer.cell.dirs.is_empty(),
+        max_memory: offer.cell.max_memory,
         ..CellOptions::default()
     };
     let mut incoming = match Cell::incoming(&n.rt, module.clone(), opts) {
@@ -384,6 +400,14 @@ fn assemble(
     let mut decoder = Decoder::with_store(n.store.clone(), true);
     let mut written = Vec::new();
     let mut kinds: Option<Vec<u8>> = None;
+    let mut files = match super::files::receiver(&n, &offer) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = run_tx.send(Err(e));
+            return;
+        }
+    };
+    let log = CellLog::new(n.log_capacity());
     let fin: Box<Final> = loop {
         let Some(m) = rx.blocking_recv() else {
             tracing::debug!("source went away before the final state; dropping the instance");
@@ -411,6 +435,13 @@ fn assemble(
                 kinds = Some(k);
                 Ok(())
             }
+            Msg::LogChunk { dropped, bytes } => {
+                log.receive(&bytes, dropped);
+                Ok(())
+            }
+            m @ (Msg::FileEntry(_) | Msg::FileData { .. } | Msg::FileRemoved { .. }) => {
+                files.apply(m)
+            }
             Msg::Final(f) => break f,
             _ => Ok(()),
         };
@@ -419,7 +450,9 @@ fn assemble(
             return;
         }
     };
-    let started = start(&n, incoming, &offer, *fin, kinds, &inbound, post);
+    let started = files
+        .check_complete()
+        .and_then(|()| start(&n, incoming, &offer, *fin, kinds, log, &inbound, post));
     let (cell, handle, lazy) = match started {
         Ok(x) => x,
         Err(e) => {
@@ -436,12 +469,14 @@ fn assemble(
 
 type StartedCell = (Cell, Arc<cell::CellHandle>, Option<LazyMemory>);
 
+#[allow(clippy::too_many_arguments)]
 fn start(
     n: &Arc<NodeInner>,
     mut incoming: roam_runtime::Incoming,
     offer: &Offer,
     fin: Final,
     kinds: Option<Vec<u8>>,
+    log: CellLog,
     inbound: &Inbound,
     post: Option<Arc<PostCopyPages>>,
 ) -> Result<StartedCell, String> {
@@ -485,7 +520,7 @@ fn start(
     }
     let mut spec = offer.cell.clone();
     spec.hops += 1;
-    let handle = register(n, spec, Arc::new(CellLog::with_history(fin.log)), &mut cell);
+    let handle = register(n, spec, Arc::new(log), &mut cell);
     Ok((cell, handle, lazy))
 }
 

@@ -21,6 +21,7 @@ use crate::node::NodeInner;
 use crate::types::{MigrationStatus, MigrationSummary, Resolution};
 
 pub(crate) mod dest;
+mod files;
 mod pages;
 mod postfail;
 pub(crate) mod source;

@@ -256,6 +256,8 @@ async fn run(
         }
     }
 
+    let preopens = crate::api::make_preopens(n, &spec.id, &spec.dirs)
+        .map_err(|e| format!("cannot open the cell's directories: {e}"))?;
     let mut ctx = Ctx {
         m,
         h,
@@ -263,6 +265,7 @@ async fn run(
         inbox: &mut inbox,
         kinds: Vec::new(),
         post_sent: Vec::new(),
+        files: super::files::FileSender::open(&preopens)?,
     };
     let outcome = match plan.mode {
         Mode::StopAndCopy => ctx.stop_and_copy().await,
@@ -281,8 +284,23 @@ async fn run(
         }
     };
 
-    // Final state and commit.
+    // Files that changed (all of them, but for pre-copy), the log, then
+    // the final state and the commit.
     let pages_done = Instant::now();
+    let rest = async {
+        ctx.files.pass(ctx.stream, true).await?;
+        super::files::send_log(ctx.stream, &log).await
+    }
+    .await;
+    let log_bytes = match rest {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = paused.reply.send(Decision::Resume);
+            writer.abort();
+            let e = abort_reason(ctx.inbox).await.unwrap_or(e);
+            return Err(format!("{e}; the cell keeps running on this node"));
+        }
+    };
     // The memory went as pages; the snapshot only records its size.
     let mut state = (*paused.snapshot).clone();
     state.memory = MemoryImage::placeholder(h.memory.len() as u64, h.module.initial_image());
@@ -291,7 +309,6 @@ async fn run(
             .encode(&EncodeOptions::default())
             .map_err(|e| e.to_string())?,
         memory_bytes: h.memory.len() as u64,
-        log: log.contents(),
     };
     let committed = commit(&mut ctx, fin, &dest_api).await;
     let running_at = Instant::now();
@@ -341,6 +358,7 @@ async fn run(
         }
     }
     let pipeline = ctx.stream.stats();
+    let (files_before, files_paused) = (ctx.files.before_pause, ctx.files.paused);
     let _ = paused.reply.send(Decision::Release);
     {
         // If the cell comes back, most of it need not travel again.
@@ -381,6 +399,9 @@ async fn run(
         memory_bytes: h.memory.len() as u64,
         rounds,
         tracking,
+        files_bytes_before_pause: files_before,
+        files_bytes_paused: files_paused,
+        log_bytes,
         post_copy: post,
         pipeline: serde_json::to_value(pipeline).unwrap_or_default(),
     })
@@ -457,6 +478,8 @@ struct Ctx<'a> {
     /// Post-copy: pages put into the stream (pushed, asked for, or sent
     /// ahead of the final state).
     post_sent: Vec<bool>,
+    /// The cell's sandbox files: what went already.
+    files: super::files::FileSender,
 }
 
 impl Ctx<'_> {
@@ -555,6 +578,12 @@ impl Ctx<'_> {
                     })
                     .await?;
                 let took = began.elapsed();
+                if round == 1 {
+                    // The files go while the cell runs; only what changes
+                    // from now on waits for the pause.
+                    self.m.phase("files");
+                    self.files.pass(self.stream, false).await?;
+                }
                 let sent = (pages.len() * PAGE_SIZE) as f64;
                 // Memory bytes per second through the pipeline and the link.
                 let rate = sent / took.as_secs_f64().max(1e-6);

@@ -5,4 +5,5 @@
 mod common;
 mod dirty;
 mod lazy;
+mod limits;
 mod pause;
