@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds roam's workload suite (see docs/workloads.md):
 #   target/workloads/<name>.wasm                 every workload, WASI preview 1
-#   target/workloads/native/<arch>/<name>        native baselines of the C ones
+#   target/workloads/native/<arch>/<name>        native baselines of the C ones,
+#                                                and host builds of the Rust ones
 # Usage: workloads/build.sh [name...]   (default: all). Runs from any directory.
 # Outputs that are newer than their sources are left alone.
 set -euo pipefail
@@ -101,6 +102,20 @@ if [[ ${#want_rust[@]} -gt 0 ]]; then
         else
             cp "$built" "$OUT/$name.wasm"
             echo "built       target/workloads/$name.wasm"
+        fi
+    done
+
+    # ---- native host builds (pinned checksums, workloads/pin-checksums.sh) --
+    host="$(uname -m)"
+    CARGO_TARGET_DIR="$CARGO_OUT" cargo build --quiet --release "${pkgs[@]}"
+    mkdir -p "$OUT/native/$host"
+    for name in "${want_rust[@]}"; do
+        built="$CARGO_OUT/release/$name"
+        if [[ -e $OUT/native/$host/$name ]] && cmp -s "$built" "$OUT/native/$host/$name"; then
+            echo "up to date  target/workloads/native/$host/$name"
+        else
+            cp "$built" "$OUT/native/$host/$name"
+            echo "built       target/workloads/native/$host/$name"
         fi
     done
 fi

@@ -3,11 +3,12 @@ use crate::instrument::tests::LOOPS_WAT;
 use crate::{read_section, PointPolicy, SECTION_VERSION};
 use wasmparser::{ExternalKind, Parser, Payload};
 
-/// `None` (and a printed reason) when no `wasm-opt` is installed.
+/// `None` (and a printed reason) when no `wasm-opt` is installed; under CI
+/// that fails the test instead.
 pub(crate) fn prepare_or_skip(wasm: &[u8], opts: &PrepareOptions) -> Option<Prepared> {
     match prepare(wasm, opts) {
         Err(PrepareError::WasmOptMissing { path }) => {
-            eprintln!("skipping: {} not installed", path.display());
+            roam_testkit::missing(&roam_testkit::WASM_OPT, path.display());
             None
         }
         other => Some(other.unwrap()),

@@ -1,7 +1,7 @@
 //! End to end: compile real C and Rust programs to WASI, prepare them, and
 //! check that the output validates and carries what the runtime needs.
 //! Each test is skipped (with a printed reason) when its compiler or
-//! `wasm-opt` is not installed.
+//! `wasm-opt` is not installed, and fails instead under CI (`roam-testkit`).
 
 use std::path::Path;
 use std::process::Command;
@@ -36,15 +36,19 @@ fn main() {
 }
 "#;
 
-/// Run `cmd`; `None` with a printed reason if the program is not installed.
-fn compile(mut cmd: Command, out: &Path) -> Option<Vec<u8>> {
+/// Run `cmd`; `None` with a printed reason if `tool` is not installed (a
+/// failure under CI).
+fn compile(mut cmd: Command, out: &Path, tool: &roam_testkit::Tool) -> Option<Vec<u8>> {
     match cmd.status() {
         Ok(status) => {
             assert!(status.success(), "compiler failed: {cmd:?}");
             Some(std::fs::read(out).unwrap())
         }
         Err(e) => {
-            eprintln!("skipping: cannot run {:?}: {e}", cmd.get_program());
+            roam_testkit::missing(
+                tool,
+                format_args!("cannot run {:?}: {e}", cmd.get_program()),
+            );
             None
         }
     }
@@ -72,7 +76,7 @@ fn check_prepared(input: &[u8], label: &str) {
         let start = std::time::Instant::now();
         let p = match prepare(input, &opts) {
             Err(PrepareError::WasmOptMissing { path }) => {
-                eprintln!("skipping: {} not installed", path.display());
+                roam_testkit::missing(&roam_testkit::WASM_OPT, path.display());
                 return;
             }
             other => other.unwrap(),
@@ -116,7 +120,7 @@ fn c_program_prepares() {
         .arg(&src)
         .arg("-o")
         .arg(&out);
-    if let Some(wasm) = compile(cmd, &out) {
+    if let Some(wasm) = compile(cmd, &out, &roam_testkit::CLANG_WASI) {
         check_prepared(&wasm, "C");
     }
 }
@@ -132,7 +136,7 @@ fn rust_program_prepares() {
         .arg(&src)
         .arg("-o")
         .arg(&out);
-    if let Some(wasm) = compile(cmd, &out) {
+    if let Some(wasm) = compile(cmd, &out, &roam_testkit::RUST_WASM32) {
         check_prepared(&wasm, "Rust");
     }
 }

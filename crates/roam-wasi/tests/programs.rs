@@ -1,6 +1,7 @@
 //! Runs real WASI programs (C via wasi-libc, Rust via std) on wasmtime with
 //! this crate's imports and compares their output to a reference.
 
+use roam_testkit::{have, missing, CLANG_WASI, GCC, RUST_WASM32};
 use roam_wasi::{add_to_linker, Interrupt, Preopen, ProcExit, WasiConfig, WasiCtx, WasiView};
 use std::path::Path;
 use std::process::Command;
@@ -49,13 +50,6 @@ fn run(wasm: &Path, dir: &Path, args: &[&str]) -> (i32, String, String) {
     (code, s(out.stdout()), s(out.stderr()))
 }
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 fn programs_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
 }
@@ -82,7 +76,7 @@ done
 #[test]
 fn c_program_matches_reference_and_native_build() {
     if !have("clang-16") {
-        println!("skipping: clang-16 (with wasi-libc) is not installed");
+        missing(&CLANG_WASI, "clang-16 --version does not run");
         return;
     }
     let build = tempfile::tempdir().unwrap();
@@ -108,7 +102,10 @@ fn c_program_matches_reference_and_native_build() {
     );
 
     if !have("gcc") {
-        println!("skipping native comparison: gcc is not installed");
+        missing(
+            &GCC,
+            "gcc --version does not run; the native comparison is skipped",
+        );
         return;
     }
     let native = build.path().join("fsprobe-native");
@@ -145,7 +142,7 @@ fn rust_std_program_runs() {
         .arg(&wasm)
         .status();
     if !st.is_ok_and(|s| s.success()) {
-        println!("skipping: rustc cannot build for wasm32-wasip1 here");
+        missing(&RUST_WASM32, "rustc cannot build for wasm32-wasip1 here");
         return;
     }
     let sb = tempfile::tempdir().unwrap();

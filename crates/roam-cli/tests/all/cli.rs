@@ -115,7 +115,7 @@ fn signals_checkpoint_and_restore_completes_the_output() {
         cmd.arg("run").arg(workload("matmul")).args(["--", "M"]);
         output(cmd)
     };
-    assert!(reference.status.success());
+    assert_verified("matmul M: reference run", &reference, None);
     for (sig, stops) in [(libc_sig::SIGUSR1, false), (libc_sig::SIGTERM, true)] {
         let dir = tempfile::tempdir().unwrap();
         let snap = dir.path().join("s.roam");
@@ -138,7 +138,11 @@ fn signals_checkpoint_and_restore_completes_the_output() {
         let mut cmd = roam(Isa::X86_64);
         cmd.arg("restore").arg(&snap);
         let second = output(cmd);
-        assert!(second.status.success(), "{}", text(&second.stderr));
+        assert_verified(
+            &format!("matmul M: restored after signal {sig}"),
+            &second,
+            None,
+        );
         if stops {
             let mut joined = first.stdout.clone();
             joined.extend_from_slice(&second.stdout);
@@ -235,7 +239,7 @@ fn repeated_checkpoint_and_continue_is_invisible() {
         let mut cmd = roam(Isa::X86_64);
         cmd.arg("run").arg(workload(name)).args(["--", "S"]);
         let reference = output(cmd);
-        assert!(reference.status.success());
+        assert_verified(&format!("{name}: reference run"), &reference, Some(name));
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = roam(Isa::X86_64);
         cmd.args(["run", "--checkpoint-every-points", "250000", "--snapshot"])
@@ -243,7 +247,7 @@ fn repeated_checkpoint_and_continue_is_invisible() {
             .arg(workload(name))
             .args(["--", "S"]);
         let out = output(cmd);
-        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_verified(&format!("{name}: checkpointed run"), &out, Some(name));
         let taken = text(&out.stderr).matches("checkpoint (continue)").count();
         assert!(taken >= 3, "{name}: only {taken} checkpoints were taken");
         assert_eq!(text(&out.stdout), text(&reference.stdout), "{name}");

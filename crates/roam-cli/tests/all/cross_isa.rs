@@ -5,6 +5,11 @@
 //!
 //! Snapshots carry the sandbox files (`--with-files`) and the restore runs in
 //! a fresh, empty directory, as it would on another machine.
+//!
+//! The uninterrupted run is itself checked: it must pass the workload's own
+//! verification and print the checksum pinned from the native build
+//! (`workloads/checksums-S.txt`), so a bug that changed both runs alike
+//! would not go unnoticed.
 
 use std::collections::HashMap;
 use std::process::Output;
@@ -40,17 +45,7 @@ fn reference(name: &str) -> Arc<Reference> {
     cmd.arg("run");
     run_args(&mut cmd, data.path(), name);
     let out = output(cmd);
-    assert!(
-        out.status.code().is_some(),
-        "{name}: reference run died: {}",
-        text(&out.stderr)
-    );
-    assert!(
-        text(&out.stdout).contains("checksum: "),
-        "{name}: reference run printed no checksum:\n{}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_verified(&format!("{name}: reference run"), &out, Some(name));
     let files = tree(data.path());
 
     // Count the migration points: ask for a checkpoint at a point the program
@@ -153,6 +148,7 @@ fn migrate(name: &str, from: Isa, to: Isa, moment: Moment) {
         "{what}: restored run exit status\n{}",
         text(&second.stderr)
     );
+    assert_verified(&format!("{what}: restored run"), &second, Some(name));
     let mut joined = first.stdout.clone();
     joined.extend_from_slice(&second.stdout);
     assert!(
@@ -229,6 +225,7 @@ fn three_hops_x86_64_aarch64_riscv64_x86_64() {
             joined.extend_from_slice(&out.stdout);
             if i == hops.len() - 1 {
                 assert_eq!(out.status.code(), Some(r.status));
+                assert_verified(&format!("{name}: last hop"), &out, Some(name));
                 assert!(
                     tree(&data) == r.files,
                     "{name}: files differ after three hops"
@@ -241,5 +238,35 @@ fn three_hops_x86_64_aarch64_riscv64_x86_64() {
             text(&joined),
             text(&r.stdout)
         );
+    }
+}
+
+/// The pinned checksums are what the native builds print now, so the file
+/// cannot go stale: a workload whose output changes must be re-pinned
+/// (`workloads/pin-checksums.sh`) in the same change.
+#[test]
+fn native_builds_print_the_pinned_checksums() {
+    let dir = repo_root()
+        .join("target/workloads/native")
+        .join(std::env::consts::ARCH);
+    if !dir.is_dir() {
+        roam_testkit::missing(
+            &roam_testkit::NATIVE_WORKLOADS,
+            format_args!("{} does not exist", dir.display()),
+        );
+        return;
+    }
+    for (name, _) in pinned_checksums() {
+        let bin = dir.join(name);
+        assert!(
+            bin.exists(),
+            "{} is missing: run workloads/build.sh",
+            bin.display()
+        );
+        let data = tempfile::tempdir().unwrap();
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.arg("S").arg(data.path());
+        let out = output(cmd);
+        assert_verified(&format!("{name}: native build"), &out, Some(name));
     }
 }

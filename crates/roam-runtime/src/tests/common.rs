@@ -92,6 +92,19 @@ pub(crate) const MAILBOX_WAT: &str = r#"
 )
 "#;
 
+/// Whether userfaultfd works here; when it does not, prints why the test is
+/// skipped, or fails it under CI.
+pub(crate) fn userfaultfd_or_skip() -> bool {
+    let ok = crate::userfaultfd_available();
+    if !ok {
+        roam_testkit::missing(
+            &roam_testkit::USERFAULTFD,
+            "the userfaultfd system call is refused here",
+        );
+    }
+    ok
+}
+
 pub(crate) struct Env {
     pub rt: Runtime,
     _dir: tempfile::TempDir,
@@ -107,12 +120,13 @@ pub(crate) fn env() -> Env {
     Env { rt, _dir: dir }
 }
 
-/// `None` (and a printed reason) when no `wasm-opt` is installed.
+/// `None` (and a printed reason) when no `wasm-opt` is installed; under CI
+/// that fails the test instead.
 pub(crate) fn load(rt: &Runtime, wat: &str) -> Option<Arc<LoadedModule>> {
     let wasm = wat::parse_str(wat).unwrap();
     match rt.load_bytes(&wasm) {
         Err(crate::LoadError::Prepare(roam_prepare::PrepareError::WasmOptMissing { path })) => {
-            eprintln!("skipping: {} not installed", path.display());
+            roam_testkit::missing(&roam_testkit::WASM_OPT, path.display());
             None
         }
         other => Some(other.unwrap()),

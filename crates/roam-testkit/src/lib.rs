@@ -1,0 +1,123 @@
+//! One rule for tests that need something roam does not build itself
+//! (`wasm-opt`, `clang-16`, `gcc`, a Rust target, userfaultfd, qemu-user).
+//!
+//! On a developer's machine such a test may skip, printing why, so that the
+//! rest of the suite stays useful without the whole toolchain. Under CI a
+//! skip would be a green test that tested nothing, so there the same test
+//! fails and names the tool and how to install it. "Under CI" means the `CI`
+//! environment variable is set to anything but empty, `false` or `0`, as CI
+//! services set it and as `scripts/test.sh` exports it.
+//!
+//! Used only as a dev-dependency.
+
+#![deny(missing_docs)]
+
+use std::ffi::OsStr;
+use std::fmt::Display;
+
+/// Something a test needs that may be missing, and how to get it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tool {
+    /// What is missing, as a user would look for it.
+    pub name: &'static str,
+    /// How to install or enable it.
+    pub install: &'static str,
+}
+
+/// Binaryen's optimiser, which runs the Asyncify pass.
+pub const WASM_OPT: Tool = Tool {
+    name: "wasm-opt (Binaryen)",
+    install: "apt-get install binaryen (or run scripts/setup.sh)",
+};
+
+/// clang 16 with wasi-libc, for C programs built to WASI.
+pub const CLANG_WASI: Tool = Tool {
+    name: "clang-16 with wasi-libc",
+    install: "apt-get install clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32 (or run scripts/setup.sh)",
+};
+
+/// The host C compiler, for native reference builds.
+pub const GCC: Tool = Tool {
+    name: "gcc",
+    install: "apt-get install build-essential (or run scripts/setup.sh)",
+};
+
+/// rustc's `wasm32-wasip1` target.
+pub const RUST_WASM32: Tool = Tool {
+    name: "the Rust target wasm32-wasip1",
+    install: "rustup target add wasm32-wasip1 (or run scripts/setup.sh)",
+};
+
+/// userfaultfd, for post-copy and write-protect dirty tracking.
+pub const USERFAULTFD: Tool = Tool {
+    name: "userfaultfd",
+    install: "run on Linux 5.7 or later (write-protect needs it) as root, with CAP_SYS_PTRACE, \
+              or with sysctl vm.unprivileged_userfaultfd=1; it is absent under qemu-user and \
+              often blocked by container seccomp profiles",
+};
+
+/// The native builds of the workloads made by `workloads/build.sh`.
+pub const NATIVE_WORKLOADS: Tool = Tool {
+    name: "the native x86-64 workload builds (target/workloads/native)",
+    install: "install gcc and run workloads/build.sh (scripts/test.sh does)",
+};
+
+/// Whether the tests run under CI: `CI` is set, non-empty, and neither
+/// `false` nor `0`.
+pub fn in_ci() -> bool {
+    ci_from(std::env::var_os("CI").as_deref())
+}
+
+fn ci_from(value: Option<&OsStr>) -> bool {
+    match value.and_then(OsStr::to_str) {
+        None => value.is_some_and(|v| !v.is_empty()),
+        Some(v) => !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"),
+    }
+}
+
+/// `tool` is missing, for the reason `why`: under CI this panics (the test
+/// fails, naming the tool and how to install it); elsewhere it prints that
+/// the test is skipped, and the caller returns.
+#[track_caller]
+pub fn missing(tool: &Tool, why: impl Display) {
+    if in_ci() {
+        panic!(
+            "{} is required when CI is set, but it is not available ({why}); install it: {}",
+            tool.name, tool.install
+        );
+    }
+    eprintln!(
+        "skipping: {} is not available ({why}); install it: {} (with CI=true this fails)",
+        tool.name, tool.install
+    );
+}
+
+/// Whether `program --version` runs and succeeds.
+pub fn have(program: &str) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ci_is_any_value_but_empty_false_or_zero() {
+        let ci = |v: &str| ci_from(Some(OsStr::new(v)));
+        assert!(!ci_from(None));
+        assert!(!ci(""));
+        assert!(!ci("0"));
+        assert!(!ci("false"));
+        assert!(ci("true"));
+        assert!(ci("1"));
+        assert!(ci("yes"));
+    }
+
+    #[test]
+    fn have_finds_a_program_and_not_a_missing_one() {
+        assert!(!have("roam-testkit-no-such-program"));
+    }
+}
