@@ -15,7 +15,9 @@
 //!    into linear memory at the migration points and at blocking WASI calls;
 //! 5. **stamp** a versioned `roam` custom section recording what was done.
 //!
-//! The output is deterministic and preparing it again is a no-op. See
+//! The output is deterministic and preparing it again is a no-op, once
+//! [`check_prepared`] has confirmed that the section matches the module (a
+//! forged section is refused, not believed). See
 //! `docs/prepare.md` for the pipeline and cost model.
 #![deny(missing_docs)]
 
@@ -27,6 +29,7 @@ mod options;
 mod pipeline;
 mod section;
 mod validate;
+mod verify;
 mod wasm_opt;
 
 pub use memory::{initial_memory, DataSegment, MemoryImage};
@@ -34,6 +37,7 @@ pub use options::{OptLevel, ParsePolicyError, PointPolicy, PrepareOptions};
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
 pub use section::{read_section, RoamSection, SectionError};
 pub use validate::{validate, ModuleInfo, ValidateError};
+pub use verify::{check_prepared, CheckError};
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

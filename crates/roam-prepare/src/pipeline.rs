@@ -11,8 +11,9 @@ use wasmparser::{ExternalKind, Parser, Payload, Validator};
 use crate::section::{append_section, read_section};
 use crate::validate::SUPPORTED_FEATURES;
 use crate::{
-    instrument, validate, wasm_opt, PrepareOptions, RoamSection, SectionError, ValidateError,
-    ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT, MEMORY_EXPORT, SECTION_VERSION,
+    check_prepared, instrument, validate, wasm_opt, CheckError, PrepareOptions, RoamSection,
+    SectionError, ValidateError, ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT, MEMORY_EXPORT,
+    SECTION_VERSION,
 };
 
 pub use crate::section::PointStats;
@@ -39,6 +40,9 @@ pub enum PrepareError {
     /// The input carries a `roam` section that cannot be read.
     #[error("the input looks prepared but its `roam` section is unreadable: {0}")]
     Section(#[from] SectionError),
+    /// The input carries a `roam` section that does not match it.
+    #[error(transparent)]
+    NotPrepared(#[from] CheckError),
     /// The module could not be rewritten.
     #[error("rewriting the module failed: {0}; please report this with the input module")]
     Rewrite(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
@@ -92,9 +96,13 @@ pub enum PrepareError {
 /// Prepare `input` for migration (see the crate docs for the steps).
 ///
 /// Deterministic: the same input and options give the same bytes. An input
-/// that already carries a valid `roam` section is returned unchanged.
+/// that already carries a `roam` section is returned unchanged if
+/// [`check_prepared`] accepts it, and refused otherwise: a forged section is
+/// never believed, and the module is not re-prepared around it either (its
+/// author should prepare the original).
 pub fn prepare(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, PrepareError> {
-    if let Some(section) = read_section(input)? {
+    if read_section(input)?.is_some() {
+        let section = check_prepared(input)?;
         return Ok(Prepared {
             bytes: input.to_vec(),
             already_prepared: true,

@@ -166,6 +166,10 @@ impl Runtime {
     }
 
     fn load_prepared(&self, bytes: Vec<u8>) -> Result<Arc<LoadedModule>, LoadError> {
+        // Every way in (a file, an upload, a snapshot's embedded copy, a
+        // migration peer, the cache) passes here: believe no `roam` section
+        // that does not match its module.
+        roam_prepare::check_prepared(&bytes).map_err(roam_prepare::PrepareError::from)?;
         let hash = *blake3::hash(&bytes).as_bytes();
         let mpath = self.cache.module_path(&hash);
         if !mpath.exists() {

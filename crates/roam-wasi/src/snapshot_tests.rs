@@ -74,3 +74,21 @@ fn restore_errors_are_precise() {
     let e = restore_at(st, &a.path().join("missing")).unwrap_err();
     assert!(matches!(e, RestoreError::OpenPreopen { .. }));
 }
+
+#[test]
+fn a_hard_linked_file_open_through_two_fds_survives_a_round_trip() {
+    let a = tempfile::tempdir().unwrap();
+    let mut c = ctx_with(a.path());
+    let w = open(&mut c, "a", oflags::CREAT, true).unwrap();
+    c.path_link(3, 0, "a", 3, "b").unwrap();
+    let r = open(&mut c, "b", 0, false).unwrap();
+    write(&mut c, w, b"shared");
+    assert_eq!(read(&mut c, r, 3), b"sha");
+    let state = OsState::decode(&c.save().unwrap().encode()).unwrap();
+
+    // Restored in place, both names still reach the same file.
+    let mut d = restore_at(state, a.path()).unwrap();
+    write(&mut d, w, b"!");
+    assert_eq!(read(&mut d, r, 10), b"red!");
+    assert_eq!(std::fs::read(a.path().join("b")).unwrap(), b"shared!");
+}

@@ -161,3 +161,88 @@ elapsed_ok=true
     assert_eq!(out, expected);
     assert_eq!(code, 0);
 }
+
+const LINK_EXPECTED: &str = "\
+open_trunc=ok
+size_after_open_trunc=0
+a.txt=1 '!'
+rdwr_trunc=ok size=0
+rdonly_trunc=ok size=0
+link=ok
+nlink a=2 b=2
+same_inode=1
+a.txt=5 'FRESH'
+link_onto_existing=EEXIST
+link_missing=ENOENT
+link_dir=EPERM
+link_into_missing_dir=ENOENT
+link_into_subdir=ok
+nlink a=3
+link_symlink=ok
+s2_is_symlink=1
+linkat_follow=ok
+f_is_reg=1 nlink a=4
+f=5 'FRESH'
+after_unlink nlink b=3
+b.txt=5 'FRESH'
+cleanup ok
+";
+
+/// `tool` is installed; if not, skip on a developer's machine and fail
+/// under CI, naming the tool.
+fn require(tool: &str) -> bool {
+    if have(tool) {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{tool} is required under CI but is not installed"
+    );
+    println!("skipping: {tool} is not installed");
+    false
+}
+
+/// Hard links and `O_TRUNC` on existing files, against the reference and a
+/// native build of the same program.
+#[test]
+fn links_and_truncation_match_reference_and_native_build() {
+    if !require("clang-16") {
+        return;
+    }
+    let build = tempfile::tempdir().unwrap();
+    let src = programs_dir().join("linkprobe.c");
+    let wasm = build.path().join("linkprobe.wasm");
+    let st = Command::new("clang-16")
+        .args(["--target=wasm32-wasi", "-O2"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&wasm)
+        .status()
+        .unwrap();
+    assert!(st.success(), "clang-16 failed to build {src:?}");
+    let sb = tempfile::tempdir().unwrap();
+    let (code, out, _) = run(&wasm, sb.path(), &["linkprobe", "/sb"]);
+    assert_eq!(out, LINK_EXPECTED);
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_dir(sb.path()).unwrap().count(), 0);
+
+    if !require("gcc") {
+        return;
+    }
+    let native = build.path().join("linkprobe-native");
+    let st = Command::new("gcc")
+        .arg("-O2")
+        .arg(&src)
+        .arg("-o")
+        .arg(&native)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(&native).arg(dir.path()).output().unwrap();
+    assert_eq!(
+        String::from_utf8(o.stdout).unwrap(),
+        out,
+        "wasm and native runs differ"
+    );
+}

@@ -144,3 +144,6 @@ pub(crate) mod tests;
 
 #[cfg(test)]
 mod layout_tests;
+
+#[cfg(test)]
+mod link_tests;

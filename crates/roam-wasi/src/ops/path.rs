@@ -13,6 +13,7 @@ use crate::types::{fdflags, fstflags, oflags, rights, LOOKUP_SYMLINK_FOLLOW};
 use cap_fs_ext::{
     DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt, SystemTimeSpec,
 };
+use cap_std::fs::MetadataExt;
 use cap_std::fs::{Dir, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, UNIX_EPOCH};
@@ -68,6 +69,11 @@ impl WasiCtx {
         } else {
             if a.oflags & oflags::CREAT != 0 {
                 self.with_right(fd, rights::PATH_CREATE_FILE)?;
+            }
+            if a.oflags & oflags::TRUNC != 0 {
+                // witx: `path_filestat_set_size` on the directory is the
+                // right to open with `oflags::trunc`.
+                self.with_right(fd, rights::PATH_FILESTAT_SET_SIZE)?;
             }
             open_file(dir, &a, read, write, follow)?
         };
@@ -167,6 +173,14 @@ impl WasiCtx {
             .symlink(target, link)?)
     }
 
+    /// `path_link`: a hard link, both paths beneath their directory fds.
+    ///
+    /// The source is not followed if it is a symlink (the link itself is
+    /// linked, as `linkat` without `AT_SYMLINK_FOLLOW` does); with
+    /// `LOOKUP_SYMLINK_FOLLOW` it is resolved first, inside the sandbox
+    /// (a target outside it gives `ENOTCAPABLE`). Linking across file
+    /// systems gives `EXDEV`, as POSIX says, rather than the `ENOTCAPABLE` an
+    /// escaping path gives.
     pub(crate) fn path_link(
         &self,
         fd: u32,
@@ -177,12 +191,27 @@ impl WasiCtx {
     ) -> Result<(), Errno> {
         check_relative(old)?;
         check_relative(new)?;
-        if flags & LOOKUP_SYMLINK_FOLLOW != 0 {
-            return Err(Errno::NOTSUP);
+        if flags & !LOOKUP_SYMLINK_FOLLOW != 0 {
+            return Err(Errno::INVAL);
         }
         let od = self.dir(fd, rights::PATH_LINK_SOURCE)?.0;
         let nd = self.dir(new_fd, rights::PATH_LINK_TARGET)?.0;
-        Ok(od.hard_link(old, nd, new)?)
+        let source = if flags & LOOKUP_SYMLINK_FOLLOW != 0 {
+            // Resolved beneath `od`; the result names no symlink, so linking
+            // it without following links the target.
+            od.canonicalize(old)?
+        } else {
+            std::path::PathBuf::from(old)
+        };
+        let from_dev = od.symlink_metadata(&source)?.dev();
+        let parent = match std::path::Path::new(new).parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => std::path::Path::new("."),
+        };
+        if nd.metadata(parent)?.dev() != from_dev {
+            return Err(Errno::XDEV);
+        }
+        Ok(od.hard_link(&source, nd, new)?)
     }
 
     pub(crate) fn path_filestat_get(
@@ -246,15 +275,34 @@ fn open_file(
     let creat = a.oflags & oflags::CREAT != 0;
     let excl = a.oflags & oflags::EXCL != 0;
     let trunc = a.oflags & oflags::TRUNC != 0;
-    if trunc && !write {
-        return Err(Errno::INVAL);
-    }
     let follow_mode = if follow {
         FollowSymlinks::Yes
     } else {
         FollowSymlinks::No
     };
-    if creat && !write {
+    if trunc && !write {
+        // Read-only with O_TRUNC: Linux truncates (when the file is
+        // writable), and the portable OpenOptions refuse the pair with
+        // EINVAL. Truncate through a throwaway write handle, then open as
+        // asked. The guest's right to do so was checked by the caller.
+        let mut t = OpenOptions::new();
+        t.write(true).follow(follow_mode);
+        if creat {
+            if excl {
+                t.create_new(true)
+            } else {
+                t.create(true)
+            };
+        } else {
+            t.truncate(true);
+        }
+        let f = dir.open_with(&a.path, &t)?;
+        if f.metadata()?.is_dir() {
+            return Err(Errno::ISDIR);
+        }
+        drop(f);
+    }
+    if creat && !write && !trunc {
         // O_RDONLY|O_CREAT: create with a throwaway write handle first,
         // because the portable OpenOptions refuse create without write.
         let mut c = OpenOptions::new();
@@ -278,7 +326,7 @@ fn open_file(
     // std's OpenOptions refuse truncate together with append (EINVAL), which
     // POSIX allows: open truncating, then switch to append mode.
     let append = a.fdflags & fdflags::APPEND != 0;
-    o.truncate(trunc).append(append && !trunc);
+    o.truncate(trunc && write).append(append && !trunc);
     o.sync(a.fdflags & fdflags::SYNC != 0)
         .dsync(a.fdflags & fdflags::DSYNC != 0);
     o.rsync(a.fdflags & fdflags::RSYNC != 0);
