@@ -124,7 +124,7 @@ fn migrate_workload(a: &Node, b: &Node, name: &str, mode: &str) -> Result<(), St
             return Err(format!("{name}: unexpected summary {status}"));
         }
         if mode == "pre-copy" && a.isa == Isa::X86_64 {
-            expect_write_protect(&status, a);
+            expect_write_protect(&status, &a.log());
         }
         let end = b.wait_end(&id, Duration::from_secs(600));
         if end["state"] != "exited" || end["code"] != 0 || end["hops"] != 1 {
