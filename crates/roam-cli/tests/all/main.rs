@@ -9,5 +9,6 @@
 mod cli;
 mod common;
 mod cross_isa;
+mod hostile;
 mod nodes;
 mod snapshot_errors;
