@@ -110,7 +110,7 @@ pub enum FilesError {
     },
     /// The tree exceeds a [`FileTreeLimits`] cap: nothing was written.
     #[error(
-        "the snapshot's file tree has {what} {found}, over the limit of {limit}; \
+        "the snapshot's file tree holds {found} {what}, over the limit of {limit}; \
          no file was written (raise the limit if the snapshot is trusted)"
     )]
     TooLarge {
@@ -355,7 +355,10 @@ pub fn materialize_with(
         let host = preopens[r].host.join(&e.path);
         let d = open_beneath(&open_roots[&r], &e.path).map_err(io(&host))?;
         let mode = rustix::fs::Mode::from_raw_mode(e.mode & KEPT_MODE_BITS);
-        rustix::fs::fchmod(&d, mode).map_err(|e| io(&host)(e.into()))?;
+        // The handle is `O_PATH`, which `fchmod` refuses; "." names the
+        // directory itself and involves no symlink.
+        rustix::fs::chmodat(&d, ".", mode, rustix::fs::AtFlags::empty())
+            .map_err(|e| io(&host)(e.into()))?;
     }
     Ok(())
 }
@@ -622,7 +625,7 @@ mod tests {
             ),
             (
                 vec![file("a", b"123456"), file("b", b"123456")],
-                "file bytes 12, over the limit of 10",
+                "12 file bytes, over the limit of 10",
             ),
             (
                 vec![file("abcdefghi", b"")],
