@@ -56,6 +56,7 @@ pub(crate) fn router(n: Arc<NodeInner>) -> Router {
             "/v1/migrations/{id}/resolve",
             post(crate::migrate::dest::resolve),
         )
+        .route_layer(axum::middleware::from_fn(check_path_ids))
         .layer(DefaultBodyLimit::max(body_limit(&n)));
     // The token check wraps every route: no handler runs without it.
     crate::secure::guard(router, n.auth.token.as_ref()).with_state(n)
@@ -64,6 +65,28 @@ pub(crate) fn router(n: Arc<NodeInner>) -> Router {
 /// Largest request body: a module of the node's largest size.
 fn body_limit(n: &NodeInner) -> usize {
     usize::try_from(n.cfg.limits.max_module_bytes).unwrap_or(usize::MAX)
+}
+
+/// Refuse, with 400 and the reason, a request whose `{id}` path parameter
+/// is not a valid cell or migration id, before any handler sees it (ids
+/// become host paths: `state_dir/cells/{id}`).
+async fn check_path_ids(
+    params: axum::extract::RawPathParams,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let migration = req.uri().path().starts_with("/v1/migrations/");
+    for (_, value) in &params {
+        let checked = if migration {
+            roam_wire::ident::check_migration_id(value)
+        } else {
+            roam_wire::ident::check_cell_id(value)
+        };
+        if let Err(e) = checked {
+            return bad(e.to_string()).into_response();
+        }
+    }
+    next.run(req).await
 }
 
 pub(crate) fn node_info_of(n: &NodeInner) -> NodeInfo {
@@ -121,15 +144,7 @@ async fn upload_module(
 }
 
 pub(crate) fn parse_hash(s: &str) -> Result<[u8; 32], AppError> {
-    let b = s.as_bytes();
-    if b.len() != 64 || !b.iter().all(u8::is_ascii_hexdigit) {
-        return Err(bad(format!("`{s}` is not a module hash (64 hex digits)")));
-    }
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex checked");
-    }
-    Ok(out)
+    roam_wire::ident::parse_module_hash(s).map_err(|e| bad(e.to_string()))
 }
 
 /// Host directories for a cell's guest directories, created empty.
@@ -210,6 +225,7 @@ async fn launch(
     if req.args.is_empty() {
         return Err(bad("args must hold at least the program name"));
     }
+    roam_wire::ident::check_guest_dirs(&req.dirs).map_err(|e| bad(e.to_string()))?;
     let id = new_id("c-");
     let max_memory = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
     let admission = crate::limits::admit(&n, &id, max_memory).map_err(|e| {

@@ -90,7 +90,14 @@ impl NodeInner {
         usize::try_from(self.cfg.limits.log_bytes).unwrap_or(usize::MAX)
     }
 
+    /// The directory of a cell's files. `id` must have passed
+    /// [`roam_wire::ident::check_cell_id`] at the boundary it came through;
+    /// an unchecked id here is a bug, and it panics rather than hand out a
+    /// path outside `state_dir/cells`.
     pub(crate) fn cell_dir(&self, id: &str) -> PathBuf {
+        if let Err(e) = roam_wire::ident::check_cell_id(id) {
+            panic!("bug: an unchecked cell id reached the file system: {e}");
+        }
         self.cfg.state_dir.join("cells").join(id)
     }
 
@@ -130,6 +137,7 @@ impl Node {
             tracing::warn!("the token file can be read by other users: chmod 600 it");
         }
         cfg.limits.validate().map_err(anyhow::Error::msg)?;
+        roam_wire::ident::check_node_name(&cfg.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
         std::fs::create_dir_all(cfg.state_dir.join("cells")).map_err(|e| {
             anyhow::anyhow!(
                 "cannot create state directory {}: {e}",

@@ -20,9 +20,11 @@
 #![deny(missing_docs)]
 
 mod frame;
+pub mod ident;
 mod msg;
 
 pub use frame::{read_frame, write_frame, FrameError, FRAME_HEADER, MAX_FRAME};
+pub use ident::{IdentKind, InvalidIdent};
 pub use msg::{
     Accept, CellSpec, Features, FileHeader, FileKind, Final, Hello, Mode, Msg, Offer, CHUNK_MAX,
     HELLO_MAGIC, PROTOCOL_VERSION,

@@ -12,5 +12,6 @@ mod cli;
 mod common;
 mod cross_isa;
 mod limits;
+mod hostile;
 mod nodes;
 mod snapshot_errors;

@@ -119,3 +119,71 @@ fn embedded_module_restores_without_the_cache() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("checksum: "));
 }
+
+/// A snapshot whose file tree plants a symlink to a directory outside the
+/// sandbox and then a file "inside" it (`l -> /etc`, `l/cron.d/x`) is
+/// refused before anything is written: the outside directory stays empty,
+/// and so does the restore directory.
+#[test]
+fn snapshot_file_tree_cannot_write_outside_its_directory() {
+    use roam_snapshot::{FileEntry, FileKind, Snapshot};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let snap = dir.path().join("s.roam");
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["run", "--with-files", "--checkpoint-at-point", "1"])
+        .arg("--dir")
+        .arg(format!("{}::/data", data.display()))
+        .arg("--snapshot")
+        .arg(&snap)
+        .arg(workload("recurse"))
+        .args(["--", "S"]);
+    let out = output(cmd);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let outside = tempfile::tempdir().unwrap();
+    let mut s = Snapshot::read_file(&snap).unwrap();
+    let entry = |path: &str, kind| FileEntry {
+        preopen: "/data".into(),
+        path: path.into(),
+        kind,
+        mode: 0o755,
+        mtime_ns: 0,
+    };
+    let files = s.files.as_mut().expect("--with-files carries a tree");
+    files.entries.extend([
+        entry(
+            "l",
+            FileKind::Symlink {
+                target: outside.path().to_string_lossy().into_owned(),
+            },
+        ),
+        entry("l/cron.d", FileKind::Dir),
+        entry(
+            "l/cron.d/x",
+            FileKind::File {
+                data: b"* * * * * root evil\n".to_vec(),
+            },
+        ),
+    ]);
+    s.write_file(&snap).unwrap();
+    let crafted = std::fs::read(&snap).unwrap();
+
+    let restored = dir.path().join("restored");
+    std::fs::create_dir(&restored).unwrap();
+    let dir_arg = format!("{}::/data", restored.display());
+    let out = restore(&snap, &["--dir", &dir_arg]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("snapshot file entry `l/cron.d` of guest directory /data is refused")
+            && err.contains("beneath symlink entry `l`")
+            && err.contains("no file was written"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "the program ran");
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(&restored).unwrap().count(), 0);
+    assert_eq!(std::fs::read(&snap).unwrap(), crafted, "snapshot modified");
+}

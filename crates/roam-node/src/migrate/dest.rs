@@ -73,6 +73,8 @@ pub(crate) async fn handshake(
     match recv(rd).await.map_err(|e| format!("handshake: {e}"))? {
         Msg::Hello(h) => {
             h.check()?;
+            roam_wire::ident::check_node_name(&h.node)
+                .map_err(|e| format!("the peer's hello is refused: {e}"))?;
             Ok(h)
         }
         m => Err(unexpected(&m, "the handshake")),
@@ -91,6 +93,20 @@ async fn receive(n: Arc<NodeInner>, conn: Conn) -> Result<(), String> {
         Msg::Offer(o) => o,
         m => return Err(unexpected(&m, "the offer")),
     };
+    // Identifiers become host paths (`state_dir/cells/{id}`): check them
+    // before anything, the log line below included, uses them.
+    if let Err(e) = offer.check_idents() {
+        let reason = format!("offer refused: {e}");
+        let _ = send(
+            &mut wr,
+            &Msg::Abort {
+                reason: reason.clone(),
+            },
+        )
+        .await;
+        linger(&mut rd, &mut wr).await;
+        return Err(reason);
+    }
     tracing::info!(
         cell = %offer.cell.id, from = %peer.node, from_isa = %peer.isa,
         mode = offer.mode.as_str(), memory = offer.memory_bytes, "incoming migration"
