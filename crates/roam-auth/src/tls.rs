@@ -66,14 +66,10 @@ pub enum LoadError {
     HalfIdentity,
     /// The certificate and key do not make a usable identity, or its
     /// certificate does not chain to the CA.
-    #[error("{} cannot be used with {} and the CA {}: make the certificate with `roam cert` from that CA", cert.display(), key.display(), ca.display())]
+    #[error("{} cannot be used with {} and the CA {}: make the certificate with `roam cert` from that CA", files.cert.display(), files.key.display(), files.ca.display())]
     Identity {
-        /// Certificate file.
-        cert: PathBuf,
-        /// Key file.
-        key: PathBuf,
-        /// CA file.
-        ca: PathBuf,
+        /// The three files.
+        files: Box<TlsFiles>,
         /// Why.
         #[source]
         source: rustls::Error,
@@ -212,9 +208,7 @@ impl Identity {
         let client = ClientTls::load(&files.ca, Some(&files.cert), Some(&files.key))?;
         let (chain, key) = client.identity.clone().expect("loaded with an identity");
         let bad = |source| LoadError::Identity {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            ca: files.ca.clone(),
+            files: Box::new(files.clone()),
             source,
         };
         let peers = WebPkiServerVerifier::builder_with_provider(client.roots.clone(), provider())

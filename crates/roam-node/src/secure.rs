@@ -74,7 +74,7 @@ pub enum ExposureError {
         cert: std::path::PathBuf,
         /// Why.
         #[source]
-        source: roam_auth::NameError,
+        source: Box<roam_auth::NameError>,
     },
     /// A TLS configuration could not be built.
     #[error("cannot build the TLS configuration")]
@@ -119,7 +119,7 @@ impl NodeAuth {
             .map_err(|source| ExposureError::WrongName {
                 name: cfg.name.clone(),
                 cert: id.files().cert.clone(),
-                source,
+                source: Box::new(source),
             })?;
         Ok(NodeAuth {
             identity: Some(id.clone()),

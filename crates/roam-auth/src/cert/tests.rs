@@ -1,7 +1,7 @@
 use std::path::Path;
 
 use super::*;
-use crate::{ClientTls, Identity, TlsFiles, ALPN_HTTP};
+use crate::{cert_names_node, ClientTls, Identity, TlsFiles, ALPN_HTTP};
 
 const YEAR: Validity = Validity { days: 365 };
 

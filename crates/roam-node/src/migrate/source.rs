@@ -183,7 +183,7 @@ async fn run(
         peer_cert,
     } = super::transport::connect(n, &info.migrate_addr, &info.name).await?;
     let peer = super::dest::handshake(n, &mut rd, &mut wr).await?;
-    super::transport::check_peer(&n, peer_cert.as_ref(), &peer.node)?;
+    super::transport::check_peer(n, peer_cert.as_ref(), &peer.node)?;
     let mut wr: Writer = match plan.rate {
         Some(r) => Box::new(roam_link::Shaped::new(wr, r)),
         None => Box::new(wr),
