@@ -15,6 +15,9 @@
 #   FUZZ_SECONDS    time per target (default 60)
 #   FUZZ_RSS_MB     memory limit per input (default 2048, libFuzzer's)
 #   FUZZ_TOOLCHAIN  rustup toolchain with -Z flags (default nightly)
+#   FUZZ_SANITIZER  address (default), leak, memory, thread or none (faster)
+#   FUZZ_PROJECT    the cargo-fuzz project to build and run (default fuzz);
+#                   corpora, seeds and artifacts stay under fuzz/
 #   FUZZ_DOC        where to write the table (default docs/fuzz.md; "-" for
 #                   none, e.g. when fuzzing a subset)
 set -euo pipefail
@@ -25,6 +28,8 @@ SECONDS_EACH="${FUZZ_SECONDS:-60}"
 RSS_MB="${FUZZ_RSS_MB:-2048}"
 TOOLCHAIN="${FUZZ_TOOLCHAIN:-nightly}"
 DOC="${FUZZ_DOC:-docs/fuzz.md}"
+SANITIZER="${FUZZ_SANITIZER:-address}"
+PROJECT="$(cd "${FUZZ_PROJECT:-fuzz}" && pwd)"
 
 die() { echo "fuzz.sh: error: $*" >&2; exit 1; }
 
@@ -35,7 +40,7 @@ cargo +"$TOOLCHAIN" fuzz --version >/dev/null 2>&1 ||
     die "cargo-fuzz is missing: cargo install cargo-fuzz --locked"
 
 # Every target, in the order of fuzz/Cargo.toml.
-mapfile -t ALL < <(sed -n '/^\[\[bin\]\]/,/^$/s/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml)
+mapfile -t ALL < <(sed -n '/^\[\[bin\]\]/,/^$/s/^name = "\(.*\)"$/\1/p' "$PROJECT/Cargo.toml")
 [[ ${#ALL[@]} -gt 0 ]] || die "no [[bin]] targets found in fuzz/Cargo.toml"
 if [[ $# -gt 0 ]]; then
     for t in "$@"; do
@@ -46,10 +51,10 @@ else
     TARGETS=("${ALL[@]}")
 fi
 
-echo "== building ${#ALL[@]} fuzz targets (release, debug assertions, AddressSanitizer)"
-(cd fuzz && cargo +"$TOOLCHAIN" fuzz build --debug-assertions)
+echo "== building ${#ALL[@]} fuzz targets (release, debug assertions, sanitizer: $SANITIZER)"
+(cd "$PROJECT" && cargo +"$TOOLCHAIN" fuzz build --debug-assertions --sanitizer "$SANITIZER")
 TRIPLE="$(rustc -vV | sed -n 's/^host: //p')"
-BIN_DIR="$ROOT/fuzz/target/$TRIPLE/release"
+BIN_DIR="$PROJECT/target/$TRIPLE/release"
 
 # ---- seeds made from the build, when it exists ------------------------------
 seed_from_build() {
@@ -152,7 +157,8 @@ artifacts/<target>/<file>\`.
 
 ## Last run
 
-$(uname -m), $(nproc) cores shared with other work, \`FUZZ_SECONDS=$SECONDS_EACH\`.
+$(uname -m), $(nproc) cores shared with other work, \`FUZZ_SECONDS=$SECONDS_EACH\`,
+sanitizer: $SANITIZER.
 Executions and coverage (libFuzzer's \`cov\`, edges reached) are libFuzzer's
 final figures; crashes counts new crash, leak, timeout and out-of-memory inputs.
 

@@ -4,6 +4,7 @@
 //! error or a message that re-encodes to the same value.
 #![no_main]
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
