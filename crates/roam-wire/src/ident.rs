@@ -307,6 +307,7 @@ mod tests {
             dirs: vec!["/data".into()],
             launched_unix_ms: 0,
             hops: 0,
+            max_memory: 64 << 20,
         };
         let offer = Offer {
             migration_id: "m-1".into(),

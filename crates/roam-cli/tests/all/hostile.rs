@@ -71,6 +71,7 @@ fn offer(cell_id: &str, migration_id: &str, dirs: &[&str]) -> Offer {
             dirs: dirs.iter().map(|d| d.to_string()).collect(),
             launched_unix_ms: 0,
             hops: 0,
+            max_memory: 64 << 20,
         },
         mode: Mode::StopAndCopy,
         module_len: 100,

@@ -87,6 +87,7 @@ fn a_module_that_does_not_match_the_offered_hash_is_refused() {
                 dirs: Vec::new(),
                 launched_unix_ms: 0,
                 hops: 0,
+                max_memory: 64 << 20,
             },
             mode: Mode::StopAndCopy,
             module_len: real.len() as u64,
@@ -164,6 +165,7 @@ fn a_destination_that_cannot_finish_says_why_and_frees_what_it_took() {
                 dirs: vec!["/data".into()],
                 launched_unix_ms: 0,
                 hops: 0,
+                max_memory: 64 << 20,
             },
             mode: Mode::StopAndCopy,
             module_len: module.len() as u64,
@@ -183,7 +185,6 @@ fn a_destination_that_cannot_finish_says_why_and_frees_what_it_took() {
         let fin = roam_wire::Final {
             snapshot: vec![9; 10],
             memory_bytes: 1 << 20,
-            log: Vec::new(),
         };
         send(&mut wr, &Msg::Final(Box::new(fin))).await.unwrap();
         match tokio::time::timeout(Duration::from_secs(60), recv(&mut rd)).await {
