@@ -85,7 +85,6 @@ pub struct NodeArgs {
     pub log_size: u64,
 }
 
-
 /// How a command authenticates to a node (`launch`, `cells`, `migrate`,
 /// `logs`, `kill`).
 #[derive(Args, Debug, Clone)]
@@ -105,7 +104,6 @@ pub struct AuthArgs {
     #[arg(long, env = "ROAM_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
 }
-
 
 /// A size flag (`64MiB`, `1GiB`, `4096`).
 pub fn size(s: &str) -> Result<u64, String> {

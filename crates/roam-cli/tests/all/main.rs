@@ -11,7 +11,7 @@ mod bigstate;
 mod cli;
 mod common;
 mod cross_isa;
-mod limits;
 mod hostile;
+mod limits;
 mod nodes;
 mod snapshot_errors;
