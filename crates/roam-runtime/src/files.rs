@@ -317,10 +317,10 @@ pub fn materialize_with(
     let mut last_parent: Option<(usize, String, Dir)> = None;
     for (e, &r) in tree.entries.iter().zip(&roots) {
         let host = preopens[r].host.join(&e.path);
-        if !open_roots.contains_key(&r) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = open_roots.entry(r) {
             let d = Dir::open_ambient_dir(&preopens[r].host, cap_std::ambient_authority())
                 .map_err(io(&preopens[r].host))?;
-            open_roots.insert(r, d);
+            slot.insert(d);
         }
         let (parent_rel, name) = e.path.rsplit_once('/').unwrap_or(("", &e.path));
         let cached = matches!(&last_parent, Some((lr, lp, _)) if *lr == r && lp == parent_rel);
