@@ -127,6 +127,9 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
     args.extend(a.args);
     runtime()?.block_on(async move {
         let c = client(&a.node, &a.auth)?;
+        // Ask the node first: a refused credential then reads as the
+        // node's answer, not as a broken pipe halfway through the upload.
+        c.node().await?;
         let m = c.upload_module(bytes).await?;
         let r = c
             .launch(&LaunchRequest {
