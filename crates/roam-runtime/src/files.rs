@@ -204,6 +204,7 @@ fn check(
     tree: &FileTree,
     preopens: &[Preopen],
     limits: &FileTreeLimits,
+    parents: Parents,
 ) -> Result<Vec<usize>, FilesError> {
     let count = tree.entries.len();
     if count > limits.max_entries {
@@ -281,6 +282,7 @@ fn check(
                 Some(FileKind::File { .. }) => {
                     return Err(bad(format!("its parent `{parent}` is a file entry")))
                 }
+                None if parents == Parents::OnDisk => {}
                 None => {
                     return Err(bad(format!(
                         "its parent `{parent}` is not an earlier directory entry of the tree"
@@ -311,7 +313,42 @@ pub fn materialize_with(
     preopens: &[Preopen],
     limits: &FileTreeLimits,
 ) -> Result<(), FilesError> {
-    let roots = check(tree, preopens, limits)?;
+    write_checked(tree, preopens, limits, Parents::InTree)
+}
+
+/// Where an entry's parent directory must come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parents {
+    /// An earlier `Dir` entry of the same tree (a whole tree at restore).
+    InTree,
+    /// The tree, or a real directory already beneath the root (entries
+    /// streamed one at a time by a migration). The writer opens every
+    /// component without following symlinks, so a parent that is missing
+    /// or is a symlink on disk fails the write instead of leaving the root.
+    OnDisk,
+}
+
+/// Write one entry of a tree that arrives entry by entry (a migration
+/// streams the sandbox files). The entry gets every check a whole tree
+/// gets, except that its parent may be a directory written earlier.
+pub fn materialize_entry(
+    entry: FileEntry,
+    preopens: &[Preopen],
+    limits: &FileTreeLimits,
+) -> Result<(), FilesError> {
+    let tree = FileTree {
+        entries: vec![entry],
+    };
+    write_checked(&tree, preopens, limits, Parents::OnDisk)
+}
+
+fn write_checked(
+    tree: &FileTree,
+    preopens: &[Preopen],
+    limits: &FileTreeLimits,
+    parents: Parents,
+) -> Result<(), FilesError> {
+    let roots = check(tree, preopens, limits, parents)?;
     let mut open_roots: HashMap<usize, Dir> = HashMap::new();
     let mut dirs: Vec<(usize, &FileEntry)> = Vec::new();
     let mut last_parent: Option<(usize, String, Dir)> = None;
@@ -459,6 +496,27 @@ mod tests {
         };
         let err = materialize(&tree, &preopen(dst.path())).unwrap_err();
         assert!(err.to_string().contains("/other"));
+    }
+
+    #[test]
+    fn streamed_entries_build_on_directories_written_before_but_never_through_a_symlink() {
+        let dst = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let p = preopen(dst.path());
+        let limits = FileTreeLimits::DEFAULT;
+        materialize_entry(entry("a", FileKind::Dir), &p, &limits).unwrap();
+        materialize_entry(file("a/f", b"streamed"), &p, &limits).unwrap();
+        assert_eq!(std::fs::read(dst.path().join("a/f")).unwrap(), b"streamed");
+        // A parent that is a symlink on disk is not followed.
+        std::os::unix::fs::symlink(outside.path(), dst.path().join("l")).unwrap();
+        materialize_entry(file("l/x", b"no"), &p, &limits).unwrap_err();
+        assert!(!outside.path().join("x").exists());
+        // A missing parent fails the write; nothing is created for it.
+        materialize_entry(file("missing/x", b"no"), &p, &limits).unwrap_err();
+        assert!(!dst.path().join("missing").exists());
+        // Each entry still gets the path checks.
+        let err = materialize_entry(file("../x", b"no"), &p, &limits).unwrap_err();
+        assert!(matches!(err, FilesError::Escape(_)), "{err}");
     }
 
     fn entry(path: &str, kind: FileKind) -> FileEntry {

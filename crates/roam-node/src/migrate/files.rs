@@ -29,7 +29,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cap_std::fs::{Dir, MetadataExt};
-use roam_snapshot::FileTree;
 use roam_wasi::Preopen;
 use roam_wire::{FileHeader, FileKind, Msg, CHUNK_MAX};
 
@@ -455,17 +454,21 @@ impl FileReceiver {
     }
 
     fn write(&self, h: &FileHeader, kind: roam_snapshot::FileKind) -> Result<(), String> {
-        let tree = FileTree {
-            entries: vec![roam_snapshot::FileEntry {
-                preopen: h.preopen.clone(),
-                path: h.path.clone(),
-                kind,
-                mode: h.mode,
-                mtime_ns: h.mtime_ns,
-            }],
+        let entry = roam_snapshot::FileEntry {
+            preopen: h.preopen.clone(),
+            path: h.path.clone(),
+            kind,
+            mode: h.mode,
+            mtime_ns: h.mtime_ns,
         };
-        roam_runtime::files::materialize(&tree, &self.preopens)
-            .map_err(|e| format!("cannot write {}{}: {e}", h.preopen, h.path))
+        // The node's caps are enforced per header as entries arrive; the
+        // per-entry checks and the no-symlink writing are the runtime's.
+        roam_runtime::files::materialize_entry(
+            entry,
+            &self.preopens,
+            &roam_runtime::files::FileTreeLimits::DEFAULT,
+        )
+        .map_err(|e| format!("cannot write {}/{}: {e}", h.preopen, h.path))
     }
 
     fn remove(&mut self, preopen: &str, path: &str) -> Result<(), String> {
