@@ -35,10 +35,10 @@ pub(crate) enum Verdict {
     Stay(String),
 }
 
-/// Decide after post-copy to `to` broke. `all_sent`: every data page of
+/// Decide after post-copy broke. `client` reaches the destination's
+/// control API with this node's credentials. `all_sent`: every data page of
 /// the cell went into the stream.
-pub(crate) async fn after_broken_post_copy(to: &str, cell: &str, all_sent: bool) -> Verdict {
-    let client = Client::new(to);
+pub(crate) async fn after_broken_post_copy(client: &Client, cell: &str, all_sent: bool) -> Verdict {
     let deadline = tokio::time::Instant::now() + POST_COPY_IDLE + Duration::from_secs(5);
     loop {
         let asked = tokio::time::timeout(Duration::from_secs(5), client.cell(cell)).await;

@@ -342,7 +342,7 @@ async fn run(
         use super::postfail::{after_broken_post_copy, Verdict};
         m.phase("post-copy broken");
         let all_sent = ctx.all_data_sent();
-        let verdict = after_broken_post_copy(&plan.req.to, &m.cell, all_sent).await;
+        let verdict = after_broken_post_copy(&dest_api, &m.cell, all_sent).await;
         tracing::warn!(migration = %m.id, cell = %m.cell, error = %e, ?verdict,
             "post-copy broke after the cell started on the destination");
         match verdict {
