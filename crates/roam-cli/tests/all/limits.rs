@@ -6,65 +6,16 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Output, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use super::common::*;
+pub(super) use super::nodes::{run_bounded, wait_for};
 
 /// Time allowed for anything that involves a node under qemu.
 pub(super) const SLOW: Duration = Duration::from_secs(300);
-
-/// Poll `f` every 100 ms until it gives a value; panic after `limit`.
-pub(super) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {} s waiting for {what}",
-            limit.as_secs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Run `cmd` to completion, killing it after `limit`.
-pub(super) fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
-    let (out, err) = (tempfile::tempfile().unwrap(), tempfile::tempfile().unwrap());
-    cmd.stdout(out.try_clone().unwrap())
-        .stderr(err.try_clone().unwrap());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} did not finish within {} s", limit.as_secs());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let read = |mut f: File| {
-        use std::io::Seek;
-        let mut v = Vec::new();
-        f.rewind().unwrap();
-        f.read_to_end(&mut v).unwrap();
-        v
-    };
-    Output {
-        status,
-        stdout: read(out),
-        stderr: read(err),
-    }
-}
 
 /// One HTTP/1.0 request: status and body.
 pub(super) fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
