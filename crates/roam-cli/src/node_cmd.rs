@@ -90,6 +90,7 @@ pub fn node(a: NodeArgs) -> Result<i32> {
             max_file_entries: a.max_file_entries,
             log_bytes: a.log_size,
         },
+        gateway: a.gateway,
     };
     runtime()?.block_on(async move {
         let node = Node::bind(cfg).await?;
@@ -138,6 +139,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 env,
                 dirs: a.dirs,
                 max_memory: a.max_memory,
+                service: a.service,
             })
             .await?;
         println!("{}", r.id);

@@ -226,6 +226,10 @@ async fn launch(
         return Err(bad("args must hold at least the program name"));
     }
     roam_wire::ident::check_guest_dirs(&req.dirs).map_err(|e| bad(e.to_string()))?;
+    if let Some(service) = &req.service {
+        roam_wire::ident::check_service_name(service).map_err(|e| bad(e.to_string()))?;
+        n.check_can_serve(service).map_err(bad)?;
+    }
     let id = new_id("c-");
     let max_memory = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
     let admission = crate::limits::admit(&n, &id, max_memory).map_err(|e| {
@@ -263,6 +267,7 @@ async fn launch(
             launched_unix_ms: unix_ms(),
             hops: 0,
             max_memory,
+            service: req.service,
         };
         tracing::info!(cell = %cid, program = %spec.args[0], max_memory, "launched");
         let log = Arc::new(CellLog::new(node.log_capacity()));
@@ -286,6 +291,7 @@ fn info(e: &CellEntry) -> CellInfo {
         log_dropped_bytes: e.log.dropped(),
         uptime_ms: unix_ms().saturating_sub(e.spec.launched_unix_ms),
         hops: e.spec.hops,
+        service: e.spec.service.clone(),
     }
 }
 

@@ -46,6 +46,9 @@ pub struct NodeConfig {
     pub insecure: bool,
     /// Caps on cells, memory, modules, files and logs.
     pub limits: crate::limits::NodeLimits,
+    /// The control address of the gateway this node reports its service
+    /// cells to (`host:port`). `None`: the node runs no service cells.
+    pub gateway: Option<String>,
 }
 
 /// State shared by every task of a node.
@@ -105,6 +108,30 @@ impl NodeInner {
     /// credentials.
     pub(crate) fn client(&self, addr: &str) -> Result<Client, ClientError> {
         Client::with_auth(addr, &self.auth.client)
+    }
+
+    /// Whether a cell serving `service` may run here: the node has a
+    /// gateway, and no other cell here serves the same service.
+    pub(crate) fn check_can_serve(&self, service: &str) -> Result<(), String> {
+        if self.cfg.gateway.is_none() {
+            return Err(format!(
+                "node {} has no gateway, so a cell serving `{service}` could not be reached: \
+                 start the node with roam node --gateway ADDR",
+                self.cfg.name
+            ));
+        }
+        let cells = self.cells();
+        let other = cells.values().find(|e| {
+            e.spec.service.as_deref() == Some(service)
+                && matches!(e.state, CellState::Running | CellState::Migrating)
+        });
+        match other {
+            Some(e) => Err(format!(
+                "cell {} already serves `{service}` on node {}: stop or move it first",
+                e.spec.id, self.cfg.name
+            )),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn features(&self) -> roam_wire::Features {
