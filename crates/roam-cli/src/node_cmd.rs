@@ -160,7 +160,7 @@ pub fn cells(a: CellsArgs) -> Result<i32> {
             return Ok(0);
         }
         println!(
-            "{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}",
+            "{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}  SERVICE",
             "CELL", "STATE", "PROGRAM", "MEMORY", "UPTIME", "HOPS"
         );
         for c in cells {
@@ -170,13 +170,14 @@ pub fn cells(a: CellsArgs) -> Result<i32> {
                 st = format!("{st}({code})");
             }
             println!(
-                "{:<16} {:<10} {:<24} {:>12} {:>9.1}s {:>5}",
+                "{:<16} {:<10} {:<24} {:>12} {:>9.1}s {:>5}  {}",
                 c.id,
                 st,
                 c.program,
                 mib(c.memory_bytes),
                 c.uptime_ms as f64 / 1000.0,
-                c.hops
+                c.hops,
+                c.service.as_deref().unwrap_or("-")
             );
         }
         Ok(0)

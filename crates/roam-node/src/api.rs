@@ -166,7 +166,8 @@ pub(crate) fn make_preopens(
         .collect()
 }
 
-/// Put a cell into the table with its handle. The caller then runs it.
+/// Put a cell into the table with its handle, and route its service's
+/// clients to it. The caller then runs it.
 pub(crate) fn register(
     n: &Arc<NodeInner>,
     spec: CellSpec,
@@ -177,12 +178,13 @@ pub(crate) fn register(
     n.cells().insert(
         spec.id.clone(),
         CellEntry {
-            spec,
+            spec: spec.clone(),
             state: CellState::Running,
             log,
             handle: Some(handle.clone()),
         },
     );
+    n.serve(&spec, handle.net.as_ref());
     handle
 }
 
@@ -251,6 +253,7 @@ async fn launch(
             args: req.args.clone(),
             env: req.env.clone(),
             preopens,
+            listeners: req.service.iter().cloned().collect(),
         };
         let opts = CellOptions {
             with_files: !req.dirs.is_empty(),

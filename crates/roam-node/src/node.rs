@@ -63,6 +63,9 @@ pub(crate) struct NodeInner {
     pub auth: NodeAuth,
     /// Cells admitted but not in `cells` yet (see [`crate::limits`]).
     pub pending: Arc<crate::limits::Pending>,
+    /// The link to the gateway (`--gateway`), told where service cells run
+    /// (see [`crate::service`]).
+    pub gateway: Option<roam_gateway::link::GatewayLink>,
 }
 
 /// A running node.
@@ -77,14 +80,25 @@ impl NodeInner {
         self.cells.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Set a cell's state, unless it already ended.
+    /// Set a cell's state, unless it already ended. A service cell that
+    /// stops being here (ended, or moved) leaves the gateway's routing.
     pub(crate) fn set_state(&self, id: &str, state: CellState) {
+        let mut left = None;
         if let Some(e) = self.cells().get_mut(id) {
             tracing::info!(cell = id, ?state, "cell state");
-            if !matches!(state, CellState::Running | CellState::Migrating) {
+            let here = |s: &CellState| matches!(s, CellState::Running | CellState::Migrating);
+            if !here(&state) {
                 e.handle = None;
+                if here(&e.state) && e.spec.service.is_some() {
+                    left = Some(e.spec.clone());
+                }
             }
-            e.state = state;
+            e.state = state.clone();
+        }
+        match (left, state) {
+            (Some(spec), CellState::Moved { .. }) => self.release_service(&spec),
+            (Some(spec), _) => self.unserve(&spec),
+            (None, _) => {}
         }
     }
 
@@ -185,6 +199,7 @@ impl Node {
         cfg.listen = control.local_addr()?;
         let migrate_addr = migrate.local_addr()?;
         let store = Arc::new(ChunkStore::new(cfg.chunk_store_bytes));
+        let gateway = crate::service::connect(&cfg)?;
         let inner = Arc::new(NodeInner {
             cfg,
             rt,
@@ -195,6 +210,7 @@ impl Node {
             store,
             auth,
             pending: Arc::default(),
+            gateway,
         });
         Ok(Node {
             inner,
@@ -240,6 +256,7 @@ impl Node {
             tls = inner.auth.control.is_some(),
             token = inner.auth.token.is_some(),
             userfaultfd = inner.features().userfaultfd,
+            gateway = inner.cfg.gateway.as_deref().unwrap_or("none"),
             "node up"
         );
         let acceptor = tokio::spawn(crate::migrate::dest::accept_loop(inner.clone(), migrate));
