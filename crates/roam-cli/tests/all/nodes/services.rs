@@ -41,7 +41,7 @@ impl Gateway {
         let mut cmd = roam(Isa::X86_64);
         cmd.arg("gateway")
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--service", SERVICE, "--control", &control])
+            .args(["--service", SERVICE, "--resp", "--control", &control])
             .args(["--wait-timeout", "120"])
             .env("ROAM_LOG", "info")
             .stdout(Stdio::null())
