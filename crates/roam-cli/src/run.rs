@@ -83,6 +83,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         args,
         env: parse_env(&a.env)?,
         preopens: parse_dirs(&a.cell.dirs)?,
+        listeners: Vec::new(),
     };
     let cell = Cell::start(&rt, module, cfg, cell_options(&a.cell)?)?;
     let path = a.cell.snapshot.clone().unwrap_or_else(|| {

@@ -10,6 +10,7 @@ pub(crate) mod fdstat;
 pub(crate) mod path;
 pub(crate) mod poll;
 pub(crate) mod readdir;
+pub(crate) mod sock;
 
 use crate::ctx::{FdEntry, Handle, WasiCtx};
 use crate::errno::Errno;
