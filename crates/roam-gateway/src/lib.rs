@@ -15,6 +15,7 @@
 //! `docs/gateway.md` has the diagrams, limits and failure rules.
 #![deny(missing_docs)]
 
+pub mod link;
 pub mod proto;
 pub mod server;
 
