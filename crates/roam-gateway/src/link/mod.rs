@@ -258,7 +258,11 @@ impl GatewayLink {
                 gone.hub.set_notify(Arc::new(|| {}));
             }
             s.conns.retain(|_, svc| svc != service);
-            tracing::info!(service, cell, "gateway link: released (the cell moved away)");
+            tracing::info!(
+                service,
+                cell,
+                "gateway link: released (the cell moved away)"
+            );
         }
     }
 

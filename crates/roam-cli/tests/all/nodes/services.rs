@@ -52,7 +52,10 @@ impl Gateway {
         let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
         wait_for("the gateway to listen", Duration::from_secs(30), || {
             if let Some(st) = child.try_wait().unwrap() {
-                panic!("the gateway exited ({st}) before listening:\n{}", read_log());
+                panic!(
+                    "the gateway exited ({st}) before listening:\n{}",
+                    read_log()
+                );
             }
             TcpStream::connect(&control).ok()
         });
@@ -329,7 +332,9 @@ fn failed_moves_leave_the_clients_served_by_the_source() {
     let id = launch_kv(&a, &gw);
     let writer = Writer::start(gw.port, LEN, 6000, 10_000_000);
     let bench = BenchLoop::start(gw.port);
-    wait_for("6000 keys", SLOW, || (writer.written() >= 6000).then_some(()));
+    wait_for("6000 keys", SLOW, || {
+        (writer.written() >= 6000).then_some(())
+    });
     let slow = ["--bandwidth", "20mbit", "--codec", "none"];
 
     // The link to b is cut once 2 MiB went through.

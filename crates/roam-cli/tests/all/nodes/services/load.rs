@@ -112,13 +112,16 @@ fn write_keys(
             Ok(replies) => {
                 for (k, r) in replies.iter().enumerate() {
                     if *r != Reply::Simple("OK".into()) {
-                        w.errors
-                            .push(format!("writer: SET w:{} answered {r:?}", w.count + k as u64));
+                        w.errors.push(format!(
+                            "writer: SET w:{} answered {r:?}",
+                            w.count + k as u64
+                        ));
                     }
                 }
             }
             Err(e) => {
-                w.errors.push(format!("writer: SET batch at w:{}: {e}", w.count));
+                w.errors
+                    .push(format!("writer: SET batch at w:{}: {e}", w.count));
                 return w;
             }
         }
@@ -218,7 +221,8 @@ fn bench_runs(port: u16, stop: &AtomicBool, runs: &Mutex<u64>) -> Benched {
                 *runs.lock().unwrap() = b.runs;
             }
             Err(e) => {
-                b.errors.push(format!("redis-benchmark run {}: {e}", b.runs + 1));
+                b.errors
+                    .push(format!("redis-benchmark run {}: {e}", b.runs + 1));
                 return b;
             }
         }
@@ -320,7 +324,10 @@ fn digest_of_nothing_is_zero_and_order_does_not_matter() {
     };
     let keys = bench_keys(&bench, b"xxx");
     assert_eq!(
-        format!("{:016x}", digest(keys.iter().map(|(k, v)| (&k[..], &v[..])))),
+        format!(
+            "{:016x}",
+            digest(keys.iter().map(|(k, v)| (&k[..], &v[..])))
+        ),
         "0e61c393da700d5c"
     );
     let (a, one): (&[u8], &[u8]) = (b"a", b"1");

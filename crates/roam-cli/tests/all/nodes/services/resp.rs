@@ -62,7 +62,10 @@ impl Conn {
     }
 
     /// Send every command at once, then read their replies in order.
-    pub(crate) fn pipeline<A: AsRef<[u8]>>(&mut self, cmds: &[Vec<A>]) -> std::io::Result<Vec<Reply>> {
+    pub(crate) fn pipeline<A: AsRef<[u8]>>(
+        &mut self,
+        cmds: &[Vec<A>],
+    ) -> std::io::Result<Vec<Reply>> {
         let mut buf = Vec::new();
         for c in cmds {
             Conn::encode(&mut buf, c);
@@ -101,7 +104,10 @@ impl Conn {
         Ok(match t {
             "+" => Reply::Simple(rest.into()),
             "-" => Reply::Error(rest.into()),
-            ":" => Reply::Int(rest.parse().map_err(|_| bad(format!("bad integer {rest:?}")))?),
+            ":" => Reply::Int(
+                rest.parse()
+                    .map_err(|_| bad(format!("bad integer {rest:?}")))?,
+            ),
             "$" => match Conn::len(rest)? {
                 n if n < 0 => Reply::Bulk(None),
                 n => {
