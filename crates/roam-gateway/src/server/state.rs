@@ -45,6 +45,8 @@ pub(crate) struct Conn {
     pub up_sent: u64,
     pub up_eof: Option<u64>,
     pub eof_sent: bool,
+    /// Room promised to the reader's current read (counted in the total).
+    pub reserved: usize,
     pub down: VecDeque<u8>,
     pub down_base: u64,
     pub down_shut: Option<u64>,
@@ -134,6 +136,9 @@ pub(crate) struct State {
     pub links: HashMap<LinkId, LinkHandle>,
     /// Client->cell bytes buffered, all connections.
     pub total_up: usize,
+    /// Room promised to reads in progress; `total_up + reserved` never
+    /// exceeds the total buffer.
+    pub reserved: usize,
     /// Readers waiting for room under the total cap.
     pub blocked_total: HashSet<ConnId>,
     next_conn: u64,
@@ -162,6 +167,7 @@ impl State {
             conns: HashMap::new(),
             links: HashMap::new(),
             total_up: 0,
+            reserved: 0,
             blocked_total: HashSet::new(),
             next_conn: u64::from(base) << 32 | 1,
             next_link: 1,
@@ -219,6 +225,7 @@ impl State {
             up_sent: 0,
             up_eof: None,
             eof_sent: false,
+            reserved: 0,
             down: VecDeque::new(),
             down_base: 0,
             down_shut: None,
@@ -295,8 +302,16 @@ impl State {
         c.eof_sent |= eof.is_some();
     }
 
-    /// Bytes from the client.
+    fn unreserve(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            self.reserved -= c.reserved;
+            c.reserved = 0;
+        }
+    }
+
+    /// Bytes from the client (at most what [`State::read_room`] promised).
     pub fn client_data(&mut self, id: ConnId, bytes: &[u8]) {
+        self.unreserve(id);
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
@@ -305,21 +320,30 @@ impl State {
         self.pump(id);
     }
 
-    /// Room for the client's next read (0: wait).
+    /// Room for the client's next read (0: wait), promised to it until
+    /// its bytes arrive: concurrent reads cannot overshoot the total.
     pub fn read_room(&mut self, id: ConnId) -> usize {
-        let Some(c) = self.conns.get(&id) else {
+        self.unreserve(id);
+        let Some(c) = self.conns.get_mut(&id) else {
             return 0;
         };
         let own = self.limits.conn_buffer.saturating_sub(c.up.len());
-        let total = self.limits.total_buffer.saturating_sub(self.total_up);
+        let total = self
+            .limits
+            .total_buffer
+            .saturating_sub(self.total_up + self.reserved);
         if total == 0 {
             self.blocked_total.insert(id);
         }
-        own.min(total).min(MAX_DATA)
+        let room = own.min(total).min(MAX_DATA);
+        c.reserved = room;
+        self.reserved += room;
+        room
     }
 
     /// The client shut its write side.
     pub fn client_eof(&mut self, id: ConnId) {
+        self.unreserve(id);
         if let Some(c) = self.conns.get_mut(&id) {
             c.up_eof = Some(c.up_end());
             self.pump(id);
@@ -332,6 +356,7 @@ impl State {
             return;
         };
         self.total_up -= c.up.len();
+        self.reserved -= c.reserved;
         self.blocked_total.remove(&id);
         c.wake.read.notify_one();
         c.wake.write.notify_one();
@@ -344,7 +369,7 @@ impl State {
     }
 
     fn release_total(&mut self) {
-        if self.total_up < self.limits.total_buffer {
+        if self.total_up + self.reserved < self.limits.total_buffer {
             for id in self.blocked_total.drain() {
                 if let Some(c) = self.conns.get(&id) {
                     c.wake.read.notify_one();
@@ -655,6 +680,22 @@ impl State {
                 generation,
                 "Unserve for a route that is no longer current; ignored"
             );
+            return;
+        }
+        if s.held {
+            // Unserve after Hold: the cell has left this node (it moved, or
+            // is moving). Keep holding the clients for the destination's
+            // Serve, which may arrive on its own link after this, up to the
+            // wait timeout.
+            tracing::info!(
+                service,
+                cell,
+                "service left its node during a hold; waiting for the destination"
+            );
+            if let Some(r) = s.route.as_mut() {
+                r.link = None;
+            }
+            s.detached_since = Some(Instant::now());
             return;
         }
         tracing::info!(
