@@ -8,6 +8,7 @@
 mod args;
 mod cert;
 mod inspect;
+mod listen;
 mod node_args;
 mod node_cmd;
 mod prepare;

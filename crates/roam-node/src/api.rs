@@ -247,6 +247,7 @@ async fn launch(
             args: req.args.clone(),
             env: req.env.clone(),
             preopens,
+            listeners: Vec::new(),
         };
         let opts = CellOptions {
             with_files: !req.dirs.is_empty(),

@@ -339,6 +339,14 @@ impl Cell {
         self.store.data_mut().wasi.set_output(sink);
     }
 
+    /// The hub a network backend uses to serve this cell's listeners and
+    /// connections (`None` without listeners). For a restored cell it holds
+    /// the restored connections; the backend calls `resume_points` (behind a
+    /// gateway) or `reset_all` (standalone) before running the cell.
+    pub fn net(&self) -> Option<Arc<roam_wasi::net::NetHub>> {
+        self.store.data().wasi.net()
+    }
+
     /// The module this cell runs.
     pub fn module(&self) -> &Arc<LoadedModule> {
         &self.module

@@ -4,6 +4,7 @@
 //! `save` can turn into plain data and `restore` can rebuild on another host.
 
 use crate::interrupt::Interrupt;
+use crate::net::{ConnId, NetHub};
 use crate::types::rights;
 use cap_std::fs::{Dir, File};
 use std::collections::BTreeMap;
@@ -29,6 +30,9 @@ pub struct WasiConfig {
     pub env: Vec<(String, String)>,
     /// Preopened directories, given fds 3, 4, ... in order.
     pub preopens: Vec<Preopen>,
+    /// Listening sockets, by label (a service name behind a gateway, the
+    /// address standalone), given the fds after the preopens, in order.
+    pub listeners: Vec<String>,
 }
 
 /// Why [`WasiCtx::new`] failed.
@@ -48,6 +52,12 @@ pub enum SetupError {
     /// A guest path was empty or contained NUL.
     #[error("guest path {0:?} for a preopen is invalid: give a non-empty path without NUL bytes")]
     BadGuestPath(String),
+    /// A listener label is empty, too long, contains NUL, or repeats.
+    #[error("listener label {0:?} is invalid: give distinct labels of 1 to {max} bytes without NUL", max = crate::net::MAX_LABEL_LEN)]
+    BadListener(String),
+    /// More listeners than a cell may have.
+    #[error("{0} listeners requested; a cell may have at most {max}", max = crate::net::MAX_LISTENERS)]
+    TooManyListeners(usize),
 }
 
 /// Receives what a guest writes to stdout and stderr, for embedders that
@@ -131,12 +141,18 @@ pub(crate) enum Handle {
     Stderr,
     Dir(Dir),
     File(File),
+    /// Listener number n of the net state.
+    Listener(u32),
+    /// An accepted connection.
+    Socket(ConnId),
 }
 
 /// How an fd came to be: what `restore` needs to recreate it.
 #[derive(Debug, Clone)]
 pub(crate) enum Origin {
     Stdio,
+    /// A listener or connection; the handle says which.
+    Net,
     Preopen(u32),
     Path {
         preopen: u32,
@@ -181,12 +197,30 @@ impl FdEntry {
             fdflags: 0,
         }
     }
+    pub(crate) fn listener(index: u32) -> FdEntry {
+        FdEntry {
+            handle: Handle::Listener(index),
+            origin: Origin::Net,
+            rights_base: rights::LISTENER,
+            rights_inheriting: rights::SOCKET,
+            fdflags: 0,
+        }
+    }
+    pub(crate) fn socket(conn: ConnId) -> FdEntry {
+        FdEntry {
+            handle: Handle::Socket(conn),
+            origin: Origin::Net,
+            rights_base: rights::SOCKET,
+            rights_inheriting: 0,
+            fdflags: 0,
+        }
+    }
     /// The preopen index and the path relative to it, for directories.
     pub(crate) fn dir_location(&self) -> Option<(u32, &str)> {
         match &self.origin {
             Origin::Preopen(p) => Some((*p, "")),
             Origin::Path { preopen, path, .. } => Some((*preopen, path)),
-            Origin::Stdio => None,
+            Origin::Stdio | Origin::Net => None,
         }
     }
 }
@@ -203,6 +237,8 @@ pub struct WasiCtx {
     pub(crate) interrupt: Arc<Interrupt>,
     pub(crate) stdout: Sink,
     pub(crate) stderr: Sink,
+    /// The cell's sockets, when it has listeners (or restored connections).
+    pub(crate) net: Option<Arc<NetHub>>,
 }
 
 /// Opens the host directory of a preopen (the one place ambient authority is used).
@@ -228,6 +264,24 @@ impl WasiCtx {
             })?;
             fds.insert(3 + i as u32, FdEntry::preopen(dir, i as u32));
         }
+        if cfg.listeners.len() > crate::net::MAX_LISTENERS {
+            return Err(SetupError::TooManyListeners(cfg.listeners.len()));
+        }
+        for (i, l) in cfg.listeners.iter().enumerate() {
+            let repeated = cfg.listeners[..i].contains(l);
+            if repeated || crate::net::check_label("listener label", l, false).is_err() {
+                return Err(SetupError::BadListener(l.clone()));
+            }
+            let fd = 3 + (cfg.preopens.len() + i) as u32;
+            fds.insert(fd, FdEntry::listener(i as u32));
+        }
+        let net = if cfg.listeners.is_empty() {
+            None
+        } else {
+            let hub = NetHub::new(&cfg.listeners);
+            hub.attach(interrupt.clone());
+            Some(hub)
+        };
         let start = host_monotonic_ns();
         Ok(WasiCtx {
             args: cfg.args,
@@ -239,7 +293,15 @@ impl WasiCtx {
             interrupt,
             stdout: Sink::Inherit,
             stderr: Sink::Inherit,
+            net,
         })
+    }
+
+    /// The hub a network backend uses to feed and drain this cell's
+    /// connections (`None` for a program without listeners). After
+    /// [`WasiCtx::restore`] it is the restored hub, connections included.
+    pub fn net(&self) -> Option<Arc<NetHub>> {
+        self.net.clone()
     }
 
     /// The preopens, in fd order, with this machine's host paths.

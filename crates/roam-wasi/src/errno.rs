@@ -19,6 +19,7 @@ impl Errno {
     pub const AGAIN: Errno = Errno(6);
     pub const BADF: Errno = Errno(8);
     pub const BUSY: Errno = Errno(10);
+    pub const CONNRESET: Errno = Errno(15);
     pub const EXIST: Errno = Errno(20);
     pub const FAULT: Errno = Errno(21);
     pub const FBIG: Errno = Errno(22);
@@ -36,6 +37,7 @@ impl Errno {
     pub const NOMEM: Errno = Errno(48);
     pub const NOSPC: Errno = Errno(51);
     pub const NOSYS: Errno = Errno(52);
+    pub const NOTCONN: Errno = Errno(53);
     pub const NOTDIR: Errno = Errno(54);
     pub const NOTEMPTY: Errno = Errno(55);
     pub const NOTSOCK: Errno = Errno(57);

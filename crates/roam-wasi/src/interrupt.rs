@@ -4,6 +4,11 @@
 //! the runtime) while the guest sits in a blocking WASI call. Blocking calls
 //! wait in short slices on this object, so a request wakes them promptly and
 //! they can hand control to the runtime to unwind the guest stack.
+//!
+//! The same object carries *kicks*: a network backend delivering bytes to a
+//! cell kicks its interrupt so a guest waiting in accept, recv or poll looks
+//! again at once instead of at the end of its slice. A kick never asks for
+//! a checkpoint.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -12,9 +17,15 @@ use std::time::{Duration, Instant};
 /// Wakes blocking calls when a checkpoint is requested.
 #[derive(Debug, Default)]
 pub struct Interrupt {
-    requested: Mutex<bool>,
+    requested: Mutex<Flags>,
     cond: Condvar,
     on_block: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Flags {
+    requested: bool,
+    kicks: u64,
 }
 
 impl Interrupt {
@@ -29,24 +40,68 @@ impl Interrupt {
             .requested
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        *g = true;
+        g.requested = true;
         self.cond.notify_all();
+    }
+
+    /// Wake every waiter without requesting a checkpoint (new input for
+    /// the guest). Waiters started with [`Interrupt::kicks`] see the change.
+    pub fn kick(&self) {
+        let mut g = self
+            .requested
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        g.kicks = g.kicks.wrapping_add(1);
+        self.cond.notify_all();
+    }
+
+    /// How many kicks so far; read it *before* checking for input, then
+    /// pass it to [`Interrupt::wait_kick`] so no kick is lost in between.
+    pub fn kicks(&self) -> u64 {
+        self.requested
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .kicks
+    }
+
+    /// Wait up to `dur`, until requested, or until a kick after `seen`;
+    /// true if a checkpoint was requested.
+    pub fn wait_kick(&self, seen: u64, dur: Duration) -> bool {
+        let deadline = Instant::now() + dur;
+        let mut g = self
+            .requested
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if g.requested {
+                return true;
+            }
+            let now = Instant::now();
+            if g.kicks != seen || now >= deadline {
+                return false;
+            }
+            g = self
+                .cond
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// Withdraw a request (the runtime does this once it has acted on it).
     pub fn clear(&self) {
-        *self
-            .requested
+        self.requested
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = false;
+            .unwrap_or_else(PoisonError::into_inner)
+            .requested = false;
     }
 
     /// Whether a checkpoint has been requested and not yet cleared.
     pub fn is_requested(&self) -> bool {
-        *self
-            .requested
+        self.requested
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .requested
     }
 
     /// Ask for a checkpoint the next time the program would block.
@@ -67,7 +122,7 @@ impl Interrupt {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         loop {
-            if *g {
+            if g.requested {
                 return true;
             }
             let now = Instant::now();
@@ -112,6 +167,25 @@ mod tests {
         i.clear();
         assert!(!i.is_requested());
         assert!(!i.wait(Duration::ZERO));
+    }
+
+    #[test]
+    fn kick_wakes_without_requesting() {
+        let i = Interrupt::new();
+        let seen = i.kicks();
+        let j = i.clone();
+        let h = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(20));
+            j.kick();
+        });
+        assert!(!i.wait_kick(seen, Duration::from_secs(30)));
+        assert_ne!(i.kicks(), seen);
+        assert!(!i.is_requested());
+        h.join().unwrap();
+        // A kick that happened before the wait is not lost.
+        let seen = i.kicks();
+        i.kick();
+        assert!(!i.wait_kick(seen, Duration::from_secs(30)));
     }
 
     #[test]

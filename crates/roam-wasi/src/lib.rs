@@ -13,6 +13,10 @@
 //! requested they return through [`WasiView::suspend`] without side effects,
 //! so the embedder can unwind the guest and the call is simply repeated after
 //! a restore.
+//!
+//! Sockets are virtual ([`net`]): a cell's listeners and connections are
+//! plain data in its OS state, fed and drained by a host-side backend
+//! through a [`net::NetHub`], so a server moves with its clients' bytes.
 #![deny(missing_docs)]
 
 mod ctx;
@@ -20,6 +24,7 @@ mod errno;
 mod interrupt;
 mod linker;
 mod mem;
+pub mod net;
 mod ops;
 mod snapshot;
 mod state;

@@ -6,6 +6,7 @@
 
 use crate::ctx::{open_preopen, Clock, FdEntry, Handle, Origin, Preopen, Sink, WasiCtx};
 use crate::interrupt::Interrupt;
+use crate::net::NetHub;
 use crate::state::{FdKind, FdState, OsState};
 use cap_std::fs::{Dir, OpenOptions};
 use rustix::fs::SeekFrom;
@@ -98,6 +99,8 @@ impl WasiCtx {
                 (Handle::Stdin, _) => FdKind::Stdin,
                 (Handle::Stdout, _) => FdKind::Stdout,
                 (Handle::Stderr, _) => FdKind::Stderr,
+                (Handle::Listener(l), _) => FdKind::Listener { listener: *l },
+                (Handle::Socket(c), _) => FdKind::Socket { conn: *c },
                 (_, Origin::Preopen(p)) => FdKind::PreopenDir { preopen: *p },
                 (Handle::Dir(_), Origin::Path { preopen, path, .. }) => FdKind::Dir {
                     preopen: *preopen,
@@ -130,7 +133,7 @@ impl WasiCtx {
                     }
                 }
                 // A Dir/File handle always has a preopen or path origin.
-                (_, Origin::Stdio) => continue,
+                (_, Origin::Stdio | Origin::Net) => continue,
             };
             fds.push(FdState {
                 fd,
@@ -148,6 +151,7 @@ impl WasiCtx {
             fds,
             monotonic_ns: self.clock.now_ns(),
             start_monotonic_ns: self.start_monotonic_ns,
+            net: self.net.as_ref().map(|h| h.state()).unwrap_or_default(),
         })
     }
 
@@ -194,6 +198,8 @@ impl WasiCtx {
                 FdKind::Stdin => (Handle::Stdin, Origin::Stdio),
                 FdKind::Stdout => (Handle::Stdout, Origin::Stdio),
                 FdKind::Stderr => (Handle::Stderr, Origin::Stdio),
+                FdKind::Listener { listener } => (Handle::Listener(listener), Origin::Net),
+                FdKind::Socket { conn } => (Handle::Socket(conn), Origin::Net),
                 FdKind::PreopenDir { preopen } => {
                     let d = root(preopen)?
                         .try_clone()
@@ -260,6 +266,13 @@ impl WasiCtx {
             tracing::debug!(fd = f.fd, origin = ?entry.origin, "restored fd");
             fds.insert(f.fd, entry);
         }
+        let net = if state.net.listeners.is_empty() && state.net.conns.is_empty() {
+            None
+        } else {
+            let hub = NetHub::from_state(state.net);
+            hub.attach(interrupt.clone());
+            Some(hub)
+        };
         Ok(WasiCtx {
             args: state.args,
             env: state.env,
@@ -270,6 +283,7 @@ impl WasiCtx {
             interrupt,
             stdout: Sink::Inherit,
             stderr: Sink::Inherit,
+            net,
         })
     }
 }

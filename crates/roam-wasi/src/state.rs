@@ -3,16 +3,20 @@
 //! Exists because a snapshot taken on one machine must rebuild the guest's
 //! view of the OS on another (different ISA, different host paths). Nothing
 //! here names a host path or a host fd: files are recorded by preopen index +
-//! path relative to that preopen, stdio as stdio. `encode` prefixes a version
-//! byte so the format can evolve; `decode` treats its input as untrusted.
+//! path relative to that preopen, stdio as stdio, sockets as virtual
+//! connections ([`NetState`]). `encode` prefixes a version byte so the format
+//! can evolve; `decode` treats its input as untrusted and still reads
+//! version 1 (before sockets).
 
+use crate::net::{NetState, MAX_CONNS, MAX_WINDOW};
 use serde::{Deserialize, Serialize};
 
 /// Version byte written by [`OsState::encode`].
-pub const OS_STATE_VERSION: u8 = 1;
+pub const OS_STATE_VERSION: u8 = 2;
 
-/// Largest encoded state [`OsState::decode`] accepts (bounds allocation).
-pub const MAX_ENCODED_LEN: usize = 16 << 20;
+/// Largest encoded state [`OsState::decode`] accepts: 16 MiB of fd table and
+/// the connection buffers at their limits.
+pub const MAX_ENCODED_LEN: usize = (16 << 20) + 2 * MAX_CONNS * MAX_WINDOW as usize;
 
 /// Everything the guest can observe of the OS layer, as plain data.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -29,6 +33,19 @@ pub struct OsState {
     pub monotonic_ns: u64,
     /// The monotonic reading when the program started; cputime clocks count from it.
     pub start_monotonic_ns: u64,
+    /// Listeners and connections (empty for a program without sockets).
+    pub net: NetState,
+}
+
+/// Version 1 of [`OsState`], before sockets.
+#[derive(Deserialize)]
+struct OsStateV1 {
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    preopens: Vec<String>,
+    fds: Vec<FdState>,
+    monotonic_ns: u64,
+    start_monotonic_ns: u64,
 }
 
 /// One entry of the fd table.
@@ -82,6 +99,16 @@ pub enum FdKind {
         /// File offset at save time.
         offset: u64,
     },
+    /// A listening socket (version 2).
+    Listener {
+        /// Index into [`NetState::listeners`].
+        listener: u32,
+    },
+    /// An accepted connection (version 2).
+    Socket {
+        /// Its id in [`NetState::conns`].
+        conn: u64,
+    },
 }
 
 /// Why [`OsState::decode`] refused its input.
@@ -96,7 +123,7 @@ pub enum StateDecodeError {
     )]
     TooLarge(usize),
     /// Written by a different format version.
-    #[error("OS state version {found} is not supported (this build reads version {OS_STATE_VERSION}); restore with a matching roam")]
+    #[error("OS state version {found} is not supported (this build reads versions 1 to {OS_STATE_VERSION}); restore with a matching roam")]
     UnsupportedVersion {
         /// The version byte found.
         found: u8,
@@ -128,10 +155,23 @@ impl OsState {
         if bytes.len() > MAX_ENCODED_LEN {
             return Err(StateDecodeError::TooLarge(bytes.len()));
         }
-        if version != OS_STATE_VERSION {
-            return Err(StateDecodeError::UnsupportedVersion { found: version });
-        }
-        let (state, rest): (OsState, _) = postcard::take_from_bytes(body)?;
+        let (state, rest) = match version {
+            1 => {
+                let (v1, rest): (OsStateV1, _) = postcard::take_from_bytes(body)?;
+                let state = OsState {
+                    args: v1.args,
+                    env: v1.env,
+                    preopens: v1.preopens,
+                    fds: v1.fds,
+                    monotonic_ns: v1.monotonic_ns,
+                    start_monotonic_ns: v1.start_monotonic_ns,
+                    net: NetState::default(),
+                };
+                (state, rest)
+            }
+            OS_STATE_VERSION => postcard::take_from_bytes::<OsState>(body)?,
+            found => return Err(StateDecodeError::UnsupportedVersion { found }),
+        };
         if !rest.is_empty() {
             return Err(StateDecodeError::TrailingBytes(rest.len()));
         }
@@ -163,6 +203,65 @@ impl OsState {
         }
         if self.start_monotonic_ns > self.monotonic_ns {
             return bad("program start lies after the save time".into());
+        }
+        self.net.validate().map_err(StateDecodeError::Invalid)?;
+        self.validate_socket_fds()
+    }
+
+    /// Every socket fd names a live connection or open listener, and every
+    /// accepted, unclosed connection and open listener has exactly one fd.
+    fn validate_socket_fds(&self) -> Result<(), StateDecodeError> {
+        let bad = |m: String| Err(StateDecodeError::Invalid(m));
+        let mut listener_fds = vec![0u32; self.net.listeners.len()];
+        let mut conn_fds = vec![0u32; self.net.conns.len()];
+        for f in &self.fds {
+            match f.kind {
+                FdKind::Listener { listener } => {
+                    let ok = self
+                        .net
+                        .listeners
+                        .get(listener as usize)
+                        .is_some_and(|l| l.open);
+                    if !ok {
+                        return bad(format!(
+                            "fd {} refers to listener {listener}, which is not open",
+                            f.fd
+                        ));
+                    }
+                    listener_fds[listener as usize] += 1;
+                }
+                FdKind::Socket { conn } => {
+                    let at = self.net.find(conn).filter(|&at| {
+                        let c = &self.net.conns[at];
+                        c.accepted && !c.closed
+                    });
+                    let Some(at) = at else {
+                        return bad(format!(
+                            "fd {} refers to connection {conn}, which is not an open accepted connection",
+                            f.fd
+                        ));
+                    };
+                    conn_fds[at] += 1;
+                }
+                _ => {}
+            }
+        }
+        for (i, l) in self.net.listeners.iter().enumerate() {
+            if l.open && listener_fds[i] != 1 {
+                return bad(format!(
+                    "open listener {i} has {} fds, not exactly one",
+                    listener_fds[i]
+                ));
+            }
+        }
+        for (at, c) in self.net.conns.iter().enumerate() {
+            let want = u32::from(c.accepted && !c.closed);
+            if conn_fds[at] != want {
+                return bad(format!(
+                    "connection {} has {} fds, expected {want}",
+                    c.conn, conn_fds[at]
+                ));
+            }
         }
         Ok(())
     }
@@ -209,6 +308,7 @@ mod tests {
             ],
             monotonic_ns: 1_000,
             start_monotonic_ns: 10,
+            net: NetState::default(),
         }
     }
 
@@ -255,6 +355,85 @@ mod tests {
             OsState::decode(&s.encode()),
             Err(StateDecodeError::Invalid(_))
         ));
+    }
+
+    /// A state with a listener fd, an accepted connection's fd, and a
+    /// connection waiting in the backlog.
+    fn with_net() -> OsState {
+        let mut s = sample();
+        s.net = crate::net::tests::sample_state();
+        let fd = |fd, kind| FdState {
+            fd,
+            kind,
+            rights_base: 0,
+            rights_inheriting: 0,
+            fdflags: 0,
+        };
+        s.fds.push(fd(5, FdKind::Listener { listener: 0 }));
+        s.fds.push(fd(6, FdKind::Listener { listener: 1 }));
+        s.fds.push(fd(7, FdKind::Socket { conn: 7 }));
+        s
+    }
+
+    #[test]
+    fn net_state_round_trips_and_is_cross_checked() {
+        let s = with_net();
+        assert_eq!(OsState::decode(&s.encode()).unwrap(), s);
+        let invalid = |f: &dyn Fn(&mut OsState), want: &str| {
+            let mut t = with_net();
+            f(&mut t);
+            let e = OsState::decode(&t.encode()).unwrap_err();
+            assert!(
+                matches!(&e, StateDecodeError::Invalid(m) if m.contains(want)),
+                "expected {want:?}: {e}"
+            );
+        };
+        invalid(
+            &|t| t.fds[5].kind = FdKind::Socket { conn: 8 },
+            "not an open accepted",
+        );
+        invalid(
+            &|t| t.fds[5].kind = FdKind::Socket { conn: 99 },
+            "not an open accepted",
+        );
+        invalid(
+            &|t| t.fds[3].kind = FdKind::Listener { listener: 9 },
+            "not open",
+        );
+        invalid(
+            &|t| t.fds[4].kind = FdKind::Listener { listener: 0 },
+            "fds, not exactly one",
+        );
+        invalid(&|t| drop(t.fds.pop()), "expected 1");
+        invalid(&|t| t.net.conns[0].closed = true, "not an open accepted");
+        invalid(&|t| t.net.window = 0, "window");
+    }
+
+    #[test]
+    fn version_1_states_still_decode() {
+        #[derive(Serialize)]
+        struct V1<'a> {
+            args: &'a [String],
+            env: &'a [(String, String)],
+            preopens: &'a [String],
+            fds: &'a [FdState],
+            monotonic_ns: u64,
+            start_monotonic_ns: u64,
+        }
+        let s = sample();
+        let mut b = vec![1u8];
+        b.extend(
+            postcard::to_allocvec(&V1 {
+                args: &s.args,
+                env: &s.env,
+                preopens: &s.preopens,
+                fds: &s.fds,
+                monotonic_ns: s.monotonic_ns,
+                start_monotonic_ns: s.start_monotonic_ns,
+            })
+            .unwrap(),
+        );
+        assert_eq!(OsState::decode(&b).unwrap(), s);
     }
 
     #[test]

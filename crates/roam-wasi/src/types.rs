@@ -33,7 +33,8 @@ pub(crate) mod rights {
     pub const PATH_REMOVE_DIRECTORY: u64 = 1 << 25;
     pub const PATH_UNLINK_FILE: u64 = 1 << 26;
     pub const POLL_FD_READWRITE: u64 = 1 << 27;
-    // Bits 28 (sock_shutdown) and 29 (sock_accept): no sockets yet.
+    pub const SOCK_SHUTDOWN: u64 = 1 << 28;
+    pub const SOCK_ACCEPT: u64 = 1 << 29;
 
     /// Every right a regular file can carry.
     pub const FILE: u64 = FD_DATASYNC
@@ -79,6 +80,16 @@ pub(crate) mod rights {
         | POLL_FD_READWRITE
         | FD_SYNC
         | FD_DATASYNC;
+    /// Rights of an accepted connection.
+    pub const SOCKET: u64 = FD_READ
+        | FD_WRITE
+        | FD_FDSTAT_SET_FLAGS
+        | FD_FILESTAT_GET
+        | POLL_FD_READWRITE
+        | SOCK_SHUTDOWN;
+    /// Rights of a listening socket.
+    pub const LISTENER: u64 =
+        FD_READ | FD_FDSTAT_SET_FLAGS | FD_FILESTAT_GET | POLL_FD_READWRITE | SOCK_ACCEPT;
     /// Rights that, when requested on open, mean "open for writing".
     pub const WRITE_MODE: u64 = FD_DATASYNC | FD_WRITE | FD_ALLOCATE | FD_FILESTAT_SET_SIZE;
     /// Rights that, when requested on open, mean "open for reading".

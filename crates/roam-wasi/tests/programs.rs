@@ -33,6 +33,7 @@ fn run(wasm: &Path, dir: &Path, args: &[&str]) -> (i32, String, String) {
             host: dir.to_path_buf(),
             guest: "/sb".into(),
         }],
+        listeners: vec![],
     };
     let mut ctx = WasiCtx::new(cfg, Interrupt::new()).unwrap();
     let out = ctx.capture_output();

@@ -16,3 +16,4 @@ mod kvserver;
 mod limits;
 mod nodes;
 mod snapshot_errors;
+mod sockets;

@@ -1,12 +1,12 @@
 //! Registration of the path and socket imports.
 //!
 //! Exists to keep `linker/mod.rs` short; path calls share the decode-path-then-
-//! delegate shape, sockets are refused until a later milestone adds them.
+//! delegate shape; the socket calls delegate to `ops/sock.rs`.
 
 use super::{code, finish, with_mem, MODULE};
 use crate::errno::Errno;
 use crate::ops::path::OpenArgs;
-use crate::ops::Outcome;
+use crate::ops::sock::RecvArgs;
 use crate::{WasiCtx, WasiView};
 use wasmtime::{Caller, Linker};
 
@@ -138,41 +138,55 @@ pub(super) fn add_path<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
 }
 
 pub(super) fn add_sock<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
-    // Sockets are not supported yet: no fd is ever a socket, so every call
-    // fails with EBADF (unknown fd) or ENOTSOCK (a file, dir or stdio).
-    fn refuse<T: WasiView>(c: &mut Caller<'_, T>, fd: i32) -> i32 {
-        match c.data_mut().wasi().entry(fd as u32) {
-            Ok(_) => Errno::NOTSOCK.code(),
-            Err(e) => e.code(),
-        }
-    }
     l.func_wrap(
         MODULE,
         "sock_accept",
-        |mut c: Caller<'_, T>, fd: i32, _fl: i32, _out: i32| {
+        |mut c: Caller<'_, T>, fd: i32, fl: i32, out: i32| {
             T::enter_blocking(&mut c)?;
-            let e = refuse(&mut c, fd);
-            finish(&mut c, Outcome::Done(Errno(e as u16)))
+            let flags = u16::try_from(fl).unwrap_or(u16::MAX);
+            let o = with_mem(&mut c, |x, m| {
+                x.sock_accept(m, fd as u32, flags, out as u32)
+            })?;
+            finish(&mut c, o)
         },
     )?;
     l.func_wrap(
         MODULE,
         "sock_recv",
-        |mut c: Caller<'_, T>, fd: i32, _d: i32, _dl: i32, _fl: i32, _ol: i32, _of: i32| {
+        |mut c: Caller<'_, T>, fd: i32, d: i32, dl: i32, fl: i32, ol: i32, of: i32| {
             T::enter_blocking(&mut c)?;
-            let e = refuse(&mut c, fd);
-            finish(&mut c, Outcome::Done(Errno(e as u16)))
+            let a = RecvArgs {
+                fd: fd as u32,
+                iovs: d as u32,
+                n: dl as u32,
+                flags: u16::try_from(fl).unwrap_or(u16::MAX),
+                out_len: ol as u32,
+                out_flags: Some(of as u32),
+            };
+            let o = with_mem(&mut c, |x, m| x.sock_recv(m, a))?;
+            finish(&mut c, o)
         },
     )?;
     l.func_wrap(
         MODULE,
         "sock_send",
-        |mut c: Caller<'_, T>, fd: i32, _d: i32, _dl: i32, _fl: i32, _o: i32| refuse(&mut c, fd),
+        |mut c: Caller<'_, T>, fd: i32, d: i32, dl: i32, fl: i32, o: i32| {
+            if fl != 0 {
+                // No send flags are defined in preview 1.
+                return Ok(Errno::INVAL.code());
+            }
+            with_mem(&mut c, |x, m| {
+                code(x.sock_send(m, fd as u32, d as u32, dl as u32, o as u32))
+            })
+        },
     )?;
     l.func_wrap(
         MODULE,
         "sock_shutdown",
-        |mut c: Caller<'_, T>, fd: i32, _how: i32| refuse(&mut c, fd),
+        |mut c: Caller<'_, T>, fd: i32, how: i32| {
+            let how = u8::try_from(how).unwrap_or(u8::MAX);
+            code(c.data_mut().wasi().sock_shutdown(fd as u32, how))
+        },
     )?;
     Ok(())
 }

@@ -99,6 +99,7 @@ mod tests {
             args: vec!["p".into(), "ab".into()],
             env: vec![("K".into(), "v".into())],
             preopens: vec![],
+            listeners: vec![],
         };
         WasiCtx::new(cfg, Interrupt::new()).unwrap()
     }

@@ -56,6 +56,9 @@ impl WasiCtx {
         out: u32,
     ) -> Result<(), Errno> {
         let e = self.with_right(fd, rights::FD_WRITE)?;
+        if matches!(e.handle, Handle::Socket(_)) {
+            return self.sock_send(mem, fd, iovs, n, out);
+        }
         let iovs = mem.iovecs(iovs, n)?;
         let mut total: u64 = 0;
         match &e.handle {
@@ -83,11 +86,12 @@ impl WasiCtx {
             }
             Handle::Dir(_) => return Err(Errno::ISDIR),
             Handle::Stdin => return Err(Errno::BADF),
+            Handle::Listener(_) | Handle::Socket(_) => return Err(Errno::NOTCONN),
         }
         mem.put_u32(out, total as u32)
     }
 
-    /// fd_read; only stdin can block (and then may ask to suspend).
+    /// fd_read; only stdin and sockets can block (and then may ask to suspend).
     pub(crate) fn fd_read(
         &mut self,
         mem: &mut Mem,
@@ -111,6 +115,17 @@ impl WasiCtx {
         out: u32,
     ) -> Result<Outcome, Errno> {
         let e = self.with_right(fd, rights::FD_READ)?;
+        if matches!(e.handle, Handle::Socket(_)) {
+            let a = super::sock::RecvArgs {
+                fd,
+                iovs,
+                n,
+                flags: 0,
+                out_len: out,
+                out_flags: None,
+            };
+            return Ok(self.sock_recv(mem, a));
+        }
         let iovs = mem.iovecs(iovs, n)?;
         mem.slice(out, 4)?;
         let mut total = 0usize;
@@ -143,6 +158,7 @@ impl WasiCtx {
             }
             Handle::Dir(_) => return Err(Errno::ISDIR),
             Handle::Stdout | Handle::Stderr => return Err(Errno::BADF),
+            Handle::Listener(_) | Handle::Socket(_) => return Err(Errno::NOTCONN),
         }
         mem.put_u32(out, total as u32)?;
         Ok(Outcome::Done(Errno::SUCCESS))
@@ -229,7 +245,9 @@ impl WasiCtx {
     }
 
     pub(crate) fn fd_close(&mut self, fd: u32) -> Result<(), Errno> {
-        self.fds.remove(&fd).map(drop).ok_or(Errno::BADF)
+        let e = self.fds.remove(&fd).ok_or(Errno::BADF)?;
+        self.close_socket(&e.handle);
+        Ok(())
     }
 
     pub(crate) fn fd_renumber(&mut self, from: u32, to: u32) -> Result<(), Errno> {

@@ -73,6 +73,7 @@ impl WasiCtx {
         let ft = match &e.handle {
             Handle::File(f) => super::filetype_of(f.metadata()?.file_type()),
             Handle::Dir(_) => filetype::DIRECTORY,
+            Handle::Listener(_) | Handle::Socket(_) => filetype::SOCKET_STREAM,
             h @ Handle::Stderr => stdio_type(h, &self.stderr),
             h => stdio_type(h, &self.stdout),
         };
@@ -118,6 +119,9 @@ impl WasiCtx {
         match &self.with_right(fd, rights::FD_FILESTAT_GET)?.handle {
             Handle::File(f) => write_filestat(mem, out, &f.metadata()?),
             Handle::Dir(d) => write_filestat(mem, out, &d.dir_metadata()?),
+            Handle::Listener(_) | Handle::Socket(_) => {
+                write_filestat_type(mem, out, filetype::SOCKET_STREAM)
+            }
             h @ Handle::Stderr => write_filestat_type(mem, out, stdio_type(h, &self.stderr)),
             h => write_filestat_type(mem, out, stdio_type(h, &self.stdout)),
         }

@@ -10,6 +10,7 @@ pub(crate) mod fdstat;
 pub(crate) mod path;
 pub(crate) mod poll;
 pub(crate) mod readdir;
+pub(crate) mod sock;
 
 use crate::ctx::{FdEntry, Handle, WasiCtx};
 use crate::errno::Errno;
@@ -147,3 +148,6 @@ mod layout_tests;
 
 #[cfg(test)]
 mod link_tests;
+
+#[cfg(test)]
+mod sock_tests;

@@ -4,25 +4,70 @@
 //! a checkpoint request most often finds them. Waiting happens in short
 //! slices so a request is noticed quickly; when it is, the call returns
 //! without writing any event so the guest can re-issue it after a restore.
+//! Socket subscriptions are answered from the cell's virtual connections;
+//! the backend kicks the interrupt when it brings something, so a waiting
+//! poll looks again at once.
 
 use super::fd::{stdin_ready, SLICE};
 use super::Outcome;
 use crate::ctx::{Handle, WasiCtx};
 use crate::errno::Errno;
 use crate::mem::Mem;
+use crate::net::NetHub;
 use crate::types::rights;
 use std::time::{Duration, Instant};
 
 const SUB_SIZE: u32 = 48;
 const EVENT_SIZE: u32 = 32;
+/// `eventrwflags::fd_readwrite_hangup`.
+const HANGUP: u16 = 1;
+/// How often stdin is polled while sockets are waited on too.
+const STDIN_SLICE: Duration = Duration::from_millis(10);
 
-/// One event to report: (userdata, errno, type, nbytes).
-type Event = (u64, Errno, u8, u64);
+/// One event to report: (userdata, errno, type, nbytes, flags).
+type Event = (u64, Errno, u8, u64, u16);
 
 #[derive(Debug)]
 enum Pending {
-    Clock { userdata: u64, deadline: Instant },
-    Stdin { userdata: u64 },
+    Clock {
+        userdata: u64,
+        deadline: Instant,
+    },
+    Stdin {
+        userdata: u64,
+    },
+    /// A socket or listener not ready yet: re-asked every round.
+    Net {
+        userdata: u64,
+        tag: u8,
+        handle: Net,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Net {
+    Listener(u32),
+    Socket(u64),
+}
+
+/// The event a socket subscription reports now, if it is ready.
+fn net_event(hub: &NetHub, userdata: u64, tag: u8, h: Net) -> Option<Event> {
+    match (h, tag) {
+        (Net::Listener(li), 1) if hub.listener_ready(li) => {
+            Some((userdata, Errno::SUCCESS, tag, 1, 0))
+        }
+        (Net::Socket(id), _) => {
+            let r = hub.readiness(id);
+            let flags = if r.hangup { HANGUP } else { 0 };
+            match tag {
+                1 if r.readable => Some((userdata, Errno::SUCCESS, tag, r.nbytes, flags)),
+                2 if r.writable => Some((userdata, Errno::SUCCESS, tag, r.room, flags)),
+                _ => None,
+            }
+        }
+        // A listener is never writable.
+        _ => None,
+    }
 }
 
 impl WasiCtx {
@@ -50,7 +95,7 @@ impl WasiCtx {
                 let timeout = mem.u64(at + 24)?;
                 let abs = mem.u16(at + 40)? & 1 != 0;
                 let Ok(clock_now) = self.clock_now(id) else {
-                    return Ok(Ok((userdata, Errno::INVAL, 0, 0)));
+                    return Ok(Ok((userdata, Errno::INVAL, 0, 0, 0)));
                 };
                 let remaining = if abs {
                     timeout.saturating_sub(clock_now)
@@ -64,7 +109,7 @@ impl WasiCtx {
             }
             1 | 2 => {
                 let fd = mem.u32(at + 16)?;
-                let ev = |e: Errno, nbytes: u64| Ok(Ok((userdata, e, tag, nbytes)));
+                let ev = |e: Errno, nbytes: u64| Ok(Ok((userdata, e, tag, nbytes, 0)));
                 let Ok(e) = self.entry(fd) else {
                     return ev(Errno::BADF, 0);
                 };
@@ -81,11 +126,27 @@ impl WasiCtx {
                     (Handle::Stdin, 1) if stdin_ready(Duration::ZERO) => ev(Errno::SUCCESS, 1),
                     (Handle::Stdin, 1) => Ok(Err(Pending::Stdin { userdata })),
                     (Handle::File(_) | Handle::Stdout | Handle::Stderr, 2) => ev(Errno::SUCCESS, 0),
+                    (Handle::Listener(li), _) => self.net_sub(userdata, tag, Net::Listener(*li)),
+                    (Handle::Socket(id), _) => self.net_sub(userdata, tag, Net::Socket(*id)),
                     _ => ev(Errno::BADF, 0),
                 }
             }
             _ => Err(Errno::INVAL),
         }
+    }
+
+    fn net_sub(&self, userdata: u64, tag: u8, h: Net) -> Result<Result<Event, Pending>, Errno> {
+        let Some(hub) = &self.net else {
+            return Ok(Ok((userdata, Errno::BADF, tag, 0, 0)));
+        };
+        Ok(match net_event(hub, userdata, tag, h) {
+            Some(ev) => Ok(ev),
+            None => Err(Pending::Net {
+                userdata,
+                tag,
+                handle: h,
+            }),
+        })
     }
 
     fn poll_inner(
@@ -103,6 +164,8 @@ impl WasiCtx {
         mem.slice(out, n.checked_mul(EVENT_SIZE).ok_or(Errno::FAULT)?)?;
         mem.slice(nevents, 4)?;
         let now = Instant::now();
+        // Read before the sockets are first asked, so no kick is missed.
+        let mut seen = self.interrupt.kicks();
         let mut events = Vec::new();
         let mut pending = Vec::new();
         for i in 0..n {
@@ -115,10 +178,20 @@ impl WasiCtx {
         loop {
             let now = Instant::now();
             for p in &pending {
-                if let Pending::Clock { userdata, deadline } = p {
-                    if *deadline <= now {
-                        events.push((*userdata, Errno::SUCCESS, 0, 0));
+                match p {
+                    Pending::Clock { userdata, deadline } if *deadline <= now => {
+                        events.push((*userdata, Errno::SUCCESS, 0, 0, 0));
                     }
+                    Pending::Net {
+                        userdata,
+                        tag,
+                        handle,
+                    } if !first => {
+                        if let Some(hub) = &self.net {
+                            events.extend(net_event(hub, *userdata, *tag, *handle));
+                        }
+                    }
+                    _ => {}
                 }
             }
             if !events.is_empty() {
@@ -134,29 +207,37 @@ impl WasiCtx {
                     Pending::Clock { deadline, .. } => {
                         Some(deadline.saturating_duration_since(now))
                     }
-                    Pending::Stdin { .. } => None,
+                    Pending::Stdin { .. } | Pending::Net { .. } => None,
                 })
                 .min();
+            let has_net = pending.iter().any(|p| matches!(p, Pending::Net { .. }));
             let slice = earliest.map_or(SLICE, |d| d.min(SLICE));
             let stdin_subs: Vec<u64> = pending
                 .iter()
                 .filter_map(|p| match p {
                     Pending::Stdin { userdata } => Some(*userdata),
-                    Pending::Clock { .. } => None,
+                    Pending::Clock { .. } | Pending::Net { .. } => None,
                 })
                 .collect();
             if stdin_subs.is_empty() {
-                self.interrupt.wait(slice);
-            } else if stdin_ready(slice) {
-                events.extend(stdin_subs.into_iter().map(|u| (u, Errno::SUCCESS, 1, 1)));
+                self.interrupt.wait_kick(seen, slice);
+            } else if stdin_ready(if has_net {
+                slice.min(STDIN_SLICE)
+            } else {
+                slice
+            }) {
+                events.extend(stdin_subs.into_iter().map(|u| (u, Errno::SUCCESS, 1, 1, 0)));
             }
+            // Kicks from here on are news for the next round's socket check.
+            seen = self.interrupt.kicks();
         }
-        for (i, (userdata, err, ty, nbytes)) in events.iter().enumerate() {
+        for (i, (userdata, err, ty, nbytes, flags)) in events.iter().enumerate() {
             let mut b = [0u8; EVENT_SIZE as usize];
             b[0..8].copy_from_slice(&userdata.to_le_bytes());
             b[8..10].copy_from_slice(&err.0.to_le_bytes());
             b[10] = *ty;
             b[16..24].copy_from_slice(&nbytes.to_le_bytes());
+            b[24..26].copy_from_slice(&flags.to_le_bytes());
             mem.write(out + i as u32 * EVENT_SIZE, &b)?;
         }
         mem.put_u32(nevents, events.len() as u32)?;

@@ -16,6 +16,7 @@ pub(crate) fn ctx_with(dir: &std::path::Path) -> WasiCtx {
             host: dir.to_path_buf(),
             guest: "/sb".into(),
         }],
+        listeners: vec![],
     };
     WasiCtx::new(cfg, Interrupt::new()).unwrap()
 }
