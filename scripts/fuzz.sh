@@ -93,6 +93,7 @@ describe() {
         frame_read) echo 'the migration stream, cut into reads (`read_frame`, then `Msg::decode`)' ;;
         store_summary) echo 'the chunk-store summary in `Accept` (`StoreSummary::from_bytes`)' ;;
         file_tree) echo 'the file tree of a snapshot (postcard, then snapshot validation)' ;;
+        gateway_frame) echo 'gateway–node frames (`Header::parse`, `ToGateway::decode`, `ToNode::decode`)' ;;
         api_json) echo 'control API request bodies (`LaunchRequest`, `MigrateRequest`) and rate strings' ;;
         *) sed -n 's|^//! \{0,1\}||p' "fuzz/fuzz_targets/$1.rs" | tr '\n' ' ' |
             sed 's/  */ /g; s/\([.!?]\) .*/\1/; s/|/\\|/g' ;;

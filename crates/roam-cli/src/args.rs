@@ -42,6 +42,9 @@ pub enum Command {
     Kill(crate::node_args::KillArgs),
     /// Make the cluster CA, node and client certificates (mutual TLS).
     Cert(crate::cert::CertArgs),
+    /// Run a gateway: clients connect to it and stay connected while the
+    /// service's cell moves between nodes.
+    Gateway(crate::gateway_cmd::GatewayArgs),
 }
 
 /// Where migration points go.

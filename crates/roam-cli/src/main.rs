@@ -7,6 +7,7 @@
 
 mod args;
 mod cert;
+mod gateway_cmd;
 mod inspect;
 mod listen;
 mod node_args;
@@ -24,7 +25,10 @@ const EXIT_TRAP: i32 = 134;
 fn main() {
     let cli = args::Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROAM_LOG").unwrap_or_else(|_| {
-        let daemon = matches!(cli.command, args::Command::Node(_));
+        let daemon = matches!(
+            cli.command,
+            args::Command::Node(_) | args::Command::Gateway(_)
+        );
         tracing_subscriber::EnvFilter::new(if cli.verbose {
             "debug"
         } else if daemon {
@@ -55,6 +59,7 @@ fn main() {
             args::Command::Logs(a) => node_cmd::logs(a),
             args::Command::Kill(a) => node_cmd::kill(a),
             args::Command::Cert(a) => cert::main(a),
+            args::Command::Gateway(a) => gateway_cmd::gateway(a),
         });
     let code = match worker {
         Ok(handle) => handle

@@ -19,6 +19,8 @@
 //! live in `guest.rs` and the WASI glue in `ops/sock.rs`.
 
 mod guest;
+#[doc(hidden)]
+pub mod program;
 mod state;
 
 #[cfg(test)]

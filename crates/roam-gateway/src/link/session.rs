@@ -1,0 +1,334 @@
+//! One link session after another: connect, handshake, re-announce every
+//! service, then route frames both ways until the connection fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use roam_wasi::net::{NetError, NetHub, NetOut, DEFAULT_WINDOW};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::{serve_msg, Inner};
+use crate::proto::{
+    read_frame, write_frame, Hello, ToGateway, ToNode, MAX_DATA, MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+};
+
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long connecting and the handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("cannot connect to the gateway at {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("TLS handshake with the gateway at {addr} failed: {detail}; the gateway needs a node-style certificate of the cluster CA naming {host} (`roam cert node`)")]
+    Tls {
+        addr: String,
+        host: String,
+        detail: String,
+    },
+    #[error("the gateway did not answer the handshake within {0:?}")]
+    Timeout(Duration),
+    #[error("the gateway refused this node: {0}")]
+    Refused(String),
+    #[error("the gateway answered the handshake with {0} instead of Welcome or Refused")]
+    Unexpected(&'static str),
+    #[error("the gateway chose protocol version {0}, which this node does not speak ({MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION})")]
+    Version(u16),
+    #[error("gateway link frame error")]
+    Frame(#[from] crate::proto::FrameError),
+    #[error("the gateway sent a malformed message")]
+    Decode(#[from] crate::proto::DecodeError),
+    #[error("gateway link write failed")]
+    Write(#[source] std::io::Error),
+    #[error("cannot encode a message for the gateway")]
+    Encode(#[from] crate::proto::EncodeError),
+}
+
+/// The link's background task.
+pub(crate) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let mut welcomed = false;
+        let r = tokio::select! {
+            r = session(&inner, &mut welcomed) => r,
+            _ = stop.changed() => return,
+        };
+        inner.connected.send_replace(false);
+        if welcomed {
+            backoff = MIN_BACKOFF;
+        }
+        if let Err(e) = r {
+            tracing::warn!(gateway = %inner.addr, "gateway link down: {}; retrying in {backoff:?}", chain(&e));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+async fn open(inner: &Inner) -> Result<Box<dyn Stream>, SessionError> {
+    let tcp = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(&inner.addr))
+        .await
+        .map_err(|_| SessionError::Timeout(HANDSHAKE_TIMEOUT))?
+        .map_err(|source| SessionError::Connect {
+            addr: inner.addr.clone(),
+            source,
+        })?;
+    tcp.set_nodelay(true).ok();
+    let Some(cfg) = &inner.tls else {
+        return Ok(Box::new(tcp));
+    };
+    let tls_err = |detail: String| SessionError::Tls {
+        addr: inner.addr.clone(),
+        host: inner.host.clone(),
+        detail,
+    };
+    let name =
+        roam_auth::rustls::pki_types::ServerName::try_from(inner.host.clone()).map_err(|e| {
+            tls_err(format!(
+                "{:?} is not a DNS name or IP address: {e}",
+                inner.host
+            ))
+        })?;
+    let connector = roam_auth::tokio_rustls::TlsConnector::from(cfg.clone());
+    let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp))
+        .await
+        .map_err(|_| SessionError::Timeout(HANDSHAKE_TIMEOUT))?
+        .map_err(|e| tls_err(e.to_string()))?;
+    Ok(Box::new(tls))
+}
+
+async fn session(inner: &Arc<Inner>, welcomed: &mut bool) -> Result<(), SessionError> {
+    let stream = open(inner).await?;
+    let (rd, mut wr) = tokio::io::split(stream);
+    let mut rd = BufReader::with_capacity(MAX_DATA + 64, rd);
+    let mut buf = Vec::new();
+    ToGateway::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        node: inner.node.clone(),
+        window: DEFAULT_WINDOW,
+    })
+    .encode(&mut buf)?;
+    write_frame(&mut wr, &buf)
+        .await
+        .map_err(SessionError::Write)?;
+    let (kind, payload) = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut rd))
+        .await
+        .map_err(|_| SessionError::Timeout(HANDSHAKE_TIMEOUT))??;
+    match ToNode::decode(kind, &payload)? {
+        ToNode::Welcome { version, .. }
+            if (MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) => {}
+        ToNode::Welcome { version, .. } => return Err(SessionError::Version(version)),
+        ToNode::Refused { reason } => return Err(SessionError::Refused(reason)),
+        other => return Err(SessionError::Unexpected(other.name())),
+    }
+    *welcomed = true;
+    announce(inner);
+    inner.connected.send_replace(true);
+    tracing::info!(gateway = %inner.addr, "gateway link up");
+    tokio::select! {
+        r = reader(inner, &mut rd) => r,
+        r = writer(inner, &mut wr) => r,
+    }
+}
+
+/// After a (re)connect: forget what was queued for the old session and
+/// announce every service again, with fresh resume points.
+fn announce(inner: &Inner) {
+    let mut s = inner.lock();
+    s.control.clear();
+    s.conns.clear();
+    let mut msgs = Vec::new();
+    let mut conns = Vec::new();
+    for (service, v) in &s.services {
+        let serve = serve_msg(service, &v.cell, v.generation, &v.hub);
+        if let ToGateway::Serve { conns: cs, .. } = &serve {
+            conns.extend(cs.iter().map(|c| (c.conn, service.clone())));
+        }
+        msgs.push(serve);
+        if v.held {
+            msgs.push(ToGateway::Hold {
+                service: service.clone(),
+                cell: v.cell.clone(),
+                generation: v.generation,
+            });
+        }
+    }
+    s.control = msgs;
+    s.conns.extend(conns);
+    drop(s);
+    inner.wake.notify_one();
+}
+
+/// The hub of `conn`'s service, if the connection is known here.
+fn hub_of(inner: &Inner, conn: u64) -> Option<Arc<NetHub>> {
+    let s = inner.lock();
+    let svc = s.conns.get(&conn)?;
+    s.services.get(svc).map(|v| v.hub.clone())
+}
+
+/// Tell the gateway this node has no such connection (any more).
+fn refuse(inner: &Inner, conn: u64, why: &str) {
+    tracing::debug!(conn, "gateway link: closing connection: {why}");
+    inner.lock().control.push(ToGateway::Closed { conn });
+    inner.wake.notify_one();
+}
+
+fn hub_result(inner: &Inner, conn: u64, what: &str, r: Result<(), NetError>) {
+    match r {
+        Ok(()) => {}
+        Err(e @ NetError::UnknownConn(_)) => refuse(inner, conn, &e.to_string()),
+        Err(e) => tracing::warn!(conn, "gateway link: {what} refused by the cell: {e}"),
+    }
+}
+
+async fn reader<R: AsyncRead + Unpin>(inner: &Inner, rd: &mut R) -> Result<(), SessionError> {
+    loop {
+        let (kind, payload) = read_frame(rd).await?;
+        match ToNode::decode(kind, &payload)? {
+            ToNode::Open {
+                service,
+                conn,
+                peer,
+            } => {
+                let hub = inner.lock().services.get(&service).map(|v| v.hub.clone());
+                let Some(hub) = hub else {
+                    refuse(inner, conn, "the service is not served here");
+                    continue;
+                };
+                match hub.open(&service, conn, &peer) {
+                    Ok(()) | Err(NetError::DuplicateConn(_)) => {
+                        inner.lock().conns.insert(conn, service);
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            conn,
+                            service,
+                            "gateway link: the cell refused a client: {e}"
+                        );
+                        refuse(inner, conn, "refused by the cell");
+                    }
+                }
+            }
+            ToNode::Data {
+                conn,
+                offset,
+                bytes,
+            } => match hub_of(inner, conn) {
+                Some(h) => hub_result(inner, conn, "data", h.deliver(conn, offset, &bytes)),
+                None => refuse(inner, conn, "unknown connection"),
+            },
+            ToNode::Eof { conn, offset } => match hub_of(inner, conn) {
+                Some(h) => hub_result(inner, conn, "end of stream", h.peer_eof(conn, offset)),
+                None => refuse(inner, conn, "unknown connection"),
+            },
+            ToNode::Gone { conn } => {
+                if let Some(h) = hub_of(inner, conn) {
+                    h.peer_reset(conn);
+                }
+            }
+            ToNode::Delivered { conn, offset } => {
+                if let Some(h) = hub_of(inner, conn) {
+                    hub_result(inner, conn, "delivery", h.delivered(conn, offset));
+                }
+            }
+            ToNode::Refused { reason } => return Err(SessionError::Refused(reason)),
+            m @ ToNode::Welcome { .. } => return Err(SessionError::Unexpected(m.name())),
+        }
+    }
+}
+
+async fn writer<W: AsyncWrite + Unpin>(inner: &Inner, wr: &mut W) -> Result<(), SessionError> {
+    let mut buf = Vec::with_capacity(MAX_DATA * 2);
+    loop {
+        buf.clear();
+        // Control messages and the hubs to drain, taken together: a Serve
+        // always goes out before the first output of its hub.
+        let (control, hubs) = {
+            let mut s = inner.lock();
+            let control = std::mem::take(&mut s.control);
+            let mut hubs: Vec<Arc<NetHub>> = Vec::new();
+            for v in s.services.values() {
+                if !hubs.iter().any(|h| Arc::ptr_eq(h, &v.hub)) {
+                    hubs.push(v.hub.clone());
+                }
+            }
+            (control, hubs)
+        };
+        for m in &control {
+            m.encode(&mut buf)?;
+        }
+        let mut closed = Vec::new();
+        for h in &hubs {
+            for out in h.take_outgoing() {
+                encode_out(out, &mut buf, &mut closed)?;
+            }
+        }
+        if !closed.is_empty() {
+            let mut s = inner.lock();
+            for c in closed {
+                s.conns.remove(&c);
+            }
+        }
+        if buf.is_empty() {
+            inner.wake.notified().await;
+            continue;
+        }
+        write_frame(wr, &buf).await.map_err(SessionError::Write)?;
+    }
+}
+
+fn encode_out(out: NetOut, buf: &mut Vec<u8>, closed: &mut Vec<u64>) -> Result<(), SessionError> {
+    match out {
+        NetOut::Data {
+            conn,
+            offset,
+            bytes,
+        } => {
+            let mut at = offset;
+            for chunk in bytes.chunks(MAX_DATA) {
+                ToGateway::Data {
+                    conn,
+                    offset: at,
+                    bytes: chunk.to_vec(),
+                }
+                .encode(buf)?;
+                at += chunk.len() as u64;
+            }
+        }
+        NetOut::Consumed { conn, offset } => ToGateway::Consumed { conn, offset }.encode(buf)?,
+        NetOut::Shutdown { conn, offset } => ToGateway::Shutdown { conn, offset }.encode(buf)?,
+        NetOut::Closed { conn } => {
+            closed.push(conn);
+            ToGateway::Closed { conn }.encode(buf)?
+        }
+    }
+    Ok(())
+}

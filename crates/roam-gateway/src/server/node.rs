@@ -1,0 +1,233 @@
+//! Node links on the gateway's control port: TLS, the `Hello` handshake,
+//! then every frame applied to the routing state. A node that breaks the
+//! protocol gets `Refused` with the precise reason and its link is closed;
+//! its services are held as for any lost link (a node that reconnects and
+//! serves again resumes every connection).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use roam_auth::tokio_rustls::TlsAcceptor;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use super::state::LinkHandle;
+use super::Shared;
+use crate::proto::{
+    read_frame, Hello, ToGateway, ToNode, MAX_DATA, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
+
+/// How long a node may take for TLS and its `Hello`.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// Serve one node connection to the end.
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    sock: TcpStream,
+    addr: String,
+    tls: Option<TlsAcceptor>,
+) {
+    sock.set_nodelay(true).ok();
+    let (stream, cert): (Box<dyn Stream>, Option<Vec<u8>>) = match tls {
+        None => (Box::new(sock), None),
+        Some(acc) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acc.accept(sock)).await {
+            Ok(Ok(t)) => {
+                let cert = t
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.to_vec());
+                (Box::new(t), cert)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(peer = %addr, "node TLS handshake refused: {e}; nodes need a node certificate of the cluster CA");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(peer = %addr, "node TLS handshake timed out");
+                return;
+            }
+        },
+    };
+    let (rd, mut wr) = tokio::io::split(stream);
+    let mut rd = BufReader::with_capacity(MAX_DATA + 64, rd);
+    let hello = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut rd)).await {
+        Err(_) => Err(format!("no Hello within {HANDSHAKE_TIMEOUT:?}")),
+        Ok(Err(e)) => Err(format!("cannot read Hello: {}", chain(&e))),
+        Ok(Ok((kind, p))) => match ToGateway::decode(kind, &p) {
+            Ok(ToGateway::Hello(h)) => check_hello(&shared, &h, cert.as_deref()).map(|()| h),
+            Ok(m) => Err(format!("the first message must be Hello, not {}", m.name())),
+            Err(e) => Err(chain(&e)),
+        },
+    };
+    let hello = match hello {
+        Ok(h) => h,
+        Err(reason) => {
+            tracing::warn!(peer = %addr, "node refused: {reason}");
+            refuse(&mut wr, reason).await;
+            return;
+        }
+    };
+    let window = hello.window.min(shared.window);
+    let mut buf = Vec::new();
+    let welcome = ToNode::Welcome {
+        version: hello.version.min(PROTOCOL_VERSION),
+        window,
+    };
+    if welcome.encode(&mut buf).is_err() || wr.write_all(&buf).await.is_err() {
+        return;
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let link = shared.lock().add_link(LinkHandle {
+        node: hello.node.clone(),
+        window,
+        tx: tx.clone(),
+    });
+    tracing::info!(node = %hello.node, peer = %addr, link, "node link up");
+    let writer = tokio::spawn(async move {
+        while let Some(b) = rx.recv().await {
+            if wr.write_all(&b).await.is_err() {
+                return;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    let end = links_frames(&shared, link, &mut rd).await;
+    shared.lock().link_lost(link);
+    match end {
+        Ok(()) => tracing::warn!(node = %hello.node, "node link closed"),
+        Err(reason) => {
+            tracing::warn!(node = %hello.node, "node link refused: {reason}");
+            let mut b = Vec::new();
+            if (ToNode::Refused {
+                reason: clip(reason),
+            })
+            .encode(&mut b)
+            .is_ok()
+            {
+                let _ = tx.send(b);
+            }
+        }
+    }
+    drop(tx);
+    let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, writer).await;
+}
+
+fn check_hello(shared: &Shared, h: &Hello, cert: Option<&[u8]>) -> Result<(), String> {
+    if h.version < MIN_PROTOCOL_VERSION {
+        return Err(format!(
+            "the node speaks gateway protocol version {}, this gateway {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}: upgrade roam on the node",
+            h.version
+        ));
+    }
+    match (&shared.identity, cert) {
+        (Some(id), Some(cert)) => id.check_node(cert, &h.node).map_err(|e| {
+            format!(
+                "the node says it is `{}`, but its certificate does not: {}",
+                h.node,
+                chain(&e)
+            )
+        }),
+        (Some(_), None) => Err("the node presented no certificate".into()),
+        (None, _) => Ok(()),
+    }
+}
+
+fn clip(mut s: String) -> String {
+    if s.len() > crate::proto::MAX_REASON_LEN {
+        let mut at = crate::proto::MAX_REASON_LEN;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
+    s.retain(|c| !c.is_control());
+    s
+}
+
+async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, reason: String) {
+    let mut b = Vec::new();
+    if (ToNode::Refused {
+        reason: clip(reason),
+    })
+    .encode(&mut b)
+    .is_ok()
+    {
+        let _ = wr.write_all(&b).await;
+        let _ = wr.shutdown().await;
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Apply frames until the link ends: `Ok` when the node closed it, the
+/// reason to refuse it otherwise.
+async fn links_frames<R: AsyncRead + Unpin>(
+    shared: &Shared,
+    link: u64,
+    rd: &mut R,
+) -> Result<(), String> {
+    loop {
+        let (kind, payload) = match read_frame(rd).await {
+            Ok(f) => f,
+            Err(crate::proto::FrameError::Closed) => return Ok(()),
+            Err(e @ crate::proto::FrameError::Io(_)) => {
+                tracing::debug!(link, "node link: {}", chain(&e));
+                return Ok(());
+            }
+            Err(e) => return Err(chain(&e)),
+        };
+        let msg = ToGateway::decode(kind, &payload).map_err(|e| chain(&e))?;
+        let mut s = shared.lock();
+        let r = match msg {
+            ToGateway::Hello(_) => return Err("a second Hello on an open link".into()),
+            ToGateway::Serve {
+                service,
+                cell,
+                generation,
+                conns,
+            } => {
+                s.serve(link, &service, &cell, generation, &conns);
+                Ok(())
+            }
+            ToGateway::Hold { service, cell, .. } => {
+                s.hold(link, &service, &cell);
+                Ok(())
+            }
+            ToGateway::Unserve {
+                service,
+                cell,
+                generation,
+            } => {
+                s.unserve(link, &service, &cell, generation);
+                Ok(())
+            }
+            ToGateway::Data {
+                conn,
+                offset,
+                bytes,
+            } => s.cell_data(link, conn, offset, &bytes),
+            ToGateway::Consumed { conn, offset } => s.consumed(link, conn, offset),
+            ToGateway::Shutdown { conn, offset } => s.cell_shutdown(link, conn, offset),
+            ToGateway::Closed { conn } => {
+                s.cell_closed(link, conn);
+                Ok(())
+            }
+        };
+        r.map_err(|v| v.to_string())?;
+    }
+}

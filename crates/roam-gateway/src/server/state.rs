@@ -1,0 +1,744 @@
+//! The gateway's routing state and its rules, in one place under one lock:
+//! which node serves each service, and where every client's two byte
+//! streams stand.
+//!
+//! Per connection, client->cell bytes are kept from the last `Consumed`
+//! offset (`up_base`) to what the client has sent (`up_end`); `up_sent` is
+//! how far the current cell was sent. Cell->client bytes are kept from
+//! what the client has been written (`down_base`) to what the cell has
+//! sent. Offsets never go back except `up_sent`, which a `Serve` resets to
+//! the cell's `rx_next`: that is the replay.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, Notify};
+
+use crate::proto::{ConnId, ConnResume, ToNode, MAX_DATA};
+
+/// A node link's id, local to this gateway.
+pub(crate) type LinkId = u64;
+
+/// Wakes a client's two tasks.
+#[derive(Default)]
+pub(crate) struct ConnWake {
+    /// The reader: room in the buffers, or the connection ended.
+    pub read: Notify,
+    /// The writer: bytes for the client, a shutdown, a close or an error.
+    pub write: Notify,
+}
+
+/// A client connection.
+pub(crate) struct Conn {
+    pub service: String,
+    pub peer: String,
+    pub wake: Arc<ConnWake>,
+    /// Waiting for its first `Open` since this instant.
+    pub waiting_since: Option<Instant>,
+    /// The current cell knows it (sent `Open`, or listed it in `Serve`).
+    pub opened: bool,
+    /// Some cell has seen it: it can never again be opened from offset 0.
+    pub seen: bool,
+    pub up: VecDeque<u8>,
+    pub up_base: u64,
+    pub up_sent: u64,
+    pub up_eof: Option<u64>,
+    pub eof_sent: bool,
+    pub down: VecDeque<u8>,
+    pub down_base: u64,
+    pub down_shut: Option<u64>,
+    pub cell_closed: bool,
+    /// Bytes to write to the client before closing it (the wait-timeout
+    /// error), or an empty vector: close now.
+    pub fail: Option<Vec<u8>>,
+}
+
+impl Conn {
+    pub fn up_end(&self) -> u64 {
+        self.up_base + self.up.len() as u64
+    }
+    pub fn down_end(&self) -> u64 {
+        self.down_base + self.down.len() as u64
+    }
+}
+
+/// Where a service's cell runs.
+pub(crate) struct Route {
+    /// The node link, or `None` while the link is down.
+    pub link: Option<LinkId>,
+    pub node: String,
+    pub cell: String,
+    pub generation: u64,
+}
+
+/// A service the gateway serves.
+pub(crate) struct Service {
+    pub resp: bool,
+    pub route: Option<Route>,
+    pub held: bool,
+    /// The serving node's link dropped at this instant.
+    pub detached_since: Option<Instant>,
+}
+
+/// A node's link, as the state sees it.
+pub(crate) struct LinkHandle {
+    pub node: String,
+    pub window: u64,
+    pub tx: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+/// Limits of the gateway's buffers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub conn_buffer: usize,
+    pub total_buffer: usize,
+}
+
+/// A node broke the protocol: the gateway refuses it and closes its link.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Violation {
+    #[error("connection {conn}: Data at offset {offset} leaves a gap; the gateway has cell bytes up to {have}")]
+    Gap {
+        conn: ConnId,
+        offset: u64,
+        have: u64,
+    },
+    #[error(
+        "connection {conn}: Data up to offset {end} exceeds the window, which ends at {limit}"
+    )]
+    OverWindow { conn: ConnId, end: u64, limit: u64 },
+    #[error("connection {conn}: Data up to offset {end} after the cell's Shutdown at {shut}")]
+    AfterShutdown { conn: ConnId, end: u64, shut: u64 },
+    #[error("connection {conn}: Consumed up to {offset}, but only {sent} bytes were sent")]
+    OverConsumed {
+        conn: ConnId,
+        offset: u64,
+        sent: u64,
+    },
+    #[error(
+        "connection {conn}: Shutdown at {offset}, before the {have} bytes the cell already sent"
+    )]
+    ShutdownBack {
+        conn: ConnId,
+        offset: u64,
+        have: u64,
+    },
+}
+
+/// The whole routing state.
+pub(crate) struct State {
+    pub limits: Limits,
+    pub services: HashMap<String, Service>,
+    pub conns: HashMap<ConnId, Conn>,
+    pub links: HashMap<LinkId, LinkHandle>,
+    /// Client->cell bytes buffered, all connections.
+    pub total_up: usize,
+    /// Readers waiting for room under the total cap.
+    pub blocked_total: HashSet<ConnId>,
+    next_conn: u64,
+    next_link: LinkId,
+}
+
+impl State {
+    pub fn new(limits: Limits, services: impl IntoIterator<Item = (String, bool)>) -> State {
+        // A random high half: ids of an earlier gateway's connections,
+        // still held by cells, do not collide with new ones.
+        let base = getrandom::u32().unwrap_or(0x5eed);
+        State {
+            limits,
+            services: services
+                .into_iter()
+                .map(|(name, resp)| {
+                    let s = Service {
+                        resp,
+                        route: None,
+                        held: false,
+                        detached_since: None,
+                    };
+                    (name, s)
+                })
+                .collect(),
+            conns: HashMap::new(),
+            links: HashMap::new(),
+            total_up: 0,
+            blocked_total: HashSet::new(),
+            next_conn: u64::from(base) << 32 | 1,
+            next_link: 1,
+        }
+    }
+
+    pub fn add_link(&mut self, h: LinkHandle) -> LinkId {
+        let id = self.next_link;
+        self.next_link += 1;
+        self.links.insert(id, h);
+        id
+    }
+
+    fn send(&self, link: LinkId, m: &ToNode) {
+        let Some(l) = self.links.get(&link) else {
+            return;
+        };
+        let mut buf = Vec::new();
+        match m.encode(&mut buf) {
+            Ok(()) => {
+                let _ = l.tx.send(buf);
+            }
+            Err(e) => tracing::error!("cannot encode {}: {e}", m.name()),
+        }
+    }
+
+    /// The link to forward a service's traffic to, if it is attached and
+    /// not held.
+    fn attached(&self, service: &str) -> Option<LinkId> {
+        let s = self.services.get(service)?;
+        if s.held {
+            return None;
+        }
+        s.route.as_ref()?.link
+    }
+
+    fn window(&self, link: LinkId) -> u64 {
+        self.links.get(&link).map_or(0, |l| l.window)
+    }
+
+    /// A new client of `service`.
+    pub fn new_conn(&mut self, service: &str, peer: String) -> (ConnId, Arc<ConnWake>) {
+        let id = self.next_conn;
+        self.next_conn = self.next_conn.wrapping_add(1);
+        let wake = Arc::new(ConnWake::default());
+        let c = Conn {
+            service: service.to_string(),
+            peer,
+            wake: wake.clone(),
+            waiting_since: Some(Instant::now()),
+            opened: false,
+            seen: false,
+            up: VecDeque::new(),
+            up_base: 0,
+            up_sent: 0,
+            up_eof: None,
+            eof_sent: false,
+            down: VecDeque::new(),
+            down_base: 0,
+            down_shut: None,
+            cell_closed: false,
+            fail: None,
+        };
+        self.conns.insert(id, c);
+        self.open_if_attached(id);
+        (id, wake)
+    }
+
+    fn open_if_attached(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if c.opened {
+            return;
+        }
+        let Some(link) = self.attached(&c.service) else {
+            return;
+        };
+        let m = ToNode::Open {
+            service: c.service.clone(),
+            conn: id,
+            peer: c.peer.clone(),
+        };
+        self.send(link, &m);
+        let c = self.conns.get_mut(&id).expect("checked above");
+        c.opened = true;
+        c.waiting_since = None;
+        c.up_sent = c.up_base;
+        c.eof_sent = false;
+        self.pump(id);
+    }
+
+    /// Send what the window allows of a connection's client->cell bytes,
+    /// then its end of stream.
+    pub fn pump(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if !c.opened || c.cell_closed {
+            return;
+        }
+        let Some(link) = self.attached(&c.service) else {
+            return;
+        };
+        let limit = c.up_base.saturating_add(self.window(link)).min(c.up_end());
+        let mut msgs = Vec::new();
+        let mut at = c.up_sent;
+        while at < limit {
+            let n = ((limit - at) as usize).min(MAX_DATA);
+            let skip = (at - c.up_base) as usize;
+            let bytes: Vec<u8> = c.up.range(skip..skip + n).copied().collect();
+            msgs.push(ToNode::Data {
+                conn: id,
+                offset: at,
+                bytes,
+            });
+            at += n as u64;
+        }
+        let eof = match c.up_eof {
+            Some(e) if e == at && !c.eof_sent => Some(e),
+            _ => None,
+        };
+        if let Some(offset) = eof {
+            msgs.push(ToNode::Eof { conn: id, offset });
+        }
+        for m in &msgs {
+            self.send(link, m);
+        }
+        let c = self.conns.get_mut(&id).expect("checked above");
+        c.up_sent = at;
+        c.eof_sent |= eof.is_some();
+    }
+
+    /// Bytes from the client.
+    pub fn client_data(&mut self, id: ConnId, bytes: &[u8]) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.up.extend(bytes);
+        self.total_up += bytes.len();
+        self.pump(id);
+    }
+
+    /// Room for the client's next read (0: wait).
+    pub fn read_room(&mut self, id: ConnId) -> usize {
+        let Some(c) = self.conns.get(&id) else {
+            return 0;
+        };
+        let own = self.limits.conn_buffer.saturating_sub(c.up.len());
+        let total = self.limits.total_buffer.saturating_sub(self.total_up);
+        if total == 0 {
+            self.blocked_total.insert(id);
+        }
+        own.min(total).min(MAX_DATA)
+    }
+
+    /// The client shut its write side.
+    pub fn client_eof(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.up_eof = Some(c.up_end());
+            self.pump(id);
+        }
+    }
+
+    /// Forget a connection; tell its cell when the client went away.
+    pub fn remove(&mut self, id: ConnId, tell_cell: bool) {
+        let Some(c) = self.conns.remove(&id) else {
+            return;
+        };
+        self.total_up -= c.up.len();
+        self.blocked_total.remove(&id);
+        c.wake.read.notify_one();
+        c.wake.write.notify_one();
+        if tell_cell && c.opened && !c.cell_closed {
+            if let Some(link) = self.attached(&c.service) {
+                self.send(link, &ToNode::Gone { conn: id });
+            }
+        }
+        self.release_total();
+    }
+
+    fn release_total(&mut self) {
+        if self.total_up < self.limits.total_buffer {
+            for id in self.blocked_total.drain() {
+                if let Some(c) = self.conns.get(&id) {
+                    c.wake.read.notify_one();
+                }
+            }
+        }
+    }
+
+    /// `n` bytes of cell->client data were written to the client.
+    pub fn written(&mut self, id: ConnId, n: usize) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.down.drain(..n);
+        c.down_base += n as u64;
+        let m = ToNode::Delivered {
+            conn: id,
+            offset: c.down_base,
+        };
+        let (service, opened) = (c.service.clone(), c.opened);
+        if opened {
+            if let Some(link) = self.route_link(&service) {
+                self.send(link, &m);
+            }
+        }
+    }
+
+    fn route_link(&self, service: &str) -> Option<LinkId> {
+        self.services.get(service)?.route.as_ref()?.link
+    }
+
+    /// The connection, if `link` is the one its service is routed to:
+    /// frames about other connections are stale (from a node the service
+    /// has left) and ignored.
+    fn conn_from(&mut self, link: LinkId, id: ConnId) -> Option<&mut Conn> {
+        let service = &self.conns.get(&id)?.service;
+        if self.route_link(service) != Some(link) {
+            tracing::debug!(
+                conn = id,
+                "ignoring a frame from a node the service has left"
+            );
+            return None;
+        }
+        self.conns.get_mut(&id)
+    }
+
+    /// Cell->client bytes from `link`.
+    pub fn cell_data(
+        &mut self,
+        link: LinkId,
+        id: ConnId,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), Violation> {
+        let window = self.window(link);
+        let Some(c) = self.conn_from(link, id) else {
+            return Ok(());
+        };
+        let have = c.down_end();
+        let end = offset + bytes.len() as u64; // checked by the decoder
+        if offset > have {
+            return Err(Violation::Gap {
+                conn: id,
+                offset,
+                have,
+            });
+        }
+        let limit = c.down_base + window;
+        if end > limit {
+            return Err(Violation::OverWindow {
+                conn: id,
+                end,
+                limit,
+            });
+        }
+        if let Some(shut) = c.down_shut.filter(|s| end > *s) {
+            return Err(Violation::AfterShutdown {
+                conn: id,
+                end,
+                shut,
+            });
+        }
+        c.seen = true;
+        if end > have {
+            c.down.extend(&bytes[(have - offset) as usize..]);
+            c.wake.write.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The program read client->cell bytes up to `offset`.
+    pub fn consumed(&mut self, link: LinkId, id: ConnId, offset: u64) -> Result<(), Violation> {
+        let Some(c) = self.conn_from(link, id) else {
+            return Ok(());
+        };
+        if offset > c.up_sent.max(c.up_base) {
+            return Err(Violation::OverConsumed {
+                conn: id,
+                offset,
+                sent: c.up_sent,
+            });
+        }
+        c.seen = true;
+        if offset > c.up_base {
+            let n = (offset - c.up_base) as usize;
+            c.up.drain(..n);
+            c.up_base = offset;
+            c.wake.read.notify_one();
+            self.total_up -= n;
+            self.release_total();
+            self.pump(id);
+        }
+        Ok(())
+    }
+
+    /// The program shut its write side at `offset`.
+    pub fn cell_shutdown(
+        &mut self,
+        link: LinkId,
+        id: ConnId,
+        offset: u64,
+    ) -> Result<(), Violation> {
+        let Some(c) = self.conn_from(link, id) else {
+            return Ok(());
+        };
+        if offset < c.down_end() {
+            return Err(Violation::ShutdownBack {
+                conn: id,
+                offset,
+                have: c.down_end(),
+            });
+        }
+        c.seen = true;
+        c.down_shut = Some(offset);
+        c.wake.write.notify_one();
+        Ok(())
+    }
+
+    /// The program closed the connection.
+    pub fn cell_closed(&mut self, link: LinkId, id: ConnId) {
+        if let Some(c) = self.conn_from(link, id) {
+            c.seen = true;
+            c.cell_closed = true;
+            c.wake.write.notify_one();
+            c.wake.read.notify_one();
+        }
+    }
+
+    /// `Serve` from `link`: the service runs there now, with `conns`.
+    pub fn serve(
+        &mut self,
+        link: LinkId,
+        service: &str,
+        cell: &str,
+        generation: u64,
+        conns: &[ConnResume],
+    ) {
+        let node = self
+            .links
+            .get(&link)
+            .map(|l| l.node.clone())
+            .unwrap_or_default();
+        let Some(s) = self.services.get_mut(service) else {
+            tracing::warn!(service, node, "Serve for a service this gateway does not serve; ignored (add it with --service or --route)");
+            return;
+        };
+        if let Some(r) = &s.route {
+            if generation < r.generation {
+                tracing::warn!(
+                    service,
+                    node,
+                    cell,
+                    generation,
+                    current = r.generation,
+                    "stale Serve ignored: the service runs at a later generation"
+                );
+                return;
+            }
+        }
+        tracing::info!(
+            service,
+            node,
+            cell,
+            generation,
+            conns = conns.len(),
+            "service served"
+        );
+        s.route = Some(Route {
+            link: Some(link),
+            node,
+            cell: cell.to_string(),
+            generation,
+        });
+        s.held = false;
+        s.detached_since = None;
+        let mut listed = HashSet::new();
+        for r in conns {
+            listed.insert(r.conn);
+            self.resume(link, service, r);
+        }
+        let ids: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(id, c)| c.service == service && !listed.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let c = self.conns.get_mut(&id).expect("listed from the map");
+            c.opened = false;
+            if c.seen || c.cell_closed {
+                // The cell lost a connection it had seen: it cannot be
+                // resumed. Close the client after what it still has.
+                tracing::warn!(
+                    conn = id,
+                    service,
+                    "the serving cell does not have this connection; closing it"
+                );
+                c.cell_closed = true;
+                c.wake.write.notify_one();
+                c.wake.read.notify_one();
+            } else {
+                self.open_if_attached(id);
+            }
+        }
+    }
+
+    fn resume(&mut self, link: LinkId, service: &str, r: &ConnResume) {
+        let ok = match self.conns.get(&r.conn) {
+            Some(c) if c.service == service && !c.cell_closed => {
+                if r.rx_next < c.up_base || r.rx_next > c.up_end() || r.tx_from > c.down_end() {
+                    tracing::warn!(
+                        conn = r.conn,
+                        rx_next = r.rx_next,
+                        tx_from = r.tx_from,
+                        up_base = c.up_base,
+                        up_end = c.up_end(),
+                        down_end = c.down_end(),
+                        "resume point outside what the gateway holds; closing the connection"
+                    );
+                    false
+                } else {
+                    true
+                }
+            }
+            _ => false,
+        };
+        if !ok {
+            self.send(link, &ToNode::Gone { conn: r.conn });
+            if let Some(c) = self.conns.get_mut(&r.conn) {
+                c.cell_closed = true;
+                c.opened = false;
+                c.wake.write.notify_one();
+                c.wake.read.notify_one();
+            }
+            return;
+        }
+        let c = self.conns.get_mut(&r.conn).expect("checked above");
+        c.opened = true;
+        c.seen = true;
+        c.waiting_since = None;
+        c.up_sent = r.rx_next;
+        c.eof_sent = false;
+        let delivered = c.down_base;
+        if delivered > r.tx_from {
+            self.send(
+                link,
+                &ToNode::Delivered {
+                    conn: r.conn,
+                    offset: delivered,
+                },
+            );
+        }
+        self.pump(r.conn);
+    }
+
+    /// `Hold` from `link`.
+    pub fn hold(&mut self, link: LinkId, service: &str, cell: &str) {
+        match self.services.get_mut(service) {
+            Some(s)
+                if s.route
+                    .as_ref()
+                    .is_some_and(|r| r.link == Some(link) && r.cell == cell) =>
+            {
+                tracing::info!(service, cell, "service held: buffering, new clients wait");
+                s.held = true;
+            }
+            _ => tracing::warn!(
+                service,
+                cell,
+                "Hold from a node that does not serve the service; ignored"
+            ),
+        }
+    }
+
+    /// `Unserve` from `link`: the cell exited; its connections end.
+    pub fn unserve(&mut self, link: LinkId, service: &str, cell: &str, generation: u64) {
+        let Some(s) = self.services.get_mut(service) else {
+            return;
+        };
+        let matches = s
+            .route
+            .as_ref()
+            .is_some_and(|r| r.link == Some(link) && r.cell == cell && generation >= r.generation);
+        if !matches {
+            tracing::info!(
+                service,
+                cell,
+                generation,
+                "Unserve for a route that is no longer current; ignored"
+            );
+            return;
+        }
+        tracing::info!(
+            service,
+            cell,
+            "service unserved: the cell exited; new clients wait"
+        );
+        s.route = None;
+        s.held = false;
+        for c in self.conns.values_mut().filter(|c| c.service == service) {
+            c.cell_closed = true;
+            c.opened = false;
+            c.wake.write.notify_one();
+            c.wake.read.notify_one();
+        }
+    }
+
+    /// A node link is gone: its services are held until a `Serve` from
+    /// any node, or the wait timeout.
+    pub fn link_lost(&mut self, link: LinkId) {
+        self.links.remove(&link);
+        let now = Instant::now();
+        for (name, s) in &mut self.services {
+            if let Some(r) = s.route.as_mut().filter(|r| r.link == Some(link)) {
+                tracing::warn!(service = %name, node = %r.node, "the serving node's link is down; holding its clients");
+                r.link = None;
+                s.detached_since = Some(now);
+            }
+        }
+        for c in self.conns.values_mut() {
+            if self
+                .services
+                .get(&c.service)
+                .is_some_and(|s| s.detached_since == Some(now))
+            {
+                c.opened = false;
+            }
+        }
+    }
+
+    /// Clients that waited too long for a cell get the wait-timeout error:
+    /// new clients of a service without a running cell, and every client
+    /// of a service whose node link has been down that long.
+    pub fn expire(&mut self, now: Instant, timeout: std::time::Duration) {
+        let mut dead_services = HashSet::new();
+        for (name, s) in &self.services {
+            if s.detached_since
+                .is_some_and(|t| now.duration_since(t) >= timeout)
+            {
+                dead_services.insert(name.clone());
+            }
+        }
+        for (id, c) in &mut self.conns {
+            if c.fail.is_some() {
+                continue;
+            }
+            let waited = c
+                .waiting_since
+                .is_some_and(|t| now.duration_since(t) >= timeout);
+            if !waited && !dead_services.contains(&c.service) {
+                continue;
+            }
+            let resp = self.services.get(&c.service).is_some_and(|s| s.resp);
+            tracing::warn!(conn = id, service = %c.service, peer = %c.peer, "no running cell after {timeout:?}; closing the client");
+            c.fail = Some(if resp {
+                format!(
+                    "-ERR roam gateway: service {} has no running cell (waited {} s); retry later\r\n",
+                    c.service,
+                    timeout.as_secs_f64()
+                )
+                .into_bytes()
+            } else {
+                Vec::new()
+            });
+            c.opened = false;
+            c.wake.write.notify_one();
+            c.wake.read.notify_one();
+        }
+        for name in dead_services {
+            if let Some(s) = self.services.get_mut(&name) {
+                s.detached_since = None;
+                s.route = None;
+                s.held = false;
+            }
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! The gateway's integration tests: one binary, real TCP clients, node
+//! peers that speak the protocol by hand (`hostile`) or through the real
+//! link and `NetHub` (`flow`).
+
+mod hostile;
+mod peer;
