@@ -105,7 +105,7 @@ pub fn run_listen(
     Ok(p)
 }
 
-/// `roam gateway` serving `service` to clients on `listen`, nodes on `control`.
+/// `roam gateway` serving the RESP `service` to clients on `listen`, nodes on `control`.
 pub fn gateway(
     roam: &Path,
     listen: SocketAddr,
@@ -119,6 +119,7 @@ pub fn gateway(
         .arg(listen.to_string())
         .arg("--service")
         .arg(service)
+        .arg("--resp")
         .arg("--control")
         .arg(control.to_string());
     let mut p = Proc::spawn(cmd, &dir.join("gateway.log"), "roam gateway")?;
