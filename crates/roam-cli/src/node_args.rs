@@ -83,6 +83,12 @@ pub struct NodeArgs {
     /// Output kept per cell; older output is dropped and counted.
     #[arg(long, value_name = "SIZE", value_parser = size, default_value = "4MiB")]
     pub log_size: u64,
+    /// The control address of a `roam gateway` (`host:port`): the node
+    /// connects to it and tells it where its service cells (`roam launch
+    /// --service`) run. With --tls-ca/--tls-cert/--tls-key the link uses
+    /// mutual TLS with this node's certificate.
+    #[arg(long, value_name = "ADDR")]
+    pub gateway: Option<String>,
 }
 
 /// How a command authenticates to a node (`launch`, `cells`, `migrate`,
@@ -127,6 +133,11 @@ pub struct LaunchArgs {
     /// --cell-memory].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     pub max_memory: Option<u64>,
+    /// Serve the network service NAME behind the node's gateway: the cell
+    /// gets one listening socket, and clients of the gateway's NAME port
+    /// reach it wherever it moves (the node needs --gateway).
+    #[arg(long, value_name = "NAME")]
+    pub service: Option<String>,
     /// The module (prepared or not).
     pub module: PathBuf,
     /// Arguments for the program.

@@ -90,6 +90,7 @@ pub fn node(a: NodeArgs) -> Result<i32> {
             max_file_entries: a.max_file_entries,
             log_bytes: a.log_size,
         },
+        gateway: a.gateway,
     };
     runtime()?.block_on(async move {
         let node = Node::bind(cfg).await?;
@@ -138,6 +139,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 env,
                 dirs: a.dirs,
                 max_memory: a.max_memory,
+                service: a.service,
             })
             .await?;
         println!("{}", r.id);
@@ -158,7 +160,7 @@ pub fn cells(a: CellsArgs) -> Result<i32> {
             return Ok(0);
         }
         println!(
-            "{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}",
+            "{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}  SERVICE",
             "CELL", "STATE", "PROGRAM", "MEMORY", "UPTIME", "HOPS"
         );
         for c in cells {
@@ -168,13 +170,14 @@ pub fn cells(a: CellsArgs) -> Result<i32> {
                 st = format!("{st}({code})");
             }
             println!(
-                "{:<16} {:<10} {:<24} {:>12} {:>9.1}s {:>5}",
+                "{:<16} {:<10} {:<24} {:>12} {:>9.1}s {:>5}  {}",
                 c.id,
                 st,
                 c.program,
                 mib(c.memory_bytes),
                 c.uptime_ms as f64 / 1000.0,
-                c.hops
+                c.hops,
+                c.service.as_deref().unwrap_or("-")
             );
         }
         Ok(0)

@@ -166,7 +166,8 @@ pub(crate) fn make_preopens(
         .collect()
 }
 
-/// Put a cell into the table with its handle. The caller then runs it.
+/// Put a cell into the table with its handle, and route its service's
+/// clients to it. The caller then runs it.
 pub(crate) fn register(
     n: &Arc<NodeInner>,
     spec: CellSpec,
@@ -177,12 +178,13 @@ pub(crate) fn register(
     n.cells().insert(
         spec.id.clone(),
         CellEntry {
-            spec,
+            spec: spec.clone(),
             state: CellState::Running,
             log,
             handle: Some(handle.clone()),
         },
     );
+    n.serve(&spec, handle.net.as_ref());
     handle
 }
 
@@ -226,6 +228,10 @@ async fn launch(
         return Err(bad("args must hold at least the program name"));
     }
     roam_wire::ident::check_guest_dirs(&req.dirs).map_err(|e| bad(e.to_string()))?;
+    if let Some(service) = &req.service {
+        roam_wire::ident::check_service_name(service).map_err(|e| bad(e.to_string()))?;
+        n.check_can_serve(service).map_err(bad)?;
+    }
     let id = new_id("c-");
     let max_memory = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
     let admission = crate::limits::admit(&n, &id, max_memory).map_err(|e| {
@@ -247,7 +253,7 @@ async fn launch(
             args: req.args.clone(),
             env: req.env.clone(),
             preopens,
-            listeners: Vec::new(),
+            listeners: req.service.iter().cloned().collect(),
         };
         let opts = CellOptions {
             with_files: !req.dirs.is_empty(),
@@ -264,6 +270,7 @@ async fn launch(
             launched_unix_ms: unix_ms(),
             hops: 0,
             max_memory,
+            service: req.service,
         };
         tracing::info!(cell = %cid, program = %spec.args[0], max_memory, "launched");
         let log = Arc::new(CellLog::new(node.log_capacity()));
@@ -287,6 +294,7 @@ fn info(e: &CellEntry) -> CellInfo {
         log_dropped_bytes: e.log.dropped(),
         uptime_ms: unix_ms().saturating_sub(e.spec.launched_unix_ms),
         hops: e.spec.hops,
+        service: e.spec.service.clone(),
     }
 }
 

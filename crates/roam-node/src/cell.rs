@@ -49,6 +49,9 @@ pub(crate) struct CellHandle {
     pub controller: Controller,
     pub memory: LiveMemory,
     pub module: Arc<roam_runtime::LoadedModule>,
+    /// The cell's sockets (listeners and connections), shared with the
+    /// gateway link: `None` for a cell without listeners.
+    pub net: Option<Arc<roam_wasi::net::NetHub>>,
     waiter: Mutex<Option<oneshot::Sender<Paused>>>,
     checkpoint: Mutex<Option<CheckpointReply>>,
 }
@@ -105,6 +108,7 @@ pub(crate) fn handle_for(cell: &mut Cell, log: Arc<CellLog>) -> Arc<CellHandle> 
         controller: cell.controller(),
         memory: cell.live_memory(),
         module: cell.module().clone(),
+        net: cell.net(),
         waiter: Mutex::new(None),
         checkpoint: Mutex::new(None),
     })

@@ -27,6 +27,7 @@ mod log;
 mod migrate;
 mod node;
 mod secure;
+mod service;
 pub mod size;
 pub mod sysinfo;
 pub mod types;

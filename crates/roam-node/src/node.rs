@@ -46,6 +46,9 @@ pub struct NodeConfig {
     pub insecure: bool,
     /// Caps on cells, memory, modules, files and logs.
     pub limits: crate::limits::NodeLimits,
+    /// The control address of the gateway this node reports its service
+    /// cells to (`host:port`). `None`: the node runs no service cells.
+    pub gateway: Option<String>,
 }
 
 /// State shared by every task of a node.
@@ -60,6 +63,9 @@ pub(crate) struct NodeInner {
     pub auth: NodeAuth,
     /// Cells admitted but not in `cells` yet (see [`crate::limits`]).
     pub pending: Arc<crate::limits::Pending>,
+    /// The link to the gateway (`--gateway`), told where service cells run
+    /// (see [`crate::service`]).
+    pub gateway: Option<roam_gateway::link::GatewayLink>,
 }
 
 /// A running node.
@@ -74,14 +80,25 @@ impl NodeInner {
         self.cells.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Set a cell's state, unless it already ended.
+    /// Set a cell's state, unless it already ended. A service cell that
+    /// stops being here (ended, or moved) leaves the gateway's routing.
     pub(crate) fn set_state(&self, id: &str, state: CellState) {
+        let mut left = None;
         if let Some(e) = self.cells().get_mut(id) {
             tracing::info!(cell = id, ?state, "cell state");
-            if !matches!(state, CellState::Running | CellState::Migrating) {
+            let here = |s: &CellState| matches!(s, CellState::Running | CellState::Migrating);
+            if !here(&state) {
                 e.handle = None;
+                if here(&e.state) && e.spec.service.is_some() {
+                    left = Some(e.spec.clone());
+                }
             }
-            e.state = state;
+            e.state = state.clone();
+        }
+        match (left, state) {
+            (Some(spec), CellState::Moved { .. }) => self.release_service(&spec),
+            (Some(spec), _) => self.unserve(&spec),
+            (None, _) => {}
         }
     }
 
@@ -105,6 +122,30 @@ impl NodeInner {
     /// credentials.
     pub(crate) fn client(&self, addr: &str) -> Result<Client, ClientError> {
         Client::with_auth(addr, &self.auth.client)
+    }
+
+    /// Whether a cell serving `service` may run here: the node has a
+    /// gateway, and no other cell here serves the same service.
+    pub(crate) fn check_can_serve(&self, service: &str) -> Result<(), String> {
+        if self.cfg.gateway.is_none() {
+            return Err(format!(
+                "node {} has no gateway, so a cell serving `{service}` could not be reached: \
+                 start the node with roam node --gateway ADDR",
+                self.cfg.name
+            ));
+        }
+        let cells = self.cells();
+        let other = cells.values().find(|e| {
+            e.spec.service.as_deref() == Some(service)
+                && matches!(e.state, CellState::Running | CellState::Migrating)
+        });
+        match other {
+            Some(e) => Err(format!(
+                "cell {} already serves `{service}` on node {}: stop or move it first",
+                e.spec.id, self.cfg.name
+            )),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn features(&self) -> roam_wire::Features {
@@ -158,6 +199,7 @@ impl Node {
         cfg.listen = control.local_addr()?;
         let migrate_addr = migrate.local_addr()?;
         let store = Arc::new(ChunkStore::new(cfg.chunk_store_bytes));
+        let gateway = crate::service::connect(&cfg)?;
         let inner = Arc::new(NodeInner {
             cfg,
             rt,
@@ -168,6 +210,7 @@ impl Node {
             store,
             auth,
             pending: Arc::default(),
+            gateway,
         });
         Ok(Node {
             inner,
@@ -213,6 +256,7 @@ impl Node {
             tls = inner.auth.control.is_some(),
             token = inner.auth.token.is_some(),
             userfaultfd = inner.features().userfaultfd,
+            gateway = inner.cfg.gateway.as_deref().unwrap_or("none"),
             "node up"
         );
         let acceptor = tokio::spawn(crate::migrate::dest::accept_loop(inner.clone(), migrate));

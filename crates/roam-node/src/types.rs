@@ -54,6 +54,11 @@ pub struct LaunchRequest {
     /// than its `--max-cell-memory` is refused.
     #[serde(default)]
     pub max_memory: Option<u64>,
+    /// Serve the network service of this name behind the node's gateway:
+    /// the cell gets one listening socket labelled with it (the first fd
+    /// after its directories). Needs a node started with `--gateway`.
+    #[serde(default)]
+    pub service: Option<String>,
 }
 
 /// `POST /v1/cells` answer.
@@ -115,6 +120,9 @@ pub struct CellInfo {
     pub uptime_ms: u64,
     /// Migrations so far.
     pub hops: u32,
+    /// The network service the cell serves behind a gateway, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
 }
 
 /// `POST /v1/cells/{id}/migrate` body.

@@ -192,11 +192,12 @@ pub fn check_guest_dirs(dirs: &[String]) -> Result<(), InvalidIdent> {
 }
 
 impl CellSpec {
-    /// Check every identifier in the spec: the id and the guest
-    /// directories (the module hash is typed, 32 bytes).
+    /// Check every identifier in the spec: the id, the guest directories
+    /// and the service name (the module hash is typed, 32 bytes).
     pub fn check_idents(&self) -> Result<(), InvalidIdent> {
         check_cell_id(&self.id)?;
-        check_guest_dirs(&self.dirs)
+        check_guest_dirs(&self.dirs)?;
+        self.service.as_deref().map_or(Ok(()), check_service_name)
     }
 }
 
@@ -308,6 +309,7 @@ mod tests {
             launched_unix_ms: 0,
             hops: 0,
             max_memory: 64 << 20,
+            service: Some("kv".into()),
         };
         let offer = Offer {
             migration_id: "m-1".into(),
@@ -323,8 +325,11 @@ mod tests {
         let mut o = offer.clone();
         o.cell.id = "../../x".into();
         assert_eq!(o.check_idents().unwrap_err().kind, IdentKind::CellId);
-        let mut o = offer;
+        let mut o = offer.clone();
         o.cell.dirs.push("../etc".into());
         assert_eq!(o.check_idents().unwrap_err().kind, IdentKind::GuestDir);
+        let mut o = offer;
+        o.cell.service = Some("kv/../x".into());
+        assert_eq!(o.check_idents().unwrap_err().kind, IdentKind::ServiceName);
     }
 }

@@ -15,7 +15,11 @@ use crate::frame::FrameError;
 /// ([`Msg::FileEntry`], [`Msg::FileData`], [`Msg::FileRemoved`],
 /// [`Msg::LogChunk`]) instead of inside [`Final`], and [`CellSpec`] carries
 /// the cell's memory limit.
-pub const PROTOCOL_VERSION: u16 = 2;
+///
+/// Version 3: [`CellSpec`] names the network service the cell serves
+/// behind a gateway ([`CellSpec::service`]); its connections travel in the
+/// OS-layer state of [`Final`].
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Most bytes of file data or log in one [`Msg::FileData`] or
 /// [`Msg::LogChunk`].
@@ -103,6 +107,11 @@ pub struct CellSpec {
     /// The cell's memory limit in bytes (chosen at launch; a destination
     /// refuses a cell whose limit is over its own per-cell maximum).
     pub max_memory: u64,
+    /// The network service the cell serves behind a gateway (`roam launch
+    /// --service NAME`): the cell has one listener of that label, and every
+    /// node it runs on tells its gateway where the service runs. `None`: no
+    /// listener.
+    pub service: Option<String>,
 }
 
 /// The source proposes a migration.

@@ -72,6 +72,7 @@ fn offer(cell_id: &str, migration_id: &str, dirs: &[&str]) -> Offer {
             launched_unix_ms: 0,
             hops: 0,
             max_memory: 64 << 20,
+            service: None,
         },
         mode: Mode::StopAndCopy,
         module_len: 100,

@@ -27,6 +27,7 @@ use super::common::*;
 
 mod faults;
 mod fetch;
+mod services;
 mod suite;
 
 /// The workload every test migrates.

@@ -246,6 +246,26 @@ impl GatewayLink {
         Ok(())
     }
 
+    /// The cell left this node for good by moving: forget `service`'s hub
+    /// here without a message. The destination's `Serve` of a higher
+    /// generation moves the clients; an `Unserve` from here, on another
+    /// connection, could reach the gateway first and end them. Nothing
+    /// happens unless `cell` serves `service` here.
+    pub fn release(&self, service: &str, cell: &str) {
+        let mut s = self.inner.lock();
+        if s.services.get(service).is_some_and(|v| v.cell == cell) {
+            if let Some(gone) = s.services.remove(service) {
+                gone.hub.set_notify(Arc::new(|| {}));
+            }
+            s.conns.retain(|_, svc| svc != service);
+            tracing::info!(
+                service,
+                cell,
+                "gateway link: released (the cell moved away)"
+            );
+        }
+    }
+
     fn control(
         &self,
         service: &str,

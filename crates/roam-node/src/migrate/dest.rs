@@ -189,6 +189,9 @@ fn admit(n: &NodeInner, offer: &mut Offer) -> Result<crate::limits::Admission, S
             return Err(format!("cell {} already runs on this node", offer.cell.id));
         }
     }
+    if let Some(service) = &offer.cell.service {
+        n.check_can_serve(service)?;
+    }
     let admission = crate::limits::admit_offer(n, offer)?;
     let m = crate::sysinfo::Machine::read();
     let need = offer.memory_bytes + n.cfg.memory_reserve;

@@ -43,6 +43,9 @@ pub(crate) struct Migration {
     pub pages_in: AtomicU64,
     pub wire_bytes: Arc<AtomicU64>,
     pub memory_bytes: AtomicU64,
+    /// The gateway was told to hold the cell's service: a failed migration
+    /// must serve it again from here.
+    pub held: std::sync::atomic::AtomicBool,
     phase: Mutex<String>,
     end: Mutex<Option<Result<MigrationSummary, String>>>,
 }
@@ -58,6 +61,7 @@ impl Migration {
             pages_in: AtomicU64::new(0),
             wire_bytes: Arc::new(AtomicU64::new(0)),
             memory_bytes: AtomicU64::new(0),
+            held: std::sync::atomic::AtomicBool::new(false),
             phase: Mutex::new("connecting".into()),
             end: Mutex::new(None),
         }

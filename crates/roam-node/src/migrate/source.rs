@@ -54,6 +54,7 @@ pub(crate) async fn start(
             rate,
         };
         let r = run(&node, &mig, &handle, plan).await;
+        let mut serve_again = None;
         let r = r.map_err(|e| {
             // Every failure before the commit resumed the cell (or it ended
             // by itself meanwhile); say so.
@@ -61,6 +62,9 @@ pub(crate) async fn start(
             match cells.get_mut(&mig.cell) {
                 Some(c) if c.state == CellState::Migrating => {
                     c.state = CellState::Running;
+                    if mig.held.load(Ordering::SeqCst) {
+                        serve_again = Some((c.spec.clone(), handle.net.clone()));
+                    }
                     if e.contains("keeps running") {
                         e
                     } else {
@@ -70,6 +74,11 @@ pub(crate) async fn start(
                 _ => e,
             }
         });
+        // The gateway held the service's clients for the move: they are
+        // this node's again, at the same generation (nothing else served).
+        if let Some((spec, hub)) = serve_again {
+            node.serve(&spec, hub.as_ref());
+        }
         mig.finish(r);
     });
     Ok(Json(MigrateResponse {
@@ -259,6 +268,8 @@ async fn run(
     let preopens = crate::api::make_preopens(n, &spec.id, &spec.dirs)
         .map_err(|e| format!("cannot open the cell's directories: {e}"))?;
     let mut ctx = Ctx {
+        n,
+        spec: &spec,
         m,
         h,
         stream: &mut stream,
@@ -348,6 +359,14 @@ async fn run(
         match verdict {
             Verdict::Resume(why) => {
                 let _ = paused.reply.send(Decision::Resume);
+                if spec.service.is_some() {
+                    // The destination's copy served the clients at hops + 1
+                    // and ran: the cell went there and came back, and its
+                    // `Serve` from here must supersede that copy's.
+                    if let Some(e) = n.cells().get_mut(&m.cell) {
+                        e.spec.hops += 2;
+                    }
+                }
                 writer.abort();
                 return Err(format!(
                     "post-copy broke after the cell started on the destination ({e}); {why}, \
@@ -469,6 +488,8 @@ fn modified(mem: &roam_runtime::LiveMemory, initial: &roam_snapshot::InitialImag
 type ModeResult = Result<(Paused, u32, Option<String>), (String, Option<Paused>)>;
 
 struct Ctx<'a> {
+    n: &'a NodeInner,
+    spec: &'a roam_wire::CellSpec,
     m: &'a Migration,
     h: &'a Arc<CellHandle>,
     stream: &'a mut Stream,
@@ -495,6 +516,11 @@ impl Ctx<'_> {
             })?
             .map_err(|_| "the cell ended before it could pause".to_string())?;
         self.m.phase("paused");
+        // Every mode pauses once, for the last time here: the gateway
+        // buffers the service's clients from now until a `Serve`.
+        if self.n.hold(self.spec) {
+            self.m.held.store(true, Ordering::SeqCst);
+        }
         Ok(p)
     }
 

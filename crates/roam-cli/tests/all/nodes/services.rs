@@ -1,0 +1,392 @@
+//! Network services behind `roam gateway`, end to end: the KV cell
+//! (`workloads/c/kvserver.c`) serves `redis-benchmark` and a writer of a
+//! known key set through the gateway while it moves between an x86-64 node
+//! and an aarch64 node under qemu-user, in every mode, and while moves fail.
+//!
+//! What must hold: no client sees an error or a reset (redis-benchmark 7
+//! exits at the first one; the writer checks every reply and reads keys
+//! back), a client that connects while the cell is paused is served after
+//! the move, and at the end `DBSIZE` and the server's `ROAM.DIGEST` equal
+//! what the test computes from what the clients wrote (the INCR counter
+//! included: no request was lost or applied twice).
+
+use super::*;
+
+mod load;
+mod resp;
+
+use load::{bench_keys, connect, digest, key, value, BenchLoop, Benched, Writer, Written};
+use resp::Reply;
+
+/// The service's name.
+const SERVICE: &str = "kv";
+
+/// A `roam gateway` process for [`SERVICE`] on free loopback ports,
+/// killed on drop.
+struct Gateway {
+    child: Child,
+    /// Where clients connect.
+    port: u16,
+    /// Where nodes connect (`127.0.0.1:port`).
+    control: String,
+    _dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Gateway {
+    fn start() -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("gateway.log");
+        let (port, control) = (free_port(), format!("127.0.0.1:{}", free_port()));
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("gateway")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--service", SERVICE, "--resp", "--control", &control])
+            .args(["--wait-timeout", "120"])
+            .env("ROAM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+        wait_for("the gateway to listen", Duration::from_secs(30), || {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!(
+                    "the gateway exited ({st}) before listening:\n{}",
+                    read_log()
+                );
+            }
+            TcpStream::connect(&control).ok()
+        });
+        Gateway {
+            child,
+            port,
+            control,
+            _dir: dir,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        format!(
+            "--- gateway log ---\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        )
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Debian's Redis client tools.
+const REDIS_TOOLS: roam_testkit::Tool = roam_testkit::Tool {
+    name: "redis-benchmark and redis-cli (redis-tools)",
+    install: "apt-get install redis-tools (or run scripts/setup.sh)",
+};
+
+/// redis-benchmark is there, or the test is skipped (fails under CI).
+fn have_redis_tools() -> bool {
+    if roam_testkit::have("redis-benchmark") {
+        return true;
+    }
+    roam_testkit::missing(&REDIS_TOOLS, "redis-benchmark does not run");
+    false
+}
+
+/// A node on free ports that reports to `gw`.
+fn service_node(isa: Isa, gw: &Gateway, extra: &[&str]) -> Node {
+    let mut args = vec!["--gateway", &gw.control];
+    if !extra.contains(&"--migrate-listen") {
+        args.extend(["--migrate-listen", "127.0.0.1:0"]);
+    }
+    args.extend(extra);
+    Node::start_with(isa, &args)
+}
+
+/// `roam launch --service kv kvserver.wasm` on `node`; the cell id, once
+/// the gateway routes a client to it.
+fn launch_kv(node: &Node, gw: &Gateway) -> String {
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["launch", "--node", &node.addr, "--service", SERVICE])
+        .arg(workload("kvserver"));
+    let out = run_bounded(cmd, SLOW);
+    assert!(
+        out.status.success(),
+        "roam launch: {}\n{}\n{}",
+        text(&out.stderr),
+        node.log(),
+        gw.log()
+    );
+    let id = text(&out.stdout).trim().to_string();
+    assert_eq!(node.cell(&id).unwrap()["service"], SERVICE);
+    let mut c = connect(gw.port).unwrap();
+    let pong = c.cmd(&[b"PING"]);
+    assert!(
+        matches!(&pong, Ok(Reply::Simple(s)) if s == "PONG"),
+        "PING through the gateway: {pong:?}\n{}\n{}",
+        node.log(),
+        gw.log()
+    );
+    id
+}
+
+/// The cell holds exactly what the clients wrote: `DBSIZE`, and
+/// `ROAM.DIGEST` against the digest computed here.
+fn check_data(gw: &Gateway, w: &Written, len: usize, b: &Benched, logs: &dyn Fn() -> String) {
+    let mut c = connect(gw.port).unwrap();
+    let set_value = match c.cmd(&[&b"GET"[..], b"key:__rand_int__"]).unwrap() {
+        Reply::Bulk(Some(v)) if v.len() == 3 => v,
+        Reply::Bulk(None) if b.runs == 0 => Vec::new(),
+        other => panic!("redis-benchmark's SET key holds {other:?}\n{}", logs()),
+    };
+    let mut pairs: Vec<(Vec<u8>, Vec<u8>)> =
+        (0..w.count).map(|i| (key(i), value(i, len))).collect();
+    pairs.extend(bench_keys(b, &set_value));
+    let want = format!(
+        "{:016x}",
+        digest(pairs.iter().map(|(k, v)| (&k[..], &v[..])))
+    );
+    let size = c.cmd(&[b"DBSIZE"]).unwrap();
+    assert_eq!(
+        size,
+        Reply::Int(pairs.len() as i64),
+        "DBSIZE after {} writer keys and {} benchmark runs\n{}",
+        w.count,
+        b.runs,
+        logs()
+    );
+    let got = match c.cmd(&[b"ROAM.DIGEST"]).unwrap() {
+        Reply::Bulk(Some(v)) => text(&v),
+        Reply::Simple(s) => s,
+        other => panic!("ROAM.DIGEST answered {other:?}"),
+    };
+    assert_eq!(got, want, "the server's digest differs\n{}", logs());
+    // The counter alone: every INCR applied exactly once.
+    if b.runs > 0 {
+        let n = c.cmd(&[&b"GET"[..], b"counter:__rand_int__"]).unwrap();
+        assert_eq!(n, Reply::Bulk(Some(b.incrs.to_string().into_bytes())));
+    }
+}
+
+/// No client saw an error; the load actually ran.
+fn check_clients(w: &Written, b: &Benched, logs: &dyn Fn() -> String) {
+    assert!(
+        w.errors.is_empty() && b.errors.is_empty(),
+        "clients saw errors:\n{}\n{}\n{}",
+        w.errors.join("\n"),
+        b.errors.join("\n"),
+        logs()
+    );
+    assert!(b.runs > 0, "no redis-benchmark run finished");
+    eprintln!(
+        "{} keys written; {} redis-benchmark runs: {}",
+        w.count,
+        b.runs,
+        b.rates.join(" | ")
+    );
+}
+
+/// A client that connects once `source` logs a new pause (`paused` pauses
+/// were logged before), and PINGs: the moment it connected, and the reply.
+fn connect_during_pause(
+    source_log: impl Fn() -> String + Send + 'static,
+    paused: usize,
+    port: u16,
+) -> std::thread::JoinHandle<(Instant, Result<Reply, String>)> {
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        while source_log().matches("phase=paused").count() <= paused {
+            assert!(start.elapsed() < SLOW, "the source never paused");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let at = Instant::now();
+        let reply = connect(port)
+            .and_then(|mut c| c.cmd(&[b"PING"]))
+            .map_err(|e| e.to_string());
+        (at, reply)
+    })
+}
+
+/// The log of a node, readable from another thread.
+fn log_reader(n: &Node) -> impl Fn() -> String + Send + 'static {
+    let path = n.log.clone();
+    move || std::fs::read_to_string(&path).unwrap_or_default()
+}
+
+/// Wait until the writer has written `more` keys past what it had:
+/// clients are served again.
+fn wait_progress(w: &Writer, more: u64, logs: &dyn Fn() -> String) {
+    let from = w.written();
+    let start = Instant::now();
+    while w.written() < from + more {
+        assert!(
+            start.elapsed() < SLOW,
+            "the writer made no progress after the move\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// x86-64 → aarch64 → x86-64 with pre-copy, then stop-and-copy to aarch64
+/// (a client connects during its pause) and post-copy back to x86-64,
+/// all under redis-benchmark and the writer.
+#[test]
+fn kv_cell_moves_across_isas_in_every_mode_under_load() {
+    if !have_redis_tools() {
+        return;
+    }
+    const LEN: usize = 200;
+    let gw = Gateway::start();
+    let a = service_node(Isa::X86_64, &gw, &[]);
+    let b = service_node(Isa::Aarch64, &gw, &[]);
+    let logs = || format!("{}\n{}", both_logs(&a, &b), gw.log());
+    let id = launch_kv(&a, &gw);
+    let writer = Writer::start(gw.port, LEN, 0, 10_000_000);
+    let bench = BenchLoop::start(gw.port);
+    wait_for("the load to run", SLOW, || {
+        (writer.written() >= 1000 && bench.runs() >= 1).then_some(())
+    });
+    let moves = [
+        (&a, &b, "pre-copy"),
+        (&b, &a, "pre-copy"),
+        (&a, &b, "stop-and-copy"),
+        (&b, &a, "post-copy"),
+    ];
+    for (hop, (from, to, mode)) in moves.into_iter().enumerate() {
+        let during = (mode == "stop-and-copy").then(|| {
+            let paused = from.log().matches("phase=paused").count();
+            connect_during_pause(log_reader(from), paused, gw.port)
+        });
+        // Stop-and-copy at 8 Mbit/s: a pause of seconds, so the client
+        // above connects while the cell is paused.
+        let extra: &[&str] = if during.is_some() {
+            &["--bandwidth", "8mbit"]
+        } else {
+            &[]
+        };
+        let (out, status) = migrate(&id, from, to, mode, extra);
+        let moved_at = Instant::now();
+        assert!(
+            out.status.success(),
+            "move {} ({mode}) failed: {}\n{}",
+            hop + 1,
+            text(&out.stderr),
+            logs()
+        );
+        assert_eq!(status["summary"]["to_isa"], to.isa.name(), "{status}");
+        if let Some(t) = during {
+            let (at, reply) = t.join().unwrap();
+            assert!(at < moved_at, "the client connected after the move");
+            assert_eq!(
+                reply,
+                Ok(Reply::Simple("PONG".into())),
+                "a client that connected during the pause\n{}",
+                logs()
+            );
+        }
+        let cell = to.cell(&id).unwrap();
+        assert_eq!(cell["state"], "running", "{cell}\n{}", logs());
+        assert_eq!(cell["hops"], hop + 1, "{cell}");
+        wait_progress(&writer, 200, &logs);
+    }
+    let (w, bn) = (writer.finish(), bench.finish());
+    check_clients(&w, &bn, &logs);
+    check_data(&gw, &w, LEN, &bn, &logs);
+}
+
+/// A move whose link is cut mid-transfer, and one whose destination is
+/// killed mid-transfer: both fail, the cell keeps serving from the source,
+/// a client that connected during the failed pause is served, and no client
+/// sees an error.
+#[test]
+fn failed_moves_leave_the_clients_served_by_the_source() {
+    if !have_redis_tools() {
+        return;
+    }
+    // 1 KiB values that do not compress: 6 MiB of data take seconds at
+    // 20 Mbit/s.
+    const LEN: usize = 1024;
+    let gw = Gateway::start();
+    let port = free_port();
+    let link = Link::start(port, LinkConfig::transparent());
+    let a = service_node(Isa::X86_64, &gw, &[]);
+    let b = service_node(
+        Isa::X86_64,
+        &gw,
+        &[
+            "--migrate-listen",
+            &format!("127.0.0.1:{port}"),
+            "--advertise-migrate",
+            &link.proxy().local_addr().to_string(),
+        ],
+    );
+    let mut c = service_node(Isa::X86_64, &gw, &[]);
+    let c_log = log_reader(&c);
+    let logs = || format!("{}\n{}\n{}", both_logs(&a, &b), c_log(), gw.log());
+    let id = launch_kv(&a, &gw);
+    let writer = Writer::start(gw.port, LEN, 6000, 10_000_000);
+    let bench = BenchLoop::start(gw.port);
+    wait_for("6000 keys", SLOW, || {
+        (writer.written() >= 6000).then_some(())
+    });
+    let slow = ["--bandwidth", "20mbit", "--codec", "none"];
+
+    // The link to b is cut once 2 MiB went through.
+    let handle = link.proxy().handle();
+    let cutter = std::thread::spawn(move || {
+        let start = Instant::now();
+        while handle.bytes_forwarded(Direction::ClientToServer) < 2 << 20 {
+            if start.elapsed() > Duration::from_secs(60) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        handle.cut(AfterCut::Refuse);
+        true
+    });
+    let paused = a.log().matches("phase=paused").count();
+    let during = connect_during_pause(log_reader(&a), paused, gw.port);
+    let (out, _) = migrate(&id, &a, &b, "stop-and-copy", &slow);
+    assert!(cutter.join().unwrap(), "the transfer never reached 2 MiB");
+    assert_failed(&out, "", &a, &b);
+    let (_, reply) = during.join().unwrap();
+    assert_eq!(reply, Ok(Reply::Simple("PONG".into())), "{}", logs());
+    wait_progress(&writer, 200, &logs);
+
+    // c is killed once the cell paused for it and pages flow.
+    let paused = a.log().matches("phase=paused").count();
+    let a_log = log_reader(&a);
+    let c_addr = c.addr.clone();
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["migrate", &id, "--from", &a.addr, "--to", &c_addr])
+        .args(["--mode", "stop-and-copy", "--json"])
+        .args(slow);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    wait_for("the cell to pause for c", SLOW, || {
+        (a_log().matches("phase=paused").count() > paused).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    c.kill9();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the move to a killed node succeeded");
+    assert!(
+        text(&out.stderr).contains("keeps running"),
+        "{}",
+        text(&out.stderr)
+    );
+    wait_progress(&writer, 200, &logs);
+
+    let (w, bn) = (writer.finish(), bench.finish());
+    check_clients(&w, &bn, &logs);
+    let cell = a.cell(&id).unwrap();
+    assert_eq!(cell["state"], "running", "{cell}\n{}", logs());
+    assert_eq!(cell["hops"], 0, "{cell}");
+    check_data(&gw, &w, LEN, &bn, &logs);
+}
