@@ -411,3 +411,15 @@ fn close_tells_the_backend_and_sockets_survive_save_and_restore() {
     // The saved state stays consistent after the closes.
     OsState::decode(&d.save().unwrap().encode()).unwrap();
 }
+
+#[test]
+fn renumbering_over_a_listener_closes_it() {
+    let (mut c, h, _mem) = connected();
+    c.fd_renumber(4, 3).unwrap();
+    assert!(h.listeners().is_empty());
+    let st = OsState::decode(&c.save().unwrap().encode()).unwrap();
+    assert_eq!(st.net.conns.len(), 1);
+    assert!(c.fd_close(4).is_err());
+    c.fd_close(3).unwrap();
+    assert_eq!(h.take_outgoing(), vec![NetOut::Closed { conn: 5 }]);
+}
