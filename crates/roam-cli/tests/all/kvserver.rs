@@ -386,3 +386,93 @@ fn cell_under_roam_run_listen_answers_the_script() {
     assert_eq!(c.cmd_str(&["ROAM.DIGEST"]).unwrap(), Reply::bulk(&want));
     benchmark_runs_clean(&server);
 }
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
+
+/// The standalone rule: a checkpoint under `roam run --listen` keeps the
+/// whole database, and a restore (on a new address) serves it again, with
+/// expiry still counting on the monotonic clock; the connections open at
+/// the checkpoint are reported to the program as reset, so it drops them.
+#[test]
+fn cell_keeps_its_data_across_checkpoint_and_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("kv.roam");
+    let addr = free_addr();
+    let mut cmd = common::roam(Isa::X86_64);
+    cmd.arg("run")
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--snapshot")
+        .arg(&snap)
+        .arg(common::workload("kvserver"));
+    let mut server = Server::start(cmd, addr, "kvserver cell to checkpoint");
+    let mut model = run_script(&server);
+    let mut c = server.client();
+    assert_eq!(
+        c.cmd_str(&["SET", "ttl", "t", "PX", "600000"]).unwrap(),
+        Reply::ok()
+    );
+    model.insert(b("ttl"), b("t"));
+    // Two clients stay connected across the checkpoint.
+    let mut open = server.client();
+    assert_eq!(
+        open.cmd_str(&["CLIENT", "SETNAME", "open"]).unwrap(),
+        Reply::ok()
+    );
+
+    // SAFETY: kill(2) on the pid of a child this test started and still owns.
+    assert_eq!(unsafe { kill(server.child.id() as i32, 15) }, 0);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "SIGTERM did not stop the cell"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "checkpoint-and-stop: {status}");
+    assert!(snap.exists(), "no snapshot was written");
+
+    let addr2 = free_addr();
+    let mut cmd = common::roam(Isa::X86_64);
+    cmd.arg("restore")
+        .arg(&snap)
+        .arg("--listen")
+        .arg(addr2.to_string());
+    let restored = Server::start(cmd, addr2, "restored kvserver cell");
+    let mut r = restored.client();
+    assert_eq!(
+        r.cmd_str(&["DBSIZE"]).unwrap(),
+        Reply::Int(model.len() as i64)
+    );
+    let want = digest(model.iter().map(|(k, v)| (k.as_slice(), v.as_slice())));
+    assert_eq!(r.cmd_str(&["ROAM.DIGEST"]).unwrap(), Reply::bulk(&want));
+    match r.cmd_str(&["PTTL", "ttl"]).unwrap() {
+        Reply::Int(ms) => assert!(ms > 0 && ms < 600_000, "PTTL after restore: {ms}"),
+        other => panic!("PTTL after restore: {other:?}"),
+    }
+    assert_eq!(r.cmd_str(&["INCR", "a"]).unwrap(), Reply::Int(12));
+    // The connections restored without a gateway were reset: the program
+    // closed them, and only this client is left.
+    let start = Instant::now();
+    loop {
+        let Reply::Bulk(Some(info)) = r.cmd_str(&["INFO", "clients"]).unwrap() else {
+            panic!("INFO clients")
+        };
+        if String::from_utf8_lossy(&info).contains("connected_clients:1\r\n") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the restored connections are still open: {}",
+            String::from_utf8_lossy(&info)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    benchmark_runs_clean(&restored);
+}
