@@ -339,3 +339,76 @@ impl Backend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// Wait (bounded) until `f` holds.
+    fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !f() {
+            assert!(Instant::now() < deadline, "{what}: not within 60 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_fast_client_is_held_back_by_the_window() {
+        let sock = TcpListener::bind("127.0.0.1:0").unwrap();
+        let label = labels(std::slice::from_ref(&sock)).remove(0);
+        let hub = NetHub::new(std::slice::from_ref(&label));
+        serve(hub.clone(), vec![(label.clone(), sock)]);
+        let mut client = TcpStream::connect(label.as_str()).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        // Far more than the window and the kernel's socket buffers.
+        let t = std::thread::spawn(move || {
+            let chunk = vec![7u8; 1 << 20];
+            for _ in 0..64 {
+                if client.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+            d.store(true, Ordering::SeqCst);
+        });
+        let window = hub.window() as usize;
+        eventually("the window fills", || {
+            hub.state()
+                .conns
+                .first()
+                .is_some_and(|c| c.rx.len() == window)
+        });
+        // Nobody reads: the backend stops reading, the client stays blocked,
+        // and the connection is not dropped.
+        std::thread::sleep(Duration::from_millis(300));
+        let st = hub.state();
+        assert_eq!(st.conns.len(), 1);
+        assert_eq!(st.conns[0].rx.len(), window);
+        assert!(!st.conns[0].reset);
+        assert!(!done.load(Ordering::SeqCst), "64 MiB went somewhere");
+        // The blocked writer thread is left behind with the test's sockets.
+        drop(t);
+    }
+
+    #[test]
+    fn a_restore_matches_listeners_by_position_and_refuses_a_mismatch() {
+        let hub = NetHub::new(&["10.0.0.1:1".into(), "10.0.0.1:2".into()]);
+        let e = reattach(&hub, bind(&["127.0.0.1:0".into()]).unwrap()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("has 2 listener(s) (10.0.0.1:1, 10.0.0.1:2) but --listen was given 1"),
+            "{e}"
+        );
+        let pairs = reattach(
+            &hub,
+            bind(&["127.0.0.1:0".into(), "127.0.0.1:0".into()]).unwrap(),
+        )
+        .unwrap();
+        let old: Vec<&str> = pairs.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(old, ["10.0.0.1:1", "10.0.0.1:2"]);
+        let e = bind(&["300.1.1.1:1".into()]).unwrap_err();
+        assert!(e.to_string().contains("--listen 300.1.1.1:1"), "{e}");
+    }
+}

@@ -283,8 +283,9 @@ fn blocked_in_accept_moves_to_aarch64_and_serves() {
     assert_eq!(account(&out, 2, "closed"), sent[1]);
 }
 
-#[test]
-fn blocked_in_recv_moves_to_aarch64_and_its_connection_is_reset() {
+/// `mode` "serial" blocks in recv, "poll" in poll_oneoff, with one client
+/// connected; after the move that client is reset, a new one is served.
+fn blocked_with_a_client_moves_to_aarch64(mode: &str) {
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("recv.roam");
     let echo = workload("echo");
@@ -299,15 +300,15 @@ fn blocked_in_recv_moves_to_aarch64_and_its_connection_is_reset() {
             snap.to_str().unwrap(),
             echo.to_str().unwrap(),
             "--",
-            "serial",
+            mode,
             "2",
         ],
-        "echo serial, checkpoint in recv",
+        &format!("echo {mode}, checkpoint with a client"),
     );
     let addr = first.addr();
     let mut a = connect(&addr);
     echo_round(&mut a, b"ping", "client before the move");
-    // The server is back in recv, waiting for more from this client.
+    // The server is back in recv (or poll), waiting for more from this client.
     first
         .stdout
         .wait_for("echo: client 1 accepted", "first half");
@@ -324,8 +325,8 @@ fn blocked_in_recv_moves_to_aarch64_and_its_connection_is_reset() {
 
     let second = restore_on_aarch64(&snap, "echo restored on aarch64");
     let addr = second.addr();
-    // The restored recv reports the old connection reset, with the byte
-    // count the program had when it was checkpointed.
+    // The restored recv (or poll, then recv) reports the old connection
+    // reset, with the byte count the program had when it was checkpointed.
     second
         .stdout
         .wait_for("echo: client 1 reset", "restored half");
@@ -337,6 +338,16 @@ fn blocked_in_recv_moves_to_aarch64_and_its_connection_is_reset() {
     assert!(st.success(), "{}", err.join("\n"));
     assert_eq!(account(&out, 1, "reset"), 4);
     assert_eq!(account(&out, 2, "closed"), data.len() as u64);
+}
+
+#[test]
+fn blocked_in_recv_moves_to_aarch64_and_its_connection_is_reset() {
+    blocked_with_a_client_moves_to_aarch64("serial");
+}
+
+#[test]
+fn blocked_in_poll_moves_to_aarch64_and_its_connection_is_reset() {
+    blocked_with_a_client_moves_to_aarch64("poll");
 }
 
 #[test]
