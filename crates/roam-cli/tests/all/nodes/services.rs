@@ -184,8 +184,9 @@ fn check_clients(w: &Written, b: &Benched, logs: &dyn Fn() -> String) {
     );
     assert!(b.runs > 0, "no redis-benchmark run finished");
     eprintln!(
-        "{} keys written; {} redis-benchmark runs: {}",
+        "{} keys, {} SETs by the writer; {} redis-benchmark runs: {}",
         w.count,
+        w.sets,
         b.runs,
         b.rates.join(" | ")
     );
@@ -247,7 +248,7 @@ fn kv_cell_moves_across_isas_in_every_mode_under_load() {
     let b = service_node(Isa::Aarch64, &gw, &[]);
     let logs = || format!("{}\n{}", both_logs(&a, &b), gw.log());
     let id = launch_kv(&a, &gw);
-    let writer = Writer::start(gw.port, LEN, 0, 10_000_000);
+    let writer = Writer::start(gw.port, LEN, 20_000, 0);
     let bench = BenchLoop::start(gw.port);
     wait_for("the load to run", SLOW, || {
         (writer.written() >= 1000 && bench.runs() >= 1).then_some(())
@@ -280,6 +281,14 @@ fn kv_cell_moves_across_isas_in_every_mode_under_load() {
             logs()
         );
         assert_eq!(status["summary"]["to_isa"], to.isa.name(), "{status}");
+        eprintln!(
+            "move {}: {mode} {} -> {}, downtime {} ms, total {} ms",
+            hop + 1,
+            from.isa.name(),
+            to.isa.name(),
+            status["summary"]["downtime_ms"],
+            status["summary"]["total_ms"]
+        );
         if let Some(t) = during {
             let (at, reply) = t.join().unwrap();
             assert!(at < moved_at, "the client connected after the move");
@@ -309,8 +318,8 @@ fn failed_moves_leave_the_clients_served_by_the_source() {
     if !have_redis_tools() {
         return;
     }
-    // 1 KiB values that do not compress: 6 MiB of data take seconds at
-    // 20 Mbit/s.
+    // 8000 values of 1 KiB that do not compress: 8 MiB of data take
+    // seconds at 20 Mbit/s.
     const LEN: usize = 1024;
     let gw = Gateway::start();
     let port = free_port();
@@ -330,10 +339,10 @@ fn failed_moves_leave_the_clients_served_by_the_source() {
     let c_log = log_reader(&c);
     let logs = || format!("{}\n{}\n{}", both_logs(&a, &b), c_log(), gw.log());
     let id = launch_kv(&a, &gw);
-    let writer = Writer::start(gw.port, LEN, 6000, 10_000_000);
+    let writer = Writer::start(gw.port, LEN, 8000, 8000);
     let bench = BenchLoop::start(gw.port);
-    wait_for("6000 keys", SLOW, || {
-        (writer.written() >= 6000).then_some(())
+    wait_for("8000 keys", SLOW, || {
+        (writer.written() >= 8000).then_some(())
     });
     let slow = ["--bandwidth", "20mbit", "--codec", "none"];
 

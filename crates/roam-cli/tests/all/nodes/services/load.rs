@@ -7,7 +7,7 @@
 //! requires none.
 
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -49,35 +49,35 @@ pub(crate) fn key(i: u64) -> Vec<u8> {
 pub(crate) struct Written {
     /// Keys `w:0 .. w:count` hold `value(i, len)`.
     pub count: u64,
+    /// SETs answered (keys past `keys` are written again, same values).
+    pub sets: u64,
     /// Every failure seen (I/O, a wrong reply).
     pub errors: Vec<String>,
 }
 
-/// A thread that writes `w:0, w:1, ...` with `value(i, len)` in pipelined
-/// batches on one connection, and reads back an earlier key after each
-/// batch, until stopped (and at least `min` keys are written) or `max`.
+/// A thread that writes `w:0, w:1, ... w:keys-1` with `value(i, len)`,
+/// then again from `w:0` (same values: the data set stays bounded and
+/// known), in pipelined batches on one connection, and reads back an
+/// earlier key after each batch, until stopped (and at least `min` SETs
+/// were answered).
 pub(crate) struct Writer {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Written>,
-    count: Arc<std::sync::atomic::AtomicU64>,
+    sets: Arc<AtomicU64>,
 }
 
 impl Writer {
-    pub(crate) fn start(port: u16, len: usize, min: u64, max: u64) -> Writer {
+    pub(crate) fn start(port: u16, len: usize, keys: u64, min: u64) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
-        let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (s, c) = (stop.clone(), count.clone());
-        let thread = std::thread::spawn(move || write_keys(port, len, min, max, &s, &c));
-        Writer {
-            stop,
-            thread,
-            count,
-        }
+        let sets = Arc::new(AtomicU64::new(0));
+        let (s, c) = (stop.clone(), sets.clone());
+        let thread = std::thread::spawn(move || write_keys(port, len, keys, min, &s, &c));
+        Writer { stop, thread, sets }
     }
 
-    /// Keys written so far.
+    /// SETs answered so far.
     pub(crate) fn written(&self) -> u64 {
-        self.count.load(Ordering::SeqCst)
+        self.sets.load(Ordering::SeqCst)
     }
 
     pub(crate) fn finish(self) -> Written {
@@ -89,10 +89,10 @@ impl Writer {
 fn write_keys(
     port: u16,
     len: usize,
+    keys: u64,
     min: u64,
-    max: u64,
     stop: &AtomicBool,
-    count: &std::sync::atomic::AtomicU64,
+    sets: &AtomicU64,
 ) -> Written {
     const BATCH: u64 = 50;
     let mut w = Written::default();
@@ -103,32 +103,31 @@ fn write_keys(
             return w;
         }
     };
-    while w.count < max && (w.count < min || !stop.load(Ordering::SeqCst)) {
-        let end = (w.count + BATCH).min(max);
-        let cmds: Vec<Vec<Vec<u8>>> = (w.count..end)
+    while w.sets < min || !stop.load(Ordering::SeqCst) {
+        let from = w.sets % keys;
+        let end = (from + BATCH).min(keys);
+        let cmds: Vec<Vec<Vec<u8>>> = (from..end)
             .map(|i| vec![b"SET".to_vec(), key(i), value(i, len)])
             .collect();
         match c.pipeline(&cmds) {
             Ok(replies) => {
                 for (k, r) in replies.iter().enumerate() {
                     if *r != Reply::Simple("OK".into()) {
-                        w.errors.push(format!(
-                            "writer: SET w:{} answered {r:?}",
-                            w.count + k as u64
-                        ));
+                        w.errors
+                            .push(format!("writer: SET w:{} answered {r:?}", from + k as u64));
                     }
                 }
             }
             Err(e) => {
-                w.errors
-                    .push(format!("writer: SET batch at w:{}: {e}", w.count));
+                w.errors.push(format!("writer: SET batch at w:{from}: {e}"));
                 return w;
             }
         }
-        w.count = end;
-        count.store(w.count, Ordering::SeqCst);
+        w.sets += end - from;
+        w.count = w.count.max(end);
+        sets.store(w.sets, Ordering::SeqCst);
         // Read back a key written earlier.
-        let i = w.count / 2;
+        let i = end / 2;
         match c.cmd(&[&b"GET"[..], &key(i)]) {
             Ok(Reply::Bulk(Some(v))) if v == value(i, len) => {}
             Ok(r) => w.errors.push(format!("writer: GET w:{i} answered {r:?}")),
