@@ -9,7 +9,12 @@
 //! absolute numbers from different runs incomparable. They are benchmarks,
 //! not tests: they print a markdown table and write
 //! `bench/results/<t>.{csv,md}`. See docs/benchmarks.md.
+//!
+//! The Redis-protocol benchmarks (`gw`, `t4kv`, `t7`) run the `kvserver`
+//! cell as a network service and measure what its clients see.
 
+mod gw;
+mod kv;
 mod paths;
 mod prepare;
 mod proc;
@@ -20,7 +25,9 @@ mod t1;
 mod t2;
 mod t3;
 mod t4;
+mod t4kv;
 mod t5;
+mod t7;
 
 use std::path::PathBuf;
 
@@ -101,6 +108,76 @@ enum Bench {
         /// Comma-separated bandwidths in Mbit/s.
         #[arg(long, default_value = "5,10,25,100,1000", value_delimiter = ',')]
         mbit: Vec<u64>,
+    },
+    /// Gateway overhead: redis-benchmark through roam gateway vs straight to the cell vs native.
+    Gw {
+        /// redis-benchmark -c.
+        #[arg(long, default_value_t = 50)]
+        clients: u32,
+        /// redis-benchmark -n.
+        #[arg(long, default_value_t = 100_000)]
+        requests: u64,
+        /// redis-benchmark -P.
+        #[arg(long, default_value_t = 1)]
+        pipeline: u32,
+        /// redis-benchmark -t.
+        #[arg(long, default_value = "set,get,incr,ping")]
+        tests: String,
+        /// Interleaved repetitions.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+    },
+    /// T4 with the KV cell: client-visible downtime and throughput while it migrates.
+    T4kv {
+        /// Dataset keys (262144 x 1024 B = 256 MiB).
+        #[arg(long, default_value_t = 262_144)]
+        keys: u64,
+        /// Dataset value length in bytes.
+        #[arg(long, default_value_t = 1024)]
+        value_len: usize,
+        /// Modes, in order; the cell alternates between the two nodes.
+        #[arg(
+            long,
+            default_value = "pre-copy,stop-and-copy,post-copy",
+            value_delimiter = ','
+        )]
+        modes: Vec<String>,
+        /// Migration bandwidth (`roam migrate --bandwidth`).
+        #[arg(long, default_value = "1gbit")]
+        bandwidth: String,
+        /// Seconds of load before each migration and after the last.
+        #[arg(long, default_value_t = 5.0)]
+        settle: f64,
+        /// Reader threads.
+        #[arg(long, default_value_t = 2)]
+        readers: usize,
+        /// redis-benchmark arguments, run back to back.
+        #[arg(long, default_value = "-c 16 -n 20000 -r 100000 -t set,get,incr,ping")]
+        bench: String,
+    },
+    /// T7 follow-the-user: two nodes, the client's delay to each changing over time.
+    T7 {
+        /// Phases (the near node alternates).
+        #[arg(long, default_value_t = 4)]
+        phases: usize,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 10.0)]
+        phase_secs: f64,
+        /// One-way delay to the near node, ms.
+        #[arg(long, default_value_t = 2.0)]
+        near_ms: f64,
+        /// One-way delay to the far node, ms.
+        #[arg(long, default_value_t = 25.0)]
+        far_ms: f64,
+        /// Dataset keys of 1 KiB.
+        #[arg(long, default_value_t = 16_384)]
+        keys: u64,
+        /// Closed-loop reader clients.
+        #[arg(long, default_value_t = 4)]
+        readers: usize,
+        /// Migration mode when following.
+        #[arg(long, default_value = "pre-copy")]
+        mode: String,
     },
 }
 
@@ -246,6 +323,62 @@ fn main() -> anyhow::Result<()> {
             );
             t5::report(&rows, setup, notes)
         }
+        Bench::Gw {
+            clients,
+            requests,
+            pipeline,
+            tests,
+            reps,
+        } => gw::run(
+            &paths,
+            &gw::Options {
+                clients,
+                requests,
+                pipeline,
+                tests,
+                reps: reps.max(1),
+            },
+        )?,
+        Bench::T4kv {
+            keys,
+            value_len,
+            modes,
+            bandwidth,
+            settle,
+            readers,
+            bench,
+        } => t4kv::run(
+            &paths,
+            &t4kv::Options {
+                keys,
+                value_len,
+                modes,
+                bandwidth,
+                settle,
+                readers,
+                bench,
+            },
+        )?,
+        Bench::T7 {
+            phases,
+            phase_secs,
+            near_ms,
+            far_ms,
+            keys,
+            readers,
+            mode,
+        } => t7::run(
+            &paths,
+            &t7::Options {
+                phases,
+                phase_secs,
+                near_ms,
+                far_ms,
+                keys,
+                readers,
+                mode,
+            },
+        )?,
     };
     report.emit(&cli.out)?;
     Ok(())

@@ -8,12 +8,17 @@
 //! environment variable is set to anything but empty, `false` or `0`, as CI
 //! services set it and as `scripts/test.sh` exports it.
 //!
-//! Used only as a dev-dependency.
+//! It also holds [`resp`], a RESP client and a `redis-benchmark` runner for
+//! the tests and benchmarks of Redis-protocol cells.
+//!
+//! Used by tests and benchmarks only.
 
 #![deny(missing_docs)]
 
 use std::ffi::OsStr;
 use std::fmt::Display;
+
+pub mod resp;
 
 /// Something a test needs that may be missing, and how to get it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +65,13 @@ pub const USERFAULTFD: Tool = Tool {
 pub const NATIVE_WORKLOADS: Tool = Tool {
     name: "the native x86-64 workload builds (target/workloads/native)",
     install: "install gcc and run workloads/build.sh (scripts/test.sh does)",
+};
+
+/// Debian's `redis-benchmark` and `redis-cli`, the Redis clients nobody
+/// here wrote.
+pub const REDIS_TOOLS: Tool = Tool {
+    name: "redis-benchmark and redis-cli",
+    install: "apt-get install redis-tools (or run scripts/setup.sh)",
 };
 
 /// Whether the tests run under CI: `CI` is set, non-empty, and neither

@@ -12,6 +12,7 @@ mod cli;
 mod common;
 mod cross_isa;
 mod hostile;
+mod kvserver;
 mod limits;
 mod nodes;
 mod snapshot_errors;
