@@ -6,23 +6,23 @@
 //! unexpected reply or a redis-benchmark error is recorded, and the test
 //! requires none.
 
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::resp::{Conn, Reply};
+use roam_testkit::resp::{Client, Reply};
 
 /// Longest a reply may take: a cell moving to or from the node under qemu
 /// holds its clients for seconds.
 pub(crate) const REPLY_LIMIT: Duration = Duration::from_secs(120);
 
-/// A connection to the gateway, with the reply limit.
-pub(crate) fn connect(port: u16) -> std::io::Result<Conn> {
-    let c = Conn::connect(&format!("127.0.0.1:{port}"))?;
-    c.set_timeout(Some(REPLY_LIMIT))?;
-    Ok(c)
+/// A connection to the gateway, with the reply limit, and its local port.
+pub(crate) fn connect(port: u16) -> Result<(Client, u16), String> {
+    let s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    let local = s.local_addr().map_or(0, |a| a.port());
+    let c = Client::from_stream(s, REPLY_LIMIT).map_err(|e| e.to_string())?;
+    Ok((c, local))
 }
 
 /// The value the writer stores under key number `i` the `round`th time it
@@ -118,7 +118,7 @@ fn write_keys(
         ..Written::default()
     };
     let mut c = match connect(port) {
-        Ok(c) => c,
+        Ok((c, _)) => c,
         Err(e) => {
             w.errors.push(format!("writer: connect: {e}"));
             return w;
@@ -133,7 +133,7 @@ fn write_keys(
         match c.pipeline(&cmds) {
             Ok(replies) => {
                 for (k, r) in replies.iter().enumerate() {
-                    if *r != Reply::Simple("OK".into()) {
+                    if *r != Reply::ok() {
                         w.errors
                             .push(format!("writer: SET w:{} answered {r:?}", from + k as u64));
                     }
@@ -149,7 +149,7 @@ fn write_keys(
         sets.store(w.sets, Ordering::SeqCst);
         // Read back a key written earlier.
         let i = end / 2;
-        match c.cmd(&[&b"GET"[..], &key(i)]) {
+        match c.cmd(&[b"GET", &key(i)]) {
             Ok(Reply::Bulk(Some(v))) if v == w.value_of(i, len) => {}
             Ok(r) => w.errors.push(format!("writer: GET w:{i} answered {r:?}")),
             Err(e) => {
@@ -161,26 +161,7 @@ fn write_keys(
     w
 }
 
-/// The digest `ROAM.DIGEST` answers for these pairs (docs/workloads.md):
-/// the sum mod 2^64 over keys of mix64(fnv1a64(le32(klen) || key || value)).
-pub(crate) fn digest<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> u64 {
-    fn fnv1a(mut h: u64, b: &[u8]) -> u64 {
-        for &x in b {
-            h = (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
-        }
-        h
-    }
-    fn mix64(mut z: u64) -> u64 {
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    pairs.into_iter().fold(0u64, |sum, (k, v)| {
-        let h = fnv1a(0xcbf2_9ce4_8422_2325, &(k.len() as u32).to_le_bytes());
-        let h = fnv1a(fnv1a(h, k), v);
-        sum.wrapping_add(mix64(h))
-    })
-}
+pub(crate) use roam_testkit::resp::digest;
 
 /// What a loop of redis-benchmark runs did.
 #[derive(Debug, Default, Clone)]
@@ -250,66 +231,28 @@ fn bench_runs(port: u16, stop: &AtomicBool, runs: &Mutex<u64>) -> Benched {
     b
 }
 
-/// One run; its CSV line of rates, or why it failed: a non-zero exit
-/// (redis-benchmark 7 exits at the first error reply or broken
-/// connection), an error line, or a test missing from the CSV.
+/// One run; its rates, or why it failed: a non-zero exit (redis-benchmark
+/// 7 exits at the first error reply or broken connection), an error line,
+/// or a test missing from its output.
 fn bench_once(port: u16) -> Result<String, String> {
-    let mut cmd = Command::new("redis-benchmark");
-    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-c", BENCH_CLIENTS, "-n", &BENCH_N.to_string()])
-        .args(["-t", "set,get,incr,ping", "--csv"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().map_err(|e| format!("cannot run: {e}"))?;
-    let out = wait_output(child, Duration::from_secs(300))?;
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    let all = format!("{stdout}{stderr}");
-    if !out.status.success() {
-        return Err(format!("exit {}: {all}", out.status));
+    let port = port.to_string();
+    let args = ["-h", "127.0.0.1", "-p", &port, "-c", BENCH_CLIENTS];
+    let n = BENCH_N.to_string();
+    let args = [&args[..], &["-n", &n, "-t", "set,get,incr,ping"]].concat();
+    let run = roam_testkit::resp::benchmark::redis_benchmark(&args, Duration::from_secs(300))
+        .map_err(|e| e.to_string())?;
+    if !run.ok() {
+        return Err(format!("exit {}: {}", run.status, run.errors.join(" / ")));
     }
-    if let Some(l) = all
-        .lines()
-        .find(|l| l.contains("Error") || l.contains("ERR") || l.contains("reset"))
-    {
-        return Err(format!("error line `{l}` in:\n{all}"));
-    }
-    let mut rates = Vec::new();
-    for t in BENCH_TESTS {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("\"{t}\"")))
-            .ok_or_else(|| format!("no result for {t} in:\n{all}"))?;
-        let rps = line.split(',').nth(1).unwrap_or("?").trim_matches('"');
-        rates.push(format!("{t}={rps}"));
-    }
-    Ok(rates.join(" "))
-}
-
-fn wait_output(
-    mut child: std::process::Child,
-    limit: Duration,
-) -> Result<std::process::Output, String> {
-    let start = Instant::now();
-    loop {
-        if child.try_wait().map_err(|e| e.to_string())?.is_some() {
-            return child.wait_with_output().map_err(|e| e.to_string());
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().map_err(|e| e.to_string())?;
-            return Err(format!(
-                "did not finish within {} s: {}{}",
-                limit.as_secs(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    BENCH_TESTS
+        .iter()
+        .map(|t| {
+            run.test(t)
+                .map(|r| format!("{t}={:.0}", r.rps))
+                .ok_or_else(|| format!("no result for {t}: {:?}", run.tests))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(|v| v.join(" "))
 }
 
 /// The keys redis-benchmark's `-t set,get,incr,ping` leaves (it does not
@@ -329,20 +272,12 @@ pub(crate) fn bench_keys(b: &Benched, set_value: &[u8]) -> Vec<(Vec<u8>, Vec<u8>
     ]
 }
 
+/// The digest computed here matches what the real server answered
+/// (native kvserver, redis-cli): the expected values in the tests are
+/// computed independently of the server.
 #[test]
-fn digest_of_nothing_is_zero_and_order_does_not_matter() {
-    assert_eq!(digest(std::iter::empty()), 0);
-    let (a, b): (&[u8], &[u8]) = (b"a", b"1");
-    let (c, d): (&[u8], &[u8]) = (b"bb", b"22");
-    assert_eq!(digest([(a, b), (c, d)]), digest([(c, d), (a, b)]));
-    assert_ne!(digest([(a, b)]), digest([(a, d)]));
-    // Rounds: 3 keys, 7 SETs: keys 0 was written 3 times, 1 and 2 twice.
-    assert_eq!(
-        (round_of(0, 7, 3), round_of(1, 7, 3), round_of(2, 7, 3)),
-        (2, 1, 1)
-    );
-    assert_eq!(round_of(2, 6, 3), 1);
-    // What the native kvserver answers for these keys.
+fn digest_matches_the_server_and_rounds_follow_the_writer() {
+    assert_eq!(digest(std::iter::empty()), "0000000000000000");
     let bench = Benched {
         runs: 1,
         incrs: 2000,
@@ -350,12 +285,15 @@ fn digest_of_nothing_is_zero_and_order_does_not_matter() {
     };
     let keys = bench_keys(&bench, b"xxx");
     assert_eq!(
-        format!(
-            "{:016x}",
-            digest(keys.iter().map(|(k, v)| (&k[..], &v[..])))
-        ),
+        digest(keys.iter().map(|(k, v)| (&k[..], &v[..]))),
         "0e61c393da700d5c"
     );
     let (a, one): (&[u8], &[u8]) = (b"a", b"1");
-    assert_eq!(format!("{:016x}", digest([(a, one)])), "a3625301317f047d");
+    assert_eq!(digest([(a, one)]), "a3625301317f047d");
+    // 3 keys, 7 SETs: key 0 was written 3 times, keys 1 and 2 twice.
+    assert_eq!(
+        (round_of(0, 7, 3), round_of(1, 7, 3), round_of(2, 7, 3)),
+        (2, 1, 1)
+    );
+    assert_eq!(round_of(2, 6, 3), 1);
 }
