@@ -13,6 +13,9 @@ OUT="$ROOT/target/workloads"
 CARGO_OUT="$ROOT/target/workloads-cargo"
 C_WORKLOADS=(ep is cg mg matmul linpack dhrystone filework dirty kv bigfiles)
 RUST_WORKLOADS=(kmeans pca recurse)
+# Service workloads (C): servers that run until stopped. Built like the C
+# workloads, but no batch suite (check.sh, the node and cross-ISA tests) runs them.
+SERVICE_WORKLOADS=(echo)
 CLANG="${CLANG:-clang-16}"
 WASM_CFLAGS=(--target=wasm32-wasi -O2 -Wall -Wextra -Wl,-z,stack-size=1048576)
 NATIVE_CFLAGS=(-O2 -ffp-contract=off -Wall -Wextra)
@@ -22,12 +25,12 @@ warn() { echo "build.sh: warning: $*" >&2; }
 
 want_c=() want_rust=()
 if [[ $# -eq 0 ]]; then
-    want_c=("${C_WORKLOADS[@]}") want_rust=("${RUST_WORKLOADS[@]}")
+    want_c=("${C_WORKLOADS[@]}" "${SERVICE_WORKLOADS[@]}") want_rust=("${RUST_WORKLOADS[@]}")
 else
     for name in "$@"; do
-        if [[ " ${C_WORKLOADS[*]} " == *" $name "* ]]; then want_c+=("$name")
+        if [[ " ${C_WORKLOADS[*]} ${SERVICE_WORKLOADS[*]} " == *" $name "* ]]; then want_c+=("$name")
         elif [[ " ${RUST_WORKLOADS[*]} " == *" $name "* ]]; then want_rust+=("$name")
-        else die "unknown workload '$name' (known: ${C_WORKLOADS[*]} ${RUST_WORKLOADS[*]})"; fi
+        else die "unknown workload '$name' (known: ${C_WORKLOADS[*]} ${SERVICE_WORKLOADS[*]} ${RUST_WORKLOADS[*]})"; fi
     done
 fi
 

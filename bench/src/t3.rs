@@ -89,6 +89,7 @@ fn one_run(
         args: vec![name, size.into()],
         env: vec![],
         preopens,
+        ..Default::default()
     };
     let mut cell = Cell::start(rt, module, cfg, CellOptions::default())?;
     let ctl = cell.controller();

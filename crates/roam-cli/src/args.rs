@@ -94,6 +94,12 @@ pub struct CellArgs {
     /// Give the program a host directory: HOST::GUEST (repeatable).
     #[arg(long = "dir", value_name = "HOST::GUEST")]
     pub dirs: Vec<String>,
+    /// Serve real TCP clients on ADDR (repeatable): the program finds each
+    /// listening socket as an fd after the --dir directories. On restore,
+    /// give one per listener of the snapshot, in the same order; restored
+    /// connections are reported to the program as reset.
+    #[arg(long = "listen", value_name = "ADDR")]
+    pub listen: Vec<String>,
     /// Where checkpoints are written.
     #[arg(long)]
     pub snapshot: Option<PathBuf>,

@@ -9,6 +9,7 @@ mod args;
 mod cert;
 mod gateway_cmd;
 mod inspect;
+mod listen;
 mod node_args;
 mod node_cmd;
 mod prepare;

@@ -14,6 +14,7 @@ use signal_hook::consts::{SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
 use crate::args::{CellArgs, Points, RestoreArgs, RunArgs};
+use crate::listen;
 
 fn runtime(c: &CellArgs, points: Points) -> anyhow::Result<Runtime> {
     let mut cfg = RuntimeConfig::default();
@@ -79,13 +80,22 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         .unwrap_or_else(|| "program.wasm".into());
     let mut args = vec![name];
     args.extend(a.args.iter().cloned());
+    let sockets = listen::bind(&a.cell.listen)?;
+    let labels = listen::labels(&sockets);
     let cfg = WasiConfig {
         args,
         env: parse_env(&a.env)?,
         preopens: parse_dirs(&a.cell.dirs)?,
-        listeners: Vec::new(),
+        listeners: labels.clone(),
     };
+    let first_fd = 3 + cfg.preopens.len();
     let cell = Cell::start(&rt, module, cfg, cell_options(&a.cell)?)?;
+    if let Some(hub) = cell.net() {
+        for (i, l) in labels.iter().enumerate() {
+            eprintln!("roam: listening on {l} (fd {})", first_fd + i);
+        }
+        listen::serve(hub, labels.into_iter().zip(sockets).collect());
+    }
     let path = a.cell.snapshot.clone().unwrap_or_else(|| {
         let stem = a.module.file_stem().unwrap_or_default().to_string_lossy();
         PathBuf::from(format!("{}.roam", stem.trim_end_matches(".roam")))
@@ -120,6 +130,26 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
     let preopens = parse_dirs(&a.cell.dirs)?;
     let cell = Cell::restore(&rt, module, &snap, preopens, cell_options(&a.cell)?)
         .with_context(|| format!("cannot restore {}", a.snapshot_file.display()))?;
+    match cell.net() {
+        Some(hub) => {
+            let sockets = listen::bind(&a.cell.listen)?;
+            let new = listen::labels(&sockets);
+            let pairs = listen::reattach(&hub, sockets)?;
+            for ((old, _), l) in pairs.iter().zip(&new) {
+                eprintln!("roam: listening on {l} for the program's listener {old}");
+            }
+            listen::serve(hub, pairs);
+        }
+        None if !a.cell.listen.is_empty() => {
+            return Err(listen::ListenError::CountMismatch {
+                have: 0,
+                labels: "none".into(),
+                given: a.cell.listen.len(),
+            }
+            .into())
+        }
+        None => {}
+    }
     tracing::info!(
         ms = started.elapsed().as_millis() as u64,
         from = %snap.origin.isa,

@@ -39,7 +39,11 @@ pub use state::{FdKind, FdState, OsState, StateDecodeError, MAX_ENCODED_LEN, OS_
 
 use wasmtime::Caller;
 
-/// Imports that may block and therefore call `enter_blocking`/`suspend`.
+/// Imports that may suspend for a checkpoint, and therefore call
+/// `enter_blocking`/`suspend`; `roam_prepare::ASYNC_IMPORTS` must list them.
+/// `sock_send` and `fd_write` may wait on a full socket window but never
+/// suspend (they take an overdraft instead, see `docs/os-layer.md`), so they
+/// are not here.
 pub const BLOCKING_IMPORTS: &[&str] = &["poll_oneoff", "fd_read", "sock_accept", "sock_recv"];
 
 /// The embedder's store data implements this.

@@ -8,15 +8,16 @@
 //! can evolve; `decode` treats its input as untrusted and still reads
 //! version 1 (before sockets).
 
-use crate::net::{NetState, MAX_CONNS, MAX_WINDOW};
+use crate::net::{NetState, MAX_BUFFERED};
 use serde::{Deserialize, Serialize};
 
 /// Version byte written by [`OsState::encode`].
 pub const OS_STATE_VERSION: u8 = 2;
 
 /// Largest encoded state [`OsState::decode`] accepts: 16 MiB of fd table and
-/// the connection buffers at their limits.
-pub const MAX_ENCODED_LEN: usize = (16 << 20) + 2 * MAX_CONNS * MAX_WINDOW as usize;
+/// the connection buffers at their limit (768 MiB, under the snapshot's
+/// 1 GiB for all non-memory sections).
+pub const MAX_ENCODED_LEN: usize = (16 << 20) + MAX_BUFFERED as usize;
 
 /// Everything the guest can observe of the OS layer, as plain data.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

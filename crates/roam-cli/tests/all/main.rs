@@ -15,3 +15,4 @@ mod hostile;
 mod limits;
 mod nodes;
 mod snapshot_errors;
+mod sockets;

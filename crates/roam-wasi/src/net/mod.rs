@@ -27,8 +27,8 @@ mod state;
 pub(crate) mod tests;
 
 pub use state::{
-    ConnId, ConnState, ListenerState, NetState, DEFAULT_WINDOW, MAX_BACKLOG, MAX_CONNS,
-    MAX_LABEL_LEN, MAX_LISTENERS, MAX_WINDOW,
+    ConnId, ConnState, ListenerState, NetState, DEFAULT_WINDOW, MAX_BACKLOG, MAX_BUFFERED,
+    MAX_CONNS, MAX_LABEL_LEN, MAX_LISTENERS, MAX_WINDOW,
 };
 
 pub(crate) use guest::Recv;

@@ -18,7 +18,7 @@ pub type ConnId = u64;
 pub const DEFAULT_WINDOW: u64 = 256 * 1024;
 
 /// Largest window a state may declare.
-pub const MAX_WINDOW: u64 = 16 << 20;
+pub const MAX_WINDOW: u64 = 1 << 20;
 
 /// Most listeners a cell may have.
 pub const MAX_LISTENERS: usize = 64;
@@ -28,6 +28,10 @@ pub const MAX_CONNS: usize = 1024;
 
 /// Most connections waiting to be accepted on one listener.
 pub const MAX_BACKLOG: usize = 512;
+
+/// Most bytes all connections of a state may buffer together: every
+/// connection full at the default window (input, output and an overdraft).
+pub const MAX_BUFFERED: u64 = 3 * MAX_CONNS as u64 * DEFAULT_WINDOW;
 
 /// Longest listener label or peer description, in bytes.
 pub const MAX_LABEL_LEN: usize = 256;
@@ -149,6 +153,16 @@ impl NetState {
                     w[1].conn
                 ));
             }
+        }
+        let buffered: u64 = self
+            .conns
+            .iter()
+            .map(|c| c.rx.len() as u64 + c.tx.len() as u64)
+            .sum();
+        if buffered > MAX_BUFFERED {
+            return Err(format!(
+                "connections buffer {buffered} bytes, over the limit of {MAX_BUFFERED}"
+            ));
         }
         let mut queued = vec![false; self.conns.len()];
         for (i, l) in self.listeners.iter().enumerate() {

@@ -255,7 +255,10 @@ impl WasiCtx {
             return Err(Errno::BADF);
         }
         let e = self.fds.remove(&from).ok_or(Errno::BADF)?;
-        self.fds.insert(to, e);
+        // The fd replaced at `to` is closed, sockets included.
+        if let Some(old) = self.fds.insert(to, e) {
+            self.close_socket(&old.handle);
+        }
         Ok(())
     }
 

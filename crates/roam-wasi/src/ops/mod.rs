@@ -148,3 +148,6 @@ mod layout_tests;
 
 #[cfg(test)]
 mod link_tests;
+
+#[cfg(test)]
+mod sock_tests;
