@@ -20,6 +20,8 @@ use serde_json::Value;
 use super::common::*;
 use super::nodes::{reference, run_bounded, wait_for, SLOW, SMALL, WORKLOAD};
 
+mod gateway;
+
 /// A cluster's credentials, made once per test run with `roam cert`.
 struct Pki {
     dir: PathBuf,

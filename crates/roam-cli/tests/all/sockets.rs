@@ -322,6 +322,18 @@ fn blocked_with_a_client_moves_to_aarch64(mode: &str) {
         "the first half saw the client go: {out:?}"
     );
     drop(a);
+    // The snapshot records the connection: the 4 bytes were read, and their
+    // echo is confirmed delivered, or (if the checkpoint came between the
+    // write to the client's socket and its confirmation) still held.
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("inspect").arg(&snap);
+    let inspected = text(&output(cmd).stdout);
+    assert!(
+        inspected.contains("connections:  1")
+            && (inspected.contains("0 B unread at offset 4, 0 B undelivered at offset 4")
+                || inspected.contains("0 B unread at offset 4, 4 B undelivered at offset 0")),
+        "{inspected}"
+    );
 
     let second = restore_on_aarch64(&snap, "echo restored on aarch64");
     let addr = second.addr();

@@ -11,6 +11,7 @@
 
 mod client;
 mod node;
+mod routing;
 mod state;
 
 use std::net::SocketAddr;

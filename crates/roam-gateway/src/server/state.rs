@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, Notify};
 
-use crate::proto::{ConnId, ConnResume, ToNode, MAX_DATA};
+use crate::proto::{ConnId, ToNode, MAX_DATA};
 
 /// A node link's id, local to this gateway.
 pub(crate) type LinkId = u64;
@@ -45,6 +45,8 @@ pub(crate) struct Conn {
     pub up_sent: u64,
     pub up_eof: Option<u64>,
     pub eof_sent: bool,
+    /// Room promised to the reader's current read (counted in the total).
+    pub reserved: usize,
     pub down: VecDeque<u8>,
     pub down_base: u64,
     pub down_shut: Option<u64>,
@@ -134,6 +136,9 @@ pub(crate) struct State {
     pub links: HashMap<LinkId, LinkHandle>,
     /// Client->cell bytes buffered, all connections.
     pub total_up: usize,
+    /// Room promised to reads in progress; `total_up + reserved` never
+    /// exceeds the total buffer.
+    pub reserved: usize,
     /// Readers waiting for room under the total cap.
     pub blocked_total: HashSet<ConnId>,
     next_conn: u64,
@@ -162,6 +167,7 @@ impl State {
             conns: HashMap::new(),
             links: HashMap::new(),
             total_up: 0,
+            reserved: 0,
             blocked_total: HashSet::new(),
             next_conn: u64::from(base) << 32 | 1,
             next_link: 1,
@@ -175,7 +181,7 @@ impl State {
         id
     }
 
-    fn send(&self, link: LinkId, m: &ToNode) {
+    pub(super) fn send(&self, link: LinkId, m: &ToNode) {
         let Some(l) = self.links.get(&link) else {
             return;
         };
@@ -190,7 +196,7 @@ impl State {
 
     /// The link to forward a service's traffic to, if it is attached and
     /// not held.
-    fn attached(&self, service: &str) -> Option<LinkId> {
+    pub(super) fn attached(&self, service: &str) -> Option<LinkId> {
         let s = self.services.get(service)?;
         if s.held {
             return None;
@@ -219,6 +225,7 @@ impl State {
             up_sent: 0,
             up_eof: None,
             eof_sent: false,
+            reserved: 0,
             down: VecDeque::new(),
             down_base: 0,
             down_shut: None,
@@ -230,7 +237,7 @@ impl State {
         (id, wake)
     }
 
-    fn open_if_attached(&mut self, id: ConnId) {
+    pub(super) fn open_if_attached(&mut self, id: ConnId) {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
@@ -295,8 +302,16 @@ impl State {
         c.eof_sent |= eof.is_some();
     }
 
-    /// Bytes from the client.
+    fn unreserve(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            self.reserved -= c.reserved;
+            c.reserved = 0;
+        }
+    }
+
+    /// Bytes from the client (at most what [`State::read_room`] promised).
     pub fn client_data(&mut self, id: ConnId, bytes: &[u8]) {
+        self.unreserve(id);
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
@@ -305,21 +320,30 @@ impl State {
         self.pump(id);
     }
 
-    /// Room for the client's next read (0: wait).
+    /// Room for the client's next read (0: wait), promised to it until
+    /// its bytes arrive: concurrent reads cannot overshoot the total.
     pub fn read_room(&mut self, id: ConnId) -> usize {
-        let Some(c) = self.conns.get(&id) else {
+        self.unreserve(id);
+        let Some(c) = self.conns.get_mut(&id) else {
             return 0;
         };
         let own = self.limits.conn_buffer.saturating_sub(c.up.len());
-        let total = self.limits.total_buffer.saturating_sub(self.total_up);
+        let total = self
+            .limits
+            .total_buffer
+            .saturating_sub(self.total_up + self.reserved);
         if total == 0 {
             self.blocked_total.insert(id);
         }
-        own.min(total).min(MAX_DATA)
+        let room = own.min(total).min(MAX_DATA);
+        c.reserved = room;
+        self.reserved += room;
+        room
     }
 
     /// The client shut its write side.
     pub fn client_eof(&mut self, id: ConnId) {
+        self.unreserve(id);
         if let Some(c) = self.conns.get_mut(&id) {
             c.up_eof = Some(c.up_end());
             self.pump(id);
@@ -332,6 +356,7 @@ impl State {
             return;
         };
         self.total_up -= c.up.len();
+        self.reserved -= c.reserved;
         self.blocked_total.remove(&id);
         c.wake.read.notify_one();
         c.wake.write.notify_one();
@@ -344,7 +369,7 @@ impl State {
     }
 
     fn release_total(&mut self) {
-        if self.total_up < self.limits.total_buffer {
+        if self.total_up + self.reserved < self.limits.total_buffer {
             for id in self.blocked_total.drain() {
                 if let Some(c) = self.conns.get(&id) {
                     c.wake.read.notify_one();
@@ -372,7 +397,7 @@ impl State {
         }
     }
 
-    fn route_link(&self, service: &str) -> Option<LinkId> {
+    pub(super) fn route_link(&self, service: &str) -> Option<LinkId> {
         self.services.get(service)?.route.as_ref()?.link
     }
 
@@ -490,255 +515,6 @@ impl State {
             c.cell_closed = true;
             c.wake.write.notify_one();
             c.wake.read.notify_one();
-        }
-    }
-
-    /// `Serve` from `link`: the service runs there now, with `conns`.
-    pub fn serve(
-        &mut self,
-        link: LinkId,
-        service: &str,
-        cell: &str,
-        generation: u64,
-        conns: &[ConnResume],
-    ) {
-        let node = self
-            .links
-            .get(&link)
-            .map(|l| l.node.clone())
-            .unwrap_or_default();
-        let Some(s) = self.services.get_mut(service) else {
-            tracing::warn!(service, node, "Serve for a service this gateway does not serve; ignored (add it with --service or --route)");
-            return;
-        };
-        if let Some(r) = &s.route {
-            if generation < r.generation {
-                tracing::warn!(
-                    service,
-                    node,
-                    cell,
-                    generation,
-                    current = r.generation,
-                    "stale Serve ignored: the service runs at a later generation"
-                );
-                return;
-            }
-        }
-        tracing::info!(
-            service,
-            node,
-            cell,
-            generation,
-            conns = conns.len(),
-            "service served"
-        );
-        s.route = Some(Route {
-            link: Some(link),
-            node,
-            cell: cell.to_string(),
-            generation,
-        });
-        s.held = false;
-        s.detached_since = None;
-        let mut listed = HashSet::new();
-        for r in conns {
-            listed.insert(r.conn);
-            self.resume(link, service, r);
-        }
-        let ids: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(id, c)| c.service == service && !listed.contains(id))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            let c = self.conns.get_mut(&id).expect("listed from the map");
-            c.opened = false;
-            if c.seen || c.cell_closed {
-                // The cell lost a connection it had seen: it cannot be
-                // resumed. Close the client after what it still has.
-                tracing::warn!(
-                    conn = id,
-                    service,
-                    "the serving cell does not have this connection; closing it"
-                );
-                c.cell_closed = true;
-                c.wake.write.notify_one();
-                c.wake.read.notify_one();
-            } else {
-                self.open_if_attached(id);
-            }
-        }
-    }
-
-    fn resume(&mut self, link: LinkId, service: &str, r: &ConnResume) {
-        let ok = match self.conns.get(&r.conn) {
-            Some(c) if c.service == service && !c.cell_closed => {
-                if r.rx_next < c.up_base || r.rx_next > c.up_end() || r.tx_from > c.down_end() {
-                    tracing::warn!(
-                        conn = r.conn,
-                        rx_next = r.rx_next,
-                        tx_from = r.tx_from,
-                        up_base = c.up_base,
-                        up_end = c.up_end(),
-                        down_end = c.down_end(),
-                        "resume point outside what the gateway holds; closing the connection"
-                    );
-                    false
-                } else {
-                    true
-                }
-            }
-            _ => false,
-        };
-        if !ok {
-            self.send(link, &ToNode::Gone { conn: r.conn });
-            if let Some(c) = self.conns.get_mut(&r.conn) {
-                c.cell_closed = true;
-                c.opened = false;
-                c.wake.write.notify_one();
-                c.wake.read.notify_one();
-            }
-            return;
-        }
-        let c = self.conns.get_mut(&r.conn).expect("checked above");
-        c.opened = true;
-        c.seen = true;
-        c.waiting_since = None;
-        c.up_sent = r.rx_next;
-        c.eof_sent = false;
-        let delivered = c.down_base;
-        if delivered > r.tx_from {
-            self.send(
-                link,
-                &ToNode::Delivered {
-                    conn: r.conn,
-                    offset: delivered,
-                },
-            );
-        }
-        self.pump(r.conn);
-    }
-
-    /// `Hold` from `link`.
-    pub fn hold(&mut self, link: LinkId, service: &str, cell: &str) {
-        match self.services.get_mut(service) {
-            Some(s)
-                if s.route
-                    .as_ref()
-                    .is_some_and(|r| r.link == Some(link) && r.cell == cell) =>
-            {
-                tracing::info!(service, cell, "service held: buffering, new clients wait");
-                s.held = true;
-            }
-            _ => tracing::warn!(
-                service,
-                cell,
-                "Hold from a node that does not serve the service; ignored"
-            ),
-        }
-    }
-
-    /// `Unserve` from `link`: the cell exited; its connections end.
-    pub fn unserve(&mut self, link: LinkId, service: &str, cell: &str, generation: u64) {
-        let Some(s) = self.services.get_mut(service) else {
-            return;
-        };
-        let matches = s
-            .route
-            .as_ref()
-            .is_some_and(|r| r.link == Some(link) && r.cell == cell && generation >= r.generation);
-        if !matches {
-            tracing::info!(
-                service,
-                cell,
-                generation,
-                "Unserve for a route that is no longer current; ignored"
-            );
-            return;
-        }
-        tracing::info!(
-            service,
-            cell,
-            "service unserved: the cell exited; new clients wait"
-        );
-        s.route = None;
-        s.held = false;
-        for c in self.conns.values_mut().filter(|c| c.service == service) {
-            c.cell_closed = true;
-            c.opened = false;
-            c.wake.write.notify_one();
-            c.wake.read.notify_one();
-        }
-    }
-
-    /// A node link is gone: its services are held until a `Serve` from
-    /// any node, or the wait timeout.
-    pub fn link_lost(&mut self, link: LinkId) {
-        self.links.remove(&link);
-        let now = Instant::now();
-        for (name, s) in &mut self.services {
-            if let Some(r) = s.route.as_mut().filter(|r| r.link == Some(link)) {
-                tracing::warn!(service = %name, node = %r.node, "the serving node's link is down; holding its clients");
-                r.link = None;
-                s.detached_since = Some(now);
-            }
-        }
-        for c in self.conns.values_mut() {
-            if self
-                .services
-                .get(&c.service)
-                .is_some_and(|s| s.detached_since == Some(now))
-            {
-                c.opened = false;
-            }
-        }
-    }
-
-    /// Clients that waited too long for a cell get the wait-timeout error:
-    /// new clients of a service without a running cell, and every client
-    /// of a service whose node link has been down that long.
-    pub fn expire(&mut self, now: Instant, timeout: std::time::Duration) {
-        let mut dead_services = HashSet::new();
-        for (name, s) in &self.services {
-            if s.detached_since
-                .is_some_and(|t| now.duration_since(t) >= timeout)
-            {
-                dead_services.insert(name.clone());
-            }
-        }
-        for (id, c) in &mut self.conns {
-            if c.fail.is_some() {
-                continue;
-            }
-            let waited = c
-                .waiting_since
-                .is_some_and(|t| now.duration_since(t) >= timeout);
-            if !waited && !dead_services.contains(&c.service) {
-                continue;
-            }
-            let resp = self.services.get(&c.service).is_some_and(|s| s.resp);
-            tracing::warn!(conn = id, service = %c.service, peer = %c.peer, "no running cell after {timeout:?}; closing the client");
-            c.fail = Some(if resp {
-                format!(
-                    "-ERR roam gateway: service {} has no running cell (waited {} s); retry later\r\n",
-                    c.service,
-                    timeout.as_secs_f64()
-                )
-                .into_bytes()
-            } else {
-                Vec::new()
-            });
-            c.opened = false;
-            c.wake.write.notify_one();
-            c.wake.read.notify_one();
-        }
-        for name in dead_services {
-            if let Some(s) = self.services.get_mut(&name) {
-                s.detached_since = None;
-                s.route = None;
-                s.held = false;
-            }
         }
     }
 }

@@ -2,5 +2,7 @@
 //! peers that speak the protocol by hand (`hostile`) or through the real
 //! link and `NetHub` (`flow`).
 
+mod flow;
 mod hostile;
 mod peer;
+mod program;

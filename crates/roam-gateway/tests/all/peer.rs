@@ -24,6 +24,11 @@ pub struct TestGateway {
 
 impl TestGateway {
     pub async fn start(edit: impl FnOnce(&mut GatewayConfig)) -> TestGateway {
+        // ROAM_LOG=debug shows what the gateway and the links do.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("ROAM_LOG"))
+            .with_test_writer()
+            .try_init();
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let mut cfg = GatewayConfig::new("kv", any, any);
         edit(&mut cfg);

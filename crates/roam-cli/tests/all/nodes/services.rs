@@ -15,7 +15,7 @@ use super::*;
 mod load;
 mod resp;
 
-use load::{bench_keys, connect, digest, key, value, BenchLoop, Benched, Writer, Written};
+use load::{bench_keys, connect, digest, key, BenchLoop, Benched, Writer, Written};
 use resp::Reply;
 
 /// The service's name.
@@ -43,7 +43,9 @@ impl Gateway {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--service", SERVICE, "--resp", "--control", &control])
             .args(["--wait-timeout", "120"])
-            .env("ROAM_LOG", "info")
+            // Client connections too: a test checks when one arrived.
+            .env("ROAM_LOG", "info,roam_gateway::server::client=debug")
+            .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(File::create(&log).unwrap());
         let mut child = cmd
@@ -66,6 +68,35 @@ impl Gateway {
             _dir: dir,
             log,
         }
+    }
+
+    /// How many times the gateway logged `what`.
+    fn count(&self, what: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .matches(what)
+            .count()
+    }
+
+    /// The client whose local port is `port` connected while the service
+    /// was held: the last routing event logged before it is a hold.
+    fn assert_arrived_while_held(&self, port: u16) {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let peer = format!("127.0.0.1:{port}\"");
+        let at = lines
+            .iter()
+            .position(|l| l.contains("client connected") && l.contains(&peer))
+            .unwrap_or_else(|| panic!("no client from {peer}\n{}", self.log()));
+        let before = lines[..at]
+            .iter()
+            .rev()
+            .find(|l| l.contains("service held") || l.contains("service served"));
+        assert!(
+            before.is_some_and(|l| l.contains("service held")),
+            "the client from port {port} did not arrive while the service was held\n{}",
+            self.log()
+        );
     }
 
     fn log(&self) -> String {
@@ -145,7 +176,7 @@ fn check_data(gw: &Gateway, w: &Written, len: usize, b: &Benched, logs: &dyn Fn(
         other => panic!("redis-benchmark's SET key holds {other:?}\n{}", logs()),
     };
     let mut pairs: Vec<(Vec<u8>, Vec<u8>)> =
-        (0..w.count).map(|i| (key(i), value(i, len))).collect();
+        (0..w.count).map(|i| (key(i), w.value_of(i, len))).collect();
     pairs.extend(bench_keys(b, &set_value));
     let want = format!(
         "{:016x}",
@@ -193,23 +224,25 @@ fn check_clients(w: &Written, b: &Benched, logs: &dyn Fn() -> String) {
 }
 
 /// A client that connects once `source` logs a new pause (`paused` pauses
-/// were logged before), and PINGs: the moment it connected, and the reply.
+/// were logged before), and PINGs: its local port, and the reply.
 fn connect_during_pause(
     source_log: impl Fn() -> String + Send + 'static,
     paused: usize,
     port: u16,
-) -> std::thread::JoinHandle<(Instant, Result<Reply, String>)> {
+) -> std::thread::JoinHandle<(u16, Result<Reply, String>)> {
     std::thread::spawn(move || {
         let start = Instant::now();
         while source_log().matches("phase=paused").count() <= paused {
             assert!(start.elapsed() < SLOW, "the source never paused");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let at = Instant::now();
-        let reply = connect(port)
-            .and_then(|mut c| c.cmd(&[b"PING"]))
-            .map_err(|e| e.to_string());
-        (at, reply)
+        match connect(port) {
+            Ok(mut c) => {
+                let local = c.local_port();
+                (local, c.cmd(&[b"PING"]).map_err(|e| e.to_string()))
+            }
+            Err(e) => (0, Err(e.to_string())),
+        }
     })
 }
 
@@ -243,12 +276,13 @@ fn kv_cell_moves_across_isas_in_every_mode_under_load() {
         return;
     }
     const LEN: usize = 200;
+    const KEYS: u64 = 20_000;
     let gw = Gateway::start();
     let a = service_node(Isa::X86_64, &gw, &[]);
     let b = service_node(Isa::Aarch64, &gw, &[]);
     let logs = || format!("{}\n{}", both_logs(&a, &b), gw.log());
     let id = launch_kv(&a, &gw);
-    let writer = Writer::start(gw.port, LEN, 20_000, 0);
+    let writer = Writer::start(gw.port, LEN, KEYS, 0);
     let bench = BenchLoop::start(gw.port);
     wait_for("the load to run", SLOW, || {
         (writer.written() >= 1000 && bench.runs() >= 1).then_some(())
@@ -260,6 +294,11 @@ fn kv_cell_moves_across_isas_in_every_mode_under_load() {
         (&b, &a, "post-copy"),
     ];
     for (hop, (from, to, mode)) in moves.into_iter().enumerate() {
+        if mode == "stop-and-copy" {
+            // Every value changes since the destination last had the cell,
+            // so the pause carries all of them: seconds at 8 Mbit/s.
+            wait_progress(&writer, KEYS, &logs);
+        }
         let during = (mode == "stop-and-copy").then(|| {
             let paused = from.log().matches("phase=paused").count();
             connect_during_pause(log_reader(from), paused, gw.port)
@@ -272,7 +311,6 @@ fn kv_cell_moves_across_isas_in_every_mode_under_load() {
             &[]
         };
         let (out, status) = migrate(&id, from, to, mode, extra);
-        let moved_at = Instant::now();
         assert!(
             out.status.success(),
             "move {} ({mode}) failed: {}\n{}",
@@ -290,8 +328,8 @@ fn kv_cell_moves_across_isas_in_every_mode_under_load() {
             status["summary"]["total_ms"]
         );
         if let Some(t) = during {
-            let (at, reply) = t.join().unwrap();
-            assert!(at < moved_at, "the client connected after the move");
+            let (local, reply) = t.join().unwrap();
+            gw.assert_arrived_while_held(local);
             assert_eq!(
                 reply,
                 Ok(Reply::Simple("PONG".into())),
@@ -307,6 +345,9 @@ fn kv_cell_moves_across_isas_in_every_mode_under_load() {
     let (w, bn) = (writer.finish(), bench.finish());
     check_clients(&w, &bn, &logs);
     check_data(&gw, &w, LEN, &bn, &logs);
+    // Each move held the clients, and the last Serve is generation 4.
+    assert_eq!(gw.count("service held"), 4, "{}", gw.log());
+    assert_eq!(gw.count("generation=4 conns="), 1, "{}", gw.log());
 }
 
 /// A move whose link is cut mid-transfer, and one whose destination is
@@ -364,8 +405,9 @@ fn failed_moves_leave_the_clients_served_by_the_source() {
     let (out, _) = migrate(&id, &a, &b, "stop-and-copy", &slow);
     assert!(cutter.join().unwrap(), "the transfer never reached 2 MiB");
     assert_failed(&out, "", &a, &b);
-    let (_, reply) = during.join().unwrap();
+    let (local, reply) = during.join().unwrap();
     assert_eq!(reply, Ok(Reply::Simple("PONG".into())), "{}", logs());
+    gw.assert_arrived_while_held(local);
     wait_progress(&writer, 200, &logs);
 
     // c is killed once the cell paused for it and pages flow.
@@ -398,4 +440,43 @@ fn failed_moves_leave_the_clients_served_by_the_source() {
     assert_eq!(cell["state"], "running", "{cell}\n{}", logs());
     assert_eq!(cell["hops"], 0, "{cell}");
     check_data(&gw, &w, LEN, &bn, &logs);
+    // Held twice, served by the source three times (launch, and after each
+    // failure), never by another generation; a kill ends the service.
+    assert_eq!(gw.count("service held"), 2, "{}", gw.log());
+    assert_eq!(gw.count("generation=0 conns="), 3, "{}", gw.log());
+    assert_eq!(gw.count("service served"), 3, "{}", gw.log());
+    let (st, body) = http_post(&a.addr, &format!("/v1/cells/{id}/kill"), &Value::Null).unwrap();
+    assert_eq!(st, 200, "{}", text(&body));
+    wait_for("the gateway to hear the cell ended", SLOW, || {
+        (gw.count("service unserved") == 1).then_some(())
+    });
+}
+
+/// A service cell needs a node with a gateway, and a valid service name.
+#[test]
+fn a_service_cell_is_refused_without_a_gateway_or_with_a_bad_name() {
+    let plain = Node::start(Isa::X86_64);
+    let launch = |node: &Node, name: &str| {
+        let mut cmd = roam(Isa::X86_64);
+        cmd.args(["launch", "--node", &node.addr, "--service", name])
+            .arg(workload("kvserver"));
+        run_bounded(cmd, SLOW)
+    };
+    let out = launch(&plain, SERVICE);
+    assert!(!out.status.success(), "launched without a gateway");
+    assert!(
+        text(&out.stderr).contains("--gateway"),
+        "{}",
+        text(&out.stderr)
+    );
+    let gw = Gateway::start();
+    let node = service_node(Isa::X86_64, &gw, &[]);
+    let out = launch(&node, "kv/../x");
+    assert!(!out.status.success(), "launched with a bad service name");
+    assert!(
+        text(&out.stderr).contains("service name"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(node.cells().is_empty(), "{:?}", node.cells());
 }

@@ -25,13 +25,15 @@ pub(crate) fn connect(port: u16) -> std::io::Result<Conn> {
     Ok(c)
 }
 
-/// The value the writer stores under key number `i`: `len` bytes that do
-/// not compress (the migration stream then carries them as they are).
-pub(crate) fn value(i: u64, len: usize) -> Vec<u8> {
+/// The value the writer stores under key number `i` the `round`th time it
+/// writes it: `len` bytes that do not compress and differ every round (so
+/// a move carries them as they are: neither compression nor the
+/// destination's store of pages it saw before shortens it).
+pub(crate) fn value(i: u64, round: u64, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len);
     let mut k = 0u64;
     while out.len() < len {
-        let h = blake3::hash(format!("{i}/{k}").as_bytes());
+        let h = blake3::hash(format!("{i}/{round}/{k}").as_bytes());
         out.extend_from_slice(h.to_hex().as_bytes());
         k += 1;
     }
@@ -47,17 +49,33 @@ pub(crate) fn key(i: u64) -> Vec<u8> {
 /// What a writer did.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Written {
-    /// Keys `w:0 .. w:count` hold `value(i, len)`.
+    /// Keys `w:0 .. w:count` exist.
     pub count: u64,
-    /// SETs answered (keys past `keys` are written again, same values).
+    /// The writer's key set (`w:0 .. w:keys`, written round after round).
+    pub keys: u64,
+    /// SETs answered.
     pub sets: u64,
     /// Every failure seen (I/O, a wrong reply).
     pub errors: Vec<String>,
 }
 
-/// A thread that writes `w:0, w:1, ... w:keys-1` with `value(i, len)`,
-/// then again from `w:0` (same values: the data set stays bounded and
-/// known), in pipelined batches on one connection, and reads back an
+impl Written {
+    /// The value key `i` holds now: the writer went through the keys in
+    /// order, round after round, `sets` times in all.
+    pub(crate) fn value_of(&self, i: u64, len: usize) -> Vec<u8> {
+        value(i, round_of(i, self.sets, self.keys), len)
+    }
+}
+
+/// The round of key `i`'s last write after `sets` SETs over `keys` keys.
+fn round_of(i: u64, sets: u64, keys: u64) -> u64 {
+    let times = sets / keys + u64::from(i < sets % keys);
+    times.saturating_sub(1)
+}
+
+/// A thread that writes `w:0, w:1, ... w:keys-1`, then again from `w:0`
+/// with the next round's values (the data set stays bounded and known), in
+/// pipelined batches on one connection, and reads back an
 /// earlier key after each batch, until stopped (and at least `min` SETs
 /// were answered).
 pub(crate) struct Writer {
@@ -95,7 +113,10 @@ fn write_keys(
     sets: &AtomicU64,
 ) -> Written {
     const BATCH: u64 = 50;
-    let mut w = Written::default();
+    let mut w = Written {
+        keys,
+        ..Written::default()
+    };
     let mut c = match connect(port) {
         Ok(c) => c,
         Err(e) => {
@@ -104,10 +125,10 @@ fn write_keys(
         }
     };
     while w.sets < min || !stop.load(Ordering::SeqCst) {
-        let from = w.sets % keys;
+        let (from, round) = (w.sets % keys, w.sets / keys);
         let end = (from + BATCH).min(keys);
         let cmds: Vec<Vec<Vec<u8>>> = (from..end)
-            .map(|i| vec![b"SET".to_vec(), key(i), value(i, len)])
+            .map(|i| vec![b"SET".to_vec(), key(i), value(i, round, len)])
             .collect();
         match c.pipeline(&cmds) {
             Ok(replies) => {
@@ -129,7 +150,7 @@ fn write_keys(
         // Read back a key written earlier.
         let i = end / 2;
         match c.cmd(&[&b"GET"[..], &key(i)]) {
-            Ok(Reply::Bulk(Some(v))) if v == value(i, len) => {}
+            Ok(Reply::Bulk(Some(v))) if v == w.value_of(i, len) => {}
             Ok(r) => w.errors.push(format!("writer: GET w:{i} answered {r:?}")),
             Err(e) => {
                 w.errors.push(format!("writer: GET w:{i}: {e}"));
@@ -315,6 +336,12 @@ fn digest_of_nothing_is_zero_and_order_does_not_matter() {
     let (c, d): (&[u8], &[u8]) = (b"bb", b"22");
     assert_eq!(digest([(a, b), (c, d)]), digest([(c, d), (a, b)]));
     assert_ne!(digest([(a, b)]), digest([(a, d)]));
+    // Rounds: 3 keys, 7 SETs: keys 0 was written 3 times, 1 and 2 twice.
+    assert_eq!(
+        (round_of(0, 7, 3), round_of(1, 7, 3), round_of(2, 7, 3)),
+        (2, 1, 1)
+    );
+    assert_eq!(round_of(2, 6, 3), 1);
     // What the native kvserver answers for these keys.
     let bench = Benched {
         runs: 1,

@@ -38,6 +38,11 @@ impl Conn {
         })
     }
 
+    /// This end's port.
+    pub(crate) fn local_port(&self) -> u16 {
+        self.w.local_addr().map_or(0, |a| a.port())
+    }
+
     pub(crate) fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
         self.w.set_read_timeout(t)?;
         self.w.set_write_timeout(t)
