@@ -211,11 +211,27 @@ fn run_listen_serves_concurrent_clients() {
                     echo_round(&mut s, &message(c, m, len), &what);
                     sent += len as u64;
                 }
-                // Larger than the flow-control window in both directions.
+                // Larger than the flow-control window in both directions,
+                // and the client half-closes right after it: the server
+                // must still send all of the echo back, then close.
                 let big = message(c, 99, 700 * 1024 + c);
-                echo_round(&mut s, &big, &what);
+                let mut w = s.try_clone().unwrap();
+                let out = big.clone();
+                let t = std::thread::spawn(move || {
+                    w.write_all(&out).unwrap();
+                    w.shutdown(Shutdown::Write).unwrap();
+                });
+                let mut back = Vec::new();
+                s.read_to_end(&mut back)
+                    .unwrap_or_else(|e| panic!("{what}: reading the last echo: {e}"));
+                t.join().unwrap();
+                assert!(
+                    back == big,
+                    "{what}: the last echo differs ({} of {} bytes)",
+                    back.len(),
+                    big.len()
+                );
                 sent += big.len() as u64;
-                finish_client(s, &what);
                 sent
             })
         })

@@ -31,7 +31,7 @@ pub(crate) struct Readiness {
     pub(crate) writable: bool,
     /// Room in the window.
     pub(crate) room: u64,
-    /// The client's stream ended or the connection was reset.
+    /// The connection was reset, or both directions have ended.
     pub(crate) hangup: bool,
 }
 
@@ -206,7 +206,10 @@ impl NetHub {
             nbytes: c.rx.len() as u64,
             writable: room > 0 || c.reset || c.shut_wr,
             room,
-            hangup: eof || c.reset,
+            // Linux's POLLHUP: both directions are over. A client's end of
+            // stream alone is not a hangup (wasi-libc's poll would then
+            // hide POLLOUT, and the program could not answer it).
+            hangup: c.reset || (eof && c.shut_wr),
         }
     }
 }

@@ -354,9 +354,14 @@ fn poll_reports_socket_readiness_mixed_with_clocks() {
     iov(&mut mem, 300, 10);
     assert_eq!(recv(&mut c, &mut mem, 4, 0), DONE);
     sub(&mut mem, 0, 1, 1, 4);
-    // Drained and ended: readable with HANGUP and no bytes.
-    assert_eq!(c.poll_oneoff(&mut Mem(&mut mem), 0, 1024, 1, 2000), DONE);
-    assert_eq!(events(&mut mem), vec![(1, 0, 1, 0, 1)]);
+    // Drained and ended: readable with no bytes, still writable, no HANGUP
+    // (wasi-libc would turn HANGUP into POLLHUP and hide POLLOUT).
+    assert_eq!(c.poll_oneoff(&mut Mem(&mut mem), 0, 1024, 2, 2000), DONE);
+    assert_eq!(events(&mut mem), vec![(1, 0, 1, 0, 0), (2, 0, 2, w, 0)]);
+    // Reset: HANGUP on both.
+    h.peer_reset(5);
+    assert_eq!(c.poll_oneoff(&mut Mem(&mut mem), 0, 1024, 2, 2000), DONE);
+    assert_eq!(events(&mut mem), vec![(1, 0, 1, 0, 1), (2, 0, 2, w, 1)]);
 }
 
 #[test]
