@@ -184,6 +184,14 @@ impl GatewayLink {
     ) -> Result<(), LinkError> {
         ident::check_service_name(service)?;
         ident::check_cell_id(cell)?;
+        if hub.window() > roam_wasi::net::DEFAULT_WINDOW {
+            tracing::warn!(
+                service,
+                cell,
+                window = hub.window(),
+                "the cell's window is larger than the link announces; the gateway refuses output beyond its window"
+            );
+        }
         // Weak: the hub must not keep the link alive (the link holds the hub).
         let wake = Arc::downgrade(&self.inner);
         hub.set_notify(Arc::new(move || {

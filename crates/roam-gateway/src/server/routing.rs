@@ -210,19 +210,17 @@ impl State {
     pub fn link_lost(&mut self, link: LinkId) {
         self.links.remove(&link);
         let now = Instant::now();
+        let mut held = HashSet::new();
         for (name, s) in &mut self.services {
             if let Some(r) = s.route.as_mut().filter(|r| r.link == Some(link)) {
                 tracing::warn!(service = %name, node = %r.node, "the serving node's link is down; holding its clients");
                 r.link = None;
                 s.detached_since = Some(now);
+                held.insert(name.clone());
             }
         }
         for c in self.conns.values_mut() {
-            if self
-                .services
-                .get(&c.service)
-                .is_some_and(|s| s.detached_since == Some(now))
-            {
+            if held.contains(&c.service) {
                 c.opened = false;
             }
         }

@@ -306,3 +306,39 @@ async fn when_the_gateway_dies_clients_lose_connections_and_the_cell_keeps_its_s
     run.pause().await;
     drop(a);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_that_writes_more_than_a_window_then_closes_is_heard_to_the_end() {
+    use roam_wasi::net::program;
+    let gw = TestGateway::start(|_| {}).await;
+    let a = link(&gw, "node-a").await;
+    let mut cell = Cell::new();
+    a.serve("kv", "c-1", 0, cell.hub()).unwrap();
+    served(&gw, "node-a", 0).await;
+    let mut c = TcpStream::connect(gw.service).await.unwrap();
+    let conn = loop {
+        if let Some(id) = program::accept(&mut cell.ctx, 0).unwrap() {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    // One megabyte (four windows), then close the fd at once, as a server
+    // that answers and hangs up does.
+    let reply = stream(60, 1 << 20);
+    let mut at = 0;
+    while at < reply.len() {
+        let n = program::send(&cell.ctx, conn, &reply[at..]).unwrap();
+        at += n;
+        if n == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    program::close(&mut cell.ctx, conn);
+    let mut got = Vec::new();
+    tokio::time::timeout(LONG, c.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.len(), reply.len());
+    assert!(got == reply, "the reply arrived changed");
+}

@@ -6,3 +6,4 @@ mod flow;
 mod hostile;
 mod peer;
 mod program;
+mod tls;
