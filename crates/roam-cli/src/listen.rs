@@ -21,7 +21,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use roam_wasi::net::{ConnId, NetError, NetHub, NetOut};
 
@@ -132,9 +132,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The running backend of a cell's listeners.
+pub struct Serving {
+    hub: Arc<NetHub>,
+}
+
+impl Serving {
+    /// The program exited: give clients the output it wrote, as an OS does
+    /// for a process that exits with data in its sockets, waiting at most
+    /// `limit` for slow readers. The sockets close when roam exits.
+    pub fn flush(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let pending = self.hub.state().conns.iter().any(|c| !c.tx.is_empty());
+            if !pending {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        tracing::warn!("some clients did not read all the output within {limit:?}; it is dropped");
+    }
+}
+
 /// Serve `listeners` (label, socket) for the cell behind `hub`, on
 /// background threads that live as long as the process.
-pub fn serve(hub: Arc<NetHub>, listeners: Vec<(String, TcpListener)>) {
+pub fn serve(hub: Arc<NetHub>, listeners: Vec<(String, TcpListener)>) -> Serving {
     // Fresh ids start above every restored connection's.
     let first = hub
         .resume_points()
@@ -158,6 +180,7 @@ pub fn serve(hub: Arc<NetHub>, listeners: Vec<(String, TcpListener)>) {
         let a = b.clone();
         std::thread::spawn(move || a.accept_loop(&label, sock));
     }
+    Serving { hub: b.hub.clone() }
 }
 
 impl Backend {
@@ -359,7 +382,7 @@ mod tests {
         let sock = TcpListener::bind("127.0.0.1:0").unwrap();
         let label = labels(std::slice::from_ref(&sock)).remove(0);
         let hub = NetHub::new(std::slice::from_ref(&label));
-        serve(hub.clone(), vec![(label.clone(), sock)]);
+        let _serving = serve(hub.clone(), vec![(label.clone(), sock)]);
         let mut client = TcpStream::connect(label.as_str()).unwrap();
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();

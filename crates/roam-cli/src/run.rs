@@ -90,17 +90,17 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
     let first_fd = 3 + cfg.preopens.len();
     let cell = Cell::start(&rt, module, cfg, cell_options(&a.cell)?)?;
-    if let Some(hub) = cell.net() {
+    let serving = cell.net().map(|hub| {
         for (i, l) in labels.iter().enumerate() {
             eprintln!("roam: listening on {l} (fd {})", first_fd + i);
         }
-        listen::serve(hub, labels.into_iter().zip(sockets).collect());
-    }
+        listen::serve(hub, labels.into_iter().zip(sockets).collect())
+    });
     let path = a.cell.snapshot.clone().unwrap_or_else(|| {
         let stem = a.module.file_stem().unwrap_or_default().to_string_lossy();
         PathBuf::from(format!("{}.roam", stem.trim_end_matches(".roam")))
     });
-    drive(cell, &a.cell, &path, signals)
+    drive(cell, &a.cell, &path, signals, serving)
 }
 
 /// `roam restore`.
@@ -130,7 +130,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
     let preopens = parse_dirs(&a.cell.dirs)?;
     let cell = Cell::restore(&rt, module, &snap, preopens, cell_options(&a.cell)?)
         .with_context(|| format!("cannot restore {}", a.snapshot_file.display()))?;
-    match cell.net() {
+    let serving = match cell.net() {
         Some(hub) => {
             let sockets = listen::bind(&a.cell.listen)?;
             let new = listen::labels(&sockets);
@@ -138,7 +138,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
             for ((old, _), l) in pairs.iter().zip(&new) {
                 eprintln!("roam: listening on {l} for the program's listener {old}");
             }
-            listen::serve(hub, pairs);
+            Some(listen::serve(hub, pairs))
         }
         None if !a.cell.listen.is_empty() => {
             return Err(listen::ListenError::CountMismatch {
@@ -148,8 +148,8 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
             }
             .into())
         }
-        None => {}
-    }
+        None => None,
+    };
     tracing::info!(
         ms = started.elapsed().as_millis() as u64,
         from = %snap.origin.isa,
@@ -162,7 +162,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(|| a.snapshot_file.clone());
     drop(snap);
-    drive(cell, &a.cell, &path, signals)
+    drive(cell, &a.cell, &path, signals, serving)
 }
 
 /// Install the handlers first thing, so a signal that arrives while the
@@ -226,7 +226,16 @@ fn write_snapshot(s: &Snapshot, path: &Path, level: i32, kind: &str) -> anyhow::
     Ok(())
 }
 
-fn drive(mut cell: Cell, c: &CellArgs, path: &Path, signals: Signals) -> anyhow::Result<i32> {
+/// How long an exited program's clients get to read its last output.
+const FLUSH_LIMIT: Duration = Duration::from_secs(10);
+
+fn drive(
+    mut cell: Cell,
+    c: &CellArgs,
+    path: &Path,
+    signals: Signals,
+    serving: Option<listen::Serving>,
+) -> anyhow::Result<i32> {
     spawn_triggers(&cell.controller(), c, signals)?;
     let level = c.level;
     let mut sink = |s: &Snapshot, _t: roam_runtime::CheckpointTiming| {
@@ -234,6 +243,9 @@ fn drive(mut cell: Cell, c: &CellArgs, path: &Path, signals: Signals) -> anyhow:
     };
     match cell.run(&mut sink)? {
         Outcome::Exited(code) => {
+            if let Some(s) = &serving {
+                s.flush(FLUSH_LIMIT);
+            }
             if let Some(n) = c.checkpoint_at_point {
                 eprintln!(
                     "roam: the program exited after it reached only {} migration points (asked for a checkpoint at {n}); no checkpoint was taken",
