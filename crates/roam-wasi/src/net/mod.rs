@@ -420,7 +420,10 @@ impl NetHub {
                 });
                 p.shutdown = true;
             }
-            if c.closed && !p.closed {
+            // Closed goes only after every byte the program wrote has been
+            // sent (a checkpoint overdraft can leave output past the window):
+            // the receiver drops data that arrives after Closed.
+            if c.closed && !p.closed && (c.reset || p.sent.max(c.tx_offset) >= c.tx_end()) {
                 out.push(NetOut::Closed { conn: c.conn });
                 p.closed = true;
             }
