@@ -67,25 +67,7 @@ impl Interrupt {
     /// Wait up to `dur`, until requested, or until a kick after `seen`;
     /// true if a checkpoint was requested.
     pub fn wait_kick(&self, seen: u64, dur: Duration) -> bool {
-        let deadline = Instant::now() + dur;
-        let mut g = self
-            .requested
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if g.requested {
-                return true;
-            }
-            let now = Instant::now();
-            if g.kicks != seen || now >= deadline {
-                return false;
-            }
-            g = self
-                .cond
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
+        self.wait_until(dur, |g| g.kicks != seen)
     }
 
     /// Withdraw a request (the runtime does this once it has acted on it).
@@ -116,6 +98,12 @@ impl Interrupt {
 
     /// Wait up to `dur` or until requested; true if interrupted.
     pub fn wait(&self, dur: Duration) -> bool {
+        self.wait_until(dur, |_| false)
+    }
+
+    /// The one wait loop: returns true when a checkpoint is requested,
+    /// false at the deadline or as soon as `woken` holds.
+    fn wait_until(&self, dur: Duration, woken: impl Fn(&Flags) -> bool) -> bool {
         let deadline = Instant::now() + dur;
         let mut g = self
             .requested
@@ -126,7 +114,7 @@ impl Interrupt {
                 return true;
             }
             let now = Instant::now();
-            if now >= deadline {
+            if woken(&g) || now >= deadline {
                 return false;
             }
             g = self
