@@ -206,6 +206,7 @@ impl PostCopyPages {
         match &result {
             Ok(()) => {
                 let _ = send(wr, &Msg::Complete).await;
+                linger(rd).await;
             }
             Err(e) => {
                 self.fail(e);
@@ -295,6 +296,23 @@ impl PostCopyPages {
         }
         Ok(())
     }
+}
+
+/// After `Complete`, read and drop what the source still had in flight
+/// (pushed pages it sent before it saw `Complete`) until it ends the stream
+/// or sends `PagesDone`. Closing a socket with unread bytes makes the kernel
+/// answer with a reset, and a source that reads the reset before our
+/// `Complete` would take a finished post-copy for a broken one.
+async fn linger(rd: &mut ReadHalf) {
+    let drain = async {
+        loop {
+            match recv(rd).await {
+                Ok(Msg::PagesDone) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(POST_COPY_IDLE, drain).await;
 }
 
 /// Fetches pages for the fault handler through the connection.

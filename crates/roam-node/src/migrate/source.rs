@@ -740,10 +740,18 @@ impl Ctx<'_> {
             }
             if cursor < data.len() {
                 let end = (cursor + PUSH).min(data.len());
-                self.send_pages(&data[cursor..end]).await?;
-                self.mark_sent(&data[cursor..end]);
-                stats.pushed_pages += (end - cursor) as u64;
+                // Pages a request already fetched need not go again.
+                let batch: Vec<u32> = data[cursor..end]
+                    .iter()
+                    .copied()
+                    .filter(|&i| !self.post_sent[i as usize])
+                    .collect();
                 cursor = end;
+                if !batch.is_empty() {
+                    self.send_pages(&batch).await?;
+                    self.mark_sent(&batch);
+                    stats.pushed_pages += batch.len() as u64;
+                }
                 continue;
             }
             if !done_sent {
