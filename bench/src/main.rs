@@ -22,6 +22,7 @@ mod quiet;
 mod report;
 mod stats;
 mod t1;
+mod t13;
 mod t2;
 mod t3;
 mod t4;
@@ -60,6 +61,29 @@ enum Bench {
         /// Comma-separated workloads (default: all).
         #[arg(long)]
         only: Option<String>,
+    },
+    /// T1 and T3 together per variant (policies, or any `roam prepare` flags and runtime settings).
+    T13 {
+        /// Size class for T1: S, M or L.
+        #[arg(long, default_value = "L")]
+        size: String,
+        /// Repetitions per variant (median reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Size class for T3.
+        #[arg(long, default_value = "M")]
+        t3_size: String,
+        /// Minimum T3 samples per workload and variant (0 skips T3).
+        #[arg(long, default_value_t = 30)]
+        t3_samples: usize,
+        /// Comma-separated workloads (default: all).
+        #[arg(long)]
+        only: Option<String>,
+        /// `NAME=ARGS`: `roam prepare` flags and `VAR=value` settings of one
+        /// variant; repeatable, the first is the reference (default: the
+        /// default preparation and every policy).
+        #[arg(long = "variant")]
+        variants: Vec<String>,
     },
     /// Checkpoint capture and restore time vs live memory.
     T2 {
@@ -200,6 +224,35 @@ fn main() -> anyhow::Result<()> {
                     size,
                     reps: reps.max(1),
                     only,
+                },
+            )?
+        }
+        Bench::T13 {
+            size,
+            reps,
+            t3_size,
+            t3_samples,
+            only,
+            variants,
+        } => {
+            let only = only.as_deref().map(t1::parse_only).transpose()?;
+            let variants = if variants.is_empty() {
+                t13::default_variants()
+            } else {
+                variants
+                    .iter()
+                    .map(|v| t13::VariantSpec::parse(v))
+                    .collect::<anyhow::Result<_>>()?
+            };
+            t13::run(
+                &paths,
+                &t13::Options {
+                    size,
+                    reps: reps.max(1),
+                    t3_size,
+                    t3_samples,
+                    only,
+                    variants,
                 },
             )?
         }

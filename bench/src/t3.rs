@@ -137,7 +137,18 @@ pub fn measure(
     size: &str,
     min: usize,
 ) -> anyhow::Result<Samples> {
-    let wasm = paths.wasm(name)?;
+    measure_file(rt, paths, name, &paths.wasm(name)?, size, min)
+}
+
+/// [`measure`] on a given module file of workload `name` (prepared or not).
+pub fn measure_file(
+    rt: &Runtime,
+    paths: &Paths,
+    name: &str,
+    wasm: &Path,
+    size: &str,
+    min: usize,
+) -> anyhow::Result<Samples> {
     let mut s = Samples::default();
     while s.response.len() < min && s.runs < 20 {
         let data = if name == "filework" {
@@ -146,7 +157,7 @@ pub fn measure(
             None
         };
         let _quiet = crate::quiet::Quiet::new()?;
-        one_run(rt, &wasm, size, data.as_deref(), &mut s)?;
+        one_run(rt, wasm, size, data.as_deref(), &mut s)?;
     }
     Ok(s)
 }
