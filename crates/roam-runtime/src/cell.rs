@@ -10,6 +10,7 @@ use crate::asyncify::{Asyncify, Buffer, HEADER, UNWINDING};
 use crate::capture::{self, Saved};
 use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
+use crate::flag::FlagWord;
 use crate::host::{self, Hooks, HostState};
 use crate::incoming::Incoming;
 use crate::limits::CellLimits;
@@ -91,7 +92,6 @@ pub(crate) struct Parts {
     globals: Vec<(String, Global)>,
     asyncify: Asyncify,
     pub(crate) memory: wasmtime::Memory,
-    flag: Global,
     pub(crate) live: LiveMemory,
 }
 
@@ -104,7 +104,9 @@ pub(crate) fn instantiate(
     host::add_to_linker(&mut linker).map_err(boxed)?;
     let mut store = Store::new(rt.engine(), host);
     store.limiter(|h| &mut h.limiter);
-    host::arm_epoch(&mut store);
+    if rt.epoch_engine().is_some() {
+        host::arm_epoch(&mut store);
+    }
     let instance = linker
         .instantiate(&mut store, module.module())
         .map_err(boxed)?;
@@ -115,9 +117,15 @@ pub(crate) fn instantiate(
     let memory = instance
         .get_memory(&mut store, roam_prepare::MEMORY_EXPORT)
         .ok_or("no memory export")?;
-    let flag = instance
-        .get_global(&mut store, roam_prepare::FLAG_GLOBAL_EXPORT)
-        .ok_or("no flag export")?;
+    let flag_memory = instance
+        .get_memory(&mut store, crate::flag::FLAG_MEMORY_EXPORT)
+        .ok_or("no flag memory export")?;
+    let flag = rt
+        .memories()
+        .find(flag_memory.data_ptr(&store))
+        .and_then(FlagWord::new)
+        .ok_or("the flag memory was not mapped by roam's memory creator")?;
+    store.data().control.attach_flag(flag);
     let globals = module
         .global_exports()
         .iter()
@@ -135,7 +143,6 @@ pub(crate) fn instantiate(
         globals,
         asyncify,
         memory,
-        flag,
     })
 }
 
@@ -147,7 +154,7 @@ impl Cell {
         wasi: WasiConfig,
         opts: CellOptions,
     ) -> Result<Cell, StartError> {
-        let control = Control::new(rt.engine().clone());
+        let control = Control::new(rt.epoch_engine());
         let ctx = WasiCtx::new(wasi, control.interrupt.clone())?;
         let host = HostState::new(
             ctx,
@@ -156,11 +163,9 @@ impl Cell {
             opts.checkpoint_every_points.filter(|&k| k > 0),
             CellLimits::of(&opts),
         );
-        let mut p = instantiate(rt, &module, host).map_err(StartError::Instantiate)?;
+        let p = instantiate(rt, &module, host).map_err(StartError::Instantiate)?;
         if opts.checkpoint_at_point.is_some() || opts.checkpoint_every_points.is_some() {
-            p.flag
-                .set(&mut p.store, wasmtime::Val::I32(1))
-                .map_err(|e| StartError::Instantiate(boxed(e)))?;
+            control.set_flag(true);
         }
         Ok(Cell::assemble(p, module, &opts, control))
     }
@@ -192,7 +197,7 @@ impl Cell {
         module: Arc<LoadedModule>,
         opts: CellOptions,
     ) -> Result<Incoming, RestoreError> {
-        let control = Control::new(rt.engine().clone());
+        let control = Control::new(rt.epoch_engine());
         // The OS layer comes with the snapshot; until then an empty one.
         let ctx = WasiCtx::new(WasiConfig::default(), control.interrupt.clone())
             .map_err(|e| RestoreError::Instantiate(Box::new(e)))?;
@@ -255,7 +260,6 @@ impl Cell {
         let hooks = Hooks {
             asyncify: p.asyncify,
             memory: p.memory,
-            flag: p.flag,
             globals: p.globals.into(),
             module: module.clone(),
             embed_module: opts.embed_module,

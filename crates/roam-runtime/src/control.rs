@@ -1,17 +1,23 @@
 //! Asking a running cell for a checkpoint, from any thread.
 //!
-//! A request is recorded, then the engine's epoch is bumped: the guest's next
-//! epoch check runs the store's deadline callback *on the guest's own thread*,
-//! which raises the `roam.flag` global; the next migration point then calls
-//! the host and unwinds. Blocking WASI calls are woken through
-//! [`roam_wasi::Interrupt`] instead. Nothing writes guest state from a
-//! foreign thread.
+//! A request is recorded, then the cell's flag word is raised
+//! ([`crate::flag`]): the guest's next migration point sees it, calls the
+//! host and unwinds. Blocking WASI calls are woken through
+//! [`roam_wasi::Interrupt`] instead. The flag word is the only guest-visible
+//! state written from a foreign thread, and the guest only reads it.
+//!
+//! With `ROAM_EPOCH_INTERRUPT=1` (see [`crate::RuntimeConfig::epoch_interrupt`])
+//! a request also bumps the engine's epoch, as roam did before the flag
+//! word existed; that costs a check at every loop and function entry and is
+//! kept only to measure that cost.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use roam_wasi::Interrupt;
 use wasmtime::Engine;
+
+use crate::flag::FlagWord;
 
 /// What happens after the snapshot is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,16 +88,47 @@ pub struct CheckpointTiming {
 pub(crate) struct Control {
     pending: Mutex<Option<Request>>,
     pub(crate) interrupt: Arc<Interrupt>,
-    engine: Engine,
+    /// The cell's flag word, once its instance exists.
+    flag: OnceLock<FlagWord>,
+    /// The engine, when it runs with epoch interruption (ablation only).
+    epoch: Option<Engine>,
 }
 
 impl Control {
-    pub(crate) fn new(engine: Engine) -> Arc<Self> {
+    /// `epoch`: the engine to bump on every request, when it was built with
+    /// epoch interruption.
+    pub(crate) fn new(epoch: Option<Engine>) -> Arc<Self> {
         Arc::new(Control {
             pending: Mutex::new(None),
             interrupt: Interrupt::new(),
-            engine,
+            flag: OnceLock::new(),
+            epoch,
         })
+    }
+
+    /// Connect the cell's flag word; raises it at once if a request came
+    /// before the instance existed.
+    pub(crate) fn attach_flag(&self, flag: FlagWord) {
+        let flag = self.flag.get_or_init(|| flag);
+        if self.pending().is_some() {
+            flag.set(true);
+        }
+    }
+
+    /// Raise or clear the flag word (nothing before it is attached).
+    pub(crate) fn set_flag(&self, up: bool) {
+        if let Some(f) = self.flag.get() {
+            f.set(up);
+        }
+    }
+
+    /// Make the guest call the host at its next migration point (or epoch
+    /// check): for a request, or when its lazily received memory is lost.
+    pub(crate) fn alarm(&self) {
+        self.set_flag(true);
+        if let Some(engine) = &self.epoch {
+            engine.increment_epoch();
+        }
     }
 
     pub(crate) fn request(&self, req: Request) {
@@ -104,7 +141,7 @@ impl Control {
             };
         }
         self.interrupt.request();
-        self.engine.increment_epoch();
+        self.alarm();
     }
 
     pub(crate) fn pending(&self) -> Option<Request> {

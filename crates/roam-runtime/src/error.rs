@@ -31,6 +31,9 @@ pub enum LoadError {
     /// The module's data segments could not be read.
     #[error("cannot read the module's initial memory image")]
     InitialImage(#[from] roam_prepare::ValidateError),
+    /// The migration flag could not be moved into roam's flag memory.
+    #[error("cannot rewrite the module's migration points for this runtime; prepare the original module again")]
+    Lower(#[from] crate::flag::LowerError),
     /// Cranelift failed to compile the module.
     #[error("cannot compile the module for {isa}")]
     Compile {

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use roam_wasi::{WasiCtx, WasiView};
-use wasmtime::{AsContextMut, Caller, Global, Linker, Memory, UpdateDeadline, Val};
+use wasmtime::{Caller, Global, Linker, Memory, UpdateDeadline};
 
 use crate::asyncify::{Asyncify, Buffer, NORMAL, REWINDING};
 use crate::capture::{self, Captured};
@@ -35,7 +35,6 @@ pub const PAUSE_BUFFER_MAX: usize = 1 << 20;
 pub(crate) struct Hooks {
     pub asyncify: Asyncify,
     pub memory: Memory,
-    pub flag: Global,
     pub globals: Arc<[(String, Global)]>,
     pub module: Arc<LoadedModule>,
     pub embed_module: bool,
@@ -109,6 +108,16 @@ impl HostState {
             || self.continue_every.is_some()
             || self.control.pending().is_some()
     }
+
+    /// Clear the flag, then raise it again if a point must still call the
+    /// host. In this order, a request made by another thread meanwhile is
+    /// either seen here or raises the flag after the clear: never lost.
+    fn rearm(&self) {
+        self.control.set_flag(false);
+        if self.flag_wanted() {
+            self.control.set_flag(true);
+        }
+    }
 }
 
 fn hooks(caller: &Caller<'_, HostState>) -> wasmtime::Result<Hooks> {
@@ -125,8 +134,7 @@ fn finish_rewind(caller: &mut Caller<'_, HostState>, h: &Hooks) -> wasmtime::Res
     if let Some((buffer, saved)) = caller.data_mut().rewinding.take() {
         buffer.unload(h.memory.data_mut(&mut *caller), &saved);
     }
-    let keep = caller.data().flag_wanted();
-    h.flag.set(&mut *caller, Val::I32(keep as i32))?;
+    caller.data().rearm();
     tracing::debug!("rewind complete; program resumes");
     Ok(())
 }
@@ -148,7 +156,7 @@ fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::R
     let buffer = Buffer::over(cap.unwrap_or(mem.len()));
     buffer.reset_header(mem);
     h.asyncify.start_unwind(&mut *caller, buffer)?;
-    h.flag.set(&mut *caller, Val::I32(0))?;
+    caller.data().control.set_flag(false);
     caller.data_mut().unwinding = Some(Unwinding {
         req,
         point_at,
@@ -160,8 +168,12 @@ fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::R
 }
 
 /// `roam.migration_point`: called when the flag is up (or unconditionally,
-/// by a program's own manual points).
+/// by a program's own manual points). A call without a pending request (a
+/// program calling the import itself) checkpoints nothing and returns.
 fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
+    if let Some(reason) = caller.data().pages_lost() {
+        wasmtime::bail!("memory pages lost: {reason}");
+    }
     let h = hooks(&caller)?;
     match h.asyncify.state(&mut caller)? {
         REWINDING => return finish_rewind(&mut caller, &h),
@@ -197,8 +209,8 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
     match caller.data().control.pending() {
         Some(req) => begin_unwind(&mut caller, req),
         None => {
-            let keep = caller.data().flag_wanted();
-            h.flag.set(&mut caller, Val::I32(keep as i32))
+            caller.data().rearm();
+            Ok(())
         }
     }
 }
@@ -237,18 +249,17 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
     Ok(())
 }
 
-/// Arm the epoch callback: on the guest's thread, raise the flag when a
-/// checkpoint is pending.
+/// With epoch interruption only (an ablation setting): arm the epoch
+/// callback, which stops a program whose lazily received memory was lost at
+/// its next epoch check and raises the flag when a point must call the host.
 pub(crate) fn arm_epoch(store: &mut wasmtime::Store<HostState>) {
     store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(|mut ctx| {
+    store.epoch_deadline_callback(|ctx| {
         if let Some(reason) = ctx.data().pages_lost() {
             wasmtime::bail!("memory pages lost: {reason}");
         }
         if ctx.data().flag_wanted() {
-            if let Some(h) = ctx.data().hooks.clone() {
-                h.flag.set(ctx.as_context_mut(), Val::I32(1))?;
-            }
+            ctx.data().control.set_flag(true);
         }
         Ok(UpdateDeadline::Continue(1))
     });

@@ -19,8 +19,10 @@
 //!
 //! When the source is lost ([`LazyMemory::fail`], or a fetch error), the
 //! program must not go on with wrong memory and must not hang: faults are
-//! answered with zero pages to unblock it, and the epoch callback stops it
-//! at its next check with [`crate::RunError::PagesLost`].
+//! answered with zero pages to unblock it, and the cell's flag is raised so
+//! that its next migration point stops it with
+//! [`crate::RunError::PagesLost`] (a program that reaches no point stops
+//! when it traps or exits, and its run still ends in that error).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -30,6 +32,7 @@ use roam_snapshot::{PageKind, Snapshot, PAGE_SIZE};
 use roam_wasi::Preopen;
 
 use crate::cell::Cell;
+use crate::control::Control;
 use crate::error::RestoreError;
 use crate::incoming::Incoming;
 use crate::memory::LiveMemory;
@@ -102,7 +105,7 @@ struct Shared {
     source: Mutex<Box<dyn PageSource>>,
     batch: usize,
     lost: Arc<OnceLock<String>>,
-    engine: wasmtime::Engine,
+    control: Arc<Control>,
     stop: AtomicBool,
     registered: AtomicBool,
     faults: AtomicU64,
@@ -213,7 +216,7 @@ impl LazyMemory {
             source: Mutex::new(source),
             batch,
             lost: incoming.parts.store.data().lost.clone(),
-            engine: incoming.parts.store.engine().clone(),
+            control: incoming.control.clone(),
             stop: AtomicBool::new(false),
             registered: AtomicBool::new(true),
             faults: AtomicU64::new(0),
@@ -356,8 +359,8 @@ impl Shared {
         if self.lost.set(reason).is_ok() {
             tracing::error!("lazy memory lost: {}", self.lost.get().map_or("", |s| s));
         }
-        // The epoch callback stops the program at its next check.
-        self.engine.increment_epoch();
+        // The program stops at its next migration point.
+        self.control.alarm();
     }
 
     /// Serve one fault at `page`.

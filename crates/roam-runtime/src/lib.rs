@@ -13,9 +13,9 @@
 //! on, writes the state back and rewinds into the migration point.
 //!
 //! ```text
-//!   request ──► epoch tick ──► epoch callback sets `roam.flag`
+//!   request (any thread) ──► atomic store to the cell's flag word
 //!                                   │
-//!   guest loop header: if roam.flag { call roam.migration_point } ──► host starts unwind
+//!   guest loop header: if flag word { call roam.migration_point } ──► host starts unwind
 //!                                   │
 //!   `_start` returns with state=unwinding ──► capture snapshot ──► stop | rewind
 //! ```
@@ -34,6 +34,7 @@ mod control;
 mod dirty;
 mod error;
 pub mod files;
+mod flag;
 mod host;
 mod incoming;
 mod lazy;
@@ -47,13 +48,16 @@ pub use cell::{Cell, CellOptions, Outcome};
 pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger};
 pub use dirty::{DirtyTracker, TrackError, TrackMethod};
 pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
+pub use flag::LowerError;
 pub use host::PAUSE_BUFFER_MAX;
 pub use incoming::Incoming;
 pub use lazy::{LazyError, LazyMemory, LazyStats, PageSource, DEFAULT_FETCH_BATCH};
 pub use limits::{DEFAULT_MAX_MEMORY, DEFAULT_MAX_TABLE_ELEMENTS};
 pub use memory::LiveMemory;
 pub use module::LoadedModule;
-pub use runtime::{host_isa, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, RUN_THREAD_STACK};
+pub use runtime::{
+    host_isa, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, ENV_EPOCH_INTERRUPT, RUN_THREAD_STACK,
+};
 pub use uffd::userfaultfd_available;
 
 #[cfg(test)]

@@ -129,14 +129,15 @@ impl wasmtime::ResourceLimiter for Limiter {
         Ok(true)
     }
 
-    // A cell's store holds exactly one instance of one module with one
-    // memory (roam's prepared modules export a single `memory`).
+    // A cell's store holds exactly one instance of one module with two
+    // memories: the program's and roam's one-page flag memory
+    // (`crate::flag`).
     fn instances(&self) -> usize {
         1
     }
 
     fn memories(&self) -> usize {
-        1
+        2
     }
 
     fn tables(&self) -> usize {

@@ -32,7 +32,17 @@ pub struct RuntimeConfig {
     /// for deep recursion. The thread that calls [`crate::Cell::run`] needs
     /// this much stack plus room for the host (see [`RUN_THREAD_STACK`]).
     pub max_wasm_stack: usize,
+    /// Build the engine with wasmtime's epoch interruption and bump the
+    /// epoch on every checkpoint request, as roam did before the flag word
+    /// ([`crate::flag`]). Costs a check at every loop back-edge and function
+    /// entry; kept only to measure that cost. Default: the environment
+    /// variable [`ENV_EPOCH_INTERRUPT`] is `1`.
+    pub epoch_interrupt: bool,
 }
+
+/// Environment variable that turns [`RuntimeConfig::epoch_interrupt`] on
+/// (`1`) for an ablation measurement.
+pub const ENV_EPOCH_INTERRUPT: &str = "ROAM_EPOCH_INTERRUPT";
 
 /// Default for [`RuntimeConfig::max_wasm_stack`].
 pub const DEFAULT_MAX_WASM_STACK: usize = 16 << 20;
@@ -46,6 +56,7 @@ impl Default for RuntimeConfig {
             cache_dir: Cache::default_dir(),
             prepare: PrepareOptions::default(),
             max_wasm_stack: DEFAULT_MAX_WASM_STACK,
+            epoch_interrupt: std::env::var_os(ENV_EPOCH_INTERRUPT).is_some_and(|v| v == "1"),
         }
     }
 }
@@ -58,14 +69,17 @@ pub struct Runtime {
     engine_key: u64,
     prepare: PrepareOptions,
     memories: Arc<Creator>,
+    epoch_interrupt: bool,
 }
 
 impl Runtime {
-    /// Build the engine: Cranelift, epoch interruption (how the host raises
-    /// the migration flag without racing the guest), default optimisation.
+    /// Build the engine: Cranelift at its default optimisation, linear
+    /// memories mapped by roam, no epoch interruption (the host raises the
+    /// migration flag through [`crate::flag`]) unless
+    /// [`RuntimeConfig::epoch_interrupt`] asks for it.
     pub fn new(cfg: RuntimeConfig) -> Result<Self, LoadError> {
         let mut config = Config::new();
-        config.epoch_interruption(true);
+        config.epoch_interruption(cfg.epoch_interrupt);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
         config.max_wasm_stack(cfg.max_wasm_stack);
         // wasmtime checks max_wasm_stack against the (unused) async stack size.
@@ -82,6 +96,7 @@ impl Runtime {
         })?;
         let mut h = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut h);
+        crate::flag::LOWERING_VERSION.hash(&mut h);
         let cache = Cache::open(&cfg.cache_dir).map_err(|source| LoadError::Cache {
             dir: cfg.cache_dir.clone(),
             source,
@@ -92,6 +107,7 @@ impl Runtime {
             engine_key: h.finish(),
             prepare: cfg.prepare,
             memories,
+            epoch_interrupt: cfg.epoch_interrupt,
         })
     }
 
@@ -103,6 +119,11 @@ impl Runtime {
     /// The cache.
     pub fn cache(&self) -> &Cache {
         &self.cache
+    }
+
+    /// The engine, if it was built with epoch interruption.
+    pub(crate) fn epoch_engine(&self) -> Option<Engine> {
+        self.epoch_interrupt.then(|| self.engine.clone())
     }
 
     /// The memory creator that maps every cell's linear memory.
@@ -195,7 +216,8 @@ impl Runtime {
             }
         }
         let started = std::time::Instant::now();
-        let module = Module::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
+        let lowered = crate::flag::lower(bytes)?;
+        let module = Module::new(&self.engine, &lowered).map_err(|e| LoadError::Compile {
             isa: host_isa().to_string(),
             source: boxed(e),
         })?;

@@ -4,6 +4,7 @@
 
 mod common;
 mod dirty;
+mod flag;
 mod lazy;
 mod limits;
 mod pause;
