@@ -6,4 +6,5 @@ mod common;
 mod dirty;
 mod lazy;
 mod limits;
+mod mapped;
 mod pause;
