@@ -239,9 +239,15 @@ pub(crate) fn restore_memory(
     let fd = match image.stored_data_fd() {
         Some(fd) if map_restore_enabled() && host_page_size() == PAGE_SIZE => fd,
         _ => {
+            for (page, _, n) in image.data_runs() {
+                if n >= MAP_MIN_PAGES {
+                    live.map
+                        .populate(page as usize * PAGE_SIZE, n as usize * PAGE_SIZE);
+                }
+            }
             return image
                 .restore_into(memory.data_mut(&mut *store), initial, true)
-                .map_err(err)
+                .map_err(err);
         }
     };
     image

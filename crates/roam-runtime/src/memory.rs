@@ -124,6 +124,27 @@ impl Mapping {
         self.capacity
     }
 
+    /// Allocate the pages of `[offset, offset + len)` now, in one call,
+    /// because they are about to be written: cheaper than a fault per page.
+    /// Best effort: ignored where the kernel refuses (before Linux 5.14,
+    /// under some emulators).
+    pub(crate) fn populate(&self, offset: usize, len: usize) {
+        let page = host_page_size();
+        let (from, to) = (offset / page * page, (offset + len).next_multiple_of(page));
+        if len == 0 || to > self.len() {
+            return;
+        }
+        // SAFETY: advice on a range inside this mapping's accessible prefix;
+        // populating for writing does not change any byte.
+        unsafe {
+            libc::madvise(
+                self.base.as_ptr().add(from).cast(),
+                to - from,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+    }
+
     /// Map `len` bytes of `fd` from `file_offset`, copy-on-write, over
     /// `[offset, offset + len)` of the accessible memory, replacing its
     /// contents. The file must not change while mapped (roam maps only

@@ -11,12 +11,12 @@ pub(crate) mod sections;
 
 use crate::header::{peek_header, Header, Version, FLAG_FILES, FLAG_MODULE_EMBEDDED, HEADER_LEN};
 use crate::memory::PageKind;
+use crate::pages::Store;
 use crate::payload::{expand_runs, Meta, SECTIONS};
 use crate::{
     validate, FileTree, MemoryImage, ModuleRef, Snapshot, MAX_MEMORY_BYTES, MAX_METADATA_BYTES,
     PAGE_SIZE,
 };
-use crate::pages::Store;
 use sections::Sections;
 
 /// Why bytes could not be decoded as a snapshot.
@@ -187,12 +187,7 @@ fn decode_payload(payload: &[u8], header: &Header) -> Result<Snapshot, DecodeErr
     r.finish()?;
     let memory = MemoryImage::from_parts(m.byte_len, m.initial_digest, kinds, Store::Heap(data))
         .map_err(|d| DecodeError::malformed("memory", d))?;
-    assemble(
-        header,
-        meta,
-        [module_bytes, os_state, files_bytes],
-        memory,
-    )
+    assemble(header, meta, [module_bytes, os_state, files_bytes], memory)
 }
 
 /// Check the memory size and expand the page map of decoded metadata.

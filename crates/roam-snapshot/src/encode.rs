@@ -316,7 +316,11 @@ mod tests {
         for format in [Format::V1, Format::V2] {
             for level in [1, 19] {
                 let bytes = snap.encode(&EncodeOptions { level, format }).unwrap();
-                assert_eq!(Snapshot::decode(&bytes).unwrap(), snap, "{format:?} {level}");
+                assert_eq!(
+                    Snapshot::decode(&bytes).unwrap(),
+                    snap,
+                    "{format:?} {level}"
+                );
             }
         }
     }

@@ -107,10 +107,11 @@ impl Snapshot {
         // Format v2 is read chunk by chunk, straight into its page file; v1
         // (one stream) is read whole.
         let mut head = vec![0u8; HEADER_LEN.min(len as usize)];
-        f.read_exact(&mut head).map_err(|source| ReadFileError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        f.read_exact(&mut head)
+            .map_err(|source| ReadFileError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let header = crate::peek_header(&head).map_err(decode_err)?;
         if header.version.major == 2 {
             return crate::v2::read_file(&header, f, len)

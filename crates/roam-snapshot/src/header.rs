@@ -42,7 +42,7 @@ impl Version {
     /// Whether this build reads files of version `self`: the current major
     /// up to its minor, and the previous major's 1.0.
     pub fn is_readable(self) -> bool {
-        (self.major == FORMAT_MAJOR && self.minor <= FORMAT_MINOR) || self == Version::V1
+        (self.major == FORMAT_MAJOR && self.minor.cmp(&FORMAT_MINOR).is_le()) || self == Version::V1
     }
 }
 
@@ -234,10 +234,7 @@ mod tests {
             b[8] = major;
             b[10] = minor;
             assert!(
-                matches!(
-                    peek_header(&b),
-                    Err(DecodeError::UnsupportedVersion { .. })
-                ),
+                matches!(peek_header(&b), Err(DecodeError::UnsupportedVersion { .. })),
                 "{major}.{minor}"
             );
         }

@@ -106,7 +106,13 @@ impl SharedPages {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("null mapping"))?;
+        let ptr: NonNull<u8> =
+            NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("null mapping"))?;
+        // Every page is about to be written: allocating them in one call is
+        // several times cheaper than a fault per page. Best effort (Linux
+        // 5.14+; refused under some emulators, where faults do the same).
+        // SAFETY: advice on the mapping just made; it changes no contents.
+        unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) };
         Ok(SharedPages { fd, ptr, len })
     }
 

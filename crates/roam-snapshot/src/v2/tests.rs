@@ -115,7 +115,10 @@ fn layout_has_page_aligned_raw_chunks_and_compressed_ones() {
     }
     assert_eq!(page, snap.memory.stored_pages());
     assert_eq!(bytes.len() as u64, area + s.table.area_len);
-    assert!(Snapshot::decode(&forge(&s)).unwrap() == snap, "forge reproduces a valid file");
+    assert!(
+        Snapshot::decode(&forge(&s)).unwrap() == snap,
+        "forge reproduces a valid file"
+    );
 }
 
 #[test]
@@ -138,7 +141,9 @@ fn round_trips_in_memory_and_from_a_file() {
         let p = p as usize * PAGE_SIZE;
         fresh[p..p + PAGE_SIZE].copy_from_slice(initial.page_at_slot(k));
     }
-    back.memory.restore_except_data(&mut fresh, &initial).unwrap();
+    back.memory
+        .restore_except_data(&mut fresh, &initial)
+        .unwrap();
     let data = back.memory.stored_data();
     for (page, stored, n) in back.memory.data_runs() {
         let (p, s, n) = (page as usize, stored as usize, n as usize);
@@ -164,7 +169,10 @@ fn truncated_files_are_refused_at_every_length() {
     for n in (0..bytes.len()).step_by(509).chain([bytes.len() - 1]) {
         let e = err(&bytes[..n]);
         assert!(
-            matches!(e, DecodeError::Truncated { .. } | DecodeError::BadMagic { .. }),
+            matches!(
+                e,
+                DecodeError::Truncated { .. } | DecodeError::BadMagic { .. }
+            ),
             "{n}: {e:?}"
         );
     }
