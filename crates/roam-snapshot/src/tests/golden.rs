@@ -51,3 +51,17 @@ fn v2_is_written_by_default_and_decodes_into_a_mappable_page_file() {
     back.memory.restore_into(&mut out, &initial, false).unwrap();
     assert_eq!(out, mem);
 }
+
+/// A v2.0 file written by the first v2 encoder from `sample_snapshot(2, 77)`.
+const V2_SAMPLE: &[u8] = include_bytes!("data/v2-sample.roam");
+
+#[test]
+fn the_first_v2_file_still_decodes_to_the_same_snapshot() {
+    let (initial, mem, snap) = sample_snapshot(2, 77);
+    let (back, header) = Snapshot::decode_with_header(V2_SAMPLE).unwrap();
+    assert_eq!(header.version, Version::V2);
+    assert_eq!(back, snap);
+    let mut out = vec![0u8; mem.len()];
+    back.memory.restore_into(&mut out, &initial, false).unwrap();
+    assert_eq!(out, mem);
+}
