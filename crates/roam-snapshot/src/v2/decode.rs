@@ -117,9 +117,20 @@ fn decode_from(header: &Header, src: &(impl Source + ?Sized)) -> Result<Snapshot
     // The block exists in full in the input, so allocating it is bounded by the input.
     let mut block = vec![0u8; meta_len as usize];
     src.read_at(META_AT, &mut block)?;
+    let area = area_start(meta_len);
+    if area > total {
+        return Err(DecodeError::Truncated {
+            what: "padding before the chunk area",
+            expected: area,
+            got: total,
+        });
+    }
+    let mut pad = vec![0u8; (area - META_AT - meta_len) as usize]; // < 4096
+    src.read_at(META_AT + meta_len, &mut pad)?;
     let mut hasher = blake3::Hasher::new();
     hasher.update(&len);
     hasher.update(&block);
+    hasher.update(&pad);
     if !cfg!(fuzzing) && hasher.finalize().as_bytes() != &header.payload_hash {
         return Err(DecodeError::ChecksumMismatch {
             what: "metadata block",
@@ -145,9 +156,13 @@ fn decode_from(header: &Header, src: &(impl Source + ?Sized)) -> Result<Snapshot
     let kinds = page_kinds(&meta)?;
     let stored = kinds.iter().filter(|k| **k == PageKind::Data).count() as u64;
     let table: ChunkTable = postcard_exact(&table_bytes, "chunk table")?;
-    let area = area_start(meta_len);
     check_table(&table, stored, area, total)?;
-    check_padding(src, META_AT + meta_len, area)?;
+    if pad.iter().any(|&b| b != 0) {
+        return Err(DecodeError::malformed(
+            "padding",
+            "non-zero bytes between the metadata block and the chunk area",
+        ));
+    }
 
     let mut pages = SharedPages::new((stored * PAGE_SIZE as u64) as usize).map_err(|e| {
         DecodeError::Resources {
@@ -239,19 +254,6 @@ fn check_table(t: &ChunkTable, stored: u64, area: u64, total: u64) -> Result<(),
         return Err(bad(format!(
             "chunks hold {pages} pages, the page map stores {stored}"
         )));
-    }
-    Ok(())
-}
-
-/// The bytes between the metadata block and the chunk area must be zero.
-fn check_padding(src: &(impl Source + ?Sized), from: u64, to: u64) -> Result<(), DecodeError> {
-    let mut pad = vec![0u8; (to - from) as usize]; // < 4096
-    src.read_at(from, &mut pad)?;
-    if pad.iter().any(|&b| b != 0) {
-        return Err(DecodeError::malformed(
-            "padding",
-            "non-zero bytes between the metadata block and the chunk area",
-        ));
     }
     Ok(())
 }

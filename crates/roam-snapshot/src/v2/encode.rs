@@ -111,7 +111,7 @@ pub(crate) fn encode(
         flags: snap.flags(),
         compressed_len: (total - HEADER_LEN) as u64,
         uncompressed_len: raw_len,
-        payload_hash: *blake3::hash(&out[HEADER_LEN..META_AT as usize + block.len()]).as_bytes(),
+        payload_hash: *blake3::hash(&out[HEADER_LEN..area]).as_bytes(),
     };
     out[..HEADER_LEN].copy_from_slice(&header.to_bytes());
     Ok(out)

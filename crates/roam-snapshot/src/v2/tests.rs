@@ -67,14 +67,16 @@ fn forge(s: &Split) -> Vec<u8> {
     let mut out = vec![0u8; 80];
     out.extend_from_slice(&(block.len() as u64).to_le_bytes());
     out.extend_from_slice(&block);
-    out.resize(area_start(block.len() as u64) as usize, 0);
+    let area = area_start(block.len() as u64) as usize;
+    out.resize(area, 0);
+    let hash = *blake3::hash(&out[80..area]).as_bytes();
     out.extend_from_slice(&s.area);
     let h = Header {
         version: Version::V2,
         flags: s.header.flags,
         compressed_len: out.len() as u64 - 80,
         uncompressed_len: raw.len() as u64,
-        payload_hash: *blake3::hash(&out[80..88 + block.len()]).as_bytes(),
+        payload_hash: hash,
     };
     out[..80].copy_from_slice(&h.to_bytes());
     out
@@ -284,7 +286,12 @@ fn corrupt_chunks_and_padding_are_refused() {
     }
     let mut b = good.clone();
     b[area - 1] = 1;
-    malformed(&b, "non-zero");
+    assert_eq!(
+        err(&b),
+        DecodeError::ChecksumMismatch {
+            what: "metadata block"
+        }
+    );
     let mut b = good.clone();
     b[100] ^= 1;
     assert_eq!(
