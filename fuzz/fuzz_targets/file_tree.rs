@@ -30,7 +30,10 @@ fuzz_target!(|data: &[u8]| {
         os_state: vec![],
         files: Some(tree),
     };
-    let Ok(bytes) = snap.encode(&EncodeOptions { level: 1 }) else {
+    let Ok(bytes) = snap.encode(&EncodeOptions {
+            level: 1,
+            ..Default::default()
+        }) else {
         return;
     };
     let tree = snap.files.as_ref().expect("files");

@@ -50,11 +50,20 @@ fuzz_target!(|data: &[u8]| {
         os_state: writes.to_vec(),
         files: None,
     };
-    let bytes = snap
-        .encode(&EncodeOptions { level: 1 })
-        .expect("valid snapshot encodes");
-    let back = Snapshot::decode(&bytes).expect("encoded snapshot decodes");
-    assert_eq!(back, snap);
+    // Both formats; the last byte of the control word picks which one
+    // restores below.
+    let mut back = None;
+    for format in [Format::V1, Format::V2] {
+        let bytes = snap
+            .encode(&EncodeOptions { level: 1, format })
+            .expect("valid snapshot encodes");
+        let b = Snapshot::decode(&bytes).expect("encoded snapshot decodes");
+        assert_eq!(b, snap);
+        if (format == Format::V2) == (ctl[0] & 2 != 0) {
+            back = Some(b);
+        }
+    }
+    let back = back.expect("one format chosen");
     let mut fresh = vec![0u8; len];
     for (i, p) in fresh.chunks_exact_mut(PAGE_SIZE).enumerate() {
         if let Some(init) = initial.page(i as u64) {

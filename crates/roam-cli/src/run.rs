@@ -212,7 +212,13 @@ fn spawn_triggers(ctl: &Controller, c: &CellArgs, mut signals: Signals) -> anyho
 fn write_snapshot(s: &Snapshot, path: &Path, level: i32, kind: &str) -> anyhow::Result<()> {
     let t = Instant::now();
     let written = s
-        .write_file_with(path, &roam_snapshot::EncodeOptions { level })
+        .write_file_with(
+            path,
+            &roam_snapshot::EncodeOptions {
+                level,
+                ..Default::default()
+            },
+        )
         .with_context(|| format!("cannot write snapshot {}", path.display()))?;
     eprintln!(
         "roam: checkpoint ({kind}) written to {}: {} MiB memory, {} stored pages, {} B stack, {} B on disk, {} ms",

@@ -11,6 +11,7 @@ use wasmtime::{AsContextMut, Global, Memory, Store, StoreContextMut, Val};
 use crate::asyncify::{Buffer, HEADER};
 use crate::error::{CheckpointError, RestoreError};
 use crate::host::{Hooks, HostState};
+use crate::memory::{host_page_size, LiveMemory};
 use crate::module::LoadedModule;
 
 /// What was read of linear memory before the unwind: enough to put back
@@ -207,19 +208,71 @@ pub(crate) fn grow_to(
     Ok(())
 }
 
+/// Runs of at least this many stored pages are mapped; shorter ones are
+/// copied (a mapping costs a system call and a kernel VMA).
+const MAP_MIN_PAGES: u64 = 16;
+/// At most this many mappings per restore: the kernel limits VMAs per
+/// process (`vm.max_map_count`, 65530 by default).
+const MAX_MAPPINGS: usize = 4096;
+
+/// Whether restore maps snapshot pages instead of copying them (default
+/// yes; `ROAM_RESTORE_MAP=0` copies, for comparison).
+fn map_restore_enabled() -> bool {
+    std::env::var("ROAM_RESTORE_MAP").map_or(true, |v| v != "0")
+}
+
 /// Write the memory image of `snapshot` into a fresh instance (grown to its
-/// size first).
+/// size first). An image whose pages are in a page file (format v2) is
+/// mapped copy-on-write run by run, so restoring costs nothing per page
+/// until the program writes it; other images are copied.
 pub(crate) fn restore_memory(
     store: &mut Store<HostState>,
     memory: Memory,
+    live: &LiveMemory,
     snapshot: &Snapshot,
     module: &LoadedModule,
 ) -> Result<(), RestoreError> {
-    grow_to(store, memory, snapshot.memory.byte_len())?;
-    snapshot
-        .memory
-        .restore_into(memory.data_mut(&mut *store), module.initial_image(), true)
-        .map_err(|e| RestoreError::Memory(e.to_string()))
+    let image = &snapshot.memory;
+    grow_to(store, memory, image.byte_len())?;
+    let err = |e: roam_snapshot::RestoreError| RestoreError::Memory(e.to_string());
+    let initial = module.initial_image();
+    let fd = match image.stored_data_fd() {
+        Some(fd) if map_restore_enabled() && host_page_size() == PAGE_SIZE => fd,
+        _ => {
+            for (page, _, n) in image.data_runs() {
+                if n >= MAP_MIN_PAGES {
+                    live.map
+                        .populate(page as usize * PAGE_SIZE, n as usize * PAGE_SIZE);
+                }
+            }
+            return image
+                .restore_into(memory.data_mut(&mut *store), initial, true)
+                .map_err(err);
+        }
+    };
+    image
+        .restore_except_data(memory.data_mut(&mut *store), initial)
+        .map_err(err)?;
+    let data = image.stored_data();
+    let mut maps = 0;
+    for (page, stored, n) in image.data_runs() {
+        let (at, from, len) = (
+            page as usize * PAGE_SIZE,
+            stored as usize * PAGE_SIZE,
+            n as usize * PAGE_SIZE,
+        );
+        if n >= MAP_MIN_PAGES && maps < MAX_MAPPINGS {
+            match live.map.map_private(at, len, fd, from as u64) {
+                Ok(()) => {
+                    maps += 1;
+                    continue;
+                }
+                Err(e) => tracing::debug!("restore copies pages it could not map: {e}"),
+            }
+        }
+        memory.data_mut(&mut *store)[at..at + len].copy_from_slice(&data[from..from + len]);
+    }
+    Ok(())
 }
 
 /// Write the globals of `snapshot` into an instance whose memory already

@@ -65,6 +65,7 @@ impl Incoming {
         capture::restore_memory(
             &mut self.parts.store,
             self.parts.memory,
+            &self.parts.live,
             snapshot,
             &self.module,
         )

@@ -17,6 +17,7 @@
 //! initialisation from the module image does not apply to host memories:
 //! data segments are written at instantiation, as without a pool.
 
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -121,6 +122,90 @@ impl Mapping {
     /// Bytes reserved for growth (without the guard region).
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Allocate the pages of `[offset, offset + len)` now, in one call,
+    /// because they are about to be written: cheaper than a fault per page.
+    /// Best effort: ignored where the kernel refuses (before Linux 5.14,
+    /// under some emulators).
+    pub(crate) fn populate(&self, offset: usize, len: usize) {
+        let page = host_page_size();
+        let (from, to) = (offset / page * page, (offset + len).next_multiple_of(page));
+        if len == 0 || to > self.len() {
+            return;
+        }
+        // SAFETY: advice on a range inside this mapping's accessible prefix;
+        // populating for writing does not change any byte.
+        unsafe {
+            libc::madvise(
+                self.base.as_ptr().add(from).cast(),
+                to - from,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+    }
+
+    /// Map `len` bytes of `fd` from `file_offset`, copy-on-write, over
+    /// `[offset, offset + len)` of the accessible memory, replacing its
+    /// contents. The file must not change while mapped (roam maps only
+    /// sealed-by-convention snapshot page files). On failure the range is
+    /// left as zero-filled anonymous memory, so the caller can copy instead.
+    pub(crate) fn map_private(
+        &self,
+        offset: usize,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        file_offset: u64,
+    ) -> std::io::Result<()> {
+        let page = host_page_size();
+        let bad = |what: &str| Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, what));
+        if !offset.is_multiple_of(page) || !len.is_multiple_of(page) || len == 0 {
+            return bad("unaligned range");
+        }
+        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return bad("range outside the accessible memory");
+        }
+        let Ok(file_offset) = libc::off_t::try_from(file_offset) else {
+            return bad("file offset too large");
+        };
+        // SAFETY: `[offset, offset + len)` lies inside this mapping's
+        // accessible prefix, which roam owns; MAP_FIXED replaces those pages
+        // only. No Rust reference into linear memory is held across this
+        // call by the caller (the memory is not yet running).
+        let ptr = unsafe {
+            libc::mmap(
+                self.base.as_ptr().add(offset).cast(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED,
+                fd.as_raw_fd(),
+                file_offset,
+            )
+        };
+        if ptr != libc::MAP_FAILED {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        // A failed MAP_FIXED may have unmapped the range: put anonymous
+        // memory back.
+        // SAFETY: as above, the range is ours.
+        let anon = unsafe {
+            libc::mmap(
+                self.base.as_ptr().add(offset).cast(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if anon == libc::MAP_FAILED {
+            return Err(std::io::Error::other(format!(
+                "cannot map the snapshot pages ({e}) nor put anonymous memory back ({})",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Err(e)
     }
 }
 

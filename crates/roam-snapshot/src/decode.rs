@@ -7,10 +7,11 @@
 //! Buffers grow with the data actually decompressed, never with a declared
 //! length alone.
 
-mod sections;
+pub(crate) mod sections;
 
 use crate::header::{peek_header, Header, Version, FLAG_FILES, FLAG_MODULE_EMBEDDED, HEADER_LEN};
 use crate::memory::PageKind;
+use crate::pages::Store;
 use crate::payload::{expand_runs, Meta, SECTIONS};
 use crate::{
     validate, FileTree, MemoryImage, ModuleRef, Snapshot, MAX_MEMORY_BYTES, MAX_METADATA_BYTES,
@@ -31,8 +32,9 @@ pub enum DecodeError {
     },
     /// The format version is not one this build reads.
     #[error(
-        "snapshot format version {found} is not supported (this roam reads {supported} and older \
-         minor versions of the same major); use a roam release that supports format {found}"
+        "snapshot format version {found} is not supported (this roam reads {supported}, older \
+         minor versions of the same major, and 1.0); use a roam release that supports format \
+         {found}"
     )]
     UnsupportedVersion {
         /// The file's version.
@@ -83,6 +85,26 @@ pub enum DecodeError {
         /// What is wrong.
         detail: String,
     },
+    /// The host refused the memory or file needed to hold a valid snapshot.
+    #[error(
+        "cannot decode the snapshot: {what} failed ({detail}); free memory on this machine or \
+         raise its limits, then try again"
+    )]
+    Resources {
+        /// What was being set up.
+        what: &'static str,
+        /// The system's answer.
+        detail: String,
+    },
+    /// The snapshot file could not be read while decoding it.
+    #[error(
+        "cannot read the snapshot while decoding it: {detail}; check that the file is not \
+         being modified, and copy it again"
+    )]
+    Read {
+        /// The I/O failure.
+        detail: String,
+    },
 }
 
 impl DecodeError {
@@ -111,6 +133,9 @@ impl Snapshot {
     /// Like [`Snapshot::decode`], also returning the file header.
     pub fn decode_with_header(bytes: &[u8]) -> Result<(Snapshot, Header), DecodeError> {
         let header = peek_header(bytes)?;
+        if header.version.major == 2 {
+            return crate::v2::decode(&header, bytes).map(|s| (s, header));
+        }
         let payload = &bytes[HEADER_LEN..];
         if (payload.len() as u64) < header.compressed_len {
             return Err(DecodeError::Truncated {
@@ -149,16 +174,8 @@ fn decode_payload(payload: &[u8], header: &Header) -> Result<Snapshot, DecodeErr
 
     let meta: Meta = postcard_exact(&meta_bytes, "metadata section")?;
     drop(meta_bytes);
+    let kinds = page_kinds(&meta)?;
     let m = &meta.memory;
-    if m.byte_len > MAX_MEMORY_BYTES {
-        return Err(DecodeError::TooLarge {
-            what: "memory",
-            len: m.byte_len,
-            max: MAX_MEMORY_BYTES,
-        });
-    }
-    let kinds = expand_runs(&m.runs, m.byte_len / PAGE_SIZE as u64)
-        .map_err(|d| DecodeError::malformed("memory page map", d))?;
     let stored = kinds.iter().filter(|k| **k == PageKind::Data).count() as u64;
     let data = r.section(SECTIONS[4], stored * PAGE_SIZE as u64)?;
     if data.len() as u64 != stored * PAGE_SIZE as u64 {
@@ -168,9 +185,32 @@ fn decode_payload(payload: &[u8], header: &Header) -> Result<Snapshot, DecodeErr
         ));
     }
     r.finish()?;
-    let memory = MemoryImage::from_parts(m.byte_len, m.initial_digest, kinds, data)
+    let memory = MemoryImage::from_parts(m.byte_len, m.initial_digest, kinds, Store::Heap(data))
         .map_err(|d| DecodeError::malformed("memory", d))?;
+    assemble(header, meta, [module_bytes, os_state, files_bytes], memory)
+}
 
+/// Check the memory size and expand the page map of decoded metadata.
+pub(crate) fn page_kinds(meta: &Meta) -> Result<Vec<PageKind>, DecodeError> {
+    let m = &meta.memory;
+    if m.byte_len > MAX_MEMORY_BYTES {
+        return Err(DecodeError::TooLarge {
+            what: "memory",
+            len: m.byte_len,
+            max: MAX_MEMORY_BYTES,
+        });
+    }
+    expand_runs(&m.runs, m.byte_len / PAGE_SIZE as u64)
+        .map_err(|d| DecodeError::malformed("memory page map", d))
+}
+
+/// Build and validate the snapshot from its decoded parts (both formats).
+pub(crate) fn assemble(
+    header: &Header,
+    meta: Meta,
+    [module_bytes, os_state, files_bytes]: [Vec<u8>; 3],
+    memory: MemoryImage,
+) -> Result<Snapshot, DecodeError> {
     let flag = |f| header.flags & f != 0;
     let embedded = match (flag(FLAG_MODULE_EMBEDDED), module_bytes.is_empty()) {
         (true, _) => Some(module_bytes),
@@ -208,7 +248,7 @@ fn unflagged(what: &'static str) -> DecodeError {
 }
 
 /// Decode a postcard value that must use every byte of `bytes`.
-fn postcard_exact<'a, T: serde::Deserialize<'a>>(
+pub(crate) fn postcard_exact<'a, T: serde::Deserialize<'a>>(
     bytes: &'a [u8],
     what: &'static str,
 ) -> Result<T, DecodeError> {

@@ -16,11 +16,38 @@ use crate::{validate, Snapshot, MAX_MEMORY_BYTES, MAX_METADATA_BYTES};
 pub struct EncodeOptions {
     /// zstd compression level (1..=22; negative levels trade ratio for speed).
     pub level: i32,
+    /// Which format major version to write. Default [`Format::V2`], or
+    /// [`Format::V1`] when the environment variable `ROAM_SNAPSHOT_FORMAT`
+    /// is `1` (for comparing the two, and for readers that only know v1).
+    pub format: Format,
+}
+
+/// A format major version this build writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One zstd stream holding everything; memory restores by copying.
+    V1,
+    /// Metadata block, then independently decodable chunks of pages,
+    /// uncompressed ones page-aligned; memory restores by mapping.
+    V2,
+}
+
+impl Format {
+    /// The default: v2, unless `ROAM_SNAPSHOT_FORMAT=1`.
+    pub fn from_env() -> Format {
+        match std::env::var("ROAM_SNAPSHOT_FORMAT").as_deref() {
+            Ok("1") => Format::V1,
+            _ => Format::V2,
+        }
+    }
 }
 
 impl Default for EncodeOptions {
     fn default() -> Self {
-        EncodeOptions { level: 3 }
+        EncodeOptions {
+            level: 3,
+            format: Format::from_env(),
+        }
     }
 }
 
@@ -59,8 +86,29 @@ pub enum EncodeError {
 }
 
 impl Snapshot {
-    /// Encode this snapshot into the v1 file format.
+    /// Encode this snapshot into the file format `opts.format` names.
     pub fn encode(&self, opts: &EncodeOptions) -> Result<Vec<u8>, EncodeError> {
+        let parts = self.parts()?;
+        match opts.format {
+            Format::V1 => self.encode_v1(parts, opts),
+            Format::V2 => crate::v2::encode(self, parts, opts),
+        }
+    }
+
+    /// Flag bits for this snapshot's optional parts.
+    pub(crate) fn flags(&self) -> u32 {
+        let mut flags = 0;
+        if self.module.embedded.is_some() {
+            flags |= FLAG_MODULE_EMBEDDED;
+        }
+        if self.files.is_some() {
+            flags |= FLAG_FILES;
+        }
+        flags
+    }
+
+    /// Validate and serialize everything but the memory pages.
+    fn parts(&self) -> Result<Parts, EncodeError> {
         validate::snapshot(self).map_err(|(what, detail)| EncodeError::Invalid { what, detail })?;
         // Cheap pre-check on the big parts, before serializing copies of them.
         let big = self.module.embedded.as_ref().map_or(0, |m| m.len() as u64)
@@ -90,10 +138,7 @@ impl Snapshot {
             None => Vec::new(),
         };
         let module: &[u8] = self.module.embedded.as_deref().unwrap_or_default();
-        let memory = self.memory.stored_data();
-        let sections: [&[u8]; SECTION_COUNT] = [&meta, module, &self.os_state, &files, memory];
-
-        let metadata_len: u64 = sections[..4].iter().map(|s| s.len() as u64).sum();
+        let metadata_len = (meta.len() + module.len() + self.os_state.len() + files.len()) as u64;
         if metadata_len > MAX_METADATA_BYTES {
             return Err(EncodeError::TooLarge {
                 what: "metadata, module, os state and files together",
@@ -101,6 +146,7 @@ impl Snapshot {
                 max: MAX_METADATA_BYTES,
             });
         }
+        let memory = self.memory.stored_data();
         if memory.len() as u64 > MAX_MEMORY_BYTES {
             return Err(EncodeError::TooLarge {
                 what: "memory",
@@ -108,6 +154,15 @@ impl Snapshot {
                 max: MAX_MEMORY_BYTES,
             });
         }
+        Ok(Parts { meta, files })
+    }
+
+    fn encode_v1(&self, parts: Parts, opts: &EncodeOptions) -> Result<Vec<u8>, EncodeError> {
+        let module: &[u8] = self.module.embedded.as_deref().unwrap_or_default();
+        let memory = self.memory.stored_data();
+        let sections: [&[u8]; SECTION_COUNT] =
+            [&parts.meta, module, &self.os_state, &parts.files, memory];
+        let metadata_len: u64 = sections[..4].iter().map(|s| s.len() as u64).sum();
         let uncompressed_len = metadata_len + memory.len() as u64 + 8 * SECTION_COUNT as u64;
 
         let mut out = Vec::with_capacity(HEADER_LEN + 4096);
@@ -124,16 +179,9 @@ impl Snapshot {
         }
         let mut out = enc.finish().map_err(EncodeError::Compress)?;
 
-        let mut flags = 0;
-        if self.module.embedded.is_some() {
-            flags |= FLAG_MODULE_EMBEDDED;
-        }
-        if self.files.is_some() {
-            flags |= FLAG_FILES;
-        }
         let header = Header {
-            version: Version::CURRENT,
-            flags,
+            version: Version::V1,
+            flags: self.flags(),
             compressed_len: (out.len() - HEADER_LEN) as u64,
             uncompressed_len,
             payload_hash: *blake3::hash(&out[HEADER_LEN..]).as_bytes(),
@@ -143,16 +191,29 @@ impl Snapshot {
     }
 }
 
+/// The serialized non-memory parts shared by both formats.
+pub(crate) struct Parts {
+    /// postcard of [`Meta`].
+    pub meta: Vec<u8>,
+    /// postcard of the file tree, or empty.
+    pub files: Vec<u8>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testutil::sample_snapshot;
     use crate::{peek_header, FileKind, ModuleRef};
 
+    const V1: EncodeOptions = EncodeOptions {
+        level: 3,
+        format: Format::V1,
+    };
+
     #[test]
     fn header_describes_the_payload() {
         let (_, _, snap) = sample_snapshot(4, 10);
-        let bytes = snap.encode(&EncodeOptions::default()).unwrap();
+        let bytes = snap.encode(&V1).unwrap();
         let h = peek_header(&bytes).unwrap();
         assert_eq!(h.flags, FLAG_MODULE_EMBEDDED | FLAG_FILES);
         assert_eq!(h.compressed_len as usize, bytes.len() - HEADER_LEN);
@@ -252,9 +313,15 @@ mod tests {
     #[test]
     fn other_levels_round_trip() {
         let (_, _, snap) = sample_snapshot(1, 14);
-        let bytes = snap.encode(&EncodeOptions { level: 19 }).unwrap();
-        assert_eq!(Snapshot::decode(&bytes).unwrap(), snap);
-        let bytes = snap.encode(&EncodeOptions { level: 1 }).unwrap();
-        assert_eq!(Snapshot::decode(&bytes).unwrap(), snap);
+        for format in [Format::V1, Format::V2] {
+            for level in [1, 19] {
+                let bytes = snap.encode(&EncodeOptions { level, format }).unwrap();
+                assert_eq!(
+                    Snapshot::decode(&bytes).unwrap(),
+                    snap,
+                    "{format:?} {level}"
+                );
+            }
+        }
     }
 }

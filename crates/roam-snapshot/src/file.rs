@@ -99,21 +99,37 @@ impl Snapshot {
         path: impl AsRef<Path>,
     ) -> Result<(Snapshot, crate::Header), ReadFileError> {
         let path = path.as_ref();
-        let bytes = read_capped(path)?;
-        Snapshot::decode_with_header(&bytes).map_err(|source| ReadFileError::Decode {
+        let decode_err = |source| ReadFileError::Decode {
             path: path.to_path_buf(),
             source,
-        })
+        };
+        let (mut f, len) = open_capped(path)?;
+        // Format v2 is read chunk by chunk, straight into its page file; v1
+        // (one stream) is read whole.
+        let mut head = vec![0u8; HEADER_LEN.min(len as usize)];
+        f.read_exact(&mut head)
+            .map_err(|source| ReadFileError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let header = crate::peek_header(&head).map_err(decode_err)?;
+        if header.version.major == 2 {
+            return crate::v2::read_file(&header, f, len)
+                .map(|s| (s, header))
+                .map_err(decode_err);
+        }
+        let bytes = read_capped(path)?;
+        Snapshot::decode_with_header(&bytes).map_err(decode_err)
     }
 }
 
-/// Read a whole file, refusing files larger than any valid snapshot before allocating.
-fn read_capped(path: &Path) -> Result<Vec<u8>, ReadFileError> {
+/// Open a file, refusing one larger than any valid snapshot.
+fn open_capped(path: &Path) -> Result<(File, u64), ReadFileError> {
     let io_err = |source| ReadFileError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let mut f = File::open(path).map_err(io_err)?;
+    let f = File::open(path).map_err(io_err)?;
     let len = f.metadata().map_err(io_err)?.len();
     let max = HEADER_LEN as u64 + MAX_COMPRESSED_BYTES;
     if len > max {
@@ -127,6 +143,17 @@ fn read_capped(path: &Path) -> Result<Vec<u8>, ReadFileError> {
             source,
         });
     }
+    Ok((f, len))
+}
+
+/// Read a whole file, refusing files larger than any valid snapshot before allocating.
+fn read_capped(path: &Path) -> Result<Vec<u8>, ReadFileError> {
+    let io_err = |source| ReadFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let (mut f, len) = open_capped(path)?;
+    let max = HEADER_LEN as u64 + MAX_COMPRESSED_BYTES;
     let mut bytes = Vec::with_capacity(len as usize);
     Read::by_ref(&mut f)
         .take(max + 1)

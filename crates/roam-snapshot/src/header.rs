@@ -28,11 +28,22 @@ pub struct Version {
 }
 
 impl Version {
-    /// The version this build writes and reads.
+    /// The version this build writes by default, and the newest it reads.
     pub const CURRENT: Version = Version {
         major: FORMAT_MAJOR,
         minor: FORMAT_MINOR,
     };
+    /// Format 2.0: chunked memory, restorable by mapping.
+    pub const V2: Version = Version::CURRENT;
+    /// Format 1.0: one zstd stream. Still read (accept N and N-1), and
+    /// written on request.
+    pub const V1: Version = Version { major: 1, minor: 0 };
+
+    /// Whether this build reads files of version `self`: the current major
+    /// up to its minor, and the previous major's 1.0.
+    pub fn is_readable(self) -> bool {
+        (self.major == FORMAT_MAJOR && self.minor.cmp(&FORMAT_MINOR).is_le()) || self == Version::V1
+    }
 }
 
 impl std::fmt::Display for Version {
@@ -112,7 +123,7 @@ pub fn peek_header(bytes: &[u8]) -> Result<Header, DecodeError> {
         major: u16_at(bytes, 8),
         minor: u16_at(bytes, 10),
     };
-    if found.major != FORMAT_MAJOR || found.minor > FORMAT_MINOR {
+    if !found.is_readable() {
         return Err(DecodeError::UnsupportedVersion {
             found,
             supported: Version::CURRENT,
@@ -174,7 +185,7 @@ mod tests {
     fn layout_is_little_endian_at_fixed_offsets() {
         let b = sample().to_bytes();
         assert_eq!(&b[..8], b"ROAMSNAP");
-        assert_eq!(&b[8..12], &[1, 0, 0, 0]);
+        assert_eq!(&b[8..12], &[2, 0, 0, 0]);
         assert_eq!(&b[12..16], &[2, 0, 0, 0]);
         assert_eq!(&b[16..24], &1234u64.to_le_bytes());
         assert_eq!(&b[24..32], &99_999u64.to_le_bytes());
@@ -208,22 +219,32 @@ mod tests {
     #[test]
     fn version_is_checked_before_checksum() {
         let mut b = sample().to_bytes();
-        b[8] = 2;
+        b[8] = 3;
         let e = peek_header(&b).unwrap_err();
         assert_eq!(
             e,
             DecodeError::UnsupportedVersion {
-                found: Version { major: 2, minor: 0 },
+                found: Version { major: 3, minor: 0 },
                 supported: Version::CURRENT
             }
         );
-        assert!(e.to_string().contains("2.0") && e.to_string().contains("1.0"));
+        assert!(e.to_string().contains("3.0") && e.to_string().contains("2.0"));
+        for (major, minor) in [(2, 1), (1, 1), (0, 0)] {
+            let mut b = sample().to_bytes();
+            b[8] = major;
+            b[10] = minor;
+            assert!(
+                matches!(peek_header(&b), Err(DecodeError::UnsupportedVersion { .. })),
+                "{major}.{minor}"
+            );
+        }
+        // The previous major is still read: its checksum is what fails here.
         let mut b = sample().to_bytes();
-        b[10] = 1;
-        assert!(matches!(
+        b[8] = 1;
+        assert_eq!(
             peek_header(&b),
-            Err(DecodeError::UnsupportedVersion { .. })
-        ));
+            Err(DecodeError::ChecksumMismatch { what: "header" })
+        );
     }
 
     #[test]

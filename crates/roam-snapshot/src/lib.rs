@@ -1,4 +1,4 @@
-//! Snapshot format v1 for roam: encoding, decoding and validation of
+//! Snapshot formats v2 (default) and v1 for roam: encoding, decoding and validation of
 //! architecture-independent checkpoints.
 //!
 //! A roam checkpoint has to survive a trip from one CPU architecture to
@@ -45,6 +45,7 @@ mod header;
 mod initial;
 mod memory;
 mod model;
+mod pages;
 mod payload;
 mod stack;
 mod summary;
@@ -52,10 +53,11 @@ mod summary;
 mod tests;
 #[cfg(test)]
 mod testutil;
+mod v2;
 mod validate;
 
 pub use decode::DecodeError;
-pub use encode::{EncodeError, EncodeOptions};
+pub use encode::{EncodeError, EncodeOptions, Format};
 pub use file::{ReadFileError, WriteFileError};
 pub use header::{peek_header, Header, Version, FLAG_FILES, FLAG_MODULE_EMBEDDED, HEADER_LEN};
 pub use initial::InitialImage;
@@ -69,8 +71,9 @@ pub use summary::{EncodedSizes, Summary};
 
 /// The first 8 bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"ROAMSNAP";
-/// Format major version; readers refuse any other major version.
-pub const FORMAT_MAJOR: u16 = 1;
+/// Format major version written by default; readers accept it and 1.0
+/// (accept N and N-1), and refuse any other.
+pub const FORMAT_MAJOR: u16 = 2;
 /// Format minor version; readers refuse newer minor versions.
 pub const FORMAT_MINOR: u16 = 0;
 /// Snapshot page granularity in bytes.

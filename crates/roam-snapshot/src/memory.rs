@@ -11,9 +11,12 @@ mod capture;
 
 pub(crate) use capture::is_zero;
 use capture::{capture_with, PARALLEL_MIN_BYTES};
+use std::os::fd::BorrowedFd;
+
 use serde::{Deserialize, Serialize};
 
 use crate::initial::InitialImage;
+use crate::pages::Store;
 use crate::{PAGE_SIZE, WASM_PAGE_SIZE};
 
 /// How one 4 KiB page of linear memory is represented.
@@ -34,7 +37,7 @@ pub struct MemoryImage {
     initial_digest: [u8; 32],
     kinds: Vec<PageKind>,
     /// The Data pages, in page order, `PAGE_SIZE` bytes each.
-    data: Vec<u8>,
+    data: Store,
 }
 
 /// Why [`MemoryImage::restore_into`] refused to write.
@@ -75,7 +78,7 @@ impl MemoryImage {
             byte_len: 0,
             initial_digest: InitialImage::empty().digest(),
             kinds: Vec::new(),
-            data: Vec::new(),
+            data: Store::Heap(Vec::new()),
         }
     }
 
@@ -123,13 +126,17 @@ impl MemoryImage {
             byte_len,
             initial_digest: initial.digest(),
             kinds: vec![PageKind::Zero; (byte_len / PAGE_SIZE as u64) as usize],
-            data: Vec::new(),
+            data: Store::Heap(Vec::new()),
         }
     }
 
-    /// Give up the image, keeping the stored-page buffer for reuse.
+    /// Give up the image, keeping the stored-page buffer for reuse (empty
+    /// when the pages live in a shared, immutable page file).
     pub fn into_stored_data(self) -> Vec<u8> {
-        self.data
+        match self.data {
+            Store::Heap(v) => v,
+            Store::Shared(_) => Vec::new(),
+        }
     }
 
     /// Reassemble an image from decoded parts, checking their consistency.
@@ -137,7 +144,7 @@ impl MemoryImage {
         byte_len: u64,
         initial_digest: [u8; 32],
         kinds: Vec<PageKind>,
-        data: Vec<u8>,
+        data: Store,
     ) -> Result<Self, String> {
         if !byte_len.is_multiple_of(WASM_PAGE_SIZE) {
             return Err(format!(
@@ -151,10 +158,10 @@ impl MemoryImage {
             ));
         }
         let stored = kinds.iter().filter(|k| **k == PageKind::Data).count();
-        if stored as u64 * PAGE_SIZE as u64 != data.len() as u64 {
+        let data_len = data.as_slice().len();
+        if stored as u64 * PAGE_SIZE as u64 != data_len as u64 {
             return Err(format!(
-                "{stored} stored pages but {} bytes of page data",
-                data.len()
+                "{stored} stored pages but {data_len} bytes of page data"
             ));
         }
         Ok(MemoryImage {
@@ -172,7 +179,7 @@ impl MemoryImage {
 
     /// Number of pages stored verbatim.
     pub fn stored_pages(&self) -> usize {
-        self.data.len() / PAGE_SIZE
+        self.data.as_slice().len() / PAGE_SIZE
     }
 
     /// Number of all-zero pages.
@@ -195,7 +202,49 @@ impl MemoryImage {
 
     /// The stored pages, concatenated in page order.
     pub fn stored_data(&self) -> &[u8] {
-        &self.data
+        self.data.as_slice()
+    }
+
+    /// The stored pages as a file that can be mapped copy-on-write: stored
+    /// page `i` (in [`MemoryImage::data_runs`] numbering) is at file offset
+    /// `i * PAGE_SIZE`. Present for images decoded from format v2, whose
+    /// pages live in an immutable memfd; `None` for heap images (a fresh
+    /// capture, a v1 file).
+    pub fn stored_data_fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.data {
+            Store::Shared(s) => Some(s.fd()),
+            Store::Heap(_) => None,
+        }
+    }
+
+    /// The runs of consecutive Data pages, in order, as
+    /// `(first memory page, first stored page, page count)`.
+    pub fn data_runs(&self) -> Vec<(u64, u64, u64)> {
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+        let mut stored = 0u64;
+        for (i, kind) in self.kinds.iter().enumerate() {
+            if *kind != PageKind::Data {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((p, _, n)) if *p + *n == i as u64 => *n += 1,
+                _ => runs.push((i as u64, stored, 1)),
+            }
+            stored += 1;
+        }
+        runs
+    }
+
+    /// Like [`MemoryImage::restore_into`] on a fresh memory, except that
+    /// Data pages are left for the caller to fill (typically by mapping
+    /// [`MemoryImage::stored_data_fd`] over them, run by run). Validates
+    /// everything before writing.
+    pub fn restore_except_data(
+        &self,
+        dst: &mut [u8],
+        initial: &InitialImage,
+    ) -> Result<(), RestoreError> {
+        self.restore_with(dst, initial, true, false)
     }
 
     /// Digest of the initial image this memory was captured against.
@@ -215,6 +264,16 @@ impl MemoryImage {
         initial: &InitialImage,
         dst_is_fresh: bool,
     ) -> Result<(), RestoreError> {
+        self.restore_with(dst, initial, dst_is_fresh, true)
+    }
+
+    fn restore_with(
+        &self,
+        dst: &mut [u8],
+        initial: &InitialImage,
+        dst_is_fresh: bool,
+        write_data: bool,
+    ) -> Result<(), RestoreError> {
         if dst.len() as u64 != self.byte_len {
             return Err(RestoreError::SizeMismatch {
                 expected: self.byte_len,
@@ -231,7 +290,7 @@ impl MemoryImage {
             }
         }
         let mut cursor = InitialCursor::new(initial);
-        let mut stored = self.data.chunks_exact(PAGE_SIZE);
+        let mut stored = self.data.as_slice().chunks_exact(PAGE_SIZE);
         for (i, (kind, page)) in self
             .kinds
             .iter()
@@ -242,7 +301,10 @@ impl MemoryImage {
             match kind {
                 PageKind::Data => {
                     // from_parts/capture guarantee one stored page per Data kind.
-                    page.copy_from_slice(stored.next().expect("stored page count checked"));
+                    let src = stored.next().expect("stored page count checked");
+                    if write_data {
+                        page.copy_from_slice(src);
+                    }
                 }
                 PageKind::Initial if !dst_is_fresh => {
                     page.copy_from_slice(init.expect("initial pages checked above"));

@@ -12,7 +12,7 @@ use crate::{DecodeError, Snapshot, PAGE_SIZE};
 /// On-disk sizes, known only for a snapshot that was encoded or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EncodedSizes {
-    /// Bytes of the compressed payload (the file is [`crate::HEADER_LEN`] larger).
+    /// Bytes after the header (the file is [`crate::HEADER_LEN`] larger).
     pub compressed: u64,
     /// Bytes of the payload after decompression.
     pub uncompressed: u64,
@@ -187,7 +187,7 @@ mod tests {
         );
         let text = s.to_string();
         for needle in [
-            "v1.0",
+            "v2.0",
             &snap.module.hash_hex(),
             "embedded, ",
             "x86_64",

@@ -7,4 +7,5 @@ mod dirty;
 mod flag;
 mod lazy;
 mod limits;
+mod mapped;
 mod pause;

@@ -11,13 +11,13 @@ use super::DecodeError;
 
 /// Reads length-prefixed sections from the decompressed stream, never past
 /// the declared uncompressed length.
-pub(super) struct Sections<'a> {
+pub(crate) struct Sections<'a> {
     dec: zstd::stream::read::Decoder<'static, &'a [u8]>,
     remaining: u64,
 }
 
 impl<'a> Sections<'a> {
-    pub(super) fn new(payload: &'a [u8], uncompressed_len: u64) -> Result<Self, DecodeError> {
+    pub(crate) fn new(payload: &'a [u8], uncompressed_len: u64) -> Result<Self, DecodeError> {
         let dec = zstd::stream::read::Decoder::with_buffer(payload)
             .map_err(|e| DecodeError::malformed("compressed payload", e.to_string()))?;
         Ok(Sections {
@@ -27,7 +27,7 @@ impl<'a> Sections<'a> {
     }
 
     /// Read one section of at most `max` bytes.
-    pub(super) fn section(&mut self, what: &'static str, max: u64) -> Result<Vec<u8>, DecodeError> {
+    pub(crate) fn section(&mut self, what: &'static str, max: u64) -> Result<Vec<u8>, DecodeError> {
         let mut len = [0u8; 8];
         self.read_exact(what, &mut len)?;
         let len = u64::from_le_bytes(len);
@@ -73,7 +73,7 @@ impl<'a> Sections<'a> {
     }
 
     /// Check that the declared length and the stream both end here.
-    pub(super) fn finish(mut self) -> Result<(), DecodeError> {
+    pub(crate) fn finish(mut self) -> Result<(), DecodeError> {
         if self.remaining != 0 {
             return Err(DecodeError::malformed(
                 "payload",

@@ -63,7 +63,7 @@ pub(crate) fn capture_with(
         byte_len: len,
         initial_digest: initial.digest(),
         kinds,
-        data,
+        data: crate::pages::Store::Heap(data),
     }
 }
 

@@ -107,10 +107,28 @@ fn restore_refuses_wrong_size_and_wrong_initial_image() {
 #[test]
 fn from_parts_checks_consistency() {
     let d = InitialImage::empty().digest();
-    assert!(MemoryImage::from_parts(100, d, vec![], vec![]).is_err());
-    assert!(MemoryImage::from_parts(WASM_PAGE_SIZE, d, vec![PageKind::Zero; 15], vec![]).is_err());
-    assert!(MemoryImage::from_parts(WASM_PAGE_SIZE, d, vec![PageKind::Data; 16], vec![]).is_err());
-    let ok = MemoryImage::from_parts(WASM_PAGE_SIZE, d, vec![PageKind::Zero; 16], vec![]).unwrap();
+    assert!(MemoryImage::from_parts(100, d, vec![], crate::pages::Store::Heap(vec![])).is_err());
+    assert!(MemoryImage::from_parts(
+        WASM_PAGE_SIZE,
+        d,
+        vec![PageKind::Zero; 15],
+        crate::pages::Store::Heap(vec![])
+    )
+    .is_err());
+    assert!(MemoryImage::from_parts(
+        WASM_PAGE_SIZE,
+        d,
+        vec![PageKind::Data; 16],
+        crate::pages::Store::Heap(vec![])
+    )
+    .is_err());
+    let ok = MemoryImage::from_parts(
+        WASM_PAGE_SIZE,
+        d,
+        vec![PageKind::Zero; 16],
+        crate::pages::Store::Heap(vec![]),
+    )
+    .unwrap();
     assert_eq!(ok.zero_pages(), 16);
 }
 
@@ -119,7 +137,13 @@ fn missing_initial_page_is_refused_before_writing() {
     let init = InitialImage::empty();
     let mut kinds = vec![PageKind::Zero; 16];
     kinds[5] = PageKind::Initial;
-    let img = MemoryImage::from_parts(WASM_PAGE_SIZE, init.digest(), kinds, vec![]).unwrap();
+    let img = MemoryImage::from_parts(
+        WASM_PAGE_SIZE,
+        init.digest(),
+        kinds,
+        crate::pages::Store::Heap(vec![]),
+    )
+    .unwrap();
     let mut dst = vec![3u8; WASM_PAGE_SIZE as usize];
     assert_eq!(
         img.restore_into(&mut dst, &init, false),

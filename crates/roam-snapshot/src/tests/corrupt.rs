@@ -5,7 +5,11 @@ use crate::*;
 
 fn sample_bytes() -> Vec<u8> {
     let (_, _, snap) = sample_snapshot(4, 40);
-    snap.encode(&EncodeOptions::default()).unwrap()
+    let v1 = EncodeOptions {
+        format: Format::V1,
+        ..Default::default()
+    };
+    snap.encode(&v1).unwrap()
 }
 
 /// Split a valid file into its header and decompressed sections.
@@ -27,7 +31,7 @@ fn split(bytes: &[u8]) -> (Header, Vec<Vec<u8>>) {
 fn forge(flags: u32, raw: &[u8], declared: Option<u64>) -> Vec<u8> {
     let compressed = zstd::encode_all(raw, 3).unwrap();
     let h = Header {
-        version: Version::CURRENT,
+        version: Version::V1,
         flags,
         compressed_len: compressed.len() as u64,
         uncompressed_len: declared.unwrap_or(raw.len() as u64),
@@ -72,12 +76,12 @@ fn bad_magic() {
 #[test]
 fn versions() {
     let mut b = sample_bytes();
-    b[8..10].copy_from_slice(&2u16.to_le_bytes());
+    b[8..10].copy_from_slice(&3u16.to_le_bytes());
     assert_eq!(
         err(&b),
         DecodeError::UnsupportedVersion {
-            found: Version { major: 2, minor: 0 },
-            supported: Version { major: 1, minor: 0 }
+            found: Version { major: 3, minor: 0 },
+            supported: Version { major: 2, minor: 0 }
         }
     );
     let mut b = sample_bytes();
@@ -87,11 +91,11 @@ fn versions() {
         e,
         DecodeError::UnsupportedVersion {
             found: Version { major: 1, minor: 1 },
-            supported: Version { major: 1, minor: 0 }
+            supported: Version { major: 2, minor: 0 }
         }
     );
     assert!(
-        e.to_string().contains("1.1") && e.to_string().contains("reads 1.0"),
+        e.to_string().contains("1.1") && e.to_string().contains("reads 2.0"),
         "{e}"
     );
     let mut b = sample_bytes();
@@ -292,7 +296,7 @@ fn inconsistent_contents_are_malformed() {
     // Not zstd at all, with a valid hash.
     let junk = b"definitely not zstd".to_vec();
     let hdr = Header {
-        version: Version::CURRENT,
+        version: Version::V1,
         flags: 0,
         compressed_len: junk.len() as u64,
         uncompressed_len: 100,

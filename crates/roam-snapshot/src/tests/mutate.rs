@@ -32,8 +32,18 @@ fn mutate(rng: &mut Rng, good: &[u8]) -> Vec<u8> {
 
 #[test]
 fn mutations_of_a_valid_snapshot_are_refused_without_panic() {
+    for format in [Format::V1, Format::V2] {
+        mutations_are_refused(format);
+    }
+}
+
+fn mutations_are_refused(format: Format) {
     let (_, _, snap) = sample_snapshot(2, 50);
-    let good = snap.encode(&EncodeOptions::default()).unwrap();
+    let opts = EncodeOptions {
+        format,
+        ..Default::default()
+    };
+    let good = snap.encode(&opts).unwrap();
     let mut rng = Rng::new(0xfeed);
     let mut seen = std::collections::HashSet::new();
     for i in 0..4000 {
