@@ -19,7 +19,11 @@ use crate::frame::FrameError;
 /// Version 3: [`CellSpec`] names the network service the cell serves
 /// behind a gateway ([`CellSpec::service`]); its connections travel in the
 /// OS-layer state of [`Final`].
-pub const PROTOCOL_VERSION: u16 = 3;
+///
+/// Version 4: the snapshot inside [`Final`] is written in snapshot format
+/// 2.0 (chunked pages), which a version-3 node cannot read; the version
+/// makes that a clear refusal at `Hello` instead of a failed commit.
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Most bytes of file data or log in one [`Msg::FileData`] or
 /// [`Msg::LogChunk`].
