@@ -259,6 +259,9 @@ fn print_summary(a: &MigrateArgs, s: &roam_node::types::MigrationSummary) {
         "  downtime       {:>10.1} ms  (pages while paused {:.1} ms, commit {:.1} ms)",
         s.downtime_ms, s.paused_pages_ms, s.commit_ms
     );
+    if let Some(b) = &s.pause {
+        print_breakdown(b);
+    }
     println!("  rounds         {:>10}", s.rounds);
     if let Some(t) = &s.tracking {
         println!("  dirty tracking {t:>10}");
@@ -283,6 +286,29 @@ fn print_summary(a: &MigrateArgs, s: &roam_node::types::MigrationSummary) {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         println!("  pipeline       {}", fields.join(" "));
+    }
+}
+
+/// The downtime phase by phase, indented under it.
+fn print_breakdown(b: &roam_node::types::PauseBreakdown) {
+    let row = |what: &str, v: f64| println!("    {what:<34} {v:>8.1} ms");
+    println!(
+        "    (pause requested → migration point {:.1} ms, while the cell ran)",
+        b.request_to_point_ms
+    );
+    row("capture and handoff", b.to_driver_ms);
+    row("last dirty pages collected", b.collect_ms);
+    row(&format!("{} paused pages encoded", b.final_pages), b.encode_ms);
+    row("… and on the wire", b.wire_ms);
+    row("files and log", b.files_log_ms);
+    row("execution state encoded", b.state_encode_ms);
+    row(&format!("commit ({} B of state)", b.state_bytes), b.commit_ms);
+    if let Some(d) = &b.destination {
+        row("  destination: pages still applying", d.backlog_ms);
+        row("  destination: state decoded", d.decode_ms);
+        row("  destination: state installed", d.install_ms);
+        row("  destination: commit point, serve", d.register_ms);
+        row("  destination: final state → running", d.to_running_ms);
     }
 }
 

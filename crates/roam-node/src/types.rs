@@ -255,6 +255,63 @@ pub struct MigrationSummary {
     pub post_copy: Option<PostCopyStats>,
     /// What each pipeline stage removed (transfer-pipeline statistics).
     pub pipeline: serde_json::Value,
+    /// Where the downtime went, phase by phase.
+    #[serde(default)]
+    pub pause: Option<PauseBreakdown>,
+}
+
+/// The downtime of a migration, phase by phase, in milliseconds. The
+/// phases follow each other, so `to_driver_ms` through `commit_ms` add up to
+/// the downtime (up to rounding).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct PauseBreakdown {
+    /// From the pause request to the migration point (the cell still runs
+    /// meanwhile: not downtime).
+    pub request_to_point_ms: f64,
+    /// From the migration point to the migration holding the paused state:
+    /// unwinding and capture of the execution state, the handoff, the
+    /// gateway told to hold.
+    pub to_driver_ms: f64,
+    /// Pages sent while paused (the final round in pre-copy).
+    pub final_pages: u64,
+    /// Collecting the last dirty pages (write-protect scan or hashes).
+    pub collect_ms: f64,
+    /// Reading the paused pages into the pipeline and closing it (the last
+    /// records compressed and batched).
+    pub encode_ms: f64,
+    /// From the pipeline closed to its last batch on the wire.
+    pub wire_ms: f64,
+    /// Changed sandbox files and the log.
+    pub files_log_ms: f64,
+    /// Encoding the execution state (everything but memory).
+    pub state_encode_ms: f64,
+    /// Its size on the wire, bytes.
+    pub state_bytes: u64,
+    /// From the final state queued to `Running` back: its transmission,
+    /// the destination's work (see `destination`), the answer's trip.
+    pub commit_ms: f64,
+    /// The destination's share of the commit, as it measured it (absent
+    /// when it is a node that does not report it).
+    pub destination: Option<DestTimings>,
+}
+
+/// The destination's side of the commit, in milliseconds from the final
+/// state read off the connection.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct DestTimings {
+    /// Until the receiving thread took the final state: pages read before
+    /// it that were still being applied.
+    pub backlog_ms: f64,
+    /// Decoding the execution state.
+    pub decode_ms: f64,
+    /// Installing it into the pre-instantiated cell (globals, OS layer,
+    /// the rewind prepared).
+    pub install_ms: f64,
+    /// The commit point and registration (the gateway told to serve here).
+    pub register_ms: f64,
+    /// From the final state read to `Running` sent; the cell's thread
+    /// starts the rewind at the same time.
+    pub to_running_ms: f64,
 }
 
 /// Post-copy counters reported by the destination.

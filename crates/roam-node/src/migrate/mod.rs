@@ -162,6 +162,7 @@ pub(crate) fn remember(store: &roam_transfer::ChunkStore, mem: &roam_runtime::Li
 /// and the receiving thread agree on.
 pub(crate) struct Inbound {
     state: Mutex<InboundState>,
+    timings: Mutex<Option<crate::types::DestTimings>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,7 +176,21 @@ impl Inbound {
     pub(crate) fn new() -> Arc<Inbound> {
         Arc::new(Inbound {
             state: Mutex::new(InboundState::Receiving),
+            timings: Mutex::new(None),
         })
+    }
+
+    /// Record the destination's share of the commit (once started).
+    pub(crate) fn set_timings(&self, t: crate::types::DestTimings) {
+        *self.timings.lock().unwrap_or_else(PoisonError::into_inner) = Some(t);
+    }
+
+    /// The destination's share of the commit, once the cell started.
+    pub(crate) fn timings(&self) -> Option<crate::types::DestTimings> {
+        self.timings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The receiver wants to start the cell: allowed unless aborted.

@@ -277,6 +277,7 @@ async fn run(
         kinds: Vec::new(),
         post_sent: Vec::new(),
         files: super::files::FileSender::open(&preopens)?,
+        bd: PauseBreakdown::default(),
     };
     let outcome = match plan.mode {
         Mode::StopAndCopy => ctx.stop_and_copy().await,
@@ -303,6 +304,8 @@ async fn run(
         super::files::send_log(ctx.stream, &log).await
     }
     .await;
+    let state_began = Instant::now();
+    ctx.bd.files_log_ms = ms(state_began - pages_done);
     let log_bytes = match rest {
         Ok(b) => b,
         Err(e) => {
@@ -321,8 +324,12 @@ async fn run(
             .map_err(|e| e.to_string())?,
         memory_bytes: h.memory.len() as u64,
     };
+    let commit_began = Instant::now();
+    ctx.bd.state_encode_ms = ms(commit_began - state_began);
+    ctx.bd.state_bytes = fin.snapshot.len() as u64;
     let committed = commit(&mut ctx, fin, &dest_api).await;
     let running_at = Instant::now();
+    ctx.bd.commit_ms = ms(running_at - commit_began);
     match committed {
         Ok(true) => {}
         Ok(false) | Err(_) => {
@@ -379,6 +386,10 @@ async fn run(
     let pipeline = ctx.stream.stats();
     let (files_before, files_paused) = (ctx.files.before_pause, ctx.files.paused);
     let _ = paused.reply.send(Decision::Release);
+    let mut bd = std::mem::take(&mut ctx.bd);
+    // Off the pause: the destination's share of the commit.
+    bd.destination = dest_api.inbound_timings(&m.id).await.ok();
+    log_breakdown(m, &bd);
     {
         // If the cell comes back, most of it need not travel again.
         let (store, mem) = (n.store.clone(), h.memory.clone());
@@ -423,7 +434,23 @@ async fn run(
         log_bytes,
         post_copy: post,
         pipeline: serde_json::to_value(pipeline).unwrap_or_default(),
+        pause: Some(bd),
     })
+}
+
+fn log_breakdown(m: &Migration, b: &PauseBreakdown) {
+    let d = b.destination.clone().unwrap_or_default();
+    tracing::info!(
+        migration = %m.id, cell = %m.cell,
+        request_to_point_ms = b.request_to_point_ms, to_driver_ms = b.to_driver_ms,
+        final_pages = b.final_pages, collect_ms = b.collect_ms, encode_ms = b.encode_ms,
+        wire_ms = b.wire_ms, files_log_ms = b.files_log_ms,
+        state_encode_ms = b.state_encode_ms, state_bytes = b.state_bytes,
+        commit_ms = b.commit_ms, dest_backlog_ms = d.backlog_ms,
+        dest_decode_ms = d.decode_ms, dest_install_ms = d.install_ms,
+        dest_register_ms = d.register_ms, dest_to_running_ms = d.to_running_ms,
+        "pause breakdown"
+    );
 }
 
 fn ms(d: Duration) -> f64 {
@@ -501,11 +528,14 @@ struct Ctx<'a> {
     post_sent: Vec<bool>,
     /// The cell's sandbox files: what went already.
     files: super::files::FileSender,
+    /// Where the pause goes, filled as it happens.
+    bd: PauseBreakdown,
 }
 
 impl Ctx<'_> {
     async fn pause(&mut self) -> Result<Paused, String> {
         self.m.phase("pausing");
+        let asked = Instant::now();
         let p = tokio::time::timeout(PAUSE_TIMEOUT, self.h.pause())
             .await
             .map_err(|_| {
@@ -521,6 +551,8 @@ impl Ctx<'_> {
         if self.n.hold(self.spec) {
             self.m.held.store(true, Ordering::SeqCst);
         }
+        self.bd.request_to_point_ms = ms(p.at.saturating_duration_since(asked));
+        self.bd.to_driver_ms = ms(p.at.elapsed());
         Ok(p)
     }
 
@@ -545,10 +577,16 @@ impl Ctx<'_> {
         let paused = self.pause().await.map_err(|e| (e, None))?;
         let all: Vec<u32> = (0..self.h.memory.page_count()).collect();
         self.m.round.store(1, Ordering::Relaxed);
+        self.bd.final_pages = all.len() as u64;
         let sent = async {
+            let t0 = Instant::now();
             self.send_pages(&all).await?;
             tokio::task::block_in_place(|| self.stream.finish())?;
-            self.stream.drain().await
+            let t1 = Instant::now();
+            self.stream.drain().await?;
+            self.bd.encode_ms = ms(t1 - t0);
+            self.bd.wire_ms = ms(t1.elapsed());
+            Ok::<(), String>(())
         }
         .await;
         match sent {
@@ -671,14 +709,19 @@ impl Ctx<'_> {
             tokio::task::block_in_place(|| self.stream.finish())?;
             let t3 = Instant::now();
             self.stream.drain().await?;
+            let t4 = Instant::now();
             tracing::info!(
                 pages = dirty.len(),
                 collect_ms = ms(t1 - t0),
                 submit_ms = ms(t2 - t1),
                 finish_ms = ms(t3 - t2),
-                drain_ms = ms(t3.elapsed()),
+                drain_ms = ms(t4 - t3),
                 "pre-copy final round"
             );
+            self.bd.final_pages = dirty.len() as u64;
+            self.bd.collect_ms = ms(t1 - t0);
+            self.bd.encode_ms = ms(t3 - t1);
+            self.bd.wire_ms = ms(t4 - t3);
             Ok::<(), String>(())
         }
         .await;
@@ -691,8 +734,10 @@ impl Ctx<'_> {
 
     async fn post_copy(&mut self) -> ModeResult {
         let paused = self.pause().await.map_err(|e| (e, None))?;
+        let t0 = Instant::now();
         self.kinds =
             tokio::task::block_in_place(|| classify(&self.h.memory, self.h.module.initial_image()));
+        self.bd.collect_ms = ms(t0.elapsed());
         self.post_sent = vec![false; self.kinds.len()];
         let kinds = self.kinds.clone();
         // The destination's rewind reads and writes the memory under the
@@ -701,6 +746,8 @@ impl Ctx<'_> {
         // now, ahead of the final state, or the destination deadlocks.
         let s = &paused.snapshot.stack;
         let rewind: Vec<u32> = rewind_pages(s.buffer_offset, s.data.len(), &self.kinds);
+        self.bd.final_pages = rewind.len() as u64;
+        let t1 = Instant::now();
         let r = async {
             self.stream.sync_size().await?;
             self.stream.msg(Msg::PageKinds { kinds }).await?;
@@ -711,6 +758,7 @@ impl Ctx<'_> {
             Ok::<(), String>(())
         }
         .await;
+        self.bd.wire_ms = ms(t1.elapsed());
         for &i in &rewind {
             self.post_sent[i as usize] = true;
         }
