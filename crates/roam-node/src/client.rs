@@ -264,10 +264,13 @@ impl Client {
     /// commit): its share of the pause.
     pub async fn inbound_timings(&self, id: &str) -> Result<DestTimings, ClientError> {
         self.parse(
-            self.authed(self.http.get(self.url(&format!("/v1/migrations/{id}/timings"))))
-                .timeout(Duration::from_secs(5))
-                .send()
-                .await,
+            self.authed(
+                self.http
+                    .get(self.url(&format!("/v1/migrations/{id}/timings"))),
+            )
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await,
         )
         .await
     }

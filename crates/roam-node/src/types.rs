@@ -170,6 +170,12 @@ pub struct TransferOptions {
     /// Pre-copy dirty tracking: `auto` (default), `write-protect`, `hash`.
     #[serde(default)]
     pub tracking: Option<String>,
+    /// Pre-copy's final round, sent while paused: `lz4` (default), `none`
+    /// or `zstd1` ... `zstd19` encode on one thread straight into the
+    /// connection; `pipeline` sends it through the transfer pipeline like
+    /// the other rounds.
+    #[serde(default)]
+    pub final_round: Option<String>,
 }
 
 /// `POST /v1/cells/{id}/migrate` answer.
@@ -293,6 +299,17 @@ pub struct PauseBreakdown {
     /// The destination's share of the commit, as it measured it (absent
     /// when it is a node that does not report it).
     pub destination: Option<DestTimings>,
+    /// How the pages sent while paused were encoded: `pipeline`, or
+    /// `direct` with the codec (`direct lz4`).
+    #[serde(default)]
+    pub final_encoding: String,
+    /// Bytes put on the wire while paused (pages, files, log, state).
+    #[serde(default)]
+    pub paused_wire_bytes: u64,
+    /// Those bytes at the shaped bandwidth, ms: the floor of the pause's
+    /// wire time (0 when the stream is not shaped).
+    #[serde(default)]
+    pub paused_wire_floor_ms: f64,
 }
 
 /// The destination's side of the commit, in milliseconds from the final
@@ -312,6 +329,14 @@ pub struct DestTimings {
     /// From the final state read to `Running` sent; the cell's thread
     /// starts the rewind at the same time.
     pub to_running_ms: f64,
+    /// From the first page of the last round (after the last
+    /// `RoundDone`; all pages in stop-and-copy) read off the connection to
+    /// the final state read: how long the paused pages took to arrive here.
+    #[serde(default)]
+    pub last_pages_read_ms: f64,
+    /// Time spent decoding and writing those pages into the memory.
+    #[serde(default)]
+    pub last_pages_apply_ms: f64,
 }
 
 /// Post-copy counters reported by the destination.

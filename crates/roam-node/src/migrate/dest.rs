@@ -295,6 +295,8 @@ type Started = Result<(Option<LazyMemory>, StartMarks), String>;
 /// When the receiving thread finished each step of starting the cell.
 #[derive(Debug, Clone, Copy)]
 struct StartMarks {
+    /// Time spent applying the pages after the last `RoundDone`.
+    last_apply: Duration,
     picked: Instant,
     decoded: Instant,
     installed: Instant,
@@ -326,6 +328,8 @@ async fn receive_cell(
         .map_err(|_| "the receiving thread ended".to_string())??;
     send(wr, &Msg::Prepared).await.map_err(|e| e.to_string())?;
     let mut final_at = Instant::now();
+    // The first page read after the last `RoundDone`.
+    let mut last_pages_at: Option<Instant> = None;
     loop {
         // A source that went silent is gone or cut off: give up rather
         // than hold the receiving instance forever. It never stays silent
@@ -340,8 +344,13 @@ async fn receive_cell(
             })?
             .map_err(|e| e.to_string())?;
         let last = matches!(m, Msg::Final(_));
-        if last {
-            final_at = Instant::now();
+        match &m {
+            Msg::Final(_) => final_at = Instant::now(),
+            Msg::RoundDone { .. } => last_pages_at = None,
+            Msg::Pages { .. } => {
+                last_pages_at.get_or_insert_with(Instant::now);
+            }
+            _ => {}
         }
         match m {
             Msg::Pages { .. }
@@ -366,11 +375,15 @@ async fn receive_cell(
     }
     drop(tx);
     let (lazy, marks) = started(offer, inbound, post.as_ref(), run_rx).await?;
-    let t = timings(final_at, &marks);
+    let mut t = timings(final_at, &marks);
+    t.last_pages_read_ms = last_pages_at.map_or(0.0, |a| {
+        final_at.saturating_duration_since(a).as_secs_f64() * 1000.0
+    });
     tracing::info!(
         cell = %offer.cell.id, backlog_ms = t.backlog_ms, decode_ms = t.decode_ms,
         install_ms = t.install_ms, register_ms = t.register_ms,
-        to_running_ms = t.to_running_ms, "migrated cell runs here"
+        to_running_ms = t.to_running_ms, last_pages_read_ms = t.last_pages_read_ms,
+        last_pages_apply_ms = t.last_pages_apply_ms, "migrated cell runs here"
     );
     inbound.set_timings(t);
     send(wr, &Msg::Running).await.map_err(|e| e.to_string())?;
@@ -389,6 +402,8 @@ fn timings(final_at: Instant, m: &StartMarks) -> DestTimings {
         install_ms: ms(m.decoded, m.installed),
         register_ms: ms(m.installed, m.registered),
         to_running_ms: ms(final_at, Instant::now()),
+        last_pages_read_ms: 0.0,
+        last_pages_apply_ms: m.last_apply.as_secs_f64() * 1000.0,
     }
 }
 
@@ -459,6 +474,7 @@ fn assemble(
         }
     };
     let log = CellLog::new(n.log_capacity());
+    let mut last_apply = Duration::ZERO;
     let fin: Box<Final> = loop {
         let Some(m) = rx.blocking_recv() else {
             tracing::debug!("source went away before the final state; dropping the instance");
@@ -472,15 +488,22 @@ fn assemble(
                 .as_ref()
                 .map_or(Ok(()), |p| p.receive_early(&mut decoder, &batch)),
             Msg::Pages { batch } => {
+                let began = Instant::now();
                 let mut t = IncomingTarget::new(
                     incoming.memory_mut(),
                     module.initial_image(),
                     &mut written,
                 );
-                decoder
+                let r = decoder
                     .apply(&batch, &mut t)
                     .map(|_| ())
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string());
+                last_apply += began.elapsed();
+                r
+            }
+            Msg::RoundDone { .. } => {
+                last_apply = Duration::ZERO;
+                Ok(())
             }
             Msg::PageKinds { kinds: k } => {
                 kinds = Some(k);
@@ -514,6 +537,7 @@ fn assemble(
     };
     let id = offer.cell.id.clone();
     marks.picked = picked;
+    marks.last_apply = last_apply;
     if run_tx.send(Ok((lazy, marks))).is_err() {
         tracing::warn!(cell = %id, "the connection closed as the cell started; it runs here");
     }
@@ -578,6 +602,7 @@ fn start(
     spec.hops += 1;
     let handle = register(n, spec, Arc::new(log), &mut cell);
     let marks = StartMarks {
+        last_apply: Duration::ZERO,
         picked,
         decoded,
         installed,
