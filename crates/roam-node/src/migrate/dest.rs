@@ -393,6 +393,12 @@ async fn receive_cell(
     }
 }
 
+/// `ROAM_LEARN_INLINE=1`: hash arriving pages into the chunk store as they
+/// are applied, as before the background learning (an ablation knob).
+fn learn_inline() -> bool {
+    std::env::var_os("ROAM_LEARN_INLINE").is_some_and(|v| v == "1")
+}
+
 /// The destination's share of the commit, from the final state read.
 fn timings(final_at: Instant, m: &StartMarks) -> DestTimings {
     let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1000.0;
@@ -463,7 +469,12 @@ fn assemble(
         }
     };
     let _ = prep_tx.send(Ok(()));
-    let mut decoder = Decoder::with_store(n.store.clone(), true);
+    // Pages that arrive are remembered in the chunk store for later
+    // migrations here, but hashing them on this thread delays the final
+    // round: that is done after the start, in the background (post-copy
+    // keeps learning as pages arrive: its memory faults when read).
+    let learn_after = post.is_none() && !learn_inline();
+    let mut decoder = Decoder::with_store(n.store.clone(), !learn_after);
     let mut written = Vec::new();
     let mut kinds: Option<Vec<u8>> = None;
     let mut files = match super::files::receiver(&n, &offer) {
@@ -538,6 +549,18 @@ fn assemble(
     let id = offer.cell.id.clone();
     marks.picked = picked;
     marks.last_apply = last_apply;
+    if learn_after {
+        let (store, mem) = (n.store.clone(), handle.memory.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("learn-{id}"))
+            .spawn(move || {
+                let new = super::remember(&store, &mem);
+                tracing::debug!(chunks = new, "kept the arrived cell's pages for dedup");
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(cell = %id, "cannot keep the arrived pages for dedup: {e}");
+        }
+    }
     if run_tx.send(Ok((lazy, marks))).is_err() {
         tracing::warn!(cell = %id, "the connection closed as the cell started; it runs here");
     }
