@@ -19,6 +19,7 @@ const COLUMNS: &[&str] = &[
     "files + log",
     "state encode",
     "commit round trip",
+    "dest: behind at the pause",
     "dest: last pages arriving",
     "dest: of which applying",
     "dest: state decode + install + register",
@@ -83,6 +84,9 @@ pub fn row(labels: Vec<String>, summary: &serde_json::Value) -> Vec<String> {
         format!("{:.1}", f(p, "files_log_ms")),
         format!("{:.1}", f(p, "state_encode_ms")),
         format!("{:.1}", f(p, "commit_ms")),
+        p.get("dest_behind_ms")
+            .and_then(serde_json::Value::as_f64)
+            .map_or(String::new(), |b| format!("{b:.1}")),
         dest("last_pages_read_ms"),
         dest("last_pages_apply_ms"),
         dest_state,
@@ -102,6 +106,10 @@ pub fn notes() -> Vec<String> {
             .into(),
         "encode + send: the paused pages read, encoded and queued (it includes waiting for the \
          link once its queue is full); wait for wire: until the last of them was written"
+            .into(),
+        "dest: behind at the pause: how long after the pause the destination read the last \
+         round's end (bytes already written but still in socket buffers and its queue); \
+         wall clocks of both nodes, exact on one host"
             .into(),
         "dest columns are measured by the destination: from the first page after the last \
          `RoundDone` read off the connection to the final state read, the part of it spent \
@@ -133,9 +141,10 @@ mod tests {
         assert_eq!(r.len(), 1 + COLUMNS.len());
         assert_eq!(r[4], "10");
         assert_eq!(r[5], "direct lz4");
-        assert_eq!(r[13], "0.6");
-        assert_eq!(r[15], "10.0", "40 ms minus the 30 ms of phases");
-        assert_eq!(r[16], "40");
+        assert_eq!(r[11], "", "no wall-clock lag reported");
+        assert_eq!(r[14], "0.6");
+        assert_eq!(r[16], "10.0", "40 ms minus the 30 ms of phases");
+        assert_eq!(r[17], "40");
         // A node that reports no breakdown: just the labels.
         assert_eq!(row(vec!["x".into()], &serde_json::json!({})).len(), 1);
     }

@@ -319,6 +319,9 @@ fn print_breakdown(b: &roam_node::types::PauseBreakdown) {
             b.paused_wire_bytes, b.paused_wire_floor_ms
         );
     }
+    if let Some(behind) = b.dest_behind_ms {
+        row("  destination behind at the pause", behind);
+    }
     if let Some(d) = &b.destination {
         row("  destination: last pages arriving", d.last_pages_read_ms);
         row("  destination: … of which applying", d.last_pages_apply_ms);

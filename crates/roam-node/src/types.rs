@@ -310,6 +310,12 @@ pub struct PauseBreakdown {
     /// wire time (0 when the stream is not shaped).
     #[serde(default)]
     pub paused_wire_floor_ms: f64,
+    /// How long after the pause the destination still read the earlier
+    /// rounds (it reads its last `RoundDone` this late): pages already
+    /// written to the connection but still in socket buffers and queues.
+    /// Wall clocks of both nodes: meaningful when they agree (one host).
+    #[serde(default)]
+    pub dest_behind_ms: Option<f64>,
 }
 
 /// The destination's side of the commit, in milliseconds from the final
@@ -337,6 +343,10 @@ pub struct DestTimings {
     /// Time spent decoding and writing those pages into the memory.
     #[serde(default)]
     pub last_pages_apply_ms: f64,
+    /// Wall-clock time (ms since the Unix epoch) the last `RoundDone` was
+    /// read here (0: none).
+    #[serde(default)]
+    pub last_round_done_unix_ms: f64,
 }
 
 /// Post-copy counters reported by the destination.

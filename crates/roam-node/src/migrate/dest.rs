@@ -330,6 +330,7 @@ async fn receive_cell(
     let mut final_at = Instant::now();
     // The first page read after the last `RoundDone`.
     let mut last_pages_at: Option<Instant> = None;
+    let mut last_round_done = None;
     loop {
         // A source that went silent is gone or cut off: give up rather
         // than hold the receiving instance forever. It never stays silent
@@ -346,7 +347,10 @@ async fn receive_cell(
         let last = matches!(m, Msg::Final(_));
         match &m {
             Msg::Final(_) => final_at = Instant::now(),
-            Msg::RoundDone { .. } => last_pages_at = None,
+            Msg::RoundDone { .. } => {
+                last_pages_at = None;
+                last_round_done = Some(std::time::SystemTime::now());
+            }
             Msg::Pages { .. } => {
                 last_pages_at.get_or_insert_with(Instant::now);
             }
@@ -379,6 +383,7 @@ async fn receive_cell(
     t.last_pages_read_ms = last_pages_at.map_or(0.0, |a| {
         final_at.saturating_duration_since(a).as_secs_f64() * 1000.0
     });
+    t.last_round_done_unix_ms = last_round_done.map_or(0.0, super::unix_ms);
     tracing::info!(
         cell = %offer.cell.id, backlog_ms = t.backlog_ms, decode_ms = t.decode_ms,
         install_ms = t.install_ms, register_ms = t.register_ms,
@@ -410,6 +415,7 @@ fn timings(final_at: Instant, m: &StartMarks) -> DestTimings {
         to_running_ms: ms(final_at, Instant::now()),
         last_pages_read_ms: 0.0,
         last_pages_apply_ms: m.last_apply.as_secs_f64() * 1000.0,
+        last_round_done_unix_ms: 0.0,
     }
 }
 

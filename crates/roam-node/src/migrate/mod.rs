@@ -158,6 +158,12 @@ pub(crate) fn remember(store: &roam_transfer::ChunkStore, mem: &roam_runtime::Li
     new
 }
 
+/// Milliseconds since the Unix epoch (0 before it).
+pub(crate) fn unix_ms(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
 /// A migration this node receives: the commit state the resolve endpoint
 /// and the receiving thread agree on.
 pub(crate) struct Inbound {

@@ -441,6 +441,13 @@ async fn run(
     let mut bd = std::mem::take(&mut ctx.bd);
     // Off the pause: the destination's share of the commit.
     bd.destination = dest_api.inbound_timings(&m.id).await.ok();
+    // The wall-clock time of the pause: `paused.at` is that long ago.
+    let paused_unix = super::unix_ms(std::time::SystemTime::now()) - ms(paused.at.elapsed());
+    bd.dest_behind_ms = bd
+        .destination
+        .as_ref()
+        .filter(|d| d.last_round_done_unix_ms > 0.0)
+        .map(|d| (d.last_round_done_unix_ms - paused_unix).max(0.0));
     log_breakdown(m, &bd);
     {
         // If the cell comes back, most of it need not travel again.
@@ -499,7 +506,8 @@ fn log_breakdown(m: &Migration, b: &PauseBreakdown) {
         wire_ms = b.wire_ms, files_log_ms = b.files_log_ms,
         state_encode_ms = b.state_encode_ms, state_bytes = b.state_bytes,
         commit_ms = b.commit_ms, paused_wire_bytes = b.paused_wire_bytes,
-        paused_wire_floor_ms = b.paused_wire_floor_ms, dest_backlog_ms = d.backlog_ms,
+        paused_wire_floor_ms = b.paused_wire_floor_ms, dest_behind_ms = ?b.dest_behind_ms,
+        dest_backlog_ms = d.backlog_ms,
         dest_decode_ms = d.decode_ms, dest_install_ms = d.install_ms,
         dest_register_ms = d.register_ms, dest_to_running_ms = d.to_running_ms,
         "pause breakdown"
