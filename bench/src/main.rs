@@ -16,6 +16,7 @@
 mod gw;
 mod kv;
 mod paths;
+mod pause;
 mod prepare;
 mod proc;
 mod quiet;
@@ -114,6 +115,13 @@ enum Bench {
         /// Seconds the cell runs before the migration starts.
         #[arg(long, default_value_t = 3.0)]
         settle: f64,
+        /// Repetitions of every case, interleaved.
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
+        /// Only these cases, `NAME@BANDWIDTH` separated by `;` (default:
+        /// all; an unknown name lists them).
+        #[arg(long, value_delimiter = ';')]
+        cases: Vec<String>,
     },
     /// Transfer pipeline vs bandwidth: static modes against adaptive.
     T5 {
@@ -308,20 +316,33 @@ fn main() -> anyhow::Result<()> {
             r.notes.extend(failures);
             r
         }
-        Bench::T4 { dirty, settle } => {
-            let cases = t4::default_cases();
+        Bench::T4 {
+            dirty,
+            settle,
+            reps,
+            cases,
+        } => {
+            let picked = t4::select(t4::default_cases(), &cases)?;
             let out = t4::run(
                 &paths,
                 &dirty,
                 std::time::Duration::from_secs_f64(settle),
-                &cases,
+                &picked,
+                reps,
             )?;
+            let only = if cases.is_empty() {
+                String::new()
+            } else {
+                format!(" --cases '{}'", cases.join(";"))
+            };
             let setup = format!(
-                "`roam-bench t4 --dirty {} --settle {settle}`: `dirty {}` on node a, \
-                 `roam migrate --json` to node b after {settle} s, fresh nodes per case",
+                "`roam-bench t4 --dirty {} --settle {settle} --reps {reps}{only}`: `dirty {}` \
+                 on node a, `roam migrate --json` to node b after {settle} s, fresh nodes per \
+                 case, cases interleaved",
                 dirty.join(","),
                 dirty.join(" "),
             );
+            t4::pause_report(&out, setup.clone()).emit(&cli.out)?;
             t4::report(&out, setup)
         }
         Bench::T5 {
@@ -400,18 +421,22 @@ fn main() -> anyhow::Result<()> {
             settle,
             readers,
             bench,
-        } => t4kv::run(
-            &paths,
-            &t4kv::Options {
-                keys,
-                value_len,
-                modes,
-                bandwidth,
-                settle,
-                readers,
-                bench,
-            },
-        )?,
+        } => {
+            let (r, pause) = t4kv::run(
+                &paths,
+                &t4kv::Options {
+                    keys,
+                    value_len,
+                    modes,
+                    bandwidth,
+                    settle,
+                    readers,
+                    bench,
+                },
+            )?;
+            pause.emit(&cli.out)?;
+            r
+        }
         Bench::T7 {
             phases,
             phase_secs,

@@ -25,27 +25,67 @@ use crate::report::{Report, Table};
 /// One migration to measure.
 #[derive(Debug, Clone)]
 pub struct Case {
+    /// The row's name: the mode, and what differs from the defaults.
+    pub name: String,
     /// `stop-and-copy`, `pre-copy` or `post-copy`.
     pub mode: String,
+    /// More `roam migrate` arguments (an ablation of one technique).
+    pub extra: Vec<String>,
     /// `roam migrate --bandwidth` value.
     pub bandwidth: String,
     /// The same in bits per second.
     pub bits_per_sec: u64,
 }
 
-/// The default cases: every mode at 1 Gbit/s, pre-copy at 100 Mbit/s.
+/// The default cases: every mode at 1 Gbit/s, pre-copy at 100 Mbit/s, and
+/// pre-copy with its final round through the pipeline (as before the
+/// direct final round) for the side-by-side comparison.
 pub fn default_cases() -> Vec<Case> {
-    let c = |mode: &str, bw: &str, bps: u64| Case {
+    let c = |name: &str, mode: &str, extra: &[&str], bw: &str, bps: u64| Case {
+        name: name.into(),
         mode: mode.into(),
+        extra: extra.iter().map(|s| s.to_string()).collect(),
         bandwidth: bw.into(),
         bits_per_sec: bps,
     };
+    let g = 1_000_000_000;
     vec![
-        c("pre-copy", "1gbit", 1_000_000_000),
-        c("stop-and-copy", "1gbit", 1_000_000_000),
-        c("post-copy", "1gbit", 1_000_000_000),
-        c("pre-copy", "100mbit", 100_000_000),
+        c("pre-copy", "pre-copy", &[], "1gbit", g),
+        c(
+            "pre-copy, final round via pipeline",
+            "pre-copy",
+            &["--final-round", "pipeline"],
+            "1gbit",
+            g,
+        ),
+        c("stop-and-copy", "stop-and-copy", &[], "1gbit", g),
+        c("post-copy", "post-copy", &[], "1gbit", g),
+        c("pre-copy", "pre-copy", &[], "100mbit", 100_000_000),
     ]
+}
+
+/// The cases of `all` whose name is in `only` (all when `only` is empty).
+pub fn select(all: Vec<Case>, only: &[String]) -> anyhow::Result<Vec<Case>> {
+    if only.is_empty() {
+        return Ok(all);
+    }
+    let names: Vec<String> = all
+        .iter()
+        .map(|c| format!("{}@{}", c.name, c.bandwidth))
+        .collect();
+    let picked: Vec<Case> = all
+        .into_iter()
+        .zip(&names)
+        .filter(|(_, n)| only.iter().any(|o| o == *n))
+        .map(|(c, _)| c)
+        .collect();
+    if picked.len() != only.len() {
+        bail!(
+            "--cases names unknown cases; the cases are: {}",
+            names.join("; ")
+        );
+    }
+    Ok(picked)
 }
 
 /// The outcome of one case.
@@ -53,6 +93,8 @@ pub fn default_cases() -> Vec<Case> {
 pub struct Outcome {
     /// The case.
     pub case: Case,
+    /// Repetition, from 1.
+    pub rep: usize,
     /// The `summary` object of the final status, or why there is none.
     pub summary: Result<serde_json::Value, String>,
 }
@@ -163,19 +205,21 @@ fn one_case(
     };
     std::thread::sleep(settle);
     let out = run_bounded(
-        Command::new(roam).args([
-            "migrate",
-            &cell,
-            "--from",
-            a,
-            "--to",
-            b,
-            "--mode",
-            &case.mode,
-            "--bandwidth",
-            &case.bandwidth,
-            "--json",
-        ]),
+        Command::new(roam)
+            .args([
+                "migrate",
+                &cell,
+                "--from",
+                a,
+                "--to",
+                b,
+                "--mode",
+                &case.mode,
+                "--bandwidth",
+                &case.bandwidth,
+                "--json",
+            ])
+            .args(&case.extra),
         Duration::from_secs(120),
     )
     .context("migrate failed")?;
@@ -190,23 +234,26 @@ fn one_case(
         .ok_or_else(|| anyhow::anyhow!("no summary in {out}"))
 }
 
-/// Run every case on fresh nodes.
+/// Run every case on fresh nodes, `reps` times, the cases interleaved (so
+/// a busy spell of the machine does not fall on one case only).
 pub fn run(
     paths: &Paths,
     args: &[String],
     settle: Duration,
     cases: &[Case],
+    reps: usize,
 ) -> anyhow::Result<Vec<Outcome>> {
     let roam = paths.tool("roam")?;
     let wasm: PathBuf = paths.wasm("dirty")?;
     let cache = paths.scratch.join("t4-cache");
     std::fs::create_dir_all(&cache)?;
     let mut out = Vec::new();
-    for (k, case) in cases.iter().enumerate() {
+    let runs = (1..=reps.max(1)).flat_map(|rep| cases.iter().enumerate().map(move |c| (rep, c)));
+    for (rep, (k, case)) in runs {
         let dir = paths.fresh_dir(&format!("t4-{k}"))?;
         let pa = 17810 + 10 * k as u16;
         let pb = pa + 1;
-        eprintln!("t4: {} at {} ...", case.mode, case.bandwidth);
+        eprintln!("t4: {} at {} (rep {rep}) ...", case.name, case.bandwidth);
         let summary = (|| {
             let _na = start_node(&roam, pa, "a", &dir, &cache)?;
             let _nb = start_node(&roam, pb, "b", &dir, &cache)?;
@@ -222,11 +269,12 @@ pub fn run(
         })()
         .map_err(|e| format!("{e:#}"));
         match &summary {
-            Ok(s) => eprintln!("t4: {} at {}: {s}", case.mode, case.bandwidth),
-            Err(e) => eprintln!("t4: {} at {} FAILED: {e}", case.mode, case.bandwidth),
+            Ok(s) => eprintln!("t4: {} at {}: {s}", case.name, case.bandwidth),
+            Err(e) => eprintln!("t4: {} at {} FAILED: {e}", case.name, case.bandwidth),
         }
         out.push(Outcome {
             case: case.clone(),
+            rep,
             summary,
         });
     }
@@ -242,7 +290,8 @@ fn f(v: &serde_json::Value, k: &str) -> f64 {
 /// Build the report.
 pub fn report(outcomes: &[Outcome], setup: String) -> Report {
     let mut t = Table::new(&[
-        "mode",
+        "case",
+        "rep",
         "bandwidth",
         "total ms",
         "downtime ms",
@@ -274,7 +323,8 @@ pub fn report(outcomes: &[Outcome], setup: String) -> Report {
                 let naive = mem * 8.0 / bps * 1000.0;
                 let reduced = modified * 8.0 / bps * 1000.0;
                 t.push(vec![
-                    c.mode.clone(),
+                    c.name.clone(),
+                    o.rep.to_string(),
                     c.bandwidth.clone(),
                     format!("{total:.0}"),
                     format!("{down:.1}"),
@@ -299,8 +349,8 @@ pub fn report(outcomes: &[Outcome], setup: String) -> Report {
                 ]);
             }
             Err(e) => {
-                let mut row = vec![c.mode.clone(), c.bandwidth.clone()];
-                row.resize(16, String::new());
+                let mut row = vec![c.name.clone(), o.rep.to_string(), c.bandwidth.clone()];
+                row.resize(17, String::new());
                 row.push(e.clone());
                 t.push(row);
             }
@@ -316,5 +366,27 @@ pub fn report(outcomes: &[Outcome], setup: String) -> Report {
             "modified ÷ bw: the modified state (pages neither zero nor initial) at the shaped bandwidth".into(),
             "targets: downtime ≤ 50 ms; total ≤ 1.3 × reduced state ÷ bandwidth".into(),
         ],
+    }
+}
+
+/// The pause of every successful case, phase by phase (`t4-pause`).
+pub fn pause_report(outcomes: &[Outcome], setup: String) -> Report {
+    let mut t = crate::pause::table(&["case", "rep", "bandwidth"]);
+    for o in outcomes {
+        if let Ok(s) = &o.summary {
+            let labels = vec![
+                o.case.name.clone(),
+                o.rep.to_string(),
+                o.case.bandwidth.clone(),
+            ];
+            t.push(crate::pause::row(labels, s));
+        }
+    }
+    Report {
+        name: "t4-pause".into(),
+        title: "T4 — where the pause goes".into(),
+        setup,
+        table: t,
+        notes: crate::pause::notes(),
     }
 }

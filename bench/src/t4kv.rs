@@ -44,8 +44,19 @@ struct Step {
     summary: Result<serde_json::Value, String>,
 }
 
-/// Run the benchmark.
-pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
+/// A mode as given to `--modes`: `pre-copy/pipeline` is pre-copy with its
+/// final round sent through the transfer pipeline (the ablation of the
+/// direct final round); any other name is a `roam migrate --mode`.
+fn mode_args(mode: &str) -> (&str, Vec<String>) {
+    match mode.split_once('/') {
+        Some((base, "pipeline")) => (base, vec!["--final-round".into(), "pipeline".into()]),
+        _ => (mode, Vec::new()),
+    }
+}
+
+/// Run the benchmark: the client's view, and the node's pause phase by
+/// phase (`t4kv-pause`).
+pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<(Report, Report)> {
     let roam = paths.tool("roam")?;
     let wasm = paths.wasm("kvserver")?;
     let dir = paths.fresh_dir("t4kv")?;
@@ -78,7 +89,8 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         std::thread::sleep(settle);
         let t0 = load.timeline.now();
         eprintln!("t4kv: {mode} {from} -> {to} at {t0:.1} s ...");
-        let summary = kv::migrate(&roam, &cell, from, to, mode, Some(&o.bandwidth))
+        let (base, extra) = mode_args(mode);
+        let summary = kv::migrate_with(&roam, &cell, from, to, base, Some(&o.bandwidth), &extra)
             .map_err(|e| format!("{e:#}"));
         let t1 = load.timeline.now();
         match &summary {
@@ -178,7 +190,23 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
             .into(),
     );
     notes.push("target: pre-copy pause ≤ 50 ms as the client sees it, zero failed requests".into());
-    Ok(Report {
+    let mut pause = crate::pause::table(&["mode", "longest reply gap ms (probe)"]);
+    for s in &steps {
+        if let Ok(v) = &s.summary {
+            let gap = seen.longest_probe_gap(s.t0, s.t1 + 1.0);
+            pause.push(crate::pause::row(
+                vec![s.mode.clone(), format!("{gap:.1}")],
+                v,
+            ));
+        }
+    }
+    let mut pause_notes = crate::pause::notes();
+    pause_notes.push(
+        "longest reply gap − downtime: the gateway's hold and serve and the first reply \
+         reaching the client, beyond the node's pause"
+            .into(),
+    );
+    let report = Report {
         name: "t4kv".into(),
         title: "T4 — the KV cell migrating under redis-benchmark load, as the client sees it".into(),
         setup: format!(
@@ -194,5 +222,13 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         ),
         table: t,
         notes,
-    })
+    };
+    let pause = Report {
+        name: "t4kv-pause".into(),
+        title: "T4 — the KV cell: where the pause goes".into(),
+        setup: report.setup.clone(),
+        table: pause,
+        notes: pause_notes,
+    };
+    Ok((report, pause))
 }

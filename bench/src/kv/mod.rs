@@ -218,6 +218,19 @@ pub fn migrate(
     mode: &str,
     bandwidth: Option<&str>,
 ) -> anyhow::Result<serde_json::Value> {
+    migrate_with(roam, cell, from, to, mode, bandwidth, &[])
+}
+
+/// [`migrate`] with more `roam migrate` arguments.
+pub fn migrate_with(
+    roam: &Path,
+    cell: &str,
+    from: SocketAddr,
+    to: SocketAddr,
+    mode: &str,
+    bandwidth: Option<&str>,
+    extra: &[String],
+) -> anyhow::Result<serde_json::Value> {
     let mut cmd = Command::new(roam);
     cmd.args([
         "migrate",
@@ -231,6 +244,7 @@ pub fn migrate(
     if let Some(bw) = bandwidth {
         cmd.args(["--bandwidth", bw]);
     }
+    cmd.args(extra);
     let out = run_bounded(&mut cmd, Duration::from_secs(600)).context("roam migrate failed")?;
     let v: serde_json::Value =
         serde_json::from_str(out.trim()).with_context(|| format!("not JSON: {out}"))?;

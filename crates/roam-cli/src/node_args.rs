@@ -203,6 +203,11 @@ pub struct MigrateArgs {
     /// Pre-copy dirty tracking: auto, write-protect or hash.
     #[arg(long, default_value = "auto")]
     pub tracking: String,
+    /// Pre-copy's final round, sent while paused: lz4, none or zstd1 ...
+    /// zstd19 encode on one thread straight into the connection; pipeline
+    /// sends it through the transfer pipeline like the other rounds.
+    #[arg(long, default_value = "lz4", help_heading = "Ablation and tuning")]
+    pub final_round: String,
     /// Print the final status as JSON (no progress bar).
     #[arg(long)]
     pub json: bool,

@@ -199,6 +199,7 @@ pub fn migrate(a: MigrateArgs) -> Result<i32> {
             max_downtime_ms: Some(a.max_downtime_ms),
             max_rounds: Some(a.max_rounds),
             tracking: Some(a.tracking.clone()),
+            final_round: Some(a.final_round.clone()),
         },
     };
     runtime()?.block_on(async move {
@@ -259,6 +260,9 @@ fn print_summary(a: &MigrateArgs, s: &roam_node::types::MigrationSummary) {
         "  downtime       {:>10.1} ms  (pages while paused {:.1} ms, commit {:.1} ms)",
         s.downtime_ms, s.paused_pages_ms, s.commit_ms
     );
+    if let Some(b) = &s.pause {
+        print_breakdown(b);
+    }
     println!("  rounds         {:>10}", s.rounds);
     if let Some(t) = &s.tracking {
         println!("  dirty tracking {t:>10}");
@@ -283,6 +287,49 @@ fn print_summary(a: &MigrateArgs, s: &roam_node::types::MigrationSummary) {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         println!("  pipeline       {}", fields.join(" "));
+    }
+}
+
+/// The downtime phase by phase, indented under it.
+fn print_breakdown(b: &roam_node::types::PauseBreakdown) {
+    let row = |what: &str, v: f64| println!("    {what:<34} {v:>8.1} ms");
+    println!(
+        "    (pause requested → migration point {:.1} ms, while the cell ran)",
+        b.request_to_point_ms
+    );
+    row("capture and handoff", b.to_driver_ms);
+    row("last dirty pages collected", b.collect_ms);
+    row(
+        &format!(
+            "{} paused pages encoded ({})",
+            b.final_pages, b.final_encoding
+        ),
+        b.encode_ms,
+    );
+    row("… and on the wire", b.wire_ms);
+    row("files and log", b.files_log_ms);
+    row("execution state encoded", b.state_encode_ms);
+    row(
+        &format!("commit ({} B of state)", b.state_bytes),
+        b.commit_ms,
+    );
+    if b.paused_wire_floor_ms > 0.0 {
+        println!(
+            "    ({} B on the wire while paused: {:.1} ms at the shaped bandwidth)",
+            b.paused_wire_bytes, b.paused_wire_floor_ms
+        );
+    }
+    if let Some(behind) = b.dest_behind_ms {
+        row("  destination behind at the pause", behind);
+    }
+    if let Some(d) = &b.destination {
+        row("  destination: last pages arriving", d.last_pages_read_ms);
+        row("  destination: … of which applying", d.last_pages_apply_ms);
+        row("  destination: pages still applying", d.backlog_ms);
+        row("  destination: state decoded", d.decode_ms);
+        row("  destination: state installed", d.install_ms);
+        row("  destination: commit point, serve", d.register_ms);
+        row("  destination: final state → running", d.to_running_ms);
     }
 }
 

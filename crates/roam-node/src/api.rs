@@ -56,6 +56,10 @@ pub(crate) fn router(n: Arc<NodeInner>) -> Router {
             "/v1/migrations/{id}/resolve",
             post(crate::migrate::dest::resolve),
         )
+        .route(
+            "/v1/migrations/{id}/timings",
+            get(crate::migrate::dest::timings_of),
+        )
         .route_layer(axum::middleware::from_fn(check_path_ids))
         .layer(DefaultBodyLimit::max(body_limit(&n)));
     // The token check wraps every route: no handler runs without it.

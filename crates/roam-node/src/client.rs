@@ -260,6 +260,21 @@ impl Client {
         self.get(&format!("/v1/migrations/{id}")).await
     }
 
+    /// `GET /v1/migrations/{id}/timings` (asked of a destination after the
+    /// commit): its share of the pause.
+    pub async fn inbound_timings(&self, id: &str) -> Result<DestTimings, ClientError> {
+        self.parse(
+            self.authed(
+                self.http
+                    .get(self.url(&format!("/v1/migrations/{id}/timings"))),
+            )
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await,
+        )
+        .await
+    }
+
     /// `POST /v1/migrations/{id}/resolve` (asked of a destination).
     pub async fn resolve(&self, id: &str) -> Result<Resolution, ClientError> {
         self.parse(

@@ -170,6 +170,12 @@ pub struct TransferOptions {
     /// Pre-copy dirty tracking: `auto` (default), `write-protect`, `hash`.
     #[serde(default)]
     pub tracking: Option<String>,
+    /// Pre-copy's final round, sent while paused: `lz4` (default), `none`
+    /// or `zstd1` ... `zstd19` encode on one thread straight into the
+    /// connection; `pipeline` sends it through the transfer pipeline like
+    /// the other rounds.
+    #[serde(default)]
+    pub final_round: Option<String>,
 }
 
 /// `POST /v1/cells/{id}/migrate` answer.
@@ -255,6 +261,92 @@ pub struct MigrationSummary {
     pub post_copy: Option<PostCopyStats>,
     /// What each pipeline stage removed (transfer-pipeline statistics).
     pub pipeline: serde_json::Value,
+    /// Where the downtime went, phase by phase.
+    #[serde(default)]
+    pub pause: Option<PauseBreakdown>,
+}
+
+/// The downtime of a migration, phase by phase, in milliseconds. The
+/// phases follow each other, so `to_driver_ms` through `commit_ms` add up to
+/// the downtime (up to rounding).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct PauseBreakdown {
+    /// From the pause request to the migration point (the cell still runs
+    /// meanwhile: not downtime).
+    pub request_to_point_ms: f64,
+    /// From the migration point to the migration holding the paused state:
+    /// unwinding and capture of the execution state, the handoff, the
+    /// gateway told to hold.
+    pub to_driver_ms: f64,
+    /// Pages sent while paused (the final round in pre-copy).
+    pub final_pages: u64,
+    /// Collecting the last dirty pages (write-protect scan or hashes).
+    pub collect_ms: f64,
+    /// Reading the paused pages into the pipeline and closing it (the last
+    /// records compressed and batched).
+    pub encode_ms: f64,
+    /// From the pipeline closed to its last batch on the wire.
+    pub wire_ms: f64,
+    /// Changed sandbox files and the log.
+    pub files_log_ms: f64,
+    /// Encoding the execution state (everything but memory).
+    pub state_encode_ms: f64,
+    /// Its size on the wire, bytes.
+    pub state_bytes: u64,
+    /// From the final state queued to `Running` back: its transmission,
+    /// the destination's work (see `destination`), the answer's trip.
+    pub commit_ms: f64,
+    /// The destination's share of the commit, as it measured it (absent
+    /// when it is a node that does not report it).
+    pub destination: Option<DestTimings>,
+    /// How the pages sent while paused were encoded: `pipeline`, or
+    /// `direct` with the codec (`direct lz4`).
+    #[serde(default)]
+    pub final_encoding: String,
+    /// Bytes put on the wire while paused (pages, files, log, state).
+    #[serde(default)]
+    pub paused_wire_bytes: u64,
+    /// Those bytes at the shaped bandwidth, ms: the floor of the pause's
+    /// wire time (0 when the stream is not shaped).
+    #[serde(default)]
+    pub paused_wire_floor_ms: f64,
+    /// How long after the pause the destination still read the earlier
+    /// rounds (it reads its last `RoundDone` this late): pages already
+    /// written to the connection but still in socket buffers and queues.
+    /// Wall clocks of both nodes: meaningful when they agree (one host).
+    #[serde(default)]
+    pub dest_behind_ms: Option<f64>,
+}
+
+/// The destination's side of the commit, in milliseconds from the final
+/// state read off the connection.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct DestTimings {
+    /// Until the receiving thread took the final state: pages read before
+    /// it that were still being applied.
+    pub backlog_ms: f64,
+    /// Decoding the execution state.
+    pub decode_ms: f64,
+    /// Installing it into the pre-instantiated cell (globals, OS layer,
+    /// the rewind prepared).
+    pub install_ms: f64,
+    /// The commit point and registration (the gateway told to serve here).
+    pub register_ms: f64,
+    /// From the final state read to `Running` sent; the cell's thread
+    /// starts the rewind at the same time.
+    pub to_running_ms: f64,
+    /// From the first page of the last round (after the last
+    /// `RoundDone`; all pages in stop-and-copy) read off the connection to
+    /// the final state read: how long the paused pages took to arrive here.
+    #[serde(default)]
+    pub last_pages_read_ms: f64,
+    /// Time spent decoding and writing those pages into the memory.
+    #[serde(default)]
+    pub last_pages_apply_ms: f64,
+    /// Wall-clock time (ms since the Unix epoch) the last `RoundDone` was
+    /// read here (0: none).
+    #[serde(default)]
+    pub last_round_done_unix_ms: f64,
 }
 
 /// Post-copy counters reported by the destination.

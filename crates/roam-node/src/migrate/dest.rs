@@ -7,7 +7,7 @@
 //! becomes the cell's thread once the cell starts.
 
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -25,7 +25,7 @@ use crate::api::{make_preopens, on_end, register, AppError};
 use crate::cell;
 use crate::log::CellLog;
 use crate::node::NodeInner;
-use crate::types::Resolution;
+use crate::types::{DestTimings, Resolution};
 
 /// Longest silence of the source before the final state.
 const STATE_IDLE: Duration = Duration::from_secs(120);
@@ -288,8 +288,20 @@ async fn load_module(
     Ok(module)
 }
 
-/// What the receiving thread reports once the cell has started.
-type Started = Result<Option<LazyMemory>, String>;
+/// What the receiving thread reports once the cell has started: the lazy
+/// memory of a post-copy cell, and when each step of the start ended.
+type Started = Result<(Option<LazyMemory>, StartMarks), String>;
+
+/// When the receiving thread finished each step of starting the cell.
+#[derive(Debug, Clone, Copy)]
+struct StartMarks {
+    /// Time spent applying the pages after the last `RoundDone`.
+    last_apply: Duration,
+    picked: Instant,
+    decoded: Instant,
+    installed: Instant,
+    registered: Instant,
+}
 
 async fn receive_cell(
     n: &Arc<NodeInner>,
@@ -315,6 +327,10 @@ async fn receive_cell(
         .await
         .map_err(|_| "the receiving thread ended".to_string())??;
     send(wr, &Msg::Prepared).await.map_err(|e| e.to_string())?;
+    let mut final_at = Instant::now();
+    // The first page read after the last `RoundDone`.
+    let mut last_pages_at: Option<Instant> = None;
+    let mut last_round_done = None;
     loop {
         // A source that went silent is gone or cut off: give up rather
         // than hold the receiving instance forever. It never stays silent
@@ -329,6 +345,17 @@ async fn receive_cell(
             })?
             .map_err(|e| e.to_string())?;
         let last = matches!(m, Msg::Final(_));
+        match &m {
+            Msg::Final(_) => final_at = Instant::now(),
+            Msg::RoundDone { .. } => {
+                last_pages_at = None;
+                last_round_done = Some(std::time::SystemTime::now());
+            }
+            Msg::Pages { .. } => {
+                last_pages_at.get_or_insert_with(Instant::now);
+            }
+            _ => {}
+        }
         match m {
             Msg::Pages { .. }
             | Msg::Grow { .. }
@@ -351,12 +378,44 @@ async fn receive_cell(
         }
     }
     drop(tx);
-    let lazy = started(offer, inbound, post.as_ref(), run_rx).await?;
+    let (lazy, marks) = started(offer, inbound, post.as_ref(), run_rx).await?;
+    let mut t = timings(final_at, &marks);
+    t.last_pages_read_ms = last_pages_at.map_or(0.0, |a| {
+        final_at.saturating_duration_since(a).as_secs_f64() * 1000.0
+    });
+    t.last_round_done_unix_ms = last_round_done.map_or(0.0, super::unix_ms);
+    tracing::info!(
+        cell = %offer.cell.id, backlog_ms = t.backlog_ms, decode_ms = t.decode_ms,
+        install_ms = t.install_ms, register_ms = t.register_ms,
+        to_running_ms = t.to_running_ms, last_pages_read_ms = t.last_pages_read_ms,
+        last_pages_apply_ms = t.last_pages_apply_ms, "migrated cell runs here"
+    );
+    inbound.set_timings(t);
     send(wr, &Msg::Running).await.map_err(|e| e.to_string())?;
-    tracing::info!(cell = %offer.cell.id, "migrated cell runs here");
     match (lazy, post) {
         (Some(lazy), Some(post)) => post.serve(lazy, rd, wr, n.store.clone()).await,
         _ => Ok(()),
+    }
+}
+
+/// `ROAM_LEARN_INLINE=1`: hash arriving pages into the chunk store as they
+/// are applied, as before the background learning (an ablation knob).
+fn learn_inline() -> bool {
+    std::env::var_os("ROAM_LEARN_INLINE").is_some_and(|v| v == "1")
+}
+
+/// The destination's share of the commit, from the final state read.
+fn timings(final_at: Instant, m: &StartMarks) -> DestTimings {
+    let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1000.0;
+    DestTimings {
+        backlog_ms: ms(final_at, m.picked),
+        decode_ms: ms(m.picked, m.decoded),
+        install_ms: ms(m.decoded, m.installed),
+        register_ms: ms(m.installed, m.registered),
+        to_running_ms: ms(final_at, Instant::now()),
+        last_pages_read_ms: 0.0,
+        last_pages_apply_ms: m.last_apply.as_secs_f64() * 1000.0,
+        last_round_done_unix_ms: 0.0,
     }
 }
 
@@ -370,7 +429,7 @@ async fn started(
     inbound: &Inbound,
     post: Option<&Arc<PostCopyPages>>,
     mut run_rx: oneshot::Receiver<Started>,
-) -> Result<Option<LazyMemory>, String> {
+) -> Started {
     let ended = |_| "the receiving thread ended".to_string();
     match tokio::time::timeout(START_LIMIT, &mut run_rx).await {
         Ok(r) => return r.map_err(ended)?,
@@ -416,7 +475,12 @@ fn assemble(
         }
     };
     let _ = prep_tx.send(Ok(()));
-    let mut decoder = Decoder::with_store(n.store.clone(), true);
+    // Pages that arrive are remembered in the chunk store for later
+    // migrations here, but hashing them on this thread delays the final
+    // round: that is done after the start, in the background (post-copy
+    // keeps learning as pages arrive: its memory faults when read).
+    let learn_after = post.is_none() && !learn_inline();
+    let mut decoder = Decoder::with_store(n.store.clone(), !learn_after);
     let mut written = Vec::new();
     let mut kinds: Option<Vec<u8>> = None;
     let mut files = match super::files::receiver(&n, &offer) {
@@ -427,6 +491,7 @@ fn assemble(
         }
     };
     let log = CellLog::new(n.log_capacity());
+    let mut last_apply = Duration::ZERO;
     let fin: Box<Final> = loop {
         let Some(m) = rx.blocking_recv() else {
             tracing::debug!("source went away before the final state; dropping the instance");
@@ -440,15 +505,22 @@ fn assemble(
                 .as_ref()
                 .map_or(Ok(()), |p| p.receive_early(&mut decoder, &batch)),
             Msg::Pages { batch } => {
+                let began = Instant::now();
                 let mut t = IncomingTarget::new(
                     incoming.memory_mut(),
                     module.initial_image(),
                     &mut written,
                 );
-                decoder
+                let r = decoder
                     .apply(&batch, &mut t)
                     .map(|_| ())
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string());
+                last_apply += began.elapsed();
+                r
+            }
+            Msg::RoundDone { .. } => {
+                last_apply = Duration::ZERO;
+                Ok(())
             }
             Msg::PageKinds { kinds: k } => {
                 kinds = Some(k);
@@ -469,10 +541,11 @@ fn assemble(
             return;
         }
     };
+    let picked = Instant::now();
     let started = files
         .check_complete()
         .and_then(|()| start(&n, incoming, &offer, *fin, kinds, log, &inbound, post));
-    let (cell, handle, lazy) = match started {
+    let (cell, handle, lazy, mut marks) = match started {
         Ok(x) => x,
         Err(e) => {
             let _ = run_tx.send(Err(e));
@@ -480,13 +553,27 @@ fn assemble(
         }
     };
     let id = offer.cell.id.clone();
-    if run_tx.send(Ok(lazy)).is_err() {
+    marks.picked = picked;
+    marks.last_apply = last_apply;
+    if learn_after {
+        let (store, mem) = (n.store.clone(), handle.memory.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("learn-{id}"))
+            .spawn(move || {
+                let new = super::remember(&store, &mem);
+                tracing::debug!(chunks = new, "kept the arrived cell's pages for dedup");
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(cell = %id, "cannot keep the arrived pages for dedup: {e}");
+        }
+    }
+    if run_tx.send(Ok((lazy, marks))).is_err() {
         tracing::warn!(cell = %id, "the connection closed as the cell started; it runs here");
     }
     on_end(&n, &id)(cell::run(cell, &handle));
 }
 
-type StartedCell = (Cell, Arc<cell::CellHandle>, Option<LazyMemory>);
+type StartedCell = (Cell, Arc<cell::CellHandle>, Option<LazyMemory>, StartMarks);
 
 #[allow(clippy::too_many_arguments)]
 fn start(
@@ -499,12 +586,14 @@ fn start(
     inbound: &Inbound,
     post: Option<Arc<PostCopyPages>>,
 ) -> Result<StartedCell, String> {
+    let picked = Instant::now();
     let mut snapshot = Snapshot::decode(&fin.snapshot).map_err(|e| format!("final state: {e}"))?;
     if snapshot.memory.byte_len() != fin.memory_bytes || snapshot.memory.stored_pages() != 0 {
         return Err("final state: its memory record does not match the streamed memory".into());
     }
     // The pages arrived on their own; the snapshot's image is a placeholder.
     snapshot.memory = roam_snapshot::MemoryImage::empty();
+    let decoded = Instant::now();
     incoming
         .grow_to(fin.memory_bytes)
         .map_err(|e| e.to_string())?;
@@ -533,6 +622,7 @@ fn start(
             None,
         ),
     };
+    let installed = Instant::now();
     // The commit point: from here on the cell is this node's.
     if !inbound.try_start() {
         return Err("the source gave up on this migration before the cell started".into());
@@ -540,7 +630,14 @@ fn start(
     let mut spec = offer.cell.clone();
     spec.hops += 1;
     let handle = register(n, spec, Arc::new(log), &mut cell);
-    Ok((cell, handle, lazy))
+    let marks = StartMarks {
+        last_apply: Duration::ZERO,
+        picked,
+        decoded,
+        installed,
+        registered: Instant::now(),
+    };
+    Ok((cell, handle, lazy, marks))
 }
 
 /// `POST /v1/migrations/{id}/resolve`: a source whose connection broke asks
@@ -556,4 +653,24 @@ pub(crate) async fn resolve(
         .get(&id)
         .cloned();
     Ok(Json(inbound.map_or(Resolution::Aborted, |i| i.abort())))
+}
+
+/// `GET /v1/migrations/{id}/timings`: the destination's share of the
+/// commit of a migration it received, for the source's summary.
+pub(crate) async fn timings_of(
+    State(n): State<Arc<NodeInner>>,
+    Path(id): Path<String>,
+) -> Result<Json<DestTimings>, AppError> {
+    let inbound = n
+        .inbound
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&id)
+        .cloned();
+    inbound.and_then(|i| i.timings()).map(Json).ok_or_else(|| {
+        AppError(
+            axum::http::StatusCode::NOT_FOUND,
+            format!("no started incoming migration {id} on this node"),
+        )
+    })
 }

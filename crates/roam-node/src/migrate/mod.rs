@@ -158,10 +158,17 @@ pub(crate) fn remember(store: &roam_transfer::ChunkStore, mem: &roam_runtime::Li
     new
 }
 
+/// Milliseconds since the Unix epoch (0 before it).
+pub(crate) fn unix_ms(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
 /// A migration this node receives: the commit state the resolve endpoint
 /// and the receiving thread agree on.
 pub(crate) struct Inbound {
     state: Mutex<InboundState>,
+    timings: Mutex<Option<crate::types::DestTimings>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,7 +182,21 @@ impl Inbound {
     pub(crate) fn new() -> Arc<Inbound> {
         Arc::new(Inbound {
             state: Mutex::new(InboundState::Receiving),
+            timings: Mutex::new(None),
         })
+    }
+
+    /// Record the destination's share of the commit (once started).
+    pub(crate) fn set_timings(&self, t: crate::types::DestTimings) {
+        *self.timings.lock().unwrap_or_else(PoisonError::into_inner) = Some(t);
+    }
+
+    /// The destination's share of the commit, once the cell started.
+    pub(crate) fn timings(&self) -> Option<crate::types::DestTimings> {
+        self.timings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The receiver wants to start the cell: allowed unless aborted.

@@ -34,6 +34,7 @@ pub(crate) async fn start(
         ))
     })?;
     let select = parse_codec(&req.transfer).map_err(bad)?;
+    parse_final_round(&req.transfer).map_err(bad)?;
     let rate = match &req.transfer.bandwidth {
         Some(b) => Some(roam_link::parse_rate(b).map_err(|e| bad(e.to_string()))?),
         None => None,
@@ -84,6 +85,37 @@ pub(crate) async fn start(
     Ok(Json(MigrateResponse {
         migration: m.id.clone(),
     }))
+}
+
+/// How pre-copy's final round is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FinalRound {
+    /// Through the transfer pipeline, like every other round.
+    Pipeline,
+    /// On one thread, straight into the connection, with this codec.
+    Direct(Codec),
+}
+
+/// Parse `final_round` (`lz4` by default).
+fn parse_final_round(t: &TransferOptions) -> Result<FinalRound, String> {
+    Ok(match t.final_round.as_deref() {
+        None | Some("lz4") => FinalRound::Direct(Codec::Lz4),
+        Some("pipeline") => FinalRound::Pipeline,
+        Some("none") => FinalRound::Direct(Codec::None),
+        Some(z) if z.starts_with("zstd") => match z[4..].parse::<u8>() {
+            Ok(level) if (1..=19).contains(&level) => FinalRound::Direct(Codec::Zstd(level)),
+            _ => {
+                return Err(format!(
+                    "bad zstd level in final round `{z}`: use zstd1 ... zstd19"
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(format!(
+                "unknown final round `{other}`: use lz4, none, zstd1 ... zstd19 or pipeline"
+            ))
+        }
+    })
 }
 
 /// Parse `codec`/`delta` into the pipeline's mode selection.
@@ -277,6 +309,8 @@ async fn run(
         kinds: Vec::new(),
         post_sent: Vec::new(),
         files: super::files::FileSender::open(&preopens)?,
+        bd: PauseBreakdown::default(),
+        tracker: None,
     };
     let outcome = match plan.mode {
         Mode::StopAndCopy => ctx.stop_and_copy().await,
@@ -286,8 +320,9 @@ async fn run(
     let (paused, rounds, tracking) = match outcome {
         Ok(x) => x,
         Err((e, paused)) => {
-            if let Some(p) = paused {
-                let _ = p.reply.send(Decision::Resume);
+            match paused {
+                Some(p) => ctx.resume(p),
+                None => ctx.stop_tracking(),
             }
             writer.abort();
             let e = abort_reason(&mut inbox).await.unwrap_or(e);
@@ -303,10 +338,12 @@ async fn run(
         super::files::send_log(ctx.stream, &log).await
     }
     .await;
+    let state_began = Instant::now();
+    ctx.bd.files_log_ms = ms(state_began - pages_done);
     let log_bytes = match rest {
         Ok(b) => b,
         Err(e) => {
-            let _ = paused.reply.send(Decision::Resume);
+            ctx.resume(paused);
             writer.abort();
             let e = abort_reason(ctx.inbox).await.unwrap_or(e);
             return Err(format!("{e}; the cell keeps running on this node"));
@@ -315,18 +352,37 @@ async fn run(
     // The memory went as pages; the snapshot only records its size.
     let mut state = (*paused.snapshot).clone();
     state.memory = MemoryImage::placeholder(h.memory.len() as u64, h.module.initial_image());
+    let snapshot = match state.encode(&EncodeOptions::default()) {
+        Ok(s) => s,
+        Err(e) => {
+            ctx.resume(paused);
+            writer.abort();
+            return Err(format!(
+                "encoding the execution state failed: {e}; the cell keeps running on this node"
+            ));
+        }
+    };
     let fin = Final {
-        snapshot: state
-            .encode(&EncodeOptions::default())
-            .map_err(|e| e.to_string())?,
+        snapshot,
         memory_bytes: h.memory.len() as u64,
     };
+    let commit_began = Instant::now();
+    ctx.bd.state_encode_ms = ms(commit_began - state_began);
+    ctx.bd.state_bytes = fin.snapshot.len() as u64;
     let committed = commit(&mut ctx, fin, &dest_api).await;
     let running_at = Instant::now();
+    ctx.bd.commit_ms = ms(running_at - commit_began);
+    ctx.bd.paused_wire_bytes = m
+        .wire_bytes
+        .load(Ordering::Relaxed)
+        .saturating_sub(ctx.bd.paused_wire_bytes);
+    if let Some(bps) = plan.rate.and_then(|r| r.as_bits_per_sec()) {
+        ctx.bd.paused_wire_floor_ms = ctx.bd.paused_wire_bytes as f64 * 8.0 / bps as f64 * 1e3;
+    }
     match committed {
         Ok(true) => {}
         Ok(false) | Err(_) => {
-            let _ = paused.reply.send(Decision::Resume);
+            ctx.resume(paused);
             writer.abort();
             let e = committed
                 .err()
@@ -378,7 +434,21 @@ async fn run(
     }
     let pipeline = ctx.stream.stats();
     let (files_before, files_paused) = (ctx.files.before_pause, ctx.files.paused);
+    // The cell runs on the destination: lift the tracking before the
+    // memory goes away with the released cell.
+    ctx.stop_tracking();
     let _ = paused.reply.send(Decision::Release);
+    let mut bd = std::mem::take(&mut ctx.bd);
+    // Off the pause: the destination's share of the commit.
+    bd.destination = dest_api.inbound_timings(&m.id).await.ok();
+    // The wall-clock time of the pause: `paused.at` is that long ago.
+    let paused_unix = super::unix_ms(std::time::SystemTime::now()) - ms(paused.at.elapsed());
+    bd.dest_behind_ms = bd
+        .destination
+        .as_ref()
+        .filter(|d| d.last_round_done_unix_ms > 0.0)
+        .map(|d| (d.last_round_done_unix_ms - paused_unix).max(0.0));
+    log_breakdown(m, &bd);
     {
         // If the cell comes back, most of it need not travel again.
         let (store, mem) = (n.store.clone(), h.memory.clone());
@@ -423,7 +493,25 @@ async fn run(
         log_bytes,
         post_copy: post,
         pipeline: serde_json::to_value(pipeline).unwrap_or_default(),
+        pause: Some(bd),
     })
+}
+
+fn log_breakdown(m: &Migration, b: &PauseBreakdown) {
+    let d = b.destination.clone().unwrap_or_default();
+    tracing::info!(
+        migration = %m.id, cell = %m.cell,
+        request_to_point_ms = b.request_to_point_ms, to_driver_ms = b.to_driver_ms,
+        final_pages = b.final_pages, collect_ms = b.collect_ms, encode_ms = b.encode_ms,
+        wire_ms = b.wire_ms, files_log_ms = b.files_log_ms,
+        state_encode_ms = b.state_encode_ms, state_bytes = b.state_bytes,
+        commit_ms = b.commit_ms, paused_wire_bytes = b.paused_wire_bytes,
+        paused_wire_floor_ms = b.paused_wire_floor_ms, dest_behind_ms = ?b.dest_behind_ms,
+        dest_backlog_ms = d.backlog_ms,
+        dest_decode_ms = d.decode_ms, dest_install_ms = d.install_ms,
+        dest_register_ms = d.register_ms, dest_to_running_ms = d.to_running_ms,
+        "pause breakdown"
+    );
 }
 
 fn ms(d: Duration) -> f64 {
@@ -501,11 +589,31 @@ struct Ctx<'a> {
     post_sent: Vec<bool>,
     /// The cell's sandbox files: what went already.
     files: super::files::FileSender,
+    /// Where the pause goes, filled as it happens.
+    bd: PauseBreakdown,
+    /// Pre-copy's dirty tracking, still on after the final round (see
+    /// [`Ctx::stop_tracking`]).
+    tracker: Option<DirtyTracker>,
 }
 
 impl Ctx<'_> {
+    /// End pre-copy's dirty tracking. Must happen before the cell resumes
+    /// here; after a commit it happens off the pause.
+    fn stop_tracking(&mut self) {
+        if let Some(t) = self.tracker.take() {
+            tokio::task::block_in_place(|| drop(t));
+        }
+    }
+
+    /// Stop tracking, then let the paused cell continue on this node.
+    fn resume(&mut self, paused: Paused) {
+        self.stop_tracking();
+        let _ = paused.reply.send(Decision::Resume);
+    }
+
     async fn pause(&mut self) -> Result<Paused, String> {
         self.m.phase("pausing");
+        let asked = Instant::now();
         let p = tokio::time::timeout(PAUSE_TIMEOUT, self.h.pause())
             .await
             .map_err(|_| {
@@ -521,6 +629,9 @@ impl Ctx<'_> {
         if self.n.hold(self.spec) {
             self.m.held.store(true, Ordering::SeqCst);
         }
+        self.bd.paused_wire_bytes = self.m.wire_bytes.load(Ordering::Relaxed);
+        self.bd.request_to_point_ms = ms(p.at.saturating_duration_since(asked));
+        self.bd.to_driver_ms = ms(p.at.elapsed());
         Ok(p)
     }
 
@@ -545,10 +656,16 @@ impl Ctx<'_> {
         let paused = self.pause().await.map_err(|e| (e, None))?;
         let all: Vec<u32> = (0..self.h.memory.page_count()).collect();
         self.m.round.store(1, Ordering::Relaxed);
+        self.bd.final_pages = all.len() as u64;
         let sent = async {
+            let t0 = Instant::now();
             self.send_pages(&all).await?;
             tokio::task::block_in_place(|| self.stream.finish())?;
-            self.stream.drain().await
+            let t1 = Instant::now();
+            self.stream.drain().await?;
+            self.bd.encode_ms = ms(t1 - t0);
+            self.bd.wire_ms = ms(t1.elapsed());
+            Ok::<(), String>(())
         }
         .await;
         match sent {
@@ -565,6 +682,7 @@ impl Ctx<'_> {
             .map(Duration::from_millis);
         let max_downtime = Duration::from_millis(t.max_downtime_ms.unwrap_or(30));
         let max_rounds = t.max_rounds.unwrap_or(30).max(1);
+        let final_round = parse_final_round(t).map_err(|e| (e, None))?;
         let method = match t.tracking.as_deref() {
             None | Some("auto") => TrackMethod::Auto,
             Some("write-protect") => TrackMethod::WriteProtect,
@@ -658,6 +776,12 @@ impl Ctx<'_> {
         if let Err(e) = r {
             return Err((e, None));
         }
+        if final_round != FinalRound::Pipeline {
+            // Every round so far is on the wire: close the pipeline while
+            // the cell still runs, so the pause does not wait for its
+            // threads to wind down.
+            tokio::task::block_in_place(|| self.stream.finish()).map_err(|e| (e, None))?;
+        }
         let paused = self.pause().await.map_err(|e| (e, None))?;
         let last = async {
             let t0 = Instant::now();
@@ -665,24 +789,51 @@ impl Ctx<'_> {
             let dirty: Vec<u32> = std::mem::take(&mut carry).into_iter().collect();
             self.m.phase(format!("final round ({} pages)", dirty.len()));
             let t1 = Instant::now();
-            self.send_pages_with(&dirty, &mut |i, b| tracker.read_page(i, b))
-                .await?;
+            if let FinalRound::Direct(codec) = final_round {
+                self.bd.final_encoding = format!("direct {codec}");
+                self.stream.sync_size().await?;
+                let st = self
+                    .stream
+                    .send_direct(
+                        self.h.module.initial_image(),
+                        codec,
+                        &dirty,
+                        &self.m.pages_in,
+                        &mut |i, b| tracker.read_page(i, b),
+                    )
+                    .await?;
+                tracing::debug!(?st, "final round encoded directly");
+            } else {
+                self.bd.final_encoding = "pipeline".into();
+                self.send_pages_with(&dirty, &mut |i, b| tracker.read_page(i, b))
+                    .await?;
+            }
             let t2 = Instant::now();
-            tokio::task::block_in_place(|| self.stream.finish())?;
+            if final_round == FinalRound::Pipeline {
+                tokio::task::block_in_place(|| self.stream.finish())?;
+            }
             let t3 = Instant::now();
             self.stream.drain().await?;
+            let t4 = Instant::now();
             tracing::info!(
                 pages = dirty.len(),
                 collect_ms = ms(t1 - t0),
                 submit_ms = ms(t2 - t1),
                 finish_ms = ms(t3 - t2),
-                drain_ms = ms(t3.elapsed()),
+                drain_ms = ms(t4 - t3),
                 "pre-copy final round"
             );
+            self.bd.final_pages = dirty.len() as u64;
+            self.bd.collect_ms = ms(t1 - t0);
+            self.bd.encode_ms = ms(t3 - t1);
+            self.bd.wire_ms = ms(t4 - t3);
             Ok::<(), String>(())
         }
         .await;
-        drop(tracker);
+        // Lifting write protection from the whole memory takes tens of
+        // milliseconds for hundreds of MiB: not while paused. The caller
+        // stops tracking after the commit, or before resuming here.
+        self.tracker = Some(tracker);
         match last {
             Ok(()) => Ok((paused, round + 1, tracking)),
             Err(e) => Err((e, Some(paused))),
@@ -691,8 +842,10 @@ impl Ctx<'_> {
 
     async fn post_copy(&mut self) -> ModeResult {
         let paused = self.pause().await.map_err(|e| (e, None))?;
+        let t0 = Instant::now();
         self.kinds =
             tokio::task::block_in_place(|| classify(&self.h.memory, self.h.module.initial_image()));
+        self.bd.collect_ms = ms(t0.elapsed());
         self.post_sent = vec![false; self.kinds.len()];
         let kinds = self.kinds.clone();
         // The destination's rewind reads and writes the memory under the
@@ -701,6 +854,8 @@ impl Ctx<'_> {
         // now, ahead of the final state, or the destination deadlocks.
         let s = &paused.snapshot.stack;
         let rewind: Vec<u32> = rewind_pages(s.buffer_offset, s.data.len(), &self.kinds);
+        self.bd.final_pages = rewind.len() as u64;
+        let t1 = Instant::now();
         let r = async {
             self.stream.sync_size().await?;
             self.stream.msg(Msg::PageKinds { kinds }).await?;
@@ -711,6 +866,7 @@ impl Ctx<'_> {
             Ok::<(), String>(())
         }
         .await;
+        self.bd.wire_ms = ms(t1.elapsed());
         for &i in &rewind {
             self.post_sent[i as usize] = true;
         }

@@ -16,7 +16,8 @@ use std::time::Duration;
 use roam_runtime::LiveMemory;
 use roam_snapshot::{InitialImage, PAGE_SIZE};
 use roam_transfer::{
-    decode_batch, BatchReceiver, Encoder, EncoderConfig, Stats, StoreSummary, WireMeter,
+    decode_batch, BatchReceiver, Codec, DirectEncoder, DirectStats, Encoder, EncoderConfig, Stats,
+    StoreSummary, WireMeter,
 };
 use roam_wire::{send, Msg};
 use tokio::io::AsyncWrite;
@@ -133,6 +134,52 @@ impl Stream {
         }
         enc.flush();
         Ok(())
+    }
+
+    /// Encode `pages` on this thread and queue each batch as soon as it is
+    /// full, so the writer sends one while the next is encoded: the final
+    /// pre-copy round's fast path (see `roam_transfer::DirectEncoder`).
+    /// Only after [`Stream::finish`]: nothing may follow these batches.
+    pub(crate) async fn send_direct(
+        &mut self,
+        initial: &InitialImage,
+        codec: Codec,
+        pages: &[u32],
+        counter: &AtomicU64,
+        read: &mut (dyn FnMut(u32, &mut [u8; PAGE_SIZE]) -> bool + Send),
+    ) -> Result<DirectStats, String> {
+        if self.encoder.is_some() {
+            return Err("internal error: direct pages before the pipeline finished".into());
+        }
+        /// Small batches start the wire early; the writer frames each.
+        const BATCH: usize = 64 * 1024;
+        let mut enc = DirectEncoder::new(initial, codec, BATCH);
+        let mut buf = Box::new([0u8; PAGE_SIZE]);
+        let mut in_batch = 0u64;
+        for &i in pages {
+            if !read(i, &mut buf) {
+                continue;
+            }
+            let full = enc.push(i, &buf);
+            self.submitted += 1;
+            counter.fetch_add(1, Ordering::Relaxed);
+            if let Some(b) = full {
+                self.queue(b, in_batch).await?;
+                in_batch = 0;
+            }
+            in_batch += 1;
+        }
+        if let Some(b) = enc.finish() {
+            self.queue(b, in_batch).await?;
+        }
+        Ok(enc.stats().clone())
+    }
+
+    async fn queue(&self, batch: Vec<u8>, pages: u64) -> Result<(), String> {
+        self.out
+            .send(Out::Batch(batch, pages))
+            .await
+            .map_err(|_| "the connection to the destination is closed".to_string())
     }
 
     /// Wait until every page submitted so far is on the wire, or the writer
