@@ -11,7 +11,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SRC="$ROOT/workloads"
 OUT="$ROOT/target/workloads"
 CARGO_OUT="$ROOT/target/workloads-cargo"
-C_WORKLOADS=(ep is cg mg matmul linpack dhrystone filework dirty kv bigfiles)
+C_WORKLOADS=(ep is cg mg matmul linpack dhrystone filework dirty kv bigfiles interp)
 RUST_WORKLOADS=(kmeans pca recurse)
 # Service workloads (C): servers that run until stopped. Built like the C
 # workloads, but no batch suite (check.sh, the node and cross-ISA tests) runs them.
@@ -58,6 +58,8 @@ int main(void) { puts("ok"); return 0; }' >"$probe/probe.c"
     }
     for name in "${want_c[@]}"; do
         deps=("$SRC/c/$name.c" "$SRC/c/common.h" "$SRC/c/pace.h" "$SRC/build.sh")
+        # A workload may keep parts in headers of its own, `<name>_*.h`.
+        for h in "$SRC/c/${name}"_*.h; do [[ -e $h ]] && deps+=("$h"); done
         if up_to_date "$OUT/$name.wasm" "${deps[@]}"; then
             echo "up to date  target/workloads/$name.wasm"
         else
@@ -78,7 +80,9 @@ int main(void) { puts("ok"); return 0; }' >"$probe/probe.c"
         mkdir -p "$OUT/native/$arch"
         for name in "${want_c[@]}"; do
             out="$OUT/native/$arch/$name"
-            if up_to_date "$out" "$SRC/c/$name.c" "$SRC/c/common.h" "$SRC/c/pace.h" "$SRC/build.sh"; then
+            ndeps=("$SRC/c/$name.c" "$SRC/c/common.h" "$SRC/c/pace.h" "$SRC/build.sh")
+            for h in "$SRC/c/${name}"_*.h; do [[ -e $h ]] && ndeps+=("$h"); done
+            if up_to_date "$out" "${ndeps[@]}"; then
                 echo "up to date  target/workloads/native/$arch/$name"
             else
                 "$cc" "${NATIVE_CFLAGS[@]}" "${static[@]}" -o "$out" "$SRC/c/$name.c" -lm

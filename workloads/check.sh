@@ -11,7 +11,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$ROOT/target/workloads"
 SIZE="${1:-S}"
 WASMTIME="${WASMTIME:-wasmtime}"
-ALL=(ep is cg mg matmul linpack dhrystone filework kmeans pca recurse dirty kv)
+ALL=(ep is cg mg matmul linpack dhrystone filework kmeans pca recurse interp dirty kv)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/data"

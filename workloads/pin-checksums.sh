@@ -11,7 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 NATIVE="$ROOT/target/workloads/native/$(uname -m)"
 FILE="$ROOT/workloads/checksums-S.txt"
-ALL=(ep is cg mg matmul linpack dhrystone filework kmeans pca recurse dirty kv)
+ALL=(ep is cg mg matmul linpack dhrystone filework kmeans pca recurse interp dirty kv)
 
 die() { echo "pin-checksums.sh: error: $*" >&2; exit 1; }
 

@@ -22,7 +22,7 @@ use crate::report::{Report, Table};
 use crate::stats::{geomean, median};
 
 /// Every workload, in table order.
-pub const WORKLOADS: [&str; 11] = [
+pub const WORKLOADS: [&str; 12] = [
     "ep",
     "is",
     "cg",
@@ -34,6 +34,7 @@ pub const WORKLOADS: [&str; 11] = [
     "dhrystone",
     "filework",
     "recurse",
+    "interp",
 ];
 
 /// Options of `roam-bench t1`.

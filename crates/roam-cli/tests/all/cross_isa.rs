@@ -187,7 +187,7 @@ macro_rules! workload_tests {
     )*};
 }
 
-workload_tests!(ep, is, cg, mg, kmeans, matmul, pca, linpack, dhrystone, filework, recurse);
+workload_tests!(ep, is, cg, mg, kmeans, matmul, pca, linpack, dhrystone, filework, recurse, interp);
 
 /// Three hops, each on another ISA, each a checkpoint-and-stop.
 #[test]

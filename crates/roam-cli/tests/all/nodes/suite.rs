@@ -15,7 +15,7 @@
 use super::*;
 
 /// Every workload of the suite (`docs/workloads.md`), `dirty` and `kv` aside.
-const SUITE: [&str; 11] = [
+const SUITE: [&str; 12] = [
     "ep",
     "is",
     "cg",
@@ -27,6 +27,7 @@ const SUITE: [&str; 11] = [
     "kmeans",
     "pca",
     "recurse",
+    "interp",
 ];
 
 /// Those that ran into the post-copy deadlock, and one that did not: the
