@@ -88,7 +88,7 @@ pub struct PrepareArgs {
     pub wasm_opt: Option<PathBuf>,
     /// Functions Asyncify instruments: `reachable` (those that can reach an
     /// unwinding import, indirect calls resolved by signature) or `all`
-    /// (Asyncify's own analysis) [default: reachable].
+    /// (Asyncify's own analysis) [default: all].
     #[arg(long, value_name = "SCOPE", help_heading = "Ablation and tuning")]
     pub asyncify_scope: Option<roam_prepare::AsyncifyScope>,
     /// Function entries that get a migration point: `cycles` (functions on a

@@ -160,10 +160,13 @@ pub struct ParseOptionError {
 /// see `callgraph.rs`) and passes it as `asyncify-onlylist`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum AsyncifyScope {
-    /// Only functions that can reach an unwinding import (default).
-    #[default]
+    /// Only functions that can reach an unwinding import.
     Reachable,
-    /// Asyncify's own analysis: every indirect call may unwind.
+    /// Asyncify's own analysis: every indirect call may unwind (default:
+    /// with points at every loop nearly every function reaches one anyway,
+    /// and on the interpreter workload `reachable` measured slower; see
+    /// `docs/prepare.md`).
+    #[default]
     All,
 }
 
@@ -248,8 +251,7 @@ pub struct PrepareOptions {
     /// Drop the `name` section from the output (default `false`: keep it, so
     /// traps and profiles show function names).
     pub strip_names: bool,
-    /// Which functions Asyncify instruments. Default:
-    /// [`AsyncifyScope::Reachable`].
+    /// Which functions Asyncify instruments. Default: [`AsyncifyScope::All`].
     pub asyncify_scope: AsyncifyScope,
     /// Which function entries get a migration point. Default:
     /// [`EntryPoints::Cycles`].
@@ -258,7 +260,7 @@ pub struct PrepareOptions {
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=reachable;entries=cycles`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
@@ -305,7 +307,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=reachable;entries=cycles"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -316,7 +318,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=reachable;entries=cycles"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles"
         );
     }
 }
