@@ -86,6 +86,20 @@ pub struct PrepareArgs {
     /// The wasm-opt to use (default: $ROAM_WASM_OPT, then wasm-opt on PATH).
     #[arg(long)]
     pub wasm_opt: Option<PathBuf>,
+    /// Functions Asyncify instruments: `reachable` (those that can reach an
+    /// unwinding import, indirect calls resolved by signature) or `all`
+    /// (Asyncify's own analysis) [default: all].
+    #[arg(long, value_name = "SCOPE", help_heading = "Ablation and tuning")]
+    pub asyncify_scope: Option<roam_prepare::AsyncifyScope>,
+    /// Function entries that get a migration point: `cycles` (functions on a
+    /// call-graph cycle) or `all` (every function that calls)
+    /// [default: cycles].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub entry_points: Option<roam_prepare::EntryPoints>,
+    /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
+    /// [default: O2].
+    #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]
+    pub opt: Option<roam_prepare::OptLevel>,
 }
 
 /// Options shared by `run` and `restore`.

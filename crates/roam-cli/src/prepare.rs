@@ -7,10 +7,14 @@ use crate::args::PrepareArgs;
 pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
     let input =
         std::fs::read(&a.input).with_context(|| format!("cannot read {}", a.input.display()))?;
+    let defaults = roam_prepare::PrepareOptions::default();
     let opts = roam_prepare::PrepareOptions {
         points: a.points.into(),
         wasm_opt: a.wasm_opt,
-        ..Default::default()
+        asyncify_scope: a.asyncify_scope.unwrap_or(defaults.asyncify_scope),
+        entry_points: a.entry_points.unwrap_or(defaults.entry_points),
+        opt_level: a.opt.unwrap_or(defaults.opt_level),
+        ..defaults
     };
     let out = roam_prepare::prepare(&input, &opts)
         .with_context(|| format!("cannot prepare {}", a.input.display()))?;

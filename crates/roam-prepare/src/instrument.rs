@@ -10,6 +10,15 @@
 //! The same pass exports every mutable global, the memory and the tables
 //! under stable `roam.*` names, because `wasm-opt` may rename or drop
 //! anything unexported and the snapshot must name state portably.
+//!
+//! Placement and the Asyncify scope both come from the call graph
+//! (`callgraph.rs`): function entries get a point only on a call cycle
+//! ([`EntryPoints::Cycles`]), and only functions that can reach an
+//! unwinding import are handed to Asyncify ([`AsyncifyScope::Reachable`]),
+//! by name, so every function gets a unique name `wasm-opt` reads back
+//! verbatim.
+
+use std::collections::HashSet;
 
 use walrus::ir::{Call, CallIndirect, Instr, InstrSeqId, Loop};
 use walrus::{
@@ -17,24 +26,40 @@ use walrus::{
     ValType,
 };
 
+use crate::callgraph::{is_local, CallGraph};
 use crate::pipeline::PrepareError;
 use crate::{
-    ModuleInfo, PointPolicy, PointStats, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
-    POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
+    AsyncifyScope, EntryPoints, ModuleInfo, PointPolicy, PointStats, PrepareOptions, ASYNC_IMPORTS,
+    FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC, POINT_MODULE,
+    TABLE_EXPORT_PREFIX,
 };
 
-/// Rewrite `input` (already validated as `info`): points per `policy`, roam
-/// exports, DWARF dropped, `name` section kept unless `strip_names`.
+/// The instrumented module, ready for `wasm-opt`.
+pub(crate) struct Instrumented {
+    /// The module bytes.
+    pub bytes: Vec<u8>,
+    /// Points inserted.
+    pub stats: PointStats,
+    /// Names of the functions Asyncify must instrument
+    /// ([`AsyncifyScope::Reachable`]), or `None` for Asyncify's own analysis.
+    pub only: Option<Vec<String>>,
+}
+
+/// Rewrite `input` (already validated as `info`) as `opts` say: points,
+/// roam exports, DWARF dropped, `name` section kept unless
+/// `opts.strip_names` (it is always written when Asyncify's scope is given
+/// by name; `wasm-opt` then drops it).
 pub(crate) fn instrument(
     input: &[u8],
     info: &ModuleInfo,
-    policy: PointPolicy,
-    strip_names: bool,
-) -> Result<(Vec<u8>, PointStats), PrepareError> {
+    opts: &PrepareOptions,
+) -> Result<Instrumented, PrepareError> {
+    let policy = opts.points;
+    let by_name = opts.asyncify_scope == AsyncifyScope::Reachable;
     let mut config = ModuleConfig::new();
     config
         .generate_dwarf(false)
-        .generate_name_section(!strip_names)
+        .generate_name_section(!opts.strip_names || by_name)
         .generate_producers_section(true);
     let mut module = config
         .parse(input)
@@ -50,9 +75,15 @@ pub(crate) fn instrument(
     );
     add_export(&mut module, FLAG_GLOBAL_EXPORT, flag.into())?;
 
+    let cycles = match opts.entry_points {
+        EntryPoints::Cycles => Some(CallGraph::new(&module).on_cycle()),
+        EntryPoints::All => None,
+    };
     let mut stats = PointStats::default();
-    for (_, func) in module.funcs.iter_local_mut() {
-        let (loop_points, entry_point, manual) = instrument_function(func, point, flag, policy);
+    for (id, func) in module.funcs.iter_local_mut() {
+        let entry_allowed = cycles.as_ref().is_none_or(|c| c.contains(&id));
+        let (loop_points, entry_point, manual) =
+            instrument_function(func, point, flag, policy, entry_allowed);
         stats.loop_points += loop_points;
         stats.function_points += u32::from(entry_point);
         stats.manual_points += manual;
@@ -60,7 +91,49 @@ pub(crate) fn instrument(
             stats.functions += 1;
         }
     }
-    Ok((module.emit_wasm(), stats))
+    let only = by_name.then(|| asyncify_only(&mut module));
+    Ok(Instrumented {
+        bytes: module.emit_wasm(),
+        stats,
+        only,
+    })
+}
+
+/// Names of the defined functions that can reach an unwinding import, after
+/// giving every function a unique name `wasm-opt` takes verbatim.
+fn asyncify_only(module: &mut Module) -> Vec<String> {
+    let unwinding: HashSet<FunctionId> = ASYNC_IMPORTS
+        .iter()
+        .filter_map(|(m, n)| module.imports.find(m, n))
+        .filter_map(|id| match module.imports.get(id).kind {
+            ImportKind::Function(f) => Some(f),
+            _ => None,
+        })
+        .collect();
+    let reaching = CallGraph::new(module).reaching(|f| unwinding.contains(&f));
+    crate::names::make_names_listable(module);
+    let mut only: Vec<String> = module
+        .funcs
+        .iter()
+        .filter(|f| reaching.contains(&f.id()) && is_local(module, f.id()))
+        .filter_map(|f| f.name.clone())
+        .collect();
+    if only.is_empty() {
+        // An empty list would mean "no list" to Asyncify, which would then
+        // instrument by its own analysis. Name the entry instead: it runs
+        // once, so instrumenting it costs nothing measurable.
+        only.extend(
+            module
+                .exports
+                .iter()
+                .filter(|e| e.name == "_start")
+                .filter_map(|e| match e.item {
+                    ExportItem::Function(f) => module.funcs.get(f).name.clone(),
+                    _ => None,
+                }),
+        );
+    }
+    only
 }
 
 fn add_export(module: &mut Module, name: &str, item: ExportItem) -> Result<(), PrepareError> {
@@ -117,6 +190,7 @@ fn instrument_function(
     point: FunctionId,
     flag: GlobalId,
     policy: PointPolicy,
+    entry_allowed: bool,
 ) -> (u32, bool, u32) {
     let mut walk = Walk {
         point,
@@ -135,7 +209,7 @@ fn instrument_function(
             .collect(),
         PointPolicy::Functions | PointPolicy::Manual => Vec::new(),
     };
-    let entry = walk.has_call && policy != PointPolicy::Manual;
+    let entry = walk.has_call && entry_allowed && policy != PointPolicy::Manual;
     for &seq in &loops {
         insert_point(func, seq, point, flag);
     }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::validate;
+use crate::{validate, AsyncifyScope, EntryPoints, PrepareOptions};
 use wasmparser::{ExternalKind, Operator, Parser, Payload};
 
 /// Two loops (one nested, one call-free), recursion, a leaf, an indirect call.
@@ -35,12 +35,29 @@ pub(crate) const LOOPS_WAT: &str = r#"(module
       (br_if $outer (i32.lt_u (local.get $i) (call $fib (i32.const 10)))))
     (call $exit (i32.const 0))))"#;
 
+/// Options for `policy` with entry points in every non-leaf function (the
+/// placement these tests were written for) and Asyncify's own scope.
+fn opts(policy: PointPolicy) -> PrepareOptions {
+    PrepareOptions {
+        points: policy,
+        entry_points: EntryPoints::All,
+        asyncify_scope: AsyncifyScope::All,
+        ..Default::default()
+    }
+}
+
 fn run(wat: &str, policy: PointPolicy) -> (Vec<u8>, PointStats) {
+    run_with(wat, &opts(policy))
+}
+
+fn run_with(wat: &str, opts: &PrepareOptions) -> (Vec<u8>, PointStats) {
     let wasm = wat::parse_str(wat).unwrap();
     let info = validate(&wasm).unwrap();
-    let (out, stats) = instrument(&wasm, &info, policy, false).unwrap();
-    wasmparser::Validator::new().validate_all(&out).unwrap();
-    (out, stats)
+    let out = instrument(&wasm, &info, opts).unwrap();
+    wasmparser::Validator::new()
+        .validate_all(&out.bytes)
+        .unwrap();
+    (out.bytes, out.stats)
 }
 
 fn exports(wasm: &[u8]) -> Vec<(String, ExternalKind, u32)> {
@@ -211,7 +228,9 @@ fn refuses_an_export_name_roam_reserves() {
     )
     .unwrap();
     let info = validate(&wasm).unwrap();
-    let err = instrument(&wasm, &info, PointPolicy::Loops, false).unwrap_err();
+    let err = instrument(&wasm, &info, &opts(PointPolicy::Loops))
+        .err()
+        .unwrap();
     assert!(
         err.to_string().contains("already exports `roam.flag`"),
         "{err}"
@@ -226,7 +245,9 @@ fn drops_dwarf_but_keeps_names() {
     wasm.extend(b".debug_info");
     let info = validate(&wasm).unwrap();
     assert!(info.has_debug_sections);
-    let (out, _) = instrument(&wasm, &info, PointPolicy::Loops, false).unwrap();
+    let out = instrument(&wasm, &info, &opts(PointPolicy::Loops))
+        .unwrap()
+        .bytes;
     let customs: Vec<String> = Parser::new(0)
         .parse_all(&out)
         .filter_map(|p| match p.unwrap() {
@@ -272,4 +293,53 @@ fn outer_policy_skips_only_nested_leaf_loops() {
         run(LOOPS_WAT, PointPolicy::Outer).1,
         run(LOOPS_WAT, PointPolicy::Loops).1
     );
+}
+
+#[test]
+fn cycles_policy_keeps_entry_points_only_on_recursion() {
+    let cycles = PrepareOptions {
+        entry_points: EntryPoints::Cycles,
+        ..opts(PointPolicy::Loops)
+    };
+    let (out, stats) = run_with(LOOPS_WAT, &cycles);
+    // fib calls itself; _start calls but is on no cycle; loops unchanged.
+    assert_eq!(stats.loop_points, 3);
+    assert_eq!(stats.function_points, 1);
+    assert_eq!(count_points(&out), 4);
+}
+
+#[test]
+fn reachable_scope_lists_exactly_the_callers_of_unwinding_imports() {
+    // $reads reaches fd_read directly, $via_table through an indirect call
+    // of type $io; $pure is in the table too but of another type, and
+    // $leaf only computes.
+    let wat = r#"(module
+      (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
+      (type $io (func (result i32)))
+      (type $calc (func (param i32) (result i32)))
+      (memory 1)
+      (table 2 funcref)
+      (elem (i32.const 0) $reads $pure)
+      (func $reads (result i32) (call $fd_read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (func $pure (param i32) (result i32) (local.get 0))
+      (func $leaf (param i32) (result i32) (i32.mul (local.get 0) (local.get 0)))
+      (func $via_table (param i32) (result i32) (call_indirect (type $io) (local.get 0)))
+      (func $calc_only (param i32) (result i32) (call_indirect (type $calc) (local.get 0) (i32.const 1)))
+      (func $_start (export "_start")
+        (drop (call $leaf (call $calc_only (call $via_table (i32.const 0)))))))"#;
+    let wasm = wat::parse_str(wat).unwrap();
+    let info = validate(&wasm).unwrap();
+    let manual = PrepareOptions {
+        asyncify_scope: AsyncifyScope::Reachable,
+        ..opts(PointPolicy::Manual)
+    };
+    let out = instrument(&wasm, &info, &manual).unwrap();
+    assert_eq!(
+        out.only.unwrap(),
+        ["reads", "via_table", "_start"],
+        "$pure, $leaf and $calc_only cannot reach fd_read"
+    );
+    // With points at every loop and entry, the leaf stays out: it has none.
+    let out = instrument(&wasm, &info, &opts(PointPolicy::Loops)).unwrap();
+    assert_eq!(out.only, None, "scope `all` leaves the choice to Asyncify");
 }

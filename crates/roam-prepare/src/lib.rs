@@ -21,6 +21,7 @@
 //! `docs/prepare.md` for the pipeline and cost model.
 #![deny(missing_docs)]
 
+mod callgraph;
 mod instrument;
 mod memory;
 mod names;
@@ -33,7 +34,10 @@ mod verify;
 mod wasm_opt;
 
 pub use memory::{initial_memory, DataSegment, MemoryImage};
-pub use options::{OptLevel, ParsePolicyError, PointPolicy, PrepareOptions};
+pub use options::{
+    AsyncifyScope, EntryPoints, OptLevel, ParseOptionError, ParsePolicyError, PointPolicy,
+    PrepareOptions,
+};
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
 pub use section::{read_section, RoamSection, SectionError};
 pub use validate::{validate, ModuleInfo, ValidateError};

@@ -90,6 +90,8 @@ pub enum OptLevel {
     O3,
     /// `-Os`: optimise for size.
     Os,
+    /// `-O4`: `-O3` plus flattening first (slowest to prepare).
+    O4,
 }
 
 impl OptLevel {
@@ -101,6 +103,7 @@ impl OptLevel {
             OptLevel::O2 => Some("-O2"),
             OptLevel::O3 => Some("-O3"),
             OptLevel::Os => Some("-Os"),
+            OptLevel::O4 => Some("-O4"),
         }
     }
 
@@ -111,6 +114,126 @@ impl OptLevel {
             OptLevel::O2 => "O2",
             OptLevel::O3 => "O3",
             OptLevel::Os => "Os",
+            OptLevel::O4 => "O4",
+        }
+    }
+}
+
+impl FromStr for OptLevel {
+    type Err = ParseOptionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "O0" => Ok(OptLevel::O0),
+            "O1" => Ok(OptLevel::O1),
+            "O2" => Ok(OptLevel::O2),
+            "O3" => Ok(OptLevel::O3),
+            "O4" => Ok(OptLevel::O4),
+            "Os" => Ok(OptLevel::Os),
+            other => Err(ParseOptionError {
+                what: "optimisation level",
+                found: other.to_string(),
+                choices: "O0, O1, O2, O3, O4, Os",
+            }),
+        }
+    }
+}
+
+/// A string that names no value of a `prepare` option.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{found}`; use one of: {choices}")]
+pub struct ParseOptionError {
+    /// Which option, e.g. `Asyncify scope`.
+    pub what: &'static str,
+    /// The text that was given.
+    pub found: String,
+    /// The accepted values.
+    pub choices: &'static str,
+}
+
+/// Which functions Asyncify instruments.
+///
+/// Asyncify's own analysis assumes that every indirect call may unwind, so
+/// in a program with function pointers nearly every function gets
+/// save/restore code. `Reachable` computes the set from roam's call graph
+/// (indirect calls resolved by signature against the never-mutated tables,
+/// see `callgraph.rs`) and passes it as `asyncify-onlylist`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AsyncifyScope {
+    /// Only functions that can reach an unwinding import.
+    Reachable,
+    /// Asyncify's own analysis: every indirect call may unwind (default:
+    /// with points at every loop nearly every function reaches one anyway,
+    /// and on the interpreter workload `reachable` measured slower; see
+    /// `docs/prepare.md`).
+    #[default]
+    All,
+}
+
+impl AsyncifyScope {
+    /// The name used on the command line and in the canonical text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AsyncifyScope::Reachable => "reachable",
+            AsyncifyScope::All => "all",
+        }
+    }
+}
+
+impl FromStr for AsyncifyScope {
+    type Err = ParseOptionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "reachable" => Ok(AsyncifyScope::Reachable),
+            "all" => Ok(AsyncifyScope::All),
+            other => Err(ParseOptionError {
+                what: "Asyncify scope",
+                found: other.to_string(),
+                choices: "reachable, all",
+            }),
+        }
+    }
+}
+
+/// Which function entries get a migration point (policies `loops`, `outer`
+/// and `functions`).
+///
+/// Loop headers bound the time spent in one function; without recursion the
+/// call depth is bounded too, so only functions on a call-graph cycle need a
+/// point at their entry to keep the time to the next point bounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EntryPoints {
+    /// Functions on a call-graph cycle (recursion, also through indirect
+    /// calls resolved by signature) that make a call (default).
+    #[default]
+    Cycles,
+    /// Every function that makes a call.
+    All,
+}
+
+impl EntryPoints {
+    /// The name used on the command line and in the canonical text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryPoints::Cycles => "cycles",
+            EntryPoints::All => "all",
+        }
+    }
+}
+
+impl FromStr for EntryPoints {
+    type Err = ParseOptionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cycles" => Ok(EntryPoints::Cycles),
+            "all" => Ok(EntryPoints::All),
+            other => Err(ParseOptionError {
+                what: "entry-point placement",
+                found: other.to_string(),
+                choices: "cycles, all",
+            }),
         }
     }
 }
@@ -128,17 +251,26 @@ pub struct PrepareOptions {
     /// Drop the `name` section from the output (default `false`: keep it, so
     /// traps and profiles show function names).
     pub strip_names: bool,
+    /// Which functions Asyncify instruments. Default: [`AsyncifyScope::All`].
+    pub asyncify_scope: AsyncifyScope,
+    /// Which function entries get a migration point. Default:
+    /// [`EntryPoints::Cycles`].
+    pub entry_points: EntryPoints,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles`.
     pub fn canonical(&self) -> String {
         format!(
-            "points={};opt={};names={}",
+            "points={};opt={};names={}\
+             ;scope={}\
+             ;entries={}",
             self.points,
             self.opt_level.as_str(),
-            if self.strip_names { "strip" } else { "keep" }
+            if self.strip_names { "strip" } else { "keep" },
+            self.asyncify_scope.as_str(),
+            self.entry_points.as_str(),
         )
     }
 }
@@ -173,7 +305,10 @@ mod tests {
             wasm_opt: Some("/opt/binaryen/bin/wasm-opt".into()),
             ..PrepareOptions::default()
         };
-        assert_eq!(a.canonical(), "points=loops;opt=O2;names=keep");
+        assert_eq!(
+            a.canonical(),
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles"
+        );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
             points: PointPolicy::Manual,
@@ -181,6 +316,9 @@ mod tests {
             strip_names: true,
             ..PrepareOptions::default()
         };
-        assert_eq!(c.canonical(), "points=manual;opt=Os;names=strip");
+        assert_eq!(
+            c.canonical(),
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles"
+        );
     }
 }

@@ -112,9 +112,14 @@ pub fn prepare(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, PrepareE
     }
     let info = validate(input)?;
     let tool = wasm_opt::locate(opts.wasm_opt.as_deref())?;
-    let (instrumented, stats) =
-        instrument::instrument(input, &info, opts.points, opts.strip_names)?;
-    let mut bytes = wasm_opt::run(&tool, &instrumented, opts)?;
+    let instrumented = instrument::instrument(input, &info, opts)?;
+    let stats = instrumented.stats;
+    let mut bytes = wasm_opt::run(
+        &tool,
+        &instrumented.bytes,
+        opts,
+        instrumented.only.as_deref(),
+    )?;
     check_output(&bytes)?;
     let section = RoamSection {
         version: SECTION_VERSION,

@@ -64,7 +64,10 @@ fn prepared_module_validates_and_has_exports_and_section() {
     assert_eq!(section.version, SECTION_VERSION);
     assert_eq!(section.source_hash, *blake3::hash(&wasm).as_bytes());
     assert_eq!(section.points, PointPolicy::Loops);
-    assert_eq!(section.options, "points=loops;opt=O2;names=keep");
+    assert_eq!(
+        section.options,
+        "points=loops;opt=O2;names=keep;scope=all;entries=cycles"
+    );
     assert_eq!(section.mutable_globals, vec![0, 2]);
     assert_eq!(section.tables, 1);
     assert!(
@@ -73,15 +76,16 @@ fn prepared_module_validates_and_has_exports_and_section() {
         section.wasm_opt_version
     );
     assert_eq!(section.stats, p.stats);
-    assert_eq!((p.stats.loop_points, p.stats.function_points), (3, 2));
+    // Entry points only on the call cycle ($fib).
+    assert_eq!((p.stats.loop_points, p.stats.function_points), (3, 1));
 }
 
 #[test]
 fn point_counts_follow_the_policy() {
     let wasm = wat::parse_str(LOOPS_WAT).unwrap();
     for (policy, loops, entries) in [
-        (PointPolicy::Loops, 3, 2),
-        (PointPolicy::Functions, 0, 2),
+        (PointPolicy::Loops, 3, 1),
+        (PointPolicy::Functions, 0, 1),
         (PointPolicy::Manual, 0, 0),
     ] {
         let Some(p) = prepare_or_skip(&wasm, &opts(policy)) else {

@@ -80,10 +80,25 @@ pub(crate) fn asyncify_imports() -> String {
 }
 
 /// Arguments after the input file name, up to but excluding `-o <out>`.
-pub(crate) fn arguments(opts: &PrepareOptions) -> Vec<String> {
+/// `only` is the file listing the functions Asyncify instruments, if any.
+pub(crate) fn arguments(opts: &PrepareOptions, only: Option<&Path>) -> Vec<String> {
     let mut args: Vec<String> = FEATURE_FLAGS.iter().map(|s| s.to_string()).collect();
+    // walrus writes every `if` with an (often empty) `else` arm. Asyncify
+    // runs before any optimisation and instruments that structure as it
+    // finds it; the extra arms keep many more locals alive across its
+    // save/restore code, which the optimiser afterwards cannot undo (the
+    // main function of `matmul` ends with 86 locals instead of 57). Vacuum
+    // removes the empty arms first, so Asyncify sees what the compiler
+    // wrote.
+    args.push("--vacuum".into());
     args.push("--asyncify".into());
     args.push(asyncify_imports());
+    if let Some(only) = only {
+        // `@@file`: the list is read from the file (a response file), so a
+        // program with thousands of functions does not hit the limit on the
+        // length of a command line. Binaryen 108 splits it on commas only.
+        args.push(format!("--pass-arg=asyncify-onlylist@@{}", only.display()));
+    }
     if let Some(flag) = opts.opt_level.flag() {
         args.push(flag.into());
     }
@@ -93,11 +108,13 @@ pub(crate) fn arguments(opts: &PrepareOptions) -> Vec<String> {
     args
 }
 
-/// Run Asyncify (and the optimisation after it) on `module`.
+/// Run Asyncify (and the optimisation after it) on `module`, instrumenting
+/// only the functions named in `only` if given.
 pub(crate) fn run(
     tool: &WasmOpt,
     module: &[u8],
     opts: &PrepareOptions,
+    only: Option<&[String]>,
 ) -> Result<Vec<u8>, PrepareError> {
     let dir = tempfile::Builder::new()
         .prefix("roam-prepare-")
@@ -106,9 +123,17 @@ pub(crate) fn run(
     let input = dir.path().join("in.wasm");
     let output = dir.path().join("out.wasm");
     std::fs::write(&input, module).map_err(PrepareError::TempFile)?;
+    let only_file = match only {
+        Some(names) => {
+            let path = dir.path().join("asyncify-only.txt");
+            std::fs::write(&path, names.join(",")).map_err(PrepareError::TempFile)?;
+            Some(path)
+        }
+        None => None,
+    };
     let result = Command::new(&tool.path)
         .arg(&input)
-        .args(arguments(opts))
+        .args(arguments(opts, only_file.as_deref()))
         .arg("-o")
         .arg(&output)
         .output()
@@ -131,6 +156,7 @@ pub(crate) fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::OptLevel;
 
     #[test]
     fn asyncify_imports_lists_every_async_import() {
@@ -144,16 +170,42 @@ mod tests {
 
     #[test]
     fn optimisation_runs_after_asyncify() {
-        let args = arguments(&PrepareOptions::default());
+        let args = arguments(
+            &PrepareOptions {
+                opt_level: OptLevel::O2,
+                ..Default::default()
+            },
+            None,
+        );
         let asyncify = args.iter().position(|a| a == "--asyncify").unwrap();
         let opt = args.iter().position(|a| a == "-O2").unwrap();
         assert!(opt > asyncify, "{args:?}");
+        let vacuum = args.iter().position(|a| a == "--vacuum").unwrap();
+        assert!(vacuum < asyncify, "empty arms go before Asyncify: {args:?}");
         assert!(args.contains(&"--debuginfo".to_string()));
-        let stripped = arguments(&PrepareOptions {
-            strip_names: true,
-            ..Default::default()
-        });
+        let stripped = arguments(
+            &PrepareOptions {
+                strip_names: true,
+                ..Default::default()
+            },
+            None,
+        );
         assert!(!stripped.contains(&"--debuginfo".to_string()));
+    }
+
+    #[test]
+    fn onlylist_is_passed_as_a_response_file() {
+        let args = arguments(
+            &PrepareOptions::default(),
+            Some(Path::new("/tmp/x/asyncify-only.txt")),
+        );
+        assert!(
+            args.contains(&"--pass-arg=asyncify-onlylist@@/tmp/x/asyncify-only.txt".to_string()),
+            "{args:?}"
+        );
+        let asyncify = args.iter().position(|a| a == "--asyncify").unwrap();
+        let only = args.iter().position(|a| a.contains("onlylist")).unwrap();
+        assert!(only > asyncify);
     }
 
     #[test]

@@ -188,14 +188,60 @@ const ECHO_WAT: &str = r#"(module
         (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 36)))
         (br $l)))))"#;
 
+/// As [`ECHO_WAT`], but `fd_read` is called by a function that is reached
+/// only through `call_indirect` (and a same-typed function in the table does
+/// not read): `prepare` must keep both callers in Asyncify's scope. The
+/// reader prints `.` after each read: left uninstrumented, it would print one
+/// while the stack unwinds out of the blocked read.
+const INDIRECT_ECHO_WAT: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (type $io (func (result i32)))
+  (memory (export "memory") 1)
+  (table 2 funcref)
+  (elem (i32.const 0) $idle $read_stdin)
+  (data (i32.const 0) "ready\n")
+  (data (i32.const 8) ".")
+  (func $idle (result i32) (i32.const 0))
+  (func $read_stdin (result i32) (local $r i32)
+    (local.set $r (call $read (i32.const 0) (i32.const 16) (i32.const 1) (i32.const 32)))
+    (i32.store (i32.const 40) (i32.const 8))
+    (i32.store (i32.const 44) (i32.const 1))
+    (drop (call $write (i32.const 1) (i32.const 40) (i32.const 1) (i32.const 52)))
+    (local.get $r))
+  (func (export "_start")
+    (i32.store (i32.const 16) (i32.const 0))
+    (i32.store (i32.const 20) (i32.const 6))
+    (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 32)))
+    (block $done
+      (loop $l
+        (i32.store (i32.const 16) (i32.const 64))
+        (i32.store (i32.const 20) (i32.const 256))
+        (br_if $done (call_indirect (type $io) (i32.const 0)))
+        (br_if $done (call_indirect (type $io) (i32.const 1)))
+        (br_if $done (i32.eqz (i32.load (i32.const 32))))
+        (i32.store (i32.const 20) (i32.load (i32.const 32)))
+        (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 36)))
+        (br $l)))))"#;
+
 /// A program blocked reading stdin is checkpointed inside `fd_read`; the
 /// restored program reads the input that arrives later, and no byte is lost.
 #[test]
 fn checkpoint_inside_a_blocked_stdin_read() {
+    checkpoint_inside_blocked_read(ECHO_WAT, "hello after the move\n");
+}
+
+/// The same through an indirect call: the read's caller is instrumented.
+#[test]
+fn checkpoint_inside_a_blocked_read_reached_indirectly() {
+    checkpoint_inside_blocked_read(INDIRECT_ECHO_WAT, ".hello after the move\n.");
+}
+
+fn checkpoint_inside_blocked_read(program: &str, after: &str) {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("echo.wasm");
-    std::fs::write(&m, wat(ECHO_WAT)).unwrap();
+    std::fs::write(&m, wat(program)).unwrap();
     let snap = dir.path().join("s.roam");
 
     let mut cmd = roam(Isa::X86_64);
@@ -228,7 +274,7 @@ fn checkpoint_inside_a_blocked_stdin_read() {
         .unwrap();
     let second = child.wait_with_output().unwrap();
     assert!(second.status.success(), "{}", text(&second.stderr));
-    assert_eq!(text(&second.stdout), "hello after the move\n");
+    assert_eq!(text(&second.stdout), after);
 }
 
 /// Checkpoint-and-continue at many migration points leaves the output
