@@ -640,19 +640,24 @@ fn start(
     Ok((cell, handle, lazy, marks))
 }
 
+/// The inbound migration `id`, if this node knows it.
+fn inbound_of(n: &NodeInner, id: &str) -> Option<Arc<Inbound>> {
+    n.inbound
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(id)
+        .cloned()
+}
+
 /// `POST /v1/migrations/{id}/resolve`: a source whose connection broke asks
 /// whether the cell started here. An unstarted migration is aborted for good.
 pub(crate) async fn resolve(
     State(n): State<Arc<NodeInner>>,
     Path(id): Path<String>,
 ) -> Result<Json<Resolution>, AppError> {
-    let inbound = n
-        .inbound
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&id)
-        .cloned();
-    Ok(Json(inbound.map_or(Resolution::Aborted, |i| i.abort())))
+    Ok(Json(
+        inbound_of(&n, &id).map_or(Resolution::Aborted, |i| i.abort()),
+    ))
 }
 
 /// `GET /v1/migrations/{id}/timings`: the destination's share of the
@@ -661,16 +666,13 @@ pub(crate) async fn timings_of(
     State(n): State<Arc<NodeInner>>,
     Path(id): Path<String>,
 ) -> Result<Json<DestTimings>, AppError> {
-    let inbound = n
-        .inbound
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&id)
-        .cloned();
-    inbound.and_then(|i| i.timings()).map(Json).ok_or_else(|| {
-        AppError(
-            axum::http::StatusCode::NOT_FOUND,
-            format!("no started incoming migration {id} on this node"),
-        )
-    })
+    inbound_of(&n, &id)
+        .and_then(|i| i.timings())
+        .map(Json)
+        .ok_or_else(|| {
+            AppError(
+                axum::http::StatusCode::NOT_FOUND,
+                format!("no started incoming migration {id} on this node"),
+            )
+        })
 }
