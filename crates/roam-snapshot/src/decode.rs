@@ -159,18 +159,21 @@ impl Snapshot {
     }
 }
 
-fn decode_payload(payload: &[u8], header: &Header) -> Result<Snapshot, DecodeError> {
-    let mut r = Sections::new(payload, header.uncompressed_len)?;
+/// The four sections every format starts with (metadata, module, OS state,
+/// files), read within one budget of [`MAX_METADATA_BYTES`].
+pub(crate) fn metadata_sections(r: &mut Sections) -> Result<[Vec<u8>; 4], DecodeError> {
     let mut budget = MAX_METADATA_BYTES;
-    let mut next = |r: &mut Sections, i: usize| -> Result<Vec<u8>, DecodeError> {
+    let mut next = |i: usize| -> Result<Vec<u8>, DecodeError> {
         let s = r.section(SECTIONS[i], budget)?;
         budget -= s.len() as u64;
         Ok(s)
     };
-    let meta_bytes = next(&mut r, 0)?;
-    let module_bytes = next(&mut r, 1)?;
-    let os_state = next(&mut r, 2)?;
-    let files_bytes = next(&mut r, 3)?;
+    Ok([next(0)?, next(1)?, next(2)?, next(3)?])
+}
+
+fn decode_payload(payload: &[u8], header: &Header) -> Result<Snapshot, DecodeError> {
+    let mut r = Sections::new(payload, header.uncompressed_len)?;
+    let [meta_bytes, module_bytes, os_state, files_bytes] = metadata_sections(&mut r)?;
 
     let meta: Meta = postcard_exact(&meta_bytes, "metadata section")?;
     drop(meta_bytes);

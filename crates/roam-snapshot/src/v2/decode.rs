@@ -10,12 +10,12 @@ use std::sync::Arc;
 use super::{area_start, max_zstd_len, Chunk, ChunkTable, Codec, MAX_CHUNK_PAGES, MAX_META_BLOCK};
 use super::{MAX_TABLE_BYTES, META_AT};
 use crate::decode::sections::Sections;
-use crate::decode::{assemble, page_kinds, postcard_exact};
+use crate::decode::{assemble, metadata_sections, page_kinds, postcard_exact};
 use crate::header::{Header, HEADER_LEN};
 use crate::memory::PageKind;
 use crate::pages::{SharedPages, Store};
-use crate::payload::{Meta, SECTIONS};
-use crate::{DecodeError, MemoryImage, Snapshot, MAX_METADATA_BYTES, PAGE_SIZE};
+use crate::payload::Meta;
+use crate::{DecodeError, MemoryImage, Snapshot, PAGE_SIZE};
 
 /// Random access to the input: a byte slice or a file.
 trait Source: Sync {
@@ -138,16 +138,7 @@ fn decode_from(header: &Header, src: &(impl Source + ?Sized)) -> Result<Snapshot
     }
 
     let mut r = Sections::new(&block, header.uncompressed_len)?;
-    let mut budget = MAX_METADATA_BYTES;
-    let mut next = |r: &mut Sections, i: usize| -> Result<Vec<u8>, DecodeError> {
-        let s = r.section(SECTIONS[i], budget)?;
-        budget -= s.len() as u64;
-        Ok(s)
-    };
-    let meta_bytes = next(&mut r, 0)?;
-    let module = next(&mut r, 1)?;
-    let os_state = next(&mut r, 2)?;
-    let files = next(&mut r, 3)?;
+    let [meta_bytes, module, os_state, files] = metadata_sections(&mut r)?;
     let table_bytes = r.section("chunk table", MAX_TABLE_BYTES)?;
     r.finish()?;
     drop(block);
