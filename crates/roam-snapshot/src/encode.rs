@@ -172,11 +172,7 @@ impl Snapshot {
             .map_err(EncodeError::Compress)?;
         enc.include_contentsize(true)
             .map_err(EncodeError::Compress)?;
-        for s in sections {
-            enc.write_all(&(s.len() as u64).to_le_bytes())
-                .map_err(EncodeError::Compress)?;
-            enc.write_all(s).map_err(EncodeError::Compress)?;
-        }
+        write_sections(&mut enc, &sections)?;
         let mut out = enc.finish().map_err(EncodeError::Compress)?;
 
         let header = Header {
@@ -197,6 +193,17 @@ pub(crate) struct Parts {
     pub meta: Vec<u8>,
     /// postcard of the file tree, or empty.
     pub files: Vec<u8>,
+}
+
+/// Each section as its little-endian `u64` length and its bytes: the
+/// payload layout of v1 and the metadata block of v2.
+pub(crate) fn write_sections(out: &mut impl Write, sections: &[&[u8]]) -> Result<(), EncodeError> {
+    for s in sections {
+        out.write_all(&(s.len() as u64).to_le_bytes())
+            .map_err(EncodeError::Compress)?;
+        out.write_all(s).map_err(EncodeError::Compress)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

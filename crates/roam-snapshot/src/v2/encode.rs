@@ -1,8 +1,6 @@
 //! Writing format v2: chunks compressed in parallel, stored raw where
 //! compression does not pay, raw chunks page-aligned.
 
-use std::io::Write;
-
 use super::{area_start, Chunk, ChunkTable, Codec, CHUNK_PAGES, META_AT};
 use crate::encode::Parts;
 use crate::header::{Header, Version};
@@ -83,11 +81,7 @@ pub(crate) fn encode(
         .map_err(EncodeError::Compress)?;
     enc.include_contentsize(true)
         .map_err(EncodeError::Compress)?;
-    for s in sections {
-        enc.write_all(&(s.len() as u64).to_le_bytes())
-            .map_err(EncodeError::Compress)?;
-        enc.write_all(s).map_err(EncodeError::Compress)?;
-    }
+    crate::encode::write_sections(&mut enc, &sections)?;
     let block = enc.finish().map_err(EncodeError::Compress)?;
 
     let area = area_start(block.len() as u64) as usize;
