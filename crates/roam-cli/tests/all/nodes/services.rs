@@ -213,17 +213,23 @@ fn check_clients(w: &Written, b: &Benched, logs: &dyn Fn() -> String) {
     );
 }
 
-/// A client that connects once `source` logs a new pause (`paused` pauses
-/// were logged before), and PINGs: its local port, and the reply.
-fn connect_during_pause(
-    source_log: impl Fn() -> String + Send + 'static,
-    paused: usize,
-    port: u16,
-) -> std::thread::JoinHandle<(u16, Result<Reply, String>)> {
+/// A client that connects once the gateway logs a new hold of the service,
+/// and PINGs: its local port, and the reply. The gateway's log, not the
+/// source's: the source logs its pause before its hold reaches the
+/// gateway, so a client started on the source's word can arrive first.
+fn connect_during_hold(gw: &Gateway) -> std::thread::JoinHandle<(u16, Result<Reply, String>)> {
+    let (log, port) = (gw.log.clone(), gw.port);
+    let held = gw.count("service held");
     std::thread::spawn(move || {
         let start = Instant::now();
-        while source_log().matches("phase=paused").count() <= paused {
-            assert!(start.elapsed() < SLOW, "the source never paused");
+        let holds = || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches("service held")
+                .count()
+        };
+        while holds() <= held {
+            assert!(start.elapsed() < SLOW, "the gateway never held the service");
             std::thread::sleep(Duration::from_millis(20));
         }
         match connect(port) {
@@ -286,10 +292,7 @@ fn kv_cell_moves_across_isas_in_every_mode_under_load() {
             // so the pause carries all of them: seconds at 8 Mbit/s.
             wait_progress(&writer, KEYS, &logs);
         }
-        let during = (mode == "stop-and-copy").then(|| {
-            let paused = from.log().matches("phase=paused").count();
-            connect_during_pause(log_reader(from), paused, gw.port)
-        });
+        let during = (mode == "stop-and-copy").then(|| connect_during_hold(&gw));
         // Stop-and-copy at 8 Mbit/s: a pause of seconds, so the client
         // above connects while the cell is paused.
         // Pre-copy: the writer dirties faster than the cell under qemu
@@ -389,8 +392,7 @@ fn failed_moves_leave_the_clients_served_by_the_source() {
         handle.cut(AfterCut::Refuse);
         true
     });
-    let paused = a.log().matches("phase=paused").count();
-    let during = connect_during_pause(log_reader(&a), paused, gw.port);
+    let during = connect_during_hold(&gw);
     let (out, _) = migrate(&id, &a, &b, "stop-and-copy", &slow);
     assert!(cutter.join().unwrap(), "the transfer never reached 2 MiB");
     assert_failed(&out, "", &a, &b);
