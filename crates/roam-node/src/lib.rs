@@ -21,7 +21,6 @@
 
 mod api;
 mod cell;
-pub mod client;
 pub mod limits;
 mod log;
 mod migrate;
@@ -29,8 +28,7 @@ mod node;
 mod secure;
 mod service;
 pub mod size;
-pub mod sysinfo;
-pub mod types;
+pub use roam_api::{client, sysinfo, types};
 
 pub use client::{Client, ClientAuth, ClientError};
 pub use limits::NodeLimits;

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The machine a node runs on.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct Machine {
     /// Online CPUs.
     pub cores: usize,

@@ -1,0 +1,255 @@
+//! The planner's API types (`docs/control-plane.md`). The cluster store
+//! keeps the same records.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sysinfo::Machine;
+
+/// A node as the cluster knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// Its `--name`, unique in the cluster.
+    pub name: String,
+    /// `x86_64`, `aarch64` or `riscv64`.
+    pub isa: String,
+    /// Its control API, as the planner and other nodes reach it
+    /// (`host:port` or an `http(s)://` URL).
+    pub api: String,
+    /// Its migration listener, `host:port`.
+    pub migrate: String,
+    /// The roam version it runs.
+    pub version: String,
+    /// Its latest reported status.
+    pub status: NodeStatus,
+    /// Ready, or draining.
+    pub state: NodeState,
+    /// Whether its liveness lease holds (computed by the store on read).
+    #[serde(default)]
+    pub alive: bool,
+    /// When it (last) registered, Unix milliseconds.
+    pub registered_ms: u64,
+    /// When its last heartbeat arrived, Unix milliseconds.
+    pub heartbeat_ms: u64,
+}
+
+/// What a node reports with each heartbeat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct NodeStatus {
+    /// Its machine: cores, memory, load.
+    pub machine: Machine,
+    /// The cells running on it now.
+    pub cells: Vec<String>,
+}
+
+/// A node's administrative state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    /// It takes new cells.
+    #[default]
+    Ready,
+    /// It takes no new cells; its cells are being moved away.
+    Draining,
+}
+
+/// A cell as the cluster knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellRecord {
+    /// Its id, the same on every node it runs on.
+    pub id: String,
+    /// The module's BLAKE3 hash (in the module repository).
+    pub module: String,
+    /// Program name and arguments.
+    pub args: Vec<String>,
+    /// Environment.
+    pub env: Vec<(String, String)>,
+    /// Guest directories.
+    pub dirs: Vec<String>,
+    /// Memory limit, bytes (`None`: the node's default).
+    pub max_memory: Option<u64>,
+    /// The gateway service it serves, if any.
+    pub service: Option<String>,
+    /// The node that owns it: the only node that may run it.
+    pub owner: String,
+    /// Bumped on every change of owner; a node acts on ownership only
+    /// with the generation it was given.
+    pub generation: u64,
+    /// Where it stands.
+    pub state: CellState,
+    /// Seconds between kept checkpoints (0: none).
+    pub checkpoint_interval_s: u64,
+    /// Its newest kept checkpoint.
+    pub kept: Option<Kept>,
+    /// When it was launched, Unix milliseconds.
+    pub created_ms: u64,
+}
+
+/// Where a cell stands, as far as the planner knows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum CellState {
+    /// Being started on its owner.
+    Placing,
+    /// Running on its owner.
+    Running,
+    /// Moving to another node.
+    Migrating {
+        /// The destination's name.
+        to: String,
+    },
+    /// Its owner died; being restored from its kept checkpoint.
+    Restoring,
+    /// The program exited.
+    Exited {
+        /// Its exit code.
+        code: i32,
+    },
+    /// It failed.
+    Failed {
+        /// Why.
+        error: String,
+    },
+    /// Killed by a user.
+    Killed,
+    /// Its owner died and there was no kept checkpoint to restore it from.
+    Lost {
+        /// Why it could not be restored.
+        error: String,
+    },
+}
+
+impl CellState {
+    /// Whether the cell has ended for good.
+    pub fn ended(&self) -> bool {
+        matches!(
+            self,
+            CellState::Exited { .. }
+                | CellState::Failed { .. }
+                | CellState::Killed
+                | CellState::Lost { .. }
+        )
+    }
+}
+
+/// A checkpoint of a cell kept on another node than its owner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Kept {
+    /// The node that holds it.
+    pub holder: String,
+    /// The snapshot's BLAKE3 hash.
+    pub snapshot: String,
+    /// Its size, bytes.
+    pub bytes: u64,
+    /// When it was taken, Unix milliseconds.
+    pub taken_ms: u64,
+    /// The owner generation it was taken under.
+    pub generation: u64,
+}
+
+/// A module in the repository.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleRecord {
+    /// Its BLAKE3 hash.
+    pub hash: String,
+    /// Its size, bytes.
+    pub bytes: u64,
+}
+
+/// `POST /v1/nodes`: a node registers (again).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    /// Its name.
+    pub name: String,
+    /// Its ISA.
+    pub isa: String,
+    /// Its control API address, as others reach it.
+    pub api: String,
+    /// Its migration listener, as others reach it.
+    pub migrate: String,
+    /// Its roam version.
+    pub version: String,
+    /// Its status now.
+    pub status: NodeStatus,
+}
+
+/// The answer to a registration or a heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct HeartbeatResponse {
+    /// Send the next heartbeat within this many milliseconds.
+    pub heartbeat_ms: u64,
+    /// The lease: without a heartbeat for this long the node is dead.
+    pub lease_ms: u64,
+    /// Cells the node runs but does not own (it lost them while cut off):
+    /// it must stop them now, without telling anyone else.
+    pub stop: Vec<String>,
+}
+
+/// `POST /v1/nodes/{name}/heartbeat`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    /// The node's status now.
+    pub status: NodeStatus,
+}
+
+/// `POST /v1/cells/{id}/owner`: the ownership transaction a node asks for
+/// at a migration's commit point (the destination takes the cell) or after
+/// an ambiguous failure (the source takes it back).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OwnerRequest {
+    /// The owner the caller believes holds the cell.
+    pub from: String,
+    /// The generation the caller believes is current.
+    pub generation: u64,
+    /// The new owner.
+    pub to: String,
+}
+
+/// The answer to an [`OwnerRequest`] that won: `409` otherwise, with the
+/// current owner and generation in the error.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OwnerResponse {
+    /// The owner now.
+    pub owner: String,
+    /// The generation now.
+    pub generation: u64,
+}
+
+/// `POST /v1/cells` on the planner.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct PlaceRequest {
+    /// The module's hash (uploaded with `POST /v1/modules` first).
+    pub module: String,
+    /// Program name and arguments.
+    pub args: Vec<String>,
+    /// Environment.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Guest directories.
+    #[serde(default)]
+    pub dirs: Vec<String>,
+    /// Memory limit, bytes.
+    #[serde(default)]
+    pub max_memory: Option<u64>,
+    /// A gateway service.
+    #[serde(default)]
+    pub service: Option<String>,
+    /// Run it on this node (the `manual` policy); otherwise the placement
+    /// policy chooses.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// Seconds between kept checkpoints; `None`: the planner's default;
+    /// 0: none.
+    #[serde(default)]
+    pub checkpoint_interval_s: Option<u64>,
+}
+
+/// `POST /v1/cells/{id}/migrate` on the planner.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct MoveRequest {
+    /// The destination node's name; `None`: the placement policy chooses.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// `stop-and-copy`, `pre-copy` or `post-copy`; `None`: pre-copy.
+    #[serde(default)]
+    pub mode: Option<String>,
+}

@@ -1,0 +1,6 @@
+//! The records the store keeps are the planner API's own types (they live
+//! in `roam-api`, below both), so what the API shows is what is stored.
+
+pub use roam_api::planner::{
+    CellRecord, CellState, Kept, ModuleRecord, NodeRecord, NodeState, NodeStatus,
+};
