@@ -21,6 +21,7 @@ mod prepare;
 mod proc;
 mod quiet;
 mod report;
+mod scale;
 mod stats;
 mod t1;
 mod t13;
@@ -210,6 +211,30 @@ enum Bench {
         /// Migration mode when following.
         #[arg(long, default_value = "pre-copy")]
         mode: String,
+    },
+    /// Control-plane scale: one planner, a simulated fleet of nodes and cells.
+    Scale {
+        /// Simulated nodes.
+        #[arg(long, default_value_t = 1000)]
+        nodes: usize,
+        /// Cells placed.
+        #[arg(long, default_value_t = 10_000)]
+        cells: usize,
+        /// Stores to measure: redb, etcd (comma-separated).
+        #[arg(long, default_value = "redb,etcd", value_delimiter = ',')]
+        backends: Vec<String>,
+        /// Seconds of steady heartbeats measured.
+        #[arg(long, default_value_t = 20)]
+        settle: u64,
+        /// Nodes killed in the failure phase.
+        #[arg(long, default_value_t = 10)]
+        victims: usize,
+        /// The planner's node lease, seconds.
+        #[arg(long, default_value_t = 3)]
+        lease: u64,
+        /// Placements in flight at once.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
     },
 }
 
@@ -437,6 +462,26 @@ fn main() -> anyhow::Result<()> {
             pause.emit(&cli.out)?;
             r
         }
+        Bench::Scale {
+            nodes,
+            cells,
+            backends,
+            settle,
+            victims,
+            lease,
+            concurrency,
+        } => scale::run(
+            &paths,
+            &scale::Options {
+                nodes,
+                cells,
+                backends,
+                settle,
+                victims,
+                lease,
+                concurrency,
+            },
+        )?,
         Bench::T7 {
             phases,
             phase_secs,

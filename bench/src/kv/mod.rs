@@ -41,6 +41,11 @@ impl Proc {
         })
     }
 
+    /// Its process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Fails if the process has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(s) = self.child.try_wait()? {
