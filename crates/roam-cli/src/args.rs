@@ -45,6 +45,12 @@ pub enum Command {
     /// Run a gateway: clients connect to it and stay connected while the
     /// service's cell moves between nodes.
     Gateway(crate::gateway_cmd::GatewayArgs),
+    /// Start a planner and local nodes on this machine, ready to use.
+    Up(crate::up::UpArgs),
+    /// List the cluster's nodes (through the planner).
+    Nodes(crate::node_args::NodesArgs),
+    /// Move every cell off a node before maintenance.
+    Drain(crate::node_args::DrainArgs),
 }
 
 /// Where migration points go.

@@ -7,6 +7,7 @@
 
 mod args;
 mod cert;
+mod cluster_cmd;
 mod gateway_cmd;
 mod inspect;
 mod listen;
@@ -14,6 +15,7 @@ mod node_args;
 mod node_cmd;
 mod prepare;
 mod run;
+mod up;
 
 use clap::Parser;
 
@@ -60,6 +62,9 @@ fn main() {
             args::Command::Kill(a) => node_cmd::kill(a),
             args::Command::Cert(a) => cert::main(a),
             args::Command::Gateway(a) => gateway_cmd::gateway(a),
+            args::Command::Up(a) => up::up(a),
+            args::Command::Nodes(a) => cluster_cmd::nodes(a),
+            args::Command::Drain(a) => cluster_cmd::drain(a),
         });
     let code = match worker {
         Ok(handle) => handle

@@ -119,9 +119,16 @@ pub fn size(s: &str) -> Result<u64, String> {
 /// `roam launch`.
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
-    /// Node to launch on (`host:port` of its control API).
+    /// Node to launch on (`host:port` of its control API); without it,
+    /// the planner places the cell.
     #[arg(long)]
-    pub node: String,
+    pub node: Option<String>,
+    #[command(flatten)]
+    pub planner: PlannerArg,
+    /// Seconds between kept checkpoints of the cell (planner only)
+    /// [default: the planner's].
+    #[arg(long, value_name = "SECS")]
+    pub checkpoint_interval: Option<u64>,
     /// Give the cell a sandbox directory seen as GUEST (repeatable); its
     /// files travel with the cell.
     #[arg(long = "dir", value_name = "GUEST")]
@@ -150,9 +157,11 @@ pub struct LaunchArgs {
 /// `roam cells`.
 #[derive(Args, Debug)]
 pub struct CellsArgs {
-    /// Node to ask.
+    /// Node to ask; without it, the planner lists every cell of the cluster.
     #[arg(long)]
-    pub node: String,
+    pub node: Option<String>,
+    #[command(flatten)]
+    pub planner: PlannerArg,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -165,12 +174,16 @@ pub struct CellsArgs {
 pub struct MigrateArgs {
     /// The cell.
     pub cell: String,
-    /// Node it runs on.
+    /// Node it runs on (`host:port`); without it, the planner moves the
+    /// cell.
     #[arg(long)]
-    pub from: String,
-    /// Node to move it to.
+    pub from: Option<String>,
+    /// Node to move it to: its `host:port` with --from, its name through
+    /// the planner (omit it there to let the planner choose).
     #[arg(long)]
-    pub to: String,
+    pub to: Option<String>,
+    #[command(flatten)]
+    pub planner: PlannerArg,
     /// stop-and-copy, pre-copy or post-copy.
     #[arg(long, default_value = "pre-copy")]
     pub mode: String,
@@ -220,9 +233,12 @@ pub struct MigrateArgs {
 pub struct LogsArgs {
     /// The cell.
     pub cell: String,
-    /// A node that runs or ran it (the log is followed to where it runs now).
+    /// A node that runs or ran it (the log is followed to where it runs
+    /// now); without it, the planner asks the cell's owner.
     #[arg(long)]
-    pub node: String,
+    pub node: Option<String>,
+    #[command(flatten)]
+    pub planner: PlannerArg,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -232,9 +248,57 @@ pub struct LogsArgs {
 pub struct KillArgs {
     /// The cell.
     pub cell: String,
-    /// Node it runs on.
+    /// Node it runs on; without it, the planner kills it wherever it runs.
     #[arg(long)]
+    pub node: Option<String>,
+    #[command(flatten)]
+    pub planner: PlannerArg,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// The planner a cluster command talks to when no node is named.
+#[derive(Args, Debug, Clone, Default)]
+pub struct PlannerArg {
+    /// The planner (`host:port` or URL), used when no node is named.
+    #[arg(long, env = "ROAM_PLANNER")]
+    pub planner: Option<String>,
+}
+
+impl PlannerArg {
+    /// The planner, or an error saying what to give instead.
+    pub fn get(&self, what: &str) -> anyhow::Result<&str> {
+        self.planner.as_deref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "{what}: give --node ADDR, or --planner URL (or set ROAM_PLANNER, e.g. as `roam up` prints)"
+            )
+        })
+    }
+}
+
+/// `roam nodes`.
+#[derive(Args, Debug)]
+pub struct NodesArgs {
+    #[command(flatten)]
+    pub planner: PlannerArg,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// `roam drain`.
+#[derive(Args, Debug)]
+pub struct DrainArgs {
+    /// The node's name.
     pub node: String,
+    #[command(flatten)]
+    pub planner: PlannerArg,
+    /// Give up waiting for the node to be empty after this many seconds
+    /// (the moves go on).
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
     #[command(flatten)]
     pub auth: AuthArgs,
 }

@@ -10,8 +10,8 @@ use roam_node::{Client, ClientAuth, Node, NodeConfig};
 
 use crate::node_args::*;
 
-/// A client of `addr` with the credentials the command was given.
-fn client(addr: &str, a: &AuthArgs) -> Result<Client> {
+/// The credentials the command was given.
+pub(crate) fn auth(a: &AuthArgs) -> Result<ClientAuth> {
     let tls = match &a.tls_ca {
         Some(ca) => Some(roam_node::roam_auth::ClientTls::load(
             ca,
@@ -28,10 +28,15 @@ fn client(addr: &str, a: &AuthArgs) -> Result<Client> {
         (None, Ok(t)) => Some(Token::new(&t, "in $ROAM_TOKEN")?),
         (None, Err(_)) => None,
     };
-    Ok(Client::with_auth(addr, &ClientAuth { tls, token })?)
+    Ok(ClientAuth { tls, token })
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+/// A client of `addr` with the credentials the command was given.
+fn client(addr: &str, a: &AuthArgs) -> Result<Client> {
+    Ok(Client::with_auth(addr, &auth(a)?)?)
+}
+
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -107,8 +112,11 @@ pub fn node(a: NodeArgs) -> Result<i32> {
     })
 }
 
-/// `roam launch`.
-pub fn launch(a: LaunchArgs) -> Result<i32> {
+/// What `roam launch` sends, from its arguments: the module's bytes, the
+/// program's arguments (its name first), its environment.
+pub(crate) type LaunchParts = (Vec<u8>, Vec<String>, Vec<(String, String)>);
+
+pub(crate) fn launch_parts(a: &LaunchArgs) -> Result<LaunchParts> {
     let bytes =
         std::fs::read(&a.module).with_context(|| format!("cannot read {}", a.module.display()))?;
     let env = a
@@ -125,9 +133,18 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
         .file_stem()
         .map_or_else(|| "program".into(), |s| s.to_string_lossy().into_owned());
     let mut args = vec![program];
-    args.extend(a.args);
+    args.extend(a.args.iter().cloned());
+    Ok((bytes, args, env))
+}
+
+/// `roam launch`.
+pub fn launch(a: LaunchArgs) -> Result<i32> {
+    let Some(node) = a.node.clone() else {
+        return crate::cluster_cmd::launch(a);
+    };
+    let (bytes, args, env) = launch_parts(&a)?;
     runtime()?.block_on(async move {
-        let c = client(&a.node, &a.auth)?;
+        let c = client(&node, &a.auth)?;
         // Ask the node first: a refused credential then reads as the
         // node's answer, not as a broken pipe halfway through the upload.
         c.node().await?;
@@ -137,9 +154,9 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 module: m.hash,
                 args,
                 env,
-                dirs: a.dirs,
+                dirs: a.dirs.clone(),
                 max_memory: a.max_memory,
-                service: a.service,
+                service: a.service.clone(),
             })
             .await?;
         println!("{}", r.id);
@@ -153,8 +170,11 @@ fn mib(b: u64) -> String {
 
 /// `roam cells`.
 pub fn cells(a: CellsArgs) -> Result<i32> {
+    let Some(node) = a.node.clone() else {
+        return crate::cluster_cmd::cells(a);
+    };
     runtime()?.block_on(async move {
-        let cells = client(&a.node, &a.auth)?.cells().await?;
+        let cells = client(&node, &a.auth)?.cells().await?;
         if a.json {
             println!("{}", serde_json::to_string_pretty(&cells)?);
             return Ok(0);
@@ -186,8 +206,14 @@ pub fn cells(a: CellsArgs) -> Result<i32> {
 
 /// `roam migrate`.
 pub fn migrate(a: MigrateArgs) -> Result<i32> {
+    let Some(from) = a.from.clone() else {
+        return crate::cluster_cmd::migrate(a);
+    };
+    let Some(to) = a.to.clone() else {
+        bail!("--from needs --to: the destination node's host:port");
+    };
     let req = MigrateRequest {
-        to: a.to.clone(),
+        to: to.clone(),
         mode: a.mode.clone(),
         transfer: TransferOptions {
             codec: Some(a.codec.clone()),
@@ -203,57 +229,69 @@ pub fn migrate(a: MigrateArgs) -> Result<i32> {
         },
     };
     runtime()?.block_on(async move {
-        let src = client(&a.from, &a.auth)?;
+        let src = client(&from, &a.auth)?;
         let mid = src.migrate(&a.cell, &req).await?.migration;
-        let bar = if a.json {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(0)
-        };
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {msg:32} {bar:30} {bytes}/{total_bytes} wire {prefix}",
-            )
-            .expect("a valid template"),
-        );
-        let mut last = (std::time::Instant::now(), 0u64);
-        let status: MigrationStatus = loop {
-            let s = src.migration(&mid).await?;
-            if s.done {
-                break s;
-            }
-            let now = std::time::Instant::now();
-            let dt = now.duration_since(last.0).as_secs_f64();
-            if dt >= 0.5 {
-                let rate = (s.wire_bytes.saturating_sub(last.1)) as f64 * 8.0 / dt / 1e6;
-                bar.set_prefix(format!("{} ({rate:.1} Mbit/s)", mib(s.wire_bytes)));
-                last = (now, s.wire_bytes);
-            }
-            bar.set_length(s.memory_bytes.max(1));
-            bar.set_position((s.pages_in * 4096).min(s.memory_bytes.max(1)));
-            bar.set_message(s.phase.clone());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        bar.finish_and_clear();
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&status)?);
-        }
+        let status = follow(&src, &mid, a.json).await?;
         if let Some(e) = status.error {
             bail!("migration of {} failed: {e}", a.cell);
         }
         if !a.json {
             if let Some(s) = &status.summary {
-                print_summary(&a, s);
+                print_summary(&a.cell, &from, &to, s);
             }
         }
         Ok(0)
     })
 }
 
-fn print_summary(a: &MigrateArgs, s: &roam_node::types::MigrationSummary) {
+/// Follow migration `mid` on its source `src` to its end, with a progress
+/// bar (none with `json`, which prints the final status instead).
+pub(crate) async fn follow(src: &Client, mid: &str, json: bool) -> Result<MigrationStatus> {
+    let bar = if json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {msg:32} {bar:30} {bytes}/{total_bytes} wire {prefix}",
+        )
+        .expect("a valid template"),
+    );
+    let mut last = (std::time::Instant::now(), 0u64);
+    let status: MigrationStatus = loop {
+        let s = src.migration(mid).await?;
+        if s.done {
+            break s;
+        }
+        let now = std::time::Instant::now();
+        let dt = now.duration_since(last.0).as_secs_f64();
+        if dt >= 0.5 {
+            let rate = (s.wire_bytes.saturating_sub(last.1)) as f64 * 8.0 / dt / 1e6;
+            bar.set_prefix(format!("{} ({rate:.1} Mbit/s)", mib(s.wire_bytes)));
+            last = (now, s.wire_bytes);
+        }
+        bar.set_length(s.memory_bytes.max(1));
+        bar.set_position((s.pages_in * 4096).min(s.memory_bytes.max(1)));
+        bar.set_message(s.phase.clone());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    bar.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    }
+    Ok(status)
+}
+
+pub(crate) fn print_summary(
+    cell: &str,
+    from: &str,
+    to: &str,
+    s: &roam_node::types::MigrationSummary,
+) {
     println!(
-        "migrated {} {} → {} ({} → {}), {}",
-        a.cell, a.from, a.to, s.from_isa, s.to_isa, s.mode
+        "migrated {cell} {from} → {to} ({} → {}), {}",
+        s.from_isa, s.to_isa, s.mode
     );
     println!("  total time     {:>10.1} ms", s.total_ms);
     println!(
@@ -336,7 +374,10 @@ fn print_breakdown(b: &roam_node::types::PauseBreakdown) {
 /// `roam logs`.
 pub fn logs(a: LogsArgs) -> Result<i32> {
     runtime()?.block_on(async move {
-        let out = client(&a.node, &a.auth)?.logs(&a.cell).await?;
+        let Some(node) = &a.node else {
+            return crate::cluster_cmd::logs(&a).await;
+        };
+        let out = client(node, &a.auth)?.logs(&a.cell).await?;
         use std::io::Write;
         std::io::stdout().write_all(&out)?;
         Ok(0)
@@ -346,7 +387,10 @@ pub fn logs(a: LogsArgs) -> Result<i32> {
 /// `roam kill`.
 pub fn kill(a: KillArgs) -> Result<i32> {
     runtime()?.block_on(async move {
-        let c = client(&a.node, &a.auth)?.kill(&a.cell).await?;
+        let Some(node) = &a.node else {
+            return crate::cluster_cmd::kill(&a).await;
+        };
+        let c = client(node, &a.auth)?.kill(&a.cell).await?;
         println!("{} killed", c.id);
         Ok(0)
     })

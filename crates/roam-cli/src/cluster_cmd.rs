@@ -1,0 +1,241 @@
+//! The cluster commands: the same `roam launch/cells/migrate/logs/kill` as
+//! against one node, but through the planner (no `--node`), plus `roam
+//! nodes` and `roam drain`. Nodes are named, not addressed.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use roam_api::planner::{CellRecord, CellState, MoveRequest, NodeRecord, NodeState, PlaceRequest};
+use roam_api::PlannerClient;
+use roam_node::Client;
+
+use crate::node_args::*;
+use crate::node_cmd::{auth, follow, launch_parts, print_summary, runtime};
+
+fn planner(p: &PlannerArg, a: &AuthArgs, what: &str) -> Result<PlannerClient> {
+    Ok(PlannerClient::with_auth(p.get(what)?, &auth(a)?)?)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// "4 s ago", "3 min ago", "2 h ago", "5 days ago".
+fn ago(ms: u64) -> String {
+    let s = now_ms().saturating_sub(ms) / 1000;
+    match s {
+        0..=89 => format!("{s} s ago"),
+        90..=5399 => format!("{} min ago", s / 60),
+        5400..=129_599 => format!("{} h ago", s / 3600),
+        _ => format!("{} days ago", s / 86_400),
+    }
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+fn state_word(s: &CellState) -> String {
+    match s {
+        CellState::Placing => "placing".into(),
+        CellState::Running => "running".into(),
+        CellState::Migrating { to } => format!("→ {to}"),
+        CellState::Restoring => "restoring".into(),
+        CellState::Exited { code } => format!("exited({code})"),
+        CellState::Failed { .. } => "failed".into(),
+        CellState::Killed => "killed".into(),
+        CellState::Lost { .. } => "lost".into(),
+    }
+}
+
+/// `roam launch` without `--node`.
+pub fn launch(a: LaunchArgs) -> Result<i32> {
+    let (bytes, args, env) = launch_parts(&a)?;
+    runtime()?.block_on(async move {
+        let p = planner(&a.planner, &a.auth, "roam launch")?;
+        let m = p.upload_module(bytes).await?;
+        let cell = p
+            .place(&PlaceRequest {
+                module: m.hash,
+                args,
+                env,
+                dirs: a.dirs.clone(),
+                max_memory: a.max_memory,
+                service: a.service.clone(),
+                node: None,
+                checkpoint_interval_s: a.checkpoint_interval,
+            })
+            .await?;
+        eprintln!("placed on {}", cell.owner);
+        println!("{}", cell.id);
+        Ok(0)
+    })
+}
+
+/// `roam cells` without `--node`: every cell of the cluster.
+pub fn cells(a: CellsArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let cells = planner(&a.planner, &a.auth, "roam cells")?.cells().await?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&cells)?);
+            return Ok(0);
+        }
+        println!(
+            "{:<16} {:<14} {:<14} {:<20} {:>4}  {:<22} SERVICE",
+            "CELL", "NODE", "STATE", "PROGRAM", "GEN", "KEPT CHECKPOINT"
+        );
+        for c in &cells {
+            let kept = c.kept.as_ref().map_or_else(
+                || "-".to_string(),
+                |k| format!("{} on {}", ago(k.taken_ms), k.holder),
+            );
+            println!(
+                "{:<16} {:<14} {:<14} {:<20} {:>4}  {:<22} {}",
+                c.id,
+                c.owner,
+                state_word(&c.state),
+                c.args.first().map_or("-", String::as_str),
+                c.generation,
+                kept,
+                c.service.as_deref().unwrap_or("-")
+            );
+        }
+        Ok(0)
+    })
+}
+
+/// `roam migrate` without `--from`: the planner finds the cell, and the
+/// node by name (or chooses one).
+pub fn migrate(a: MigrateArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let p = planner(&a.planner, &a.auth, "roam migrate")?;
+        let cell = p.cell(&a.cell).await?;
+        let nodes = p.nodes().await?;
+        let source = node_named(&nodes, &cell.owner)?;
+        let r = p
+            .migrate(
+                &a.cell,
+                &MoveRequest {
+                    to: a.to.clone(),
+                    mode: Some(a.mode.clone()),
+                },
+            )
+            .await?;
+        let mid = r["migration"]
+            .as_str()
+            .context("the planner's answer has no migration id")?
+            .to_string();
+        let to = r["to"].as_str().unwrap_or("?").to_string();
+        let src = Client::with_auth(&source.api, &auth(&a.auth)?)?;
+        let status = follow(&src, &mid, a.json).await?;
+        if let Some(e) = status.error {
+            bail!("migration of {} failed: {e}", a.cell);
+        }
+        if let (false, Some(s)) = (a.json, &status.summary) {
+            print_summary(&a.cell, &source.name, &to, s);
+        }
+        Ok(0)
+    })
+}
+
+fn node_named<'a>(nodes: &'a [NodeRecord], name: &str) -> Result<&'a NodeRecord> {
+    nodes
+        .iter()
+        .find(|n| n.name == name)
+        .with_context(|| format!("the planner knows no node {name:?}"))
+}
+
+/// `roam logs` without `--node`.
+pub async fn logs(a: &LogsArgs) -> Result<i32> {
+    let out = planner(&a.planner, &a.auth, "roam logs")?
+        .logs(&a.cell)
+        .await?;
+    use std::io::Write;
+    std::io::stdout().write_all(&out)?;
+    Ok(0)
+}
+
+/// `roam kill` without `--node`.
+pub async fn kill(a: &KillArgs) -> Result<i32> {
+    let c = planner(&a.planner, &a.auth, "roam kill")?
+        .kill(&a.cell)
+        .await?;
+    println!("{} killed (was on {})", c.id, c.owner);
+    Ok(0)
+}
+
+/// `roam nodes`.
+pub fn nodes(a: NodesArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let nodes = planner(&a.planner, &a.auth, "roam nodes")?.nodes().await?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&nodes)?);
+            return Ok(0);
+        }
+        println!(
+            "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5} {:>5}  HEARTBEAT",
+            "NODE", "ISA", "STATE", "LIVE", "CORES", "MEMORY FREE/TOTAL", "LOAD", "CELLS"
+        );
+        for n in &nodes {
+            let m = &n.status.machine;
+            println!(
+                "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5.2} {:>5}  {}",
+                n.name,
+                n.isa,
+                match n.state {
+                    NodeState::Ready => "ready",
+                    NodeState::Draining => "draining",
+                },
+                if n.alive { "alive" } else { "dead" },
+                m.cores,
+                format!("{} / {}", gib(m.memory_available), gib(m.memory_total)),
+                m.load1,
+                n.status.cells.len(),
+                ago(n.heartbeat_ms)
+            );
+        }
+        Ok(0)
+    })
+}
+
+/// `roam drain NODE`: no new cells there, and every cell moved away; waits
+/// until the node is empty, reporting each move.
+pub fn drain(a: DrainArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let p = planner(&a.planner, &a.auth, "roam drain")?;
+        let started = p.drain(&a.node).await?;
+        eprintln!("draining {}: {started}", a.node);
+        let deadline = Instant::now() + Duration::from_secs(a.timeout);
+        let mut reported = std::collections::BTreeSet::new();
+        loop {
+            let cells: Vec<CellRecord> = p.cells().await?;
+            let mut left = 0;
+            for c in cells.iter().filter(|c| !c.state.ended()) {
+                if c.owner == a.node {
+                    left += 1;
+                } else if was_here(&started, &c.id) && reported.insert(c.id.clone()) {
+                    println!("moved {} → {}", c.id, c.owner);
+                }
+            }
+            if left == 0 {
+                println!("{} is drained", a.node);
+                return Ok(0);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{left} cells are still on {} after {} s; the moves go on (see `roam cells`)",
+                    a.node,
+                    a.timeout
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+}
+
+/// Whether the drain's answer names cell `id`.
+fn was_here(started: &serde_json::Value, id: &str) -> bool {
+    started.to_string().contains(&format!("\"{id}\""))
+}
