@@ -1,0 +1,1 @@
+//! (etcd tests come with the etcd backend)
