@@ -9,6 +9,7 @@
 mod auth;
 mod bigstate;
 mod cli;
+mod cluster;
 mod common;
 mod cross_isa;
 mod hostile;

@@ -37,6 +37,8 @@ pub(crate) const WORKLOAD: &str = "dirty";
 pub(crate) const SMALL: [&str; 3] = ["8", "4", "6"];
 /// 32 MiB for 12 s: a transfer that takes seconds on a 20 Mbit/s link.
 const BIG: [&str; 3] = ["32", "4", "12"];
+/// 8 MiB for 30 s: long enough for a move, a drain and a killed node.
+pub(crate) const SMALL_LONG: [&str; 3] = ["8", "4", "30"];
 
 /// Time allowed for anything that involves a node under qemu.
 pub(crate) const SLOW: Duration = Duration::from_secs(180);
@@ -96,7 +98,7 @@ fn read_all(mut f: File) -> Vec<u8> {
 }
 
 /// `GET path` over HTTP/1.0: status and body.
-fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
+pub(crate) fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
     let sa: SocketAddr = addr
         .parse()
         .map_err(|e| std::io::Error::other(format!("{addr}: {e}")))?;
@@ -175,7 +177,7 @@ fn expect_write_protect(status: &Value, log: &str) {
 
 /// A free loopback port (free when this returns; tests that need a port
 /// known in advance accept the small race).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -184,10 +186,10 @@ fn free_port() -> u16 {
 }
 
 /// A `roam node` process with its own state directory, killed on drop.
-struct Node {
+pub(crate) struct Node {
     isa: Isa,
     /// Control API, `127.0.0.1:port`.
-    addr: String,
+    pub(crate) addr: String,
     child: Child,
     extra: Vec<String>,
     dir: tempfile::TempDir,
@@ -201,7 +203,7 @@ impl Node {
         Node::start_with(isa, &["--migrate-listen", "127.0.0.1:0"])
     }
 
-    fn start_with(isa: Isa, extra: &[&str]) -> Node {
+    pub(crate) fn start_with(isa: Isa, extra: &[&str]) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let (child, addr, log) = Node::spawn(isa, extra, &dir, 0);
         Node {
@@ -223,10 +225,11 @@ impl Node {
     ) -> (Child, String, PathBuf) {
         let log = dir.path().join(format!("node-{n}.log"));
         let mut cmd = roam(isa);
-        cmd.arg("node")
-            .args(["--listen", "127.0.0.1:0", "--name"])
-            .arg(format!("{}-test", isa.name()))
-            .arg("--state-dir")
+        cmd.arg("node").args(["--listen", "127.0.0.1:0"]);
+        if !extra.iter().any(|a| a.as_ref() == "--name") {
+            cmd.arg("--name").arg(format!("{}-test", isa.name()));
+        }
+        cmd.arg("--state-dir")
             .arg(dir.path().join("state"))
             .args(extra)
             .env("NO_COLOR", "1")
@@ -273,7 +276,7 @@ impl Node {
         (self.child, self.addr, self.log) = (child, addr, log);
     }
 
-    fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = wait_child(&mut self.child, Duration::from_secs(10), "a killed node");
     }
@@ -307,7 +310,7 @@ impl Node {
     }
 
     /// The cell as this node sees it, or `None` when it never saw it.
-    fn cell(&self, id: &str) -> Option<Value> {
+    pub(crate) fn cell(&self, id: &str) -> Option<Value> {
         self.get_json(&format!("/v1/cells/{id}"))
     }
 
@@ -361,7 +364,7 @@ impl Node {
     }
 
     /// Wait until the cell ended here; its state.
-    fn wait_end(&self, id: &str, limit: Duration) -> Value {
+    pub(crate) fn wait_end(&self, id: &str, limit: Duration) -> Value {
         let start = Instant::now();
         loop {
             let c = self.cell(id);
