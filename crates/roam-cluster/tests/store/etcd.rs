@@ -268,3 +268,25 @@ async fn a_node_dies_with_its_lease() {
         .unwrap();
     assert!(s.nodes().await.unwrap()[0].alive);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_spec_connects_under_its_prefix() {
+    let Some(etcd) = Etcd::start_or_skip() else {
+        return;
+    };
+    let spec: roam_cluster::StoreSpec = format!("etcd://{}/spec-test", etcd.endpoint())
+        .parse()
+        .unwrap();
+    let store = spec.open().await.unwrap();
+    assert_eq!(store.backend(), "etcd");
+    store.create_cell(cell("c-1", "edge-a")).await.unwrap();
+    let raw = etcd_client::Client::connect([etcd.url()], None)
+        .await
+        .unwrap();
+    let got = raw
+        .kv_client()
+        .get("/spec-test/cells/c-1", None)
+        .await
+        .unwrap();
+    assert_eq!(got.kvs().len(), 1);
+}
