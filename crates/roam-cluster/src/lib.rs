@@ -20,10 +20,12 @@
 mod embedded;
 mod etcd;
 mod record;
+mod spec;
 mod types;
 
 pub use embedded::RedbStore;
 pub use etcd::{EtcdStore, CALL_TIMEOUT as ETCD_CALL_TIMEOUT, LEADER_TTL as ETCD_LEADER_TTL};
+pub use spec::{StoreSpec, StoreSpecError, DEFAULT_ETCD_PREFIX};
 pub use types::*;
 
 /// The largest module the repository takes: larger uploads are refused

@@ -37,6 +37,9 @@ use crate::{
     StoreError, StoreResult, Versioned,
 };
 
+/// Keys under one kind, as (name, value, mod_revision).
+type Listing = Vec<(String, Vec<u8>, i64)>;
+
 /// The longest any one etcd call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -145,13 +148,12 @@ impl EtcdStore {
     }
 
     /// Every key under `kind/`, as (name, value, mod_revision), page by
-    /// page, each page at the revision of the first so the listing is one
-    /// consistent view.
-    async fn list(&self, kind: &str) -> StoreResult<Vec<(String, Vec<u8>, i64)>> {
+    /// page, every page at one revision (`at`, or the newest when 0) so the
+    /// listing is one consistent view; and that revision.
+    async fn list(&self, kind: &str, mut at: i64) -> StoreResult<(Listing, i64)> {
         let start = format!("{}{kind}/", self.prefix);
         let end = prefix_end(&start);
         let mut from = start.clone().into_bytes();
-        let mut at = 0;
         let mut out = Vec::new();
         loop {
             let (key, end2) = (from.clone(), end.clone());
@@ -181,7 +183,7 @@ impl EtcdStore {
                     from = last.key().to_vec();
                     from.push(0);
                 }
-                _ => return Ok(out),
+                _ => return Ok((out, at)),
             }
         }
     }
@@ -340,50 +342,58 @@ impl ClusterStore for EtcdStore {
 
     async fn heartbeat(&self, name: &str, status: NodeStatus) -> StoreResult<()> {
         record::check_node(name)?;
-        let Some((stored, _)) = self.read_node(name).await? else {
-            return Err(StoreError::Expired(name.to_string()));
-        };
-        let lease = stored.lease;
-        let ttl = self
-            // Opening the keep-alive stream renews the lease once and
-            // checks etcd's answer: a TTL of 0 (the lease ran out) is the
-            // error "lease not found".
-            .call("renew a lease", |c| async move {
-                c.lease_client().keep_alive(lease).await.map(|_| ())
-            })
-            .await;
-        match ttl {
-            Ok(()) => {}
-            Err(StoreError::Backend { message, .. }) if message.contains("lease not found") => {
-                return Err(StoreError::Expired(name.to_string()))
+        let key = self.key("nodes", name);
+        let mut read = self.read_node(name).await?;
+        for _ in 0..NODE_RETRIES {
+            let Some((mut stored, rev)) = read else {
+                return Err(StoreError::Expired(name.to_string()));
+            };
+            let lease = stored.lease;
+            // Opening the keep-alive stream renews the lease once and reads
+            // etcd's answer; a lease that ran out answers with a TTL of 0,
+            // which etcd-client reports as a keep-alive error.
+            let renewed = self
+                .call("renew a lease", |c| async move {
+                    match c.lease_client().keep_alive(lease).await {
+                        Ok(_) => Ok(true),
+                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                })
+                .await?;
+            if !renewed {
+                return Err(StoreError::Expired(name.to_string()));
             }
-            Err(e) => return Err(e),
+            stored.node.status = status.clone();
+            stored.node.heartbeat_ms = now_ms();
+            // Write the record only if it is the one whose lease was just
+            // renewed (not removed or registered again meanwhile).
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
+                .and_then([TxnOp::put(key.clone(), encode(&stored)?, None)]);
+            if self.txn("record a heartbeat", txn).await?.succeeded() {
+                return Ok(());
+            }
+            read = self
+                .read_node(name)
+                .await?
+                .filter(|(s, _)| s.lease == lease);
         }
-        let now = now_ms();
-        let changed = self
-            .change_node(name, |s| {
-                s.node.status = status.clone();
-                s.node.heartbeat_ms = now;
-            })
-            .await?;
-        match changed {
-            Some(s) if s.lease == lease => Ok(()),
-            // Removed, or registered again with another lease, meanwhile.
-            _ => Err(StoreError::Expired(name.to_string())),
-        }
+        Err(StoreError::Conflict {
+            what: format!("node {name}"),
+            expected: 0,
+            actual: 0,
+        })
     }
 
     async fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
-        // Alive keys first: a node seen alive here and then registered (or
-        // removed) before the records are read is still reported sensibly.
-        let alive: std::collections::HashSet<String> = self
-            .list("alive")
-            .await?
-            .into_iter()
-            .map(|(name, _, _)| name)
-            .collect();
+        // Both listings at one revision: one consistent view.
+        let (records, at) = self.list("nodes", 0).await?;
+        let (alive, _) = self.list("alive", at).await?;
+        let alive: std::collections::HashSet<String> =
+            alive.into_iter().map(|(name, _, _)| name).collect();
         let mut out = Vec::new();
-        for (name, bytes, _) in self.list("nodes").await? {
+        for (name, bytes, _) in records {
             let stored: StoredNode = decode(&self.key("nodes", &name), &bytes)?;
             let mut node = stored.node;
             node.alive = alive.contains(&name);
@@ -441,7 +451,7 @@ impl ClusterStore for EtcdStore {
 
     async fn cells(&self) -> StoreResult<Vec<Versioned<CellRecord>>> {
         let mut out = Vec::new();
-        for (id, bytes, rev) in self.list("cells").await? {
+        for (id, bytes, rev) in self.list("cells", 0).await?.0 {
             out.push(Versioned {
                 value: decode(&self.key("cells", &id), &bytes)?,
                 revision: rev as u64,

@@ -101,7 +101,7 @@ pub(super) async fn get(store: &EtcdStore, hash: &str) -> StoreResult<Option<Vec
 
 pub(super) async fn list(store: &EtcdStore) -> StoreResult<Vec<ModuleRecord>> {
     let mut out = Vec::new();
-    for (hash, bytes, _) in store.list("manifests").await? {
+    for (hash, bytes, _) in store.list("manifests", 0).await?.0 {
         let key = store.key("manifests", &hash);
         let manifest: Manifest = decode(&key, &bytes)?;
         out.push(ModuleRecord {

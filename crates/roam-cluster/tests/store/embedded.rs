@@ -110,3 +110,15 @@ async fn a_damaged_record_is_corrupt_not_a_panic() {
         cell("good", "edge-a")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redb_spec_opens_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec: roam_cluster::StoreSpec = format!("redb:{}", dir.path().join("c.redb").display())
+        .parse()
+        .unwrap();
+    let store = spec.open().await.unwrap();
+    assert_eq!(store.backend(), "redb");
+    let rev = store.create_cell(cell("c-1", "edge-a")).await.unwrap();
+    assert_eq!(store.cell("c-1").await.unwrap().unwrap().revision, rev);
+}
