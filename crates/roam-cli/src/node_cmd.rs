@@ -140,6 +140,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 dirs: a.dirs,
                 max_memory: a.max_memory,
                 service: a.service,
+                id: None,
             })
             .await?;
         println!("{}", r.id);
