@@ -11,7 +11,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PKGS=(binaryen clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32
       qemu-user gcc-aarch64-linux-gnu gcc-riscv64-linux-gnu
       libc6-dev-arm64-cross libc6-dev-riscv64-cross build-essential pkg-config
-      redis-tools)
+      redis-tools etcd-server protobuf-compiler)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

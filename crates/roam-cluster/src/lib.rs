@@ -17,9 +17,20 @@
 
 #![deny(missing_docs)]
 
+mod embedded;
+mod etcd;
+mod record;
+mod spec;
 mod types;
 
+pub use embedded::RedbStore;
+pub use etcd::{EtcdStore, CALL_TIMEOUT as ETCD_CALL_TIMEOUT, LEADER_TTL as ETCD_LEADER_TTL};
+pub use spec::{StoreSpec, StoreSpecError, DEFAULT_ETCD_PREFIX};
 pub use types::*;
+
+/// The largest module the repository takes: larger uploads are refused
+/// with [`StoreError::Invalid`] before anything is stored.
+pub const MAX_MODULE_BYTES: usize = 256 << 20;
 
 use std::time::Duration;
 
@@ -42,6 +53,11 @@ pub enum StoreError {
     /// A record that must not exist does.
     #[error("{0} already exists")]
     Exists(String),
+    /// The caller passed something the store refuses before touching any
+    /// key: a malformed cell id, node name or module hash, or a module
+    /// larger than [`MAX_MODULE_BYTES`].
+    #[error("{0}")]
+    Invalid(String),
     /// A node's lease ran out: it must register again.
     #[error("node {0} is not registered or its lease expired; it must register again")]
     Expired(String),

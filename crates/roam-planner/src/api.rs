@@ -51,6 +51,7 @@ impl From<StoreError> for AppError {
         let status = match &e {
             StoreError::Conflict { .. } | StoreError::Exists(_) => StatusCode::CONFLICT,
             StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+            StoreError::Invalid(_) => StatusCode::BAD_REQUEST,
             StoreError::Expired(_) => StatusCode::GONE,
             StoreError::Backend { .. } => StatusCode::SERVICE_UNAVAILABLE,
             StoreError::Corrupt { .. } => StatusCode::INTERNAL_SERVER_ERROR,

@@ -9,7 +9,8 @@
 //! services set it and as `scripts/test.sh` exports it.
 //!
 //! It also holds [`resp`], a RESP client and a `redis-benchmark` runner for
-//! the tests and benchmarks of Redis-protocol cells.
+//! the tests and benchmarks of Redis-protocol cells, and [`etcd`], a real
+//! etcd server started and stopped by the tests of the cluster store.
 //!
 //! Used by tests and benchmarks only.
 
@@ -18,6 +19,7 @@
 use std::ffi::OsStr;
 use std::fmt::Display;
 
+pub mod etcd;
 pub mod resp;
 
 /// Something a test needs that may be missing, and how to get it.
