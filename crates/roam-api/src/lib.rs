@@ -10,12 +10,14 @@
 //! - [`types`], [`client`]: a node's control API (`docs/node-api.md`);
 //! - [`planner`]: the planner's API and the cluster's records
 //!   (`docs/control-plane.md`);
-//! - [`sysinfo`]: what a node reports about its machine.
+//! - [`sysinfo`]: what a node reports about its machine;
+//! - [`serve`]: the TLS listener and token check both daemons serve with.
 
 #![deny(missing_docs)]
 
 pub mod client;
 pub mod planner;
+pub mod serve;
 pub mod sysinfo;
 pub mod types;
 

@@ -253,3 +253,63 @@ pub struct MoveRequest {
     #[serde(default)]
     pub mode: Option<String>,
 }
+
+/// The answer to `POST /v1/cells/{id}/migrate` on the planner.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MoveResponse {
+    /// The migration's id on the source node (`GET /v1/migrations/{id}`
+    /// there).
+    pub migration: String,
+    /// The destination node's name.
+    pub to: String,
+}
+
+/// The answer to `POST /v1/nodes/{name}/drain`.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct DrainResponse {
+    /// The node drained.
+    pub node: String,
+    /// One entry per cell it owned.
+    pub moves: Vec<DrainMove>,
+}
+
+/// One cell of a drained node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DrainMove {
+    /// The cell.
+    pub cell: String,
+    /// Where it goes, when a migration started.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// The migration's id on the drained node, when one started.
+    #[serde(default)]
+    pub migration: Option<String>,
+    /// Why it could not be moved.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// `GET /v1/policies` and the answer to `PUT /v1/policies`.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct PoliciesResponse {
+    /// The placement policy of launches and migrations that name no node.
+    pub placement: String,
+    /// Every policy there is.
+    pub available: Vec<PolicyInfo>,
+}
+
+/// One policy.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PolicyInfo {
+    /// Its name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+}
+
+/// `PUT /v1/policies`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PolicyRequest {
+    /// The placement policy to use from now on.
+    pub placement: String,
+}

@@ -157,6 +157,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 dirs: a.dirs.clone(),
                 max_memory: a.max_memory,
                 service: a.service.clone(),
+                id: None,
             })
             .await?;
         println!("{}", r.id);

@@ -1,0 +1,573 @@
+//! Cells through the planner: launch (placed by policy), list, status,
+//! logs, kill, kept checkpoints, and the ownership transaction nodes ask
+//! for at a migration's commit point. Migrations and drains are in
+//! `moves.rs`.
+//!
+//! The planner drives nodes only through their public API; the cluster
+//! store is the truth about who owns a cell, and every change to a cell's
+//! record is a compare-and-swap ([`update`]), so two planners, or a
+//! planner and a node's ownership transaction, never overwrite each other.
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use roam_api::planner::{OwnerRequest, OwnerResponse, PlaceRequest};
+use roam_api::types::{KeepRequest, LaunchRequest};
+use roam_cluster::{CellRecord, CellState, Kept, NodeRecord, StoreError, Versioned};
+
+use crate::api::{bad, AppError, P};
+use crate::events::Event;
+use crate::policy::{self, Ctx, Want};
+use crate::{lock, random_hex, unix_ms, Inner};
+
+pub(crate) use crate::moves::{drain, migrate};
+
+/// Most arguments, environment entries or directories of a cell.
+const MAX_LIST: usize = 4096;
+/// Most bytes of arguments and environment together.
+const MAX_ARGS_BYTES: usize = 1 << 20;
+/// Compare-and-swap attempts before giving up on a busy record.
+const CAS_TRIES: usize = 16;
+
+fn check_place(r: &PlaceRequest) -> Result<(), AppError> {
+    roam_wire::ident::parse_module_hash(&r.module).map_err(|e| bad(e.to_string()))?;
+    if r.args.is_empty() {
+        return Err(bad("args must hold at least the program name"));
+    }
+    if r.args.len() > MAX_LIST || r.env.len() > MAX_LIST || r.dirs.len() > MAX_LIST {
+        return Err(bad(format!(
+            "at most {MAX_LIST} arguments, environment entries and directories"
+        )));
+    }
+    let bytes: usize = r.args.iter().map(String::len).sum::<usize>()
+        + r.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if bytes > MAX_ARGS_BYTES {
+        return Err(bad(format!(
+            "arguments and environment hold {}, more than {}",
+            policy::human(bytes as u64),
+            policy::human(MAX_ARGS_BYTES as u64)
+        )));
+    }
+    if r.env.iter().any(|(k, _)| k.is_empty() || k.contains('=')) {
+        return Err(bad("an environment name is empty or holds '='"));
+    }
+    roam_wire::ident::check_guest_dirs(&r.dirs).map_err(|e| bad(e.to_string()))?;
+    if let Some(s) = &r.service {
+        roam_wire::ident::check_service_name(s).map_err(|e| bad(e.to_string()))?;
+    }
+    if let Some(node) = &r.node {
+        roam_wire::ident::check_node_name(node).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Every node and every cell.
+pub(crate) async fn snapshot(n: &Inner) -> Result<(Vec<NodeRecord>, Vec<CellRecord>), AppError> {
+    let nodes = n.timed("nodes", n.store.nodes()).await?;
+    let cells = n.timed("cells", n.store.cells()).await?;
+    Ok((nodes, cells.into_iter().map(|c| c.value).collect()))
+}
+
+/// Run the policy called `name` (`manual` when `want` names a node).
+pub(crate) fn choose(
+    name: &str,
+    want: &Want,
+    nodes: &[NodeRecord],
+    cells: &[CellRecord],
+) -> Result<(NodeRecord, &'static str), AppError> {
+    let p = if want.node.is_some() {
+        Box::new(policy::Manual)
+    } else {
+        policy::by_name(name).unwrap_or_else(|| Box::new(policy::LeastLoaded))
+    };
+    let ctx = Ctx { nodes, cells, want };
+    policy::place(p.as_ref(), &ctx)
+        .map(|node| (node.clone(), p.name()))
+        .map_err(|e| AppError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+}
+
+/// A cell's record, or 404.
+pub(crate) async fn get_cell(n: &Inner, id: &str) -> Result<Versioned<CellRecord>, AppError> {
+    n.timed("cell", n.store.cell(id)).await?.ok_or_else(|| {
+        AppError(
+            StatusCode::NOT_FOUND,
+            format!("no cell {id} in the cluster: list them with GET /v1/cells"),
+        )
+    })
+}
+
+/// A node's record, or 404.
+pub(crate) async fn get_node(n: &Inner, name: &str) -> Result<NodeRecord, AppError> {
+    n.timed("nodes", n.store.nodes())
+        .await?
+        .into_iter()
+        .find(|x| x.name == name)
+        .ok_or_else(|| {
+            AppError(
+                StatusCode::NOT_FOUND,
+                format!("no node {name} in the cluster: list them with GET /v1/nodes"),
+            )
+        })
+}
+
+/// Change cell `id` with `f` by compare-and-swap, reading it again after a
+/// lost race. `f` returns false to leave the record as it is (it no longer
+/// holds what the change assumed): `Ok(None)` then.
+pub(crate) async fn update(
+    n: &Inner,
+    id: &str,
+    mut f: impl FnMut(&mut CellRecord) -> bool,
+) -> Result<Option<CellRecord>, AppError> {
+    for _ in 0..CAS_TRIES {
+        let cur = get_cell(n, id).await?;
+        let mut c = cur.value;
+        if !f(&mut c) {
+            return Ok(None);
+        }
+        match n
+            .timed("update_cell", n.store.update_cell(cur.revision, c.clone()))
+            .await
+        {
+            Ok(_) => return Ok(Some(c)),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(AppError(
+        StatusCode::CONFLICT,
+        format!("cell {id} changed {CAS_TRIES} times while it was being updated; try again"),
+    ))
+}
+
+/// Make sure `node` has the module `hash` of the repository: the hash the
+/// node knows it by (it prepares an unprepared module, which changes it).
+pub(crate) async fn ensure_module(
+    n: &Inner,
+    node: &NodeRecord,
+    hash: &str,
+) -> Result<String, String> {
+    let key = (node.name.clone(), hash.to_string());
+    if let Some(h) = lock(&n.uploaded).get(&key) {
+        return Ok(h.clone());
+    }
+    let bytes = n
+        .timed("module", n.store.module(hash))
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("module {hash} is not in the repository: upload it again"))?;
+    let c = n.node_client(node).map_err(|e| e.to_string())?;
+    let info = c
+        .upload_module(bytes)
+        .await
+        .map_err(|e| format!("uploading module {hash} to node {}: {e}", node.name))?;
+    lock(&n.uploaded).insert(key, info.hash.clone());
+    Ok(info.hash)
+}
+
+/// Start cell `c` on `node`, which owns it.
+async fn start_on(n: &Inner, node: &NodeRecord, c: &CellRecord) -> Result<(), String> {
+    let module = ensure_module(n, node, &c.module).await?;
+    let client = n.node_client(node).map_err(|e| e.to_string())?;
+    let req = LaunchRequest {
+        module,
+        args: c.args.clone(),
+        env: c.env.clone(),
+        dirs: c.dirs.clone(),
+        max_memory: c.max_memory,
+        service: c.service.clone(),
+        id: Some(c.id.clone()),
+    };
+    match client.launch(&req).await {
+        Ok(_) => Ok(()),
+        // The node lost the module (it restarted with another cache): once more.
+        Err(e) if e.to_string().contains("(404") => {
+            lock(&n.uploaded).remove(&(node.name.clone(), c.module.clone()));
+            let module = ensure_module(n, node, &c.module).await?;
+            client
+                .launch(&LaunchRequest { module, ..req })
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+pub(crate) async fn launch(
+    State(n): P,
+    Json(r): Json<PlaceRequest>,
+) -> Result<Json<CellRecord>, AppError> {
+    check_place(&r)?;
+    if n.timed("module", n.store.module(&r.module))
+        .await?
+        .is_none()
+    {
+        return Err(AppError(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no module {} in the repository: upload it first with POST /v1/modules",
+                r.module
+            ),
+        ));
+    }
+    let (nodes, cells) = snapshot(&n).await?;
+    let want = Want {
+        max_memory: r.max_memory,
+        node: r.node.clone(),
+        ..Want::default()
+    };
+    let (node, policy) = match choose(n.placement(), &want, &nodes, &cells) {
+        Ok(x) => x,
+        Err(e) => {
+            n.metrics.placement(n.placement(), "no-node");
+            return Err(e);
+        }
+    };
+    let rec = CellRecord {
+        id: format!("c-{}", random_hex(6)),
+        module: r.module,
+        args: r.args,
+        env: r.env,
+        dirs: r.dirs,
+        max_memory: r.max_memory,
+        service: r.service,
+        owner: node.name.clone(),
+        generation: 1,
+        state: CellState::Placing,
+        checkpoint_interval_s: r
+            .checkpoint_interval_s
+            .unwrap_or(n.cfg.checkpoint_interval_s),
+        kept: None,
+        created_ms: unix_ms(),
+    };
+    n.timed("create_cell", n.store.create_cell(rec.clone()))
+        .await?;
+    let started = start_on(&n, &node, &rec).await;
+    let id = rec.id.clone();
+    let new_state = match &started {
+        Ok(()) => CellState::Running,
+        Err(e) => CellState::Failed {
+            error: format!("node {} could not start it: {e}", node.name),
+        },
+    };
+    let rec = update(&n, &id, |c| {
+        let placing = c.state == CellState::Placing;
+        if placing {
+            c.state = new_state.clone();
+        }
+        placing
+    })
+    .await?;
+    match started {
+        Ok(()) => {
+            n.metrics.placement(policy, "placed");
+            n.events.send(Event::Placement {
+                cell: id.clone(),
+                node: node.name.clone(),
+                policy: policy.to_string(),
+            });
+            let rec = match rec {
+                Some(r) => r,
+                None => get_cell(&n, &id).await?.value,
+            };
+            Ok(Json(rec))
+        }
+        Err(e) => {
+            n.metrics.placement(policy, "failed");
+            Err(AppError(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "node {} could not start cell {id}: {e} (the cell is recorded as failed)",
+                    node.name
+                ),
+            ))
+        }
+    }
+}
+
+pub(crate) async fn list(State(n): P) -> Result<Json<Vec<CellRecord>>, AppError> {
+    let mut cells: Vec<CellRecord> = n
+        .timed("cells", n.store.cells())
+        .await?
+        .into_iter()
+        .map(|c| c.value)
+        .collect();
+    cells.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+    Ok(Json(cells))
+}
+
+pub(crate) async fn status(
+    State(n): P,
+    Path(id): Path<String>,
+) -> Result<Json<CellRecord>, AppError> {
+    Ok(Json(get_cell(&n, &id).await?.value))
+}
+
+pub(crate) async fn logs(State(n): P, Path(id): Path<String>) -> Result<Response, AppError> {
+    let c = get_cell(&n, &id).await?.value;
+    let node = get_node(&n, &c.owner).await?;
+    let client = n
+        .node_client(&node)
+        .map_err(|e| AppError(StatusCode::BAD_GATEWAY, e.to_string()))?;
+    let log = client.logs(&id).await.map_err(|e| {
+        AppError(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "cannot get cell {id}'s log from its owner {}: {e}",
+                node.name
+            ),
+        )
+    })?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], log).into_response())
+}
+
+pub(crate) async fn kill(
+    State(n): P,
+    Path(id): Path<String>,
+) -> Result<Json<CellRecord>, AppError> {
+    let c = get_cell(&n, &id).await?.value;
+    if c.state.ended() {
+        return Err(AppError(
+            StatusCode::CONFLICT,
+            format!("cell {id} has already ended ({:?})", c.state),
+        ));
+    }
+    let node = get_node(&n, &c.owner).await?;
+    // A dead owner cannot be asked; the record says killed, and the node is
+    // told to stop the cell if it comes back.
+    if node.alive {
+        let client = n
+            .node_client(&node)
+            .map_err(|e| AppError(StatusCode::BAD_GATEWAY, e.to_string()))?;
+        if let Err(e) = client.kill(&id).await {
+            // A cell that already ended there is as good as killed.
+            let ended = client
+                .cell(&id)
+                .await
+                .is_ok_and(|i| !matches!(i.state, roam_api::types::CellState::Running));
+            if !ended {
+                return Err(AppError(
+                    StatusCode::BAD_GATEWAY,
+                    format!("node {} could not kill cell {id}: {e}", node.name),
+                ));
+            }
+        }
+    }
+    let rec = update(&n, &id, |c| {
+        c.state = CellState::Killed;
+        true
+    })
+    .await?;
+    n.events.send(Event::Killed { cell: id.clone() });
+    match rec {
+        Some(r) => Ok(Json(r)),
+        None => Ok(Json(get_cell(&n, &id).await?.value)),
+    }
+}
+
+/// Removes a cell from the busy set when dropped.
+pub(crate) struct Busy<'a>(&'a Inner, String);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.busy).remove(&self.1);
+    }
+}
+
+/// Mark `id` busy, or say what holds it.
+pub(crate) fn claim<'a>(n: &'a Inner, id: &str) -> Result<Busy<'a>, AppError> {
+    if !lock(&n.busy).insert(id.to_string()) {
+        return Err(AppError(
+            StatusCode::CONFLICT,
+            format!("a checkpoint or restore of cell {id} is in progress; try again shortly"),
+        ));
+    }
+    Ok(Busy(n, id.to_string()))
+}
+
+/// Take a kept checkpoint of cell `id` now: its owner checkpoints it and
+/// sends the snapshot to a holder the `evacuate` policy picks (never the
+/// owner), and the cell's record names the new checkpoint.
+pub(crate) async fn keep_now(n: &Inner, id: &str) -> Result<Kept, AppError> {
+    let _busy = claim(n, id)?;
+    let r = keep_inner(n, id).await;
+    n.metrics
+        .checkpoint(if r.is_ok() { "kept" } else { "failed" });
+    r
+}
+
+async fn keep_inner(n: &Inner, id: &str) -> Result<Kept, AppError> {
+    let c = get_cell(n, id).await?.value;
+    if c.state != CellState::Running {
+        return Err(AppError(
+            StatusCode::CONFLICT,
+            format!(
+                "cell {id} is not running ({:?}): nothing to checkpoint",
+                c.state
+            ),
+        ));
+    }
+    let (nodes, cells) = snapshot(n).await?;
+    let owner = nodes
+        .iter()
+        .find(|x| x.name == c.owner && x.alive)
+        .ok_or_else(|| {
+            AppError(
+                StatusCode::CONFLICT,
+                format!("cell {id}'s owner {} is not alive", c.owner),
+            )
+        })?;
+    let want = Want {
+        cell: Some(id.to_string()),
+        // A holder keeps a snapshot, not the running cell.
+        max_memory: Some(0),
+        exclude: vec![(c.owner.clone(), "the cell's owner")],
+        ..Want::default()
+    };
+    let ctx = Ctx {
+        nodes: &nodes,
+        cells: &cells,
+        want: &want,
+    };
+    let holder = policy::place(&policy::Evacuate, &ctx).map_err(|e| {
+        AppError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no node can keep a checkpoint of cell {id}: {e}"),
+        )
+    })?;
+    let client = n
+        .node_client(owner)
+        .map_err(|e| AppError(StatusCode::BAD_GATEWAY, e.to_string()))?;
+    let resp = client
+        .keep(
+            id,
+            &KeepRequest {
+                holder: holder.api.clone(),
+                holder_name: holder.name.clone(),
+            },
+        )
+        .await
+        .map_err(|e| {
+            AppError(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "node {} could not keep a checkpoint of cell {id} on {}: {e}",
+                    owner.name, holder.name
+                ),
+            )
+        })?;
+    roam_wire::ident::parse_module_hash(&resp.snapshot).map_err(|e| {
+        AppError(
+            StatusCode::BAD_GATEWAY,
+            format!("node {} answered a bad snapshot hash: {e}", owner.name),
+        )
+    })?;
+    let kept = Kept {
+        holder: holder.name.clone(),
+        snapshot: resp.snapshot,
+        bytes: resp.bytes,
+        taken_ms: if resp.taken_ms == 0 {
+            unix_ms()
+        } else {
+            resp.taken_ms
+        },
+        generation: c.generation,
+    };
+    let recorded = update(n, id, |x| {
+        let same = x.owner == c.owner && x.generation == c.generation;
+        if same {
+            x.kept = Some(kept.clone());
+        }
+        same
+    })
+    .await?;
+    if recorded.is_none() {
+        return Err(AppError(
+            StatusCode::CONFLICT,
+            format!("cell {id} changed owner during the checkpoint; it was not recorded"),
+        ));
+    }
+    n.events.send(Event::Checkpoint {
+        cell: id.to_string(),
+        owner: c.owner,
+        holder: kept.holder.clone(),
+        snapshot: kept.snapshot.clone(),
+        bytes: kept.bytes,
+        sent_bytes: resp.sent_bytes,
+    });
+    Ok(kept)
+}
+
+pub(crate) async fn checkpoint(
+    State(n): P,
+    Path(id): Path<String>,
+) -> Result<Json<Kept>, AppError> {
+    Ok(Json(keep_now(&n, &id).await?))
+}
+
+/// `POST /v1/cells/{id}/owner`: the ownership transaction. It wins only if
+/// the cell is owned by `from` at `generation`; then `to` owns it at the
+/// next generation and the cell is running there.
+pub(crate) async fn owner(
+    State(n): P,
+    Path(id): Path<String>,
+    Json(r): Json<OwnerRequest>,
+) -> Result<Json<OwnerResponse>, AppError> {
+    owner_change(&n, &id, &r).await.map(Json)
+}
+
+pub(crate) async fn owner_change(
+    n: &Inner,
+    id: &str,
+    r: &OwnerRequest,
+) -> Result<OwnerResponse, AppError> {
+    for name in [&r.from, &r.to] {
+        roam_wire::ident::check_node_name(name).map_err(|e| bad(e.to_string()))?;
+    }
+    let to = get_node(n, &r.to).await?;
+    if !to.alive {
+        return Err(AppError(
+            StatusCode::CONFLICT,
+            format!(
+                "node {} is not alive (its lease expired): it cannot take cell {id}",
+                r.to
+            ),
+        ));
+    }
+    let mut lost = None;
+    let won = update(n, id, |c| {
+        if c.state.ended() || c.owner != r.from || c.generation != r.generation {
+            lost = Some((c.owner.clone(), c.generation, c.state.clone()));
+            return false;
+        }
+        c.owner = r.to.clone();
+        c.generation += 1;
+        c.state = CellState::Running;
+        true
+    })
+    .await?;
+    match (won, lost) {
+        (Some(c), _) => {
+            tracing::info!(cell = %id, from = %r.from, to = %c.owner, generation = c.generation, "ownership moved");
+            Ok(OwnerResponse {
+                owner: c.owner,
+                generation: c.generation,
+            })
+        }
+        (None, Some((owner, generation, state))) => Err(AppError(
+            StatusCode::CONFLICT,
+            format!(
+                "the transaction lost: cell {id} is owned by {owner} at generation \
+                 {generation} ({}), not by {} at generation {}; do not run it",
+                crate::metrics::state_name(&state),
+                r.from,
+                r.generation
+            ),
+        )),
+        (None, None) => Err(AppError(
+            StatusCode::CONFLICT,
+            format!("cell {id}: the transaction lost"),
+        )),
+    }
+}

@@ -1,0 +1,277 @@
+//! What the leading planner does on its own, every [`TICK`]: notice dead
+//! nodes, restore their cells elsewhere from their newest kept checkpoints,
+//! and take the kept checkpoints that are due.
+//!
+//! Why only the leader: two planners restoring the same cell would race;
+//! the store's election ([`roam_cluster::ClusterStore::lead`]) makes one
+//! of them act, and every change is still a compare-and-swap on the cell's
+//! record, so even a planner that lost the lead without knowing it yet
+//! cannot make a cell run twice: its change loses.
+//!
+//! The rule is a state, not an event: every tick, each cell that has not
+//! ended and whose owner is dead is restored. A planner that takes the
+//! lead after another died therefore finishes what the other left.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use roam_api::types::RestoreRequest;
+use roam_cluster::{CellRecord, CellState, NodeRecord};
+
+use crate::cells::{claim, ensure_module, keep_now, snapshot, update};
+use crate::events::Event;
+use crate::policy::{self, Ctx, Want};
+use crate::{lock, unix_ms, Inner};
+
+/// How often the leader looks at the cluster.
+pub const TICK: Duration = Duration::from_millis(500);
+/// How long to wait before asking for the lead again after the store
+/// failed.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Lead whenever elected, until the task is aborted.
+pub(crate) async fn run(n: Arc<Inner>) {
+    loop {
+        let mut lead = match n.store.lead(&n.cfg.id).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("cannot take part in the leader election: {e}");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        tracing::info!(id = %n.cfg.id, "this planner leads the cluster");
+        n.metrics.set_leader(true);
+        let mut alive: HashMap<String, bool> = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = lead.lost() => break,
+                _ = tokio::time::sleep(TICK) => {}
+            }
+            if let Err(e) = tick(&n, &mut alive).await {
+                tracing::warn!("leader: {}", e.1);
+            }
+        }
+        n.metrics.set_leader(false);
+        tracing::warn!(id = %n.cfg.id, "this planner lost the lead");
+    }
+}
+
+async fn tick(
+    n: &Arc<Inner>,
+    was_alive: &mut HashMap<String, bool>,
+) -> Result<(), crate::api::AppError> {
+    let (nodes, cells) = snapshot(n).await?;
+    for node in &nodes {
+        let before = was_alive.insert(node.name.clone(), node.alive);
+        if before == Some(true) && !node.alive {
+            let owned = cells
+                .iter()
+                .filter(|c| c.owner == node.name && !c.state.ended())
+                .map(|c| c.id.clone())
+                .collect();
+            n.events.send(Event::NodeDeath {
+                node: node.name.clone(),
+                cells: owned,
+            });
+        }
+    }
+    let alive = |name: &str| nodes.iter().any(|x| x.name == name && x.alive);
+    let now = unix_ms();
+    for c in &cells {
+        if c.state.ended() || lock(&n.busy).contains(&c.id) {
+            continue;
+        }
+        if !alive(&c.owner) {
+            let (n, c) = (n.clone(), c.clone());
+            tokio::spawn(async move { evacuate(&n, c).await });
+        } else if c.state == CellState::Running && due(n, c, now) {
+            let (n, id) = (n.clone(), c.id.clone());
+            tokio::spawn(async move {
+                if let Err(e) = keep_now(&n, &id).await {
+                    lock(&n.keep_failed).insert(id.clone(), unix_ms());
+                    tracing::warn!(cell = %id, "kept checkpoint failed: {}", e.1);
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether cell `c`'s next kept checkpoint is due at `now`.
+fn due(n: &Inner, c: &CellRecord, now: u64) -> bool {
+    if c.checkpoint_interval_s == 0 {
+        return false;
+    }
+    let interval = c.checkpoint_interval_s.saturating_mul(1000);
+    let last = c.kept.as_ref().map_or(c.created_ms, |k| k.taken_ms);
+    let failed = lock(&n.keep_failed).get(&c.id).copied().unwrap_or(0);
+    now >= last.max(failed).saturating_add(interval)
+}
+
+/// Restore cell `c`, whose owner is dead, on another node from its newest
+/// kept checkpoint; without one, it is lost.
+async fn evacuate(n: &Arc<Inner>, c: CellRecord) {
+    let Ok(_busy) = claim(n, &c.id) else {
+        return;
+    };
+    let result = restore(n, &c).await;
+    let (label, msg) = match &result {
+        Ok(()) => ("restored", None),
+        Err(Gone::Lost(e)) => ("lost", Some(e.clone())),
+        Err(Gone::Retry(e)) => ("failed", Some(e.clone())),
+    };
+    n.metrics.evacuation(label);
+    if let Some(msg) = msg {
+        tracing::warn!(cell = %c.id, "evacuation {label}: {msg}");
+    }
+}
+
+/// Why a restoration did not happen.
+enum Gone {
+    /// The cell cannot come back (its record now says `lost`).
+    Lost(String),
+    /// Not now (the store, no live node); the next tick tries again.
+    Retry(String),
+}
+
+async fn lose(n: &Inner, c: &CellRecord, error: String) -> Gone {
+    let r = update(n, &c.id, |x| {
+        let same = x.owner == c.owner && x.generation == c.generation && !x.state.ended();
+        if same {
+            x.state = CellState::Lost {
+                error: error.clone(),
+            };
+        }
+        same
+    })
+    .await;
+    if let Ok(Some(_)) = r {
+        n.events.send(Event::Lost {
+            cell: c.id.clone(),
+            error: error.clone(),
+        });
+    }
+    Gone::Lost(error)
+}
+
+async fn restore(n: &Arc<Inner>, c: &CellRecord) -> Result<(), Gone> {
+    let Some(kept) = c.kept.clone() else {
+        return Err(lose(
+            n,
+            c,
+            format!(
+                "its owner {} died and it had no kept checkpoint (its checkpoint interval is {} s)",
+                c.owner, c.checkpoint_interval_s
+            ),
+        )
+        .await);
+    };
+    let (nodes, cells) = snapshot(n).await.map_err(|e| Gone::Retry(e.1))?;
+    let Some(holder) = nodes.iter().find(|x| x.name == kept.holder && x.alive) else {
+        return Err(lose(
+            n,
+            c,
+            format!(
+                "its owner {} died and so did {}, the holder of its kept checkpoint",
+                c.owner, kept.holder
+            ),
+        )
+        .await);
+    };
+    let want = Want {
+        cell: Some(c.id.clone()),
+        max_memory: c.max_memory,
+        exclude: vec![(c.owner.clone(), "the cell's dead owner")],
+        ..Want::default()
+    };
+    let ctx = Ctx {
+        nodes: &nodes,
+        cells: &cells,
+        want: &want,
+    };
+    let target: NodeRecord = policy::place(&policy::Evacuate, &ctx)
+        .map_err(|e| Gone::Retry(e.to_string()))?
+        .clone();
+    // Take ownership for the target first: from here on the dead owner,
+    // should it come back, is told to stop the cell.
+    let generation = c.generation + 1;
+    let moved = update(n, &c.id, |x| {
+        let same = x.owner == c.owner && x.generation == c.generation && !x.state.ended();
+        if same {
+            x.owner = target.name.clone();
+            x.generation = generation;
+            x.state = CellState::Restoring;
+        }
+        same
+    })
+    .await
+    .map_err(|e| Gone::Retry(e.1))?;
+    if moved.is_none() {
+        return Err(Gone::Retry("the cell changed meanwhile".into()));
+    }
+    let started = async {
+        let module = ensure_module(n, &target, &c.module).await?;
+        let client = n.node_client(&target).map_err(|e| e.to_string())?;
+        client
+            .restore(&RestoreRequest {
+                id: c.id.clone(),
+                module,
+                args: c.args.clone(),
+                env: c.env.clone(),
+                dirs: c.dirs.clone(),
+                max_memory: c.max_memory,
+                service: c.service.clone(),
+                generation,
+                holder: holder.api.clone(),
+                snapshot: kept.snapshot.clone(),
+            })
+            .await
+            .map_err(|e| e.to_string())
+    }
+    .await;
+    let after = |x: &CellRecord| x.owner == target.name && x.generation == generation;
+    match started {
+        Ok(_) => {
+            let _ = update(n, &c.id, |x| {
+                let ok = after(x) && x.state == CellState::Restoring;
+                if ok {
+                    x.state = CellState::Running;
+                }
+                ok
+            })
+            .await;
+            n.events.send(Event::Restore {
+                cell: c.id.clone(),
+                from: c.owner.clone(),
+                to: target.name.clone(),
+                generation,
+                snapshot: kept.snapshot,
+            });
+            Ok(())
+        }
+        Err(e) => {
+            let error = format!(
+                "its owner {} died and restoring it on {} from the checkpoint kept on {} \
+                 failed: {e}",
+                c.owner, target.name, holder.name
+            );
+            let _ = update(n, &c.id, |x| {
+                let ok = after(x) && x.state == CellState::Restoring;
+                if ok {
+                    x.state = CellState::Lost {
+                        error: error.clone(),
+                    };
+                }
+                ok
+            })
+            .await;
+            n.events.send(Event::Lost {
+                cell: c.id.clone(),
+                error: error.clone(),
+            });
+            Err(Gone::Lost(error))
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! The planner: the one place that knows every node and cell of a fleet.
+//! Nodes register and heartbeat; users launch, list, move and kill cells
+//! through it; it places cells by policy, keeps periodic checkpoints of
+//! each cell on another node, and restores a dead node's cells elsewhere
+//! (`docs/control-plane.md`).
+//!
+//! Why a crate of its own: the planner is a daemon of its own that drives
+//! nodes only through their public API (`roam_api::Client`) and keeps its
+//! state only in a `roam_cluster::ClusterStore`, so it can run on another
+//! machine than any node, and several planners can share an etcd store.
+//!
+//! ```text
+//!   roam CLI ──► api (axum) ──► cells: place, kill, migrate, keep ──► node API
+//!   nodes ─────►   │                         ▲
+//!   (register,     ▼                         │
+//!    heartbeat) ClusterStore ◄── leader: liveness, evacuation, periodic checkpoints
+//! ```
+//!
+//! Every planner answers the API; only the leader ([`ClusterStore::lead`])
+//! acts on its own.
+
+#![deny(missing_docs)]
+
+mod api;
+mod cells;
+pub mod events;
+mod leader;
+pub mod metrics;
+mod moves;
+pub mod policy;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use roam_api::{Client, ClientAuth, ClientError};
+use roam_auth::tokio_rustls::TlsAcceptor;
+use roam_auth::{Identity, Token, ALPN_HTTP};
+use roam_cluster::{ClusterStore, NodeRecord, StoreResult};
+use tokio::net::TcpListener;
+
+pub use roam_cluster;
+
+/// Default `--lease`: a node without a heartbeat for this long is dead.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(5);
+/// Default `--checkpoint-interval`, seconds (0: no kept checkpoints).
+pub const DEFAULT_CHECKPOINT_INTERVAL_S: u64 = 30;
+/// Default largest module accepted by `POST /v1/modules`.
+pub const DEFAULT_MAX_MODULE_BYTES: u64 = 256 << 20;
+
+/// How a planner runs.
+#[derive(Debug, Clone)]
+pub struct PlannerConfig {
+    /// The API's address.
+    pub listen: SocketAddr,
+    /// This planner's id in leader elections (unique among planners).
+    pub id: String,
+    /// Seconds between a cell's kept checkpoints when its launch names
+    /// none ([`DEFAULT_CHECKPOINT_INTERVAL_S`]; 0: none).
+    pub checkpoint_interval_s: u64,
+    /// A node without a heartbeat for this long is dead ([`DEFAULT_LEASE`]).
+    pub lease: Duration,
+    /// Mutual TLS: the planner's certificate (`roam cert node planner`),
+    /// also presented to nodes when it calls them.
+    pub tls: Option<Identity>,
+    /// The bearer token the API requires and the planner sends to nodes.
+    pub token: Option<Token>,
+    /// Allow an unauthenticated API on a non-loopback address.
+    pub insecure: bool,
+    /// Largest module `POST /v1/modules` accepts
+    /// ([`DEFAULT_MAX_MODULE_BYTES`]).
+    pub max_module_bytes: u64,
+}
+
+impl PlannerConfig {
+    /// A configuration with every default, listening on `listen`.
+    pub fn new(listen: SocketAddr) -> PlannerConfig {
+        PlannerConfig {
+            listen,
+            id: format!("planner-{}", random_hex(4)),
+            checkpoint_interval_s: DEFAULT_CHECKPOINT_INTERVAL_S,
+            lease: DEFAULT_LEASE,
+            tls: None,
+            token: None,
+            insecure: false,
+            max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
+        }
+    }
+}
+
+/// Why a planner cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// An unauthenticated API on a non-loopback address.
+    #[error(
+        "refusing to serve the planner API on {addr} without authentication: anyone who can \
+         reach it could launch, move and kill cells on every node. Give --tls-ca, --tls-cert \
+         and --tls-key (make them with `roam cert`), or --token-file, or listen on 127.0.0.1, \
+         or add --insecure if the network itself is trusted (see docs/trust.md)"
+    )]
+    Unauthenticated {
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// The TLS configuration could not be built.
+    #[error("cannot build the TLS configuration")]
+    Tls(#[from] roam_auth::rustls::Error),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr} (is another planner or program using it?)")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a planner stopped serving.
+#[derive(Debug, thiserror::Error)]
+#[error("the planner API failed")]
+pub struct ServeError(#[from] std::io::Error);
+
+/// A planner, bound and ready to serve.
+pub struct Planner {
+    inner: Arc<Inner>,
+    listener: TcpListener,
+    acceptor: Option<TlsAcceptor>,
+}
+
+/// What every part of the planner shares.
+pub(crate) struct Inner {
+    pub store: Arc<dyn ClusterStore>,
+    pub cfg: PlannerConfig,
+    pub client_auth: ClientAuth,
+    pub events: events::Events,
+    pub metrics: metrics::Metrics,
+    /// The active placement policy's name.
+    pub placement: RwLock<&'static str>,
+    /// Cells the leader is working on (a kept checkpoint, a restore): one
+    /// operation per cell at a time.
+    pub busy: Mutex<HashSet<String>>,
+    /// (node, repository hash) → the hash the node gave the module (it
+    /// prepares unprepared modules, which changes the hash).
+    pub uploaded: Mutex<HashMap<(String, String), String>>,
+    /// Cell → when its last kept checkpoint failed (Unix ms): the next try
+    /// waits a full interval.
+    pub keep_failed: Mutex<HashMap<String, u64>>,
+}
+
+impl Inner {
+    /// Run a store operation, recording its latency as `op`.
+    pub async fn timed<T>(
+        &self,
+        op: &str,
+        f: impl std::future::Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        let t = Instant::now();
+        let r = f.await;
+        self.metrics.store_op(op, t.elapsed());
+        r
+    }
+
+    /// A client of `node`'s API with the planner's credentials.
+    pub fn node_client(&self, node: &NodeRecord) -> Result<Client, ClientError> {
+        Client::with_auth(&node.api, &self.client_auth)
+    }
+
+    /// The active placement policy's name.
+    pub fn placement(&self) -> &'static str {
+        *self
+            .placement
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Lock a mutex, whatever a panicking holder left.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Now, Unix milliseconds.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `n` random bytes as hex.
+pub(crate) fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    getrandom::fill(&mut b).expect("the OS random source works");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Planner {
+    /// Check the configuration against the exposure rule, and bind.
+    pub async fn bind(
+        cfg: PlannerConfig,
+        store: Arc<dyn ClusterStore>,
+    ) -> Result<Planner, BindError> {
+        if !cfg.insecure
+            && cfg.tls.is_none()
+            && cfg.token.is_none()
+            && !cfg.listen.ip().is_loopback()
+        {
+            return Err(BindError::Unauthenticated { addr: cfg.listen });
+        }
+        let acceptor = match &cfg.tls {
+            Some(id) => Some(TlsAcceptor::from(id.server_config(ALPN_HTTP)?)),
+            None => None,
+        };
+        let client_auth = ClientAuth {
+            tls: cfg.tls.as_ref().map(|id| id.client().clone()),
+            token: cfg.token.clone(),
+        };
+        let listener = TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| BindError::Bind {
+                addr: cfg.listen,
+                source,
+            })?;
+        let inner = Arc::new(Inner {
+            store,
+            cfg,
+            client_auth,
+            events: events::Events::default(),
+            metrics: metrics::Metrics::default(),
+            placement: RwLock::new(policy::DEFAULT_PLACEMENT),
+            busy: Mutex::default(),
+            uploaded: Mutex::default(),
+            keep_failed: Mutex::default(),
+        });
+        Ok(Planner {
+            inner,
+            listener,
+            acceptor,
+        })
+    }
+
+    /// The address the API listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// The API's URL.
+    pub fn url(&self) -> String {
+        let scheme = if self.acceptor.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.local_addr())
+    }
+
+    /// Serve the API, and lead when elected, until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let Planner {
+            inner,
+            listener,
+            acceptor,
+        } = self;
+        tracing::info!(
+            id = %inner.cfg.id,
+            store = inner.store.backend(),
+            lease_ms = inner.cfg.lease.as_millis() as u64,
+            checkpoint_interval_s = inner.cfg.checkpoint_interval_s,
+            tls = acceptor.is_some(),
+            token = inner.cfg.token.is_some(),
+            "planner up"
+        );
+        let leader = tokio::spawn(leader::run(inner.clone()));
+        let app = api::router(inner);
+        let served = match acceptor {
+            Some(acceptor) => {
+                axum::serve(roam_api::serve::TlsListener::new(listener, acceptor)?, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+        };
+        leader.abort();
+        Ok(served?)
+    }
+}
