@@ -59,6 +59,11 @@ pub struct LaunchRequest {
     /// after its directories). Needs a node started with `--gateway`.
     #[serde(default)]
     pub service: Option<String>,
+    /// The cell's ownership generation, when a planner placed it: with a
+    /// planner, migrations of the cell are ownership transactions naming
+    /// it (`docs/control-plane.md`). `None`: a cell no planner knows.
+    #[serde(default)]
+    pub generation: Option<u64>,
 }
 
 /// `POST /v1/cells` answer.

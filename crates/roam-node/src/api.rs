@@ -41,6 +41,7 @@ fn internal(msg: impl std::fmt::Display) -> AppError {
 pub(crate) fn router(n: Arc<NodeInner>) -> Router {
     let router = Router::new()
         .route("/v1/node", get(node_info))
+        .route("/metrics", get(metrics))
         .route("/v1/modules", post(upload_module))
         .route("/v1/cells", post(launch).get(list))
         .route("/v1/cells/{id}", get(status))
@@ -116,6 +117,12 @@ pub(crate) fn node_info_of(n: &NodeInner) -> NodeInfo {
 
 async fn node_info(State(n): N) -> Json<NodeInfo> {
     Json(node_info_of(&n))
+}
+
+/// `GET /metrics`: Prometheus text (see [`crate::metrics`]).
+async fn metrics(State(n): N) -> Response {
+    let text = n.metrics.render(&n);
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 async fn upload_module(
@@ -275,6 +282,7 @@ async fn launch(
             hops: 0,
             max_memory,
             service: req.service,
+            generation: req.generation,
         };
         tracing::info!(cell = %cid, program = %spec.args[0], max_memory, "launched");
         let log = Arc::new(CellLog::new(node.log_capacity()));
