@@ -212,6 +212,29 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/cells/restore`: start a cell from a kept checkpoint.
+    pub async fn restore(&self, req: &RestoreRequest) -> Result<CellInfo, ClientError> {
+        self.parse(
+            self.authed(self.http.post(self.url("/v1/cells/restore")))
+                .json(req)
+                .send()
+                .await,
+        )
+        .await
+    }
+
+    /// `POST /v1/cells/{id}/keep`: checkpoint a cell and keep the snapshot
+    /// on another node.
+    pub async fn keep(&self, id: &str, req: &KeepRequest) -> Result<KeepResponse, ClientError> {
+        self.parse(
+            self.authed(self.http.post(self.url(&format!("/v1/cells/{id}/keep"))))
+                .json(req)
+                .send()
+                .await,
+        )
+        .await
+    }
+
     /// `GET /v1/cells`.
     pub async fn cells(&self) -> Result<Vec<CellInfo>, ClientError> {
         self.get("/v1/cells").await

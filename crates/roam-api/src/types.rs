@@ -59,11 +59,71 @@ pub struct LaunchRequest {
     /// after its directories). Needs a node started with `--gateway`.
     #[serde(default)]
     pub service: Option<String>,
+    /// The cell's id, chosen by the caller (the planner, so that the id is
+    /// the same in the cluster's records and on every node); `None`: the
+    /// node chooses one. A taken id is refused with `409`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// The cell's ownership generation, when a planner placed it: with a
     /// planner, migrations of the cell are ownership transactions naming
     /// it (`docs/control-plane.md`). `None`: a cell no planner knows.
     #[serde(default)]
     pub generation: Option<u64>,
+}
+
+/// `POST /v1/cells/restore` body (asked of a node by the planner): start a
+/// cell from a checkpoint kept on another node, as the cell's owner at
+/// `generation`. Answered with the new cell's [`CellInfo`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RestoreRequest {
+    /// The cell's id (the same as before).
+    pub id: String,
+    /// Its module's hash (uploaded to this node first).
+    pub module: String,
+    /// argv, program name first.
+    pub args: Vec<String>,
+    /// Environment.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Guest directories.
+    #[serde(default)]
+    pub dirs: Vec<String>,
+    /// Memory limit, bytes (`None`: the node's default).
+    #[serde(default)]
+    pub max_memory: Option<u64>,
+    /// The gateway service it serves, if any.
+    #[serde(default)]
+    pub service: Option<String>,
+    /// The owner generation this node runs it under.
+    pub generation: u64,
+    /// The control API address of the node that holds the checkpoint.
+    pub holder: String,
+    /// The kept snapshot's BLAKE3 hash.
+    pub snapshot: String,
+}
+
+/// `POST /v1/cells/{id}/keep` body (asked of a cell's owner by the
+/// planner): checkpoint the cell and continue, and send the snapshot to
+/// `holder`, which keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeepRequest {
+    /// The holder's control API address.
+    pub holder: String,
+    /// The holder's node name.
+    pub holder_name: String,
+}
+
+/// `POST /v1/cells/{id}/keep` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeepResponse {
+    /// The snapshot's BLAKE3 hash.
+    pub snapshot: String,
+    /// Its size, bytes.
+    pub bytes: u64,
+    /// Bytes sent to the holder (chunks it already had are not sent).
+    pub sent_bytes: u64,
+    /// When it was taken, Unix milliseconds.
+    pub taken_ms: u64,
 }
 
 /// `POST /v1/cells` answer.

@@ -142,6 +142,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 dirs: a.dirs,
                 max_memory: a.max_memory,
                 service: a.service,
+                id: None,
                 generation: None,
             })
             .await?;

@@ -243,7 +243,19 @@ async fn launch(
         roam_wire::ident::check_service_name(service).map_err(|e| bad(e.to_string()))?;
         n.check_can_serve(service).map_err(bad)?;
     }
-    let id = new_id("c-");
+    let id = match &req.id {
+        Some(id) => {
+            roam_wire::ident::check_cell_id(id).map_err(|e| bad(e.to_string()))?;
+            if n.cells().contains_key(id) {
+                return Err(AppError(
+                    StatusCode::CONFLICT,
+                    format!("a cell {id} already exists on this node: choose another id"),
+                ));
+            }
+            id.clone()
+        }
+        None => new_id("c-"),
+    };
     let max_memory = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
     let admission = crate::limits::admit(&n, &id, max_memory).map_err(|e| {
         if max_memory > n.cfg.limits.max_cell_memory {
