@@ -235,6 +235,63 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/kept/{cell}/missing` (asked of a holder): which of these
+    /// page hashes it lacks for the cell's kept checkpoint.
+    pub async fn kept_missing(
+        &self,
+        cell: &str,
+        hashes: &[String],
+    ) -> Result<Vec<String>, ClientError> {
+        self.parse(
+            self.authed(
+                self.http
+                    .post(self.url(&format!("/v1/kept/{cell}/missing"))),
+            )
+            .json(&hashes)
+            .send()
+            .await,
+        )
+        .await
+    }
+
+    /// `PUT /v1/kept/{cell}` (asked of a holder): a kept checkpoint's
+    /// manifest, state and the pages the holder lacked.
+    pub async fn put_kept(
+        &self,
+        cell: &str,
+        body: Vec<u8>,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.parse(
+            self.authed(self.http.put(self.url(&format!("/v1/kept/{cell}"))))
+                .body(body)
+                .send()
+                .await,
+        )
+        .await
+    }
+
+    /// `GET /v1/kept/{cell}` (asked of a holder): the kept checkpoint.
+    pub async fn get_kept(&self, cell: &str) -> Result<Vec<u8>, ClientError> {
+        let r = self
+            .authed(self.http.get(self.url(&format!("/v1/kept/{cell}"))))
+            .send()
+            .await;
+        let r = r.map_err(|source| ClientError::Unreachable {
+            addr: self.base.clone(),
+            source,
+        })?;
+        if !r.status().is_success() {
+            return self.parse::<Vec<u8>>(Ok(r)).await;
+        }
+        r.bytes()
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|source| ClientError::Unreachable {
+                addr: self.base.clone(),
+                source,
+            })
+    }
+
     /// `GET /v1/cells`.
     pub async fn cells(&self) -> Result<Vec<CellInfo>, ClientError> {
         self.get("/v1/cells").await

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::handler::Handler;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -48,6 +49,15 @@ pub(crate) fn router(n: Arc<NodeInner>) -> Router {
         .route("/v1/cells/{id}/logs", get(logs))
         .route("/v1/cells/{id}/kill", post(kill))
         .route("/v1/cells/{id}/checkpoint", post(checkpoint))
+        .route("/v1/cells/{id}/keep", post(crate::kept_api::keep))
+        .route("/v1/cells/restore", post(crate::kept_api::restore))
+        .route(
+            "/v1/kept/{id}",
+            get(crate::kept_api::get).put(
+                crate::kept_api::put.layer(DefaultBodyLimit::max(crate::kept_api::body_limit(&n))),
+            ),
+        )
+        .route("/v1/kept/{id}/missing", post(crate::kept_api::missing))
         .route(
             "/v1/cells/{id}/migrate",
             post(crate::migrate::source::start),
@@ -307,7 +317,7 @@ async fn launch(
     Ok(Json(LaunchResponse { id }))
 }
 
-fn info(e: &CellEntry) -> CellInfo {
+pub(crate) fn info(e: &CellEntry) -> CellInfo {
     CellInfo {
         id: e.spec.id.clone(),
         state: e.state.clone(),

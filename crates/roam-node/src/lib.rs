@@ -21,6 +21,8 @@
 
 mod api;
 mod cell;
+mod kept;
+mod kept_api;
 pub mod limits;
 mod log;
 mod metrics;
