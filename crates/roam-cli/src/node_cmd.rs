@@ -96,6 +96,8 @@ pub fn node(a: NodeArgs) -> Result<i32> {
             log_bytes: a.log_size,
         },
         gateway: a.gateway,
+        planner: a.planner,
+        advertise: a.advertise,
     };
     runtime()?.block_on(async move {
         let node = Node::bind(cfg).await?;
@@ -158,6 +160,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 max_memory: a.max_memory,
                 service: a.service.clone(),
                 id: None,
+                generation: None,
             })
             .await?;
         println!("{}", r.id);

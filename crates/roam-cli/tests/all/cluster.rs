@@ -251,12 +251,12 @@ fn embedded_cluster_launches_moves_drains_and_survives_a_killed_node() {
     let c = wait_restored(&p, &id, gen, &dead);
     eprintln!("restored on {} from a checkpoint kept on {}", c["owner"], c["kept"]["holder"]);
 
+    let at = owner_node(&c, &mut nodes).addr.clone();
     let live: Vec<&Node> = nodes
         .iter()
         .filter(|(n, _)| *n != dead)
         .map(|(_, n)| n)
         .collect();
-    let at = owner_node(&c, &mut nodes).addr.clone();
     let n = live.iter().find(|n| n.addr == at).unwrap();
     let end = n.wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", p.log());
