@@ -23,7 +23,9 @@ mod lead;
 pub use lead::LEADER_TTL;
 mod modules;
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
@@ -56,6 +58,9 @@ pub struct EtcdStore {
     client: Client,
     endpoints: Vec<String>,
     prefix: String,
+    /// The node records this planner last wrote in a heartbeat, with their
+    /// `mod_revision`: a heartbeat then needs no read.
+    seen: Arc<Mutex<HashMap<String, (StoredNode, i64)>>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -102,6 +107,7 @@ impl EtcdStore {
             client,
             endpoints,
             prefix,
+            seen: Arc::default(),
         };
         // Connecting is lazy; ask once so a wrong address fails here.
         store
@@ -223,6 +229,36 @@ impl EtcdStore {
         })
     }
 
+    fn seen_node(&self, name: &str) -> Option<(StoredNode, i64)> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(name).cloned()
+    }
+
+    fn remember_node(&self, name: &str, stored: StoredNode, rev: i64) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.insert(name.to_string(), (stored, rev));
+    }
+
+    fn forget_node(&self, name: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.remove(name);
+    }
+
+    /// Renew `lease` once: false if etcd no longer has it. Opening the
+    /// keep-alive stream renews it and reads etcd's answer; a lease that
+    /// ran out answers with a TTL of 0, which etcd-client reports as a
+    /// keep-alive error.
+    async fn renew(&self, lease: i64) -> StoreResult<bool> {
+        self.call("renew a lease", |c| async move {
+            match c.lease_client().keep_alive(lease).await {
+                Ok(_) => Ok(true),
+                Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
     /// Revoke a lease, best effort: it runs out on its own anyway.
     async fn revoke(&self, lease: i64) {
         if lease == 0 {
@@ -299,6 +335,7 @@ impl ClusterStore for EtcdStore {
 
     async fn register_node(&self, mut node: NodeRecord, ttl: Duration) -> StoreResult<()> {
         record::check_node(&node.name)?;
+        self.forget_node(&node.name);
         let secs = ttl_secs(ttl);
         let lease = self
             .call("grant a lease", |c| async move {
@@ -343,41 +380,50 @@ impl ClusterStore for EtcdStore {
     async fn heartbeat(&self, name: &str, status: NodeStatus) -> StoreResult<()> {
         record::check_node(name)?;
         let key = self.key("nodes", name);
-        let mut read = self.read_node(name).await?;
+        // The record this planner last wrote saves a read; if it is stale
+        // (another planner wrote since), the write below says so and the
+        // record is read again.
+        let cached = self.seen_node(name);
+        let mut fresh = cached.is_none();
+        let mut read = match cached {
+            Some(c) => Some(c),
+            None => self.read_node(name).await?,
+        };
+        let mut renewed = None;
         for _ in 0..NODE_RETRIES {
-            let Some((mut stored, rev)) = read else {
+            let Some((mut stored, rev)) = read.take() else {
+                self.forget_node(name);
                 return Err(StoreError::Expired(name.to_string()));
             };
             let lease = stored.lease;
-            // Opening the keep-alive stream renews the lease once and reads
-            // etcd's answer; a lease that ran out answers with a TTL of 0,
-            // which etcd-client reports as a keep-alive error.
-            let renewed = self
-                .call("renew a lease", |c| async move {
-                    match c.lease_client().keep_alive(lease).await {
-                        Ok(_) => Ok(true),
-                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
-                        Err(e) => Err(e),
+            if renewed != Some(lease) {
+                if !self.renew(lease).await? {
+                    if !fresh {
+                        // Perhaps registered again, with another lease.
+                        read = self.read_node(name).await?;
+                        fresh = true;
+                        continue;
                     }
-                })
-                .await?;
-            if !renewed {
-                return Err(StoreError::Expired(name.to_string()));
+                    self.forget_node(name);
+                    return Err(StoreError::Expired(name.to_string()));
+                }
+                renewed = Some(lease);
             }
             stored.node.status = status.clone();
             stored.node.heartbeat_ms = now_ms();
-            // Write the record only if it is the one whose lease was just
-            // renewed (not removed or registered again meanwhile).
+            // Write the record only if it is the one read (not changed,
+            // removed or registered again meanwhile).
             let txn = Txn::new()
                 .when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
                 .and_then([TxnOp::put(key.clone(), encode(&stored)?, None)]);
-            if self.txn("record a heartbeat", txn).await?.succeeded() {
+            let resp = self.txn("record a heartbeat", txn).await?;
+            if resp.succeeded() {
+                let rev = resp.header().map_or(0, |h| h.revision());
+                self.remember_node(name, stored, rev);
                 return Ok(());
             }
-            read = self
-                .read_node(name)
-                .await?
-                .filter(|(s, _)| s.lease == lease);
+            read = self.read_node(name).await?;
+            fresh = true;
         }
         Err(StoreError::Conflict {
             what: format!("node {name}"),
@@ -404,6 +450,7 @@ impl ClusterStore for EtcdStore {
 
     async fn set_node_state(&self, name: &str, state: NodeState) -> StoreResult<()> {
         record::check_node(name)?;
+        self.forget_node(name);
         match self.change_node(name, |s| s.node.state = state).await? {
             Some(_) => Ok(()),
             None => Err(StoreError::NotFound(format!("node {name}"))),
@@ -412,6 +459,7 @@ impl ClusterStore for EtcdStore {
 
     async fn remove_node(&self, name: &str) -> StoreResult<()> {
         record::check_node(name)?;
+        self.forget_node(name);
         let Some((stored, _)) = self.read_node(name).await? else {
             return Err(StoreError::NotFound(format!("node {name}")));
         };

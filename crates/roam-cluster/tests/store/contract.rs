@@ -165,6 +165,51 @@ pub async fn nodes_live_expire_and_come_back<S: ClusterStore>(s: &S) {
     assert_eq!(names, vec!["steady".to_string()]);
 }
 
+/// Two planners share the nodes: what one writes, the other's heartbeats
+/// neither undo nor trip over (a heartbeat after the other planner changed
+/// the node's state, or registered it again with a new lease).
+pub async fn two_planners_share_the_nodes<S: ClusterStore>(a: Arc<S>, b: Arc<S>) {
+    a.register_node(node("edge-a"), Duration::from_secs(120))
+        .await
+        .unwrap();
+    a.heartbeat("edge-a", NodeStatus::default()).await.unwrap();
+    b.set_node_state("edge-a", NodeState::Draining)
+        .await
+        .unwrap();
+    let status = NodeStatus {
+        cells: vec!["c-9".into()],
+        ..Default::default()
+    };
+    a.heartbeat("edge-a", status.clone()).await.unwrap();
+    let got = find(&*b, "edge-a").await.unwrap();
+    assert_eq!(
+        got.state,
+        NodeState::Draining,
+        "a heartbeat undid a state change"
+    );
+    assert_eq!(got.status, status);
+
+    let mut again = node("edge-a");
+    again.api = "127.0.0.1:7800".into();
+    b.register_node(again, Duration::from_secs(120))
+        .await
+        .unwrap();
+    a.heartbeat("edge-a", NodeStatus::default()).await.unwrap();
+    let got = find(&*a, "edge-a").await.unwrap();
+    assert!(got.alive);
+    assert_eq!(
+        got.api, "127.0.0.1:7800",
+        "a heartbeat undid a registration"
+    );
+
+    b.remove_node("edge-a").await.unwrap();
+    assert!(matches!(
+        a.heartbeat("edge-a", NodeStatus::default()).await,
+        Err(StoreError::Expired(_))
+    ));
+    assert!(find(&*a, "edge-a").await.is_none());
+}
+
 /// Create, read, compare-and-swap, delete; revisions never repeat.
 pub async fn cells_compare_and_swap<S: ClusterStore>(s: &S) {
     let mut c = cell("c-1", "edge-a");
@@ -381,6 +426,12 @@ macro_rules! contract_tests {
         async fn nodes_live_expire_and_come_back() {
             let Some(f) = $fixture().await else { return };
             $crate::contract::nodes_live_expire_and_come_back(&*f.a).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn two_planners_share_the_nodes() {
+            let Some(f) = $fixture().await else { return };
+            $crate::contract::two_planners_share_the_nodes(f.a.clone(), f.b.clone()).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
