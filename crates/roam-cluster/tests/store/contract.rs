@@ -325,6 +325,33 @@ pub async fn cas_races_have_one_winner<S: ClusterStore>(a: Arc<S>, b: Arc<S>) {
     }
 }
 
+/// Many planners create the same cell at once: exactly one creates it,
+/// the others are told it exists, and the record is the creator's.
+pub async fn create_races_have_one_winner<S: ClusterStore>(a: Arc<S>, b: Arc<S>) {
+    for round in 0..8 {
+        let id = format!("born-{round}");
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let c = cell(&id, &format!("creator-{i}"));
+            tasks.push(tokio::spawn(async move {
+                (c.owner.clone(), store.create_cell(c).await)
+            }));
+        }
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                (owner, Ok(rev)) => winners.push((owner, rev)),
+                (_, Err(StoreError::Exists(_))) => {}
+                (_, Err(e)) => panic!("a racing create: {e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "{id}: {winners:?}");
+        let now = a.cell(&id).await.unwrap().unwrap();
+        assert_eq!((now.value.owner, now.revision), winners.remove(0));
+    }
+}
+
 fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)
@@ -444,6 +471,12 @@ macro_rules! contract_tests {
         async fn cas_races_have_one_winner() {
             let Some(f) = $fixture().await else { return };
             $crate::contract::cas_races_have_one_winner(f.a.clone(), f.b.clone()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn create_races_have_one_winner() {
+            let Some(f) = $fixture().await else { return };
+            $crate::contract::create_races_have_one_winner(f.a.clone(), f.b.clone()).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
