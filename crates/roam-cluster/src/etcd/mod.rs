@@ -19,6 +19,7 @@
 //! be reached is a [`StoreError::Backend`] naming the endpoints, never a
 //! hang.
 
+mod cells;
 mod lead;
 pub use lead::LEADER_TTL;
 mod modules;
@@ -29,8 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnResponse,
 };
 
 use crate::record::{self, decode, encode, now_ms, StoredNode};
@@ -270,17 +270,6 @@ impl EtcdStore {
             })
             .await;
     }
-
-    /// A cell's current revision, from the `or_else` get of a failed txn.
-    fn actual_revision(resp: &TxnResponse) -> u64 {
-        resp.op_responses()
-            .into_iter()
-            .find_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(g.kvs().first().map_or(0, |kv| kv.mod_revision())),
-                _ => None,
-            })
-            .unwrap_or(0) as u64
-    }
 }
 
 /// Bound `fut` by [`CALL_TIMEOUT`]; its errors as backend errors.
@@ -473,95 +462,23 @@ impl ClusterStore for EtcdStore {
     }
 
     async fn create_cell(&self, cell: CellRecord) -> StoreResult<u64> {
-        record::check_cell(&cell.id)?;
-        let key = self.key("cells", &cell.id);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, encode(&cell)?, None)]);
-        let resp = self.txn("create a cell", txn).await?;
-        if !resp.succeeded() {
-            return Err(StoreError::Exists(format!("cell {}", cell.id)));
-        }
-        Ok(resp.header().map_or(0, |h| h.revision()) as u64)
+        cells::create(self, cell).await
     }
 
     async fn cell(&self, id: &str) -> StoreResult<Option<Versioned<CellRecord>>> {
-        record::check_cell(id)?;
-        let key = self.key("cells", id);
-        match self.get_one("read a cell", &key).await? {
-            None => Ok(None),
-            Some((bytes, rev)) => Ok(Some(Versioned {
-                value: decode(&key, &bytes)?,
-                revision: rev as u64,
-            })),
-        }
+        cells::get(self, id).await
     }
 
     async fn cells(&self) -> StoreResult<Vec<Versioned<CellRecord>>> {
-        let mut out = Vec::new();
-        for (id, bytes, rev) in self.list("cells", 0).await?.0 {
-            out.push(Versioned {
-                value: decode(&self.key("cells", &id), &bytes)?,
-                revision: rev as u64,
-            });
-        }
-        Ok(out)
+        cells::list(self).await
     }
 
     async fn update_cell(&self, expected: u64, cell: CellRecord) -> StoreResult<u64> {
-        record::check_cell(&cell.id)?;
-        let key = self.key("cells", &cell.id);
-        let conflict = |actual| StoreError::Conflict {
-            what: format!("cell {}", cell.id),
-            expected,
-            actual,
-        };
-        if expected == 0 || expected > i64::MAX as u64 {
-            // A missing key's mod_revision is 0: never let a compare with 0
-            // create a cell.
-            let actual = self.cell(&cell.id).await?.map_or(0, |c| c.revision);
-            return Err(conflict(actual));
-        }
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                expected as i64,
-            )])
-            .and_then([TxnOp::put(key.clone(), encode(&cell)?, None)])
-            .or_else([TxnOp::get(key, None)]);
-        let resp = self.txn("update a cell", txn).await?;
-        if !resp.succeeded() {
-            return Err(conflict(EtcdStore::actual_revision(&resp)));
-        }
-        Ok(resp.header().map_or(0, |h| h.revision()) as u64)
+        cells::update(self, expected, cell).await
     }
 
     async fn delete_cell(&self, id: &str, expected: u64) -> StoreResult<()> {
-        record::check_cell(id)?;
-        let key = self.key("cells", id);
-        let conflict = |actual| StoreError::Conflict {
-            what: format!("cell {id}"),
-            expected,
-            actual,
-        };
-        if expected == 0 || expected > i64::MAX as u64 {
-            let actual = self.cell(id).await?.map_or(0, |c| c.revision);
-            return Err(conflict(actual));
-        }
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                expected as i64,
-            )])
-            .and_then([TxnOp::delete(key.clone(), None)])
-            .or_else([TxnOp::get(key, None)]);
-        let resp = self.txn("delete a cell", txn).await?;
-        if !resp.succeeded() {
-            return Err(conflict(EtcdStore::actual_revision(&resp)));
-        }
-        Ok(())
+        cells::delete(self, id, expected).await
     }
 
     async fn put_module(&self, hash: &str, bytes: &[u8]) -> StoreResult<()> {
