@@ -109,11 +109,14 @@ impl EtcdStore {
             prefix,
             seen: Arc::default(),
         };
-        // Connecting is lazy; ask once so a wrong address fails here.
+        // Connecting is lazy; ask once so a wrong address fails here (a
+        // key under the prefix: etcd roles may grant nothing else).
+        let ping = format!("{}ping", store.prefix);
         store
-            .call("connect", |c| async move {
-                c.kv_client().get("roam-ping", None).await
-            })
+            .call(
+                "connect",
+                |c| async move { c.kv_client().get(ping, None).await },
+            )
             .await?;
         Ok(store)
     }
