@@ -252,7 +252,12 @@ async fn main() {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let _ = writeln!(md, "- machine: {cores} cores\n- date: {date}");
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load.split_whitespace().next().unwrap_or("unknown");
+    let _ = writeln!(
+        md,
+        "- machine: {cores} cores, load average {load} at the end (other work shares them)\n- date: {date}"
+    );
     let _ = writeln!(
         md,
         "- setup: `cargo run --release -p roam-cluster --example store-bench -- {nodes} {cells} {conc}`: \

@@ -15,8 +15,10 @@
 //!
 //! Liveness is a deadline (`expires_ms`) per node, compared with the clock
 //! on read. A planner that was down could not take heartbeats, so opening
-//! the store gives every node a fresh lease: a planner restart is not
-//! counted against the nodes. Heartbeats commit without waiting for the
+//! the store gives every node that was alive when the planner last wrote it
+//! (`meta/clock_ms`, written at least every second) a fresh lease: a
+//! planner restart is not counted against the nodes, and a node already
+//! dead stays dead. Heartbeats commit without waiting for the
 //! disk (at most one durable commit a second carries them), because a lost
 //! heartbeat costs nothing after that fresh lease; every other write is
 //! durable when its call returns.
@@ -50,6 +52,9 @@ const MODULE_SIZES: TableDefinition<&str, u64> = TableDefinition::new("module_si
 
 const META_FORMAT: &str = "format";
 const META_REVISION: &str = "revision";
+/// The last time a planner wrote the store (Unix ms): its leases were kept
+/// until then.
+const META_CLOCK: &str = "clock_ms";
 
 /// How often, at most, a heartbeat waits for the disk.
 const DURABLE_EVERY: Duration = Duration::from_secs(1);
@@ -215,9 +220,15 @@ impl RedbStore {
                     })
                 }
             }
+            let clock = meta
+                .get(META_CLOCK)
+                .or_backend(&inner)?
+                .map_or(0, |v| v.value());
             drop(meta);
-            // A planner restart is not counted against the nodes: each gets
-            // a fresh lease from now.
+            // A planner restart is not counted against the nodes: each node
+            // that was alive when the planner last wrote the store gets a
+            // fresh lease from now. A node already dead then stays dead (it
+            // may have been fenced and its cells restored elsewhere).
             let now = now_ms();
             let mut fresh = Vec::new();
             {
@@ -230,8 +241,10 @@ impl RedbStore {
                     if let Ok(mut stored) =
                         decode::<StoredNode>(&format!("nodes/{key}"), value.value())
                     {
-                        stored.expires_ms = stored.expires_ms.max(now + stored.ttl_ms);
-                        fresh.push(stored);
+                        if stored.expires_ms > clock {
+                            stored.expires_ms = stored.expires_ms.max(now + stored.ttl_ms);
+                            fresh.push(stored);
+                        }
                     }
                 }
             }

@@ -10,19 +10,27 @@
 //! record) writes nothing before it fails, so it does not disturb the
 //! batch; a failure of the database itself aborts the whole batch and
 //! every call in it gets that error.
+//!
+//! Every batch also writes the clock (`meta/clock_ms`), and the writer
+//! writes it every second when idle, so that the next open knows until when
+//! this planner kept the nodes' leases.
 
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redb::{Durability, WriteTransaction};
 
-use super::{Inner, OrBackend, DURABLE_EVERY};
+use super::{Inner, OrBackend, DURABLE_EVERY, META, META_CLOCK};
+use crate::record::now_ms;
 use crate::{StoreError, StoreResult};
 
 /// The most calls one transaction carries.
 const MAX_BATCH: usize = 512;
+
+/// How long the writer waits for a call before it writes the clock anyway.
+const TICK: Duration = Duration::from_secs(1);
 
 /// What to tell a call once its batch is committed (or not).
 type Finish = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
@@ -50,8 +58,14 @@ impl Writer {
         let thread = std::thread::Builder::new()
             .name("roam-redb-writer".into())
             .spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    let mut batch = vec![first];
+                loop {
+                    let mut batch = match rx.recv_timeout(TICK) {
+                        Ok(first) => vec![first],
+                        // Nothing to write: still record that the store
+                        // is in use now (see the clock in the module docs).
+                        Err(mpsc::RecvTimeoutError::Timeout) => Vec::new(),
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    };
                     while batch.len() < MAX_BATCH {
                         match rx.try_recv() {
                             Ok(job) => batch.push(job),
@@ -153,7 +167,12 @@ fn commit(inner: &Inner, batch: Vec<Job>) {
         }
     };
     let mut finishes = Vec::with_capacity(batch.len());
-    let mut broken = None;
+    let clock = txn.open_table(META).or_backend(inner).and_then(|mut meta| {
+        meta.insert(META_CLOCK, now_ms())
+            .map(|_| ())
+            .or_backend(inner)
+    });
+    let mut broken = clock.err();
     for job in batch {
         let (finish, failed_backend) = (job.run)(inner, Some(&txn));
         if failed_backend && broken.is_none() {
