@@ -45,6 +45,10 @@ pub enum Command {
     /// Run a gateway: clients connect to it and stay connected while the
     /// service's cell moves between nodes.
     Gateway(crate::gateway_cmd::GatewayArgs),
+    /// Run a planner: the one place that knows every node and cell, places
+    /// cells, keeps their checkpoints on other nodes, restores a dead
+    /// node's cells.
+    Planner(crate::planner_cmd::PlannerArgs),
 }
 
 /// Where migration points go.

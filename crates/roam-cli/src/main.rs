@@ -12,6 +12,7 @@ mod inspect;
 mod listen;
 mod node_args;
 mod node_cmd;
+mod planner_cmd;
 mod prepare;
 mod run;
 
@@ -27,7 +28,7 @@ fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROAM_LOG").unwrap_or_else(|_| {
         let daemon = matches!(
             cli.command,
-            args::Command::Node(_) | args::Command::Gateway(_)
+            args::Command::Node(_) | args::Command::Gateway(_) | args::Command::Planner(_)
         );
         tracing_subscriber::EnvFilter::new(if cli.verbose {
             "debug"
@@ -60,6 +61,7 @@ fn main() {
             args::Command::Kill(a) => node_cmd::kill(a),
             args::Command::Cert(a) => cert::main(a),
             args::Command::Gateway(a) => gateway_cmd::gateway(a),
+            args::Command::Planner(a) => planner_cmd::planner(a),
         });
     let code = match worker {
         Ok(handle) => handle
