@@ -28,6 +28,8 @@ mod leader;
 pub mod metrics;
 mod moves;
 pub mod policy;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;

@@ -27,6 +27,7 @@ use super::common::*;
 
 mod faults;
 mod fetch;
+mod planner;
 mod services;
 mod suite;
 
