@@ -23,6 +23,8 @@
 
 mod api;
 mod cells;
+#[cfg(test)]
+mod evac_tests;
 pub mod events;
 mod leader;
 pub mod metrics;
