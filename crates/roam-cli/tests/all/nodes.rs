@@ -25,9 +25,9 @@ use serde_json::Value;
 
 use super::common::*;
 
+mod cluster;
 mod faults;
 mod fetch;
-mod planner;
 mod services;
 mod suite;
 
