@@ -51,6 +51,10 @@ pub enum Command {
     Nodes(crate::node_args::NodesArgs),
     /// Move every cell off a node before maintenance.
     Drain(crate::node_args::DrainArgs),
+    /// Run a planner: the one place that knows every node and cell, places
+    /// cells, keeps their checkpoints on other nodes, restores a dead
+    /// node's cells.
+    Planner(crate::planner_cmd::PlannerArgs),
 }
 
 /// Where migration points go.

@@ -13,6 +13,7 @@ mod inspect;
 mod listen;
 mod node_args;
 mod node_cmd;
+mod planner_cmd;
 mod prepare;
 mod run;
 mod up;
@@ -29,7 +30,7 @@ fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROAM_LOG").unwrap_or_else(|_| {
         let daemon = matches!(
             cli.command,
-            args::Command::Node(_) | args::Command::Gateway(_)
+            args::Command::Node(_) | args::Command::Gateway(_) | args::Command::Planner(_)
         );
         tracing_subscriber::EnvFilter::new(if cli.verbose {
             "debug"
@@ -65,6 +66,7 @@ fn main() {
             args::Command::Up(a) => up::up(a),
             args::Command::Nodes(a) => cluster_cmd::nodes(a),
             args::Command::Drain(a) => cluster_cmd::drain(a),
+            args::Command::Planner(a) => planner_cmd::planner(a),
         });
     let code = match worker {
         Ok(handle) => handle

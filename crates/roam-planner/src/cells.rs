@@ -302,7 +302,38 @@ pub(crate) async fn status(
     State(n): P,
     Path(id): Path<String>,
 ) -> Result<Json<CellRecord>, AppError> {
+    let c = get_cell(&n, &id).await?.value;
+    if c.state == CellState::Running {
+        if let Some(ended) = ended_on_owner(&n, &c).await {
+            let rec = update(&n, &id, |x| {
+                let same = x.owner == c.owner && x.generation == c.generation;
+                if same && x.state == CellState::Running {
+                    x.state = ended.clone();
+                    return true;
+                }
+                false
+            })
+            .await?;
+            if let Some(rec) = rec {
+                return Ok(Json(rec));
+            }
+        }
+    }
     Ok(Json(get_cell(&n, &id).await?.value))
+}
+
+/// How a cell the record says is running ended on its owner, if it did:
+/// nodes do not report exits, so a status read asks the owner.
+async fn ended_on_owner(n: &Inner, c: &CellRecord) -> Option<CellState> {
+    use roam_api::types::CellState as OnNode;
+    let node = get_node(n, &c.owner).await.ok().filter(|x| x.alive)?;
+    let info = n.node_client(&node).ok()?.cell(&c.id).await.ok()?;
+    match info.state {
+        OnNode::Exited { code } => Some(CellState::Exited { code }),
+        OnNode::Failed { error } => Some(CellState::Failed { error }),
+        OnNode::Killed => Some(CellState::Killed),
+        OnNode::Running | OnNode::Migrating | OnNode::Moved { .. } => None,
+    }
 }
 
 pub(crate) async fn logs(State(n): P, Path(id): Path<String>) -> Result<Response, AppError> {

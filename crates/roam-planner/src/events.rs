@@ -157,19 +157,18 @@ impl Events {
     pub fn sse(&self) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
         let rx = self.subscribe();
         let s = stream::unfold(rx, |mut rx| async move {
-            loop {
-                match rx.recv().await {
-                    Ok(e) => {
-                        let data = serde_json::to_string(&e).unwrap_or_default();
-                        return Some((Ok(SseEvent::default().event(e.name()).data(data)), rx));
-                    }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        let data = format!("{{\"kind\":\"lagged\",\"missed\":{n}}}");
-                        return Some((Ok(SseEvent::default().event("lagged").data(data)), rx));
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return None,
+            let ev = match rx.recv().await {
+                Ok(e) => {
+                    let data = serde_json::to_string(&e).unwrap_or_default();
+                    SseEvent::default().event(e.name()).data(data)
                 }
-            }
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    let data = format!("{{\"kind\":\"lagged\",\"missed\":{n}}}");
+                    SseEvent::default().event("lagged").data(data)
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            Some((Ok(ev), rx))
         });
         Sse::new(s).keep_alive(KeepAlive::default())
     }

@@ -116,15 +116,14 @@ async fn evacuate(n: &Arc<Inner>, c: CellRecord) {
     let Ok(_busy) = claim(n, &c.id) else {
         return;
     };
-    let result = restore(n, &c).await;
-    let (label, msg) = match &result {
-        Ok(()) => ("restored", None),
-        Err(Gone::Lost(e)) => ("lost", Some(e.clone())),
-        Err(Gone::Retry(e)) => ("failed", Some(e.clone())),
-    };
-    n.metrics.evacuation(label);
-    if let Some(msg) = msg {
-        tracing::warn!(cell = %c.id, "evacuation {label}: {msg}");
+    match restore(n, &c).await {
+        Ok(()) => n.metrics.evacuation("restored"),
+        Err(Gone::Lost(e)) => {
+            n.metrics.evacuation("lost");
+            tracing::warn!(cell = %c.id, "lost: {e}");
+        }
+        // Tried again every tick: logged only when asked for.
+        Err(Gone::Retry(e)) => tracing::debug!(cell = %c.id, "evacuation waits: {e}"),
     }
 }
 

@@ -23,11 +23,15 @@
 
 mod api;
 mod cells;
+#[cfg(test)]
+mod evac_tests;
 pub mod events;
 mod leader;
 pub mod metrics;
 mod moves;
 pub mod policy;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -48,6 +52,10 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(5);
 pub const DEFAULT_CHECKPOINT_INTERVAL_S: u64 = 30;
 /// Default largest module accepted by `POST /v1/modules`.
 pub const DEFAULT_MAX_MODULE_BYTES: u64 = 256 << 20;
+
+/// How long open connections (event streams) get to close after the
+/// shutdown signal.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// How a planner runs.
 #[derive(Debug, Clone)]
@@ -278,17 +286,34 @@ impl Planner {
         );
         let leader = tokio::spawn(leader::run(inner.clone()));
         let app = api::router(inner);
-        let served = match acceptor {
+        // Event streams never end on their own: after Ctrl-C, open
+        // connections get SHUTDOWN_GRACE to finish, then are dropped.
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let graceful = async move {
+            let mut rx = rx;
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let served: std::pin::Pin<
+            Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>,
+        > = match acceptor {
             Some(acceptor) => {
-                axum::serve(roam_api::serve::TlsListener::new(listener, acceptor)?, app)
-                    .with_graceful_shutdown(shutdown)
-                    .await
+                let l = roam_api::serve::TlsListener::new(listener, acceptor)?;
+                Box::pin(async move { axum::serve(l, app).with_graceful_shutdown(graceful).await })
             }
-            None => {
+            None => Box::pin(async move {
                 axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
+                    .with_graceful_shutdown(graceful)
                     .await
-            }
+            }),
+        };
+        let stop = async move {
+            shutdown.await;
+            let _ = tx.send(true);
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        let served = tokio::select! {
+            r = served => r,
+            () = stop => Ok(()),
         };
         leader.abort();
         Ok(served?)

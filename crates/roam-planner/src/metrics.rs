@@ -81,7 +81,7 @@ impl Default for Metrics {
         );
         registry.register(
             "evacuations",
-            "Cells of dead nodes, by result (restored, lost, failed)",
+            "Cells of dead nodes, by result (restored, lost)",
             m.evacuations.clone(),
         );
         registry.register(

@@ -25,6 +25,7 @@ use serde_json::Value;
 
 use super::common::*;
 
+mod cluster;
 mod faults;
 mod fetch;
 mod services;

@@ -1,0 +1,146 @@
+//! `roam planner`: the daemon that knows every node and cell of a fleet
+//! (`docs/control-plane.md`). Everything it does is in `roam-planner`; this
+//! is its command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use roam_node::roam_auth::{Identity, TlsFiles, Token};
+use roam_planner::roam_cluster::StoreSpec;
+use roam_planner::{Planner, PlannerConfig};
+
+/// `roam planner`.
+#[derive(Args, Debug)]
+pub struct PlannerArgs {
+    /// The planner API's address (HTTP/JSON).
+    #[arg(long, default_value = "127.0.0.1:7600")]
+    pub listen: SocketAddr,
+    /// Where the cluster state lives: `redb:PATH` (one crash-safe file, for
+    /// one planner) or `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (several
+    /// planners, one leads) [default: redb:$ROAM_STATE_DIR/cluster.redb or
+    /// redb:~/.local/state/roam/planner/cluster.redb].
+    #[arg(long, value_name = "STORE")]
+    pub store: Option<StoreSpec>,
+    /// Seconds between kept checkpoints of a cell whose launch names no
+    /// interval (0: none).
+    #[arg(long, value_name = "SECS", default_value_t = roam_planner::DEFAULT_CHECKPOINT_INTERVAL_S)]
+    pub checkpoint_interval: u64,
+    /// A node that sends no heartbeat for this many seconds is dead and its
+    /// cells are restored elsewhere.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub lease: f64,
+    /// This planner's id in leader elections [default: random].
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Largest module the repository accepts.
+    #[arg(long, value_name = "SIZE", value_parser = crate::node_args::size, default_value = "256MiB")]
+    pub max_module_size: u64,
+    /// Cluster CA certificate (PEM, `roam cert ca`). With --tls-cert and
+    /// --tls-key, the API uses mutual TLS and the planner presents its
+    /// certificate to nodes.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// The planner's certificate (`roam cert node planner`).
+    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key.
+    #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
+    pub tls_key: Option<PathBuf>,
+    /// Require `Authorization: Bearer TOKEN` on the API, TOKEN being this
+    /// file's content (mode 0600); the planner sends it to nodes too.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Allow a plain, unauthenticated API on a non-loopback address: only
+    /// on a network that is itself trusted.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+fn default_store() -> StoreSpec {
+    let dir = std::env::var_os("ROAM_STATE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+            home.join(".local/state/roam/planner")
+        });
+    StoreSpec::Redb(dir.join("cluster.redb"))
+}
+
+/// `roam planner`.
+pub fn planner(a: PlannerArgs) -> Result<i32> {
+    if !(a.lease.is_finite() && a.lease > 0.0 && a.lease <= 3600.0) {
+        anyhow::bail!(
+            "--lease {}: give a number of seconds above 0 and at most 3600",
+            a.lease
+        );
+    }
+    let spec = a.store.unwrap_or_else(default_store);
+    if let StoreSpec::Redb(path) = &spec {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+    }
+    let tls = match (a.tls_ca, a.tls_cert, a.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => Some(Identity::load(&TlsFiles { ca, cert, key })?),
+        _ => None,
+    };
+    let token = a.token_file.as_deref().map(Token::load).transpose()?;
+    if token.as_ref().is_some_and(|t| t.loose_permissions) {
+        tracing::warn!("the token file can be read by other users: chmod 600 it");
+    }
+    let mut cfg = PlannerConfig::new(a.listen);
+    if let Some(id) = a.id {
+        cfg.id = id;
+    }
+    cfg.checkpoint_interval_s = a.checkpoint_interval;
+    cfg.lease = Duration::from_secs_f64(a.lease);
+    cfg.max_module_bytes = a.max_module_size;
+    cfg.tls = tls;
+    cfg.token = token;
+    cfg.insecure = a.insecure;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let store: Arc<dyn roam_planner::roam_cluster::ClusterStore> = spec
+            .open()
+            .await
+            .with_context(|| format!("cannot open the cluster store {}", spec))?;
+        let lease = cfg.lease;
+        let interval = cfg.checkpoint_interval_s;
+        let planner = Planner::bind(cfg, store).await?;
+        eprintln!(
+            "roam planner listening: {} store {} (nodes are dead after {} without a heartbeat; {})",
+            planner.url(),
+            spec,
+            secs(lease),
+            if interval == 0 {
+                "no kept checkpoints by default".to_string()
+            } else {
+                format!("cells keep a checkpoint every {interval} s by default")
+            }
+        );
+        planner
+            .serve(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        eprintln!("roam planner stopped");
+        Ok(0)
+    })
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}

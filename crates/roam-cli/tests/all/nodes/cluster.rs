@@ -1,0 +1,275 @@
+//! The planner, end to end: a real `roam planner` on a redb store and two
+//! real `roam node`s, registered through the planner's API (and kept alive
+//! by heartbeats) by the test itself. A cell launched through the planner
+//! is migrated by node name and must finish with the output of an
+//! uninterrupted run; a second one is moved away by a drain, then killed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use super::*;
+
+/// A `roam planner` process on a redb store in a temporary directory,
+/// killed on drop.
+struct PlannerProc {
+    addr: String,
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl PlannerProc {
+    fn start() -> PlannerProc {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("planner.log");
+        let mut cmd = roam(Isa::X86_64);
+        cmd.args(["planner", "--listen", "127.0.0.1:0", "--store"])
+            .arg(format!(
+                "redb:{}",
+                dir.path().join("cluster.redb").display()
+            ))
+            .args(["--checkpoint-interval", "0", "--lease", "30"])
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+        let addr = wait_for("the planner to listen", SLOW, || {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!(
+                    "the planner exited ({st}) before listening:\n{}",
+                    read_log()
+                );
+            }
+            let l = read_log();
+            let rest = l.split("roam planner listening: http://").nth(1)?;
+            rest.split_whitespace().next().map(str::to_string)
+        });
+        PlannerProc {
+            addr,
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        format!(
+            "--- planner log ---\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        )
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let (st, body) = http_get(&self.addr, path)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}\n{}", self.log()));
+        (st, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let (st, body) = http_post(&self.addr, path, &body)
+            .unwrap_or_else(|e| panic!("POST {path}: {e}\n{}", self.log()));
+        let v = serde_json::from_slice(&body).unwrap_or_else(|_| Value::String(text(&body)));
+        (st, v)
+    }
+
+    /// `POST /v1/modules` with the module's bytes: its hash.
+    fn upload(&self, bytes: &[u8]) -> String {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        write!(
+            s,
+            "POST /v1/modules HTTP/1.0\r\nHost: {}\r\nContent-Type: application/wasm\r\n\
+             Content-Length: {}\r\n\r\n",
+            self.addr,
+            bytes.len()
+        )
+        .unwrap();
+        s.write_all(bytes).unwrap();
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).unwrap();
+        let reply = text(&buf);
+        assert!(reply.starts_with("HTTP/1.0 200"), "{reply}\n{}", self.log());
+        let body = &reply[reply.find("\r\n\r\n").unwrap() + 4..];
+        let v: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["bytes"].as_u64(), Some(bytes.len() as u64));
+        v["hash"].as_str().unwrap().to_string()
+    }
+
+    /// The cell's record, once `ok` holds for it.
+    fn wait_cell(&self, id: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        wait_for(what, SLOW, || {
+            let (st, c) = self.get(&format!("/v1/cells/{id}"));
+            assert_eq!(st, 200, "{c}\n{}", self.log());
+            ok(&c).then_some(c)
+        })
+    }
+}
+
+impl Drop for PlannerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Register `node` as `name` through the planner's API.
+fn register(p: &PlannerProc, name: &str, node: &Node) {
+    let info = node.info();
+    let (st, v) = p.post(
+        "/v1/nodes",
+        serde_json::json!({
+            "name": name,
+            "isa": info["isa"],
+            "api": node.addr,
+            "migrate": info["migrate_addr"],
+            "version": info["version"],
+            "status": {"machine": info["machine"], "cells": []},
+        }),
+    );
+    assert_eq!(st, 200, "register {name}: {v}\n{}", p.log());
+    assert!(v["lease_ms"].as_u64().unwrap() > 0, "{v}");
+}
+
+#[test]
+fn launch_migrate_drain_and_kill_through_the_planner() {
+    let p = PlannerProc::start();
+    let a = Node::start(Isa::X86_64);
+    let b = Node::start(Isa::X86_64);
+    register(&p, "edge-a", &a);
+    register(&p, "edge-b", &b);
+    // Heartbeats, as a node started with --planner sends them.
+    let stop = Arc::new(AtomicBool::new(false));
+    let beats = {
+        let (stop, addr) = (stop.clone(), p.addr.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for name in ["edge-a", "edge-b"] {
+                    let body = serde_json::json!({"status": {"machine": {"cores": 2,
+                        "memory_total": 8u64 << 30, "memory_available": 4u64 << 30,
+                        "load1": 0.0}, "cells": []}});
+                    let _ = http_post(&addr, &format!("/v1/nodes/{name}/heartbeat"), &body);
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+    let (st, nodes) = p.get("/v1/nodes");
+    assert_eq!(st, 200);
+    let names: Vec<&str> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["edge-a", "edge-b"]);
+    assert!(nodes.as_array().unwrap().iter().all(|n| n["alive"] == true));
+
+    let module = std::fs::read(workload(WORKLOAD)).unwrap();
+    let hash = p.upload(&module);
+    assert_eq!(hash, blake3::hash(&module).to_hex().as_str());
+
+    // A launch the policy cannot place says why for each node.
+    let (st, v) = p.post(
+        "/v1/cells",
+        serde_json::json!({"module": hash, "args": ["dirty"], "node": "edge-z"}),
+    );
+    assert_eq!(st, 503, "{v}");
+    let msg = v["error"].as_str().unwrap();
+    assert!(
+        msg.contains("edge-a: not the node asked for") && msg.contains("edge-b: not the node"),
+        "{msg}"
+    );
+
+    // Launch on edge-a by name, migrate to edge-b by name.
+    let mut args = vec!["dirty"];
+    args.extend(SMALL);
+    let (st, cell) = p.post(
+        "/v1/cells",
+        serde_json::json!({"module": hash, "args": args, "node": "edge-a"}),
+    );
+    assert_eq!(st, 200, "{cell}\n{}\n{}", p.log(), a.log());
+    let id = cell["id"].as_str().unwrap().to_string();
+    assert_eq!(cell["owner"], "edge-a");
+    assert_eq!(cell["state"], "running");
+    assert_eq!(cell["generation"], 1);
+    wait_for("the cell to allocate its state on edge-a", SLOW, || {
+        let c = a.cell(&id)?;
+        (c["memory_bytes"].as_u64()? >= 8 << 20).then_some(())
+    });
+    let (st, m) = p.post(
+        &format!("/v1/cells/{id}/migrate"),
+        serde_json::json!({"to": "edge-b", "mode": "pre-copy"}),
+    );
+    assert_eq!(st, 200, "{m}\n{}", p.log());
+    assert_eq!(m["to"], "edge-b");
+    let moved = p.wait_cell(&id, "the planner to record the move", |c| {
+        c["owner"] == "edge-b" && c["state"] == "running"
+    });
+    assert_eq!(moved["generation"], 2, "{moved}");
+    let end = b.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "exited", "{end}\n{}", b.log());
+    assert_eq!(end["code"], 0, "{end}");
+    let (st, log) = http_get(&p.addr, &format!("/v1/cells/{id}/logs")).unwrap();
+    assert_eq!(st, 200, "{}", text(&log));
+    assert_eq!(
+        text(&log),
+        text(&reference(&SMALL)),
+        "the migrated cell's output differs from an uninterrupted run"
+    );
+
+    // The planner learns of the exit from the owner.
+    p.wait_cell(&id, "the planner to see the exit", |c| {
+        c["state"] == "exited"
+    });
+
+    // Drain edge-a: its long-running cell moves to edge-b; then kill it.
+    let (st, cell) = p.post(
+        "/v1/cells",
+        serde_json::json!({"module": hash, "args": ["dirty", "8", "4", "600"],
+            "node": "edge-a"}),
+    );
+    assert_eq!(st, 200, "{cell}\n{}", p.log());
+    let id2 = cell["id"].as_str().unwrap().to_string();
+    wait_for("the second cell to allocate its state", SLOW, || {
+        let c = a.cell(&id2)?;
+        (c["memory_bytes"].as_u64()? >= 8 << 20).then_some(())
+    });
+    let (st, d) = p.post("/v1/nodes/edge-a/drain", Value::Null);
+    assert_eq!(st, 200, "{d}\n{}", p.log());
+    assert_eq!(d["moves"][0]["cell"], id2.as_str(), "{d}");
+    assert_eq!(d["moves"][0]["to"], "edge-b", "{d}");
+    p.wait_cell(&id2, "the drained cell to run on edge-b", |c| {
+        c["owner"] == "edge-b" && c["state"] == "running"
+    });
+    assert_eq!(b.state(&id2), "running");
+    // A draining node takes no new cells.
+    let (st, v) = p.post(
+        "/v1/cells",
+        serde_json::json!({"module": hash, "args": ["dirty"], "node": "edge-a"}),
+    );
+    assert_eq!(st, 503, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("edge-a: draining"),
+        "{v}"
+    );
+
+    let (st, k) = p.post(&format!("/v1/cells/{id2}/kill"), Value::Null);
+    assert_eq!(st, 200, "{k}\n{}", p.log());
+    assert_eq!(k["state"], "killed");
+    assert_eq!(b.state(&id2), "killed");
+
+    let (st, metrics) = http_get(&p.addr, "/metrics").unwrap();
+    assert_eq!(st, 200);
+    let metrics = text(&metrics);
+    assert!(
+        metrics.contains("roam_planner_placements_total{policy=\"manual\",result=\"placed\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("roam_planner_cells{state=\"killed\"} 1"),
+        "{metrics}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    beats.join().unwrap();
+}
