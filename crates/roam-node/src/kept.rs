@@ -153,7 +153,7 @@ pub(crate) fn unframe(
     }
     let m: Manifest =
         serde_json::from_slice(&b[4..4 + len]).map_err(|e| KeptError::Malformed(e.to_string()))?;
-    if m.memory_bytes > max_memory || m.memory_bytes % 65536 != 0 {
+    if m.memory_bytes > max_memory || !m.memory_bytes.is_multiple_of(65536) {
         return Err(KeptError::Malformed(format!(
             "memory of {} bytes: not whole wasm pages, or over this node's limit of {max_memory}",
             m.memory_bytes

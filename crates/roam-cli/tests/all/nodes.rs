@@ -28,6 +28,7 @@ use super::common::*;
 mod cluster;
 mod faults;
 mod fetch;
+mod planner;
 mod services;
 mod suite;
 
