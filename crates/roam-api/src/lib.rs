@@ -17,8 +17,8 @@
 
 pub mod client;
 pub mod planner;
-pub mod serve;
 pub mod planner_client;
+pub mod serve;
 pub mod sysinfo;
 pub mod types;
 

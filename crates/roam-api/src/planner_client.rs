@@ -23,7 +23,7 @@ pub struct PlannerClient {
 #[derive(Debug, thiserror::Error)]
 pub enum PlannerError {
     /// No answer, or no client could be built.
-    #[error("planner: {0}")]
+    #[error(transparent)]
     Client(#[from] ClientError),
     /// `410`: the node's lease expired; it must register again.
     #[error("the planner says this node's lease expired ({0}): registering again")]

@@ -5,7 +5,10 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use roam_api::planner::{CellRecord, CellState, MoveRequest, NodeRecord, NodeState, PlaceRequest};
+use roam_api::planner::{
+    CellRecord, CellState, DrainResponse, MoveRequest, MoveResponse, NodeRecord, NodeState,
+    PlaceRequest,
+};
 use roam_api::PlannerClient;
 use roam_node::Client;
 
@@ -123,11 +126,9 @@ pub fn migrate(a: MigrateArgs) -> Result<i32> {
                 },
             )
             .await?;
-        let mid = r["migration"]
-            .as_str()
-            .context("the planner's answer has no migration id")?
-            .to_string();
-        let to = r["to"].as_str().unwrap_or("?").to_string();
+        let r: MoveResponse =
+            serde_json::from_value(r).context("unexpected answer from the planner to a move")?;
+        let (mid, to) = (r.migration, r.to);
         let src = Client::with_auth(&source.api, &auth(&a.auth)?)?;
         let status = follow(&src, &mid, a.json).await?;
         if let Some(e) = status.error {
@@ -205,8 +206,20 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
 pub fn drain(a: DrainArgs) -> Result<i32> {
     runtime()?.block_on(async move {
         let p = planner(&a.planner, &a.auth, "roam drain")?;
-        let started = p.drain(&a.node).await?;
-        eprintln!("draining {}: {started}", a.node);
+        let started: DrainResponse = serde_json::from_value(p.drain(&a.node).await?)
+            .context("unexpected answer from the planner to a drain")?;
+        println!(
+            "draining {}: no new cells there; moving its {} cells",
+            a.node,
+            started.moves.len()
+        );
+        for m in &started.moves {
+            match (&m.to, &m.error) {
+                (_, Some(e)) => println!("  {}: cannot move: {e}", m.cell),
+                (Some(to), None) => println!("  {} → {to}", m.cell),
+                (None, None) => println!("  {}: waiting", m.cell),
+            }
+        }
         let deadline = Instant::now() + Duration::from_secs(a.timeout);
         let mut reported = std::collections::BTreeSet::new();
         loop {
@@ -215,7 +228,9 @@ pub fn drain(a: DrainArgs) -> Result<i32> {
             for c in cells.iter().filter(|c| !c.state.ended()) {
                 if c.owner == a.node {
                     left += 1;
-                } else if was_here(&started, &c.id) && reported.insert(c.id.clone()) {
+                } else if started.moves.iter().any(|m| m.cell == c.id)
+                    && reported.insert(c.id.clone())
+                {
                     println!("moved {} → {}", c.id, c.owner);
                 }
             }
@@ -233,9 +248,4 @@ pub fn drain(a: DrainArgs) -> Result<i32> {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
-}
-
-/// Whether the drain's answer names cell `id`.
-fn was_here(started: &serde_json::Value, id: &str) -> bool {
-    started.to_string().contains(&format!("\"{id}\""))
 }

@@ -322,13 +322,25 @@ pub(crate) fn print_summary(
             p.demand_pages, p.requests, p.pushed_pages, p.complete_ms
         );
     }
-    if let Some(obj) = s.pipeline.as_object() {
-        let fields: Vec<String> = obj
-            .iter()
-            .filter(|(_, v)| v.is_u64() && v.as_u64() != Some(0))
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        println!("  pipeline       {}", fields.join(" "));
+    if s.pipeline.is_object() {
+        let n = |k: &str| s.pipeline[k].as_u64().unwrap_or(0);
+        let ms = |k: &str| n(k) as f64 / 1e6;
+        println!(
+            "  pipeline       {} pages: {} zero, {} unchanged, {} as deltas, {} compressed; {} in → {} out",
+            n("pages_in"),
+            n("zero_pages"),
+            n("unchanged_pages"),
+            n("delta_pages"),
+            n("compressed_pages"),
+            mib(n("bytes_in")),
+            mib(n("bytes_out")),
+        );
+        println!(
+            "                 hashing {:.1} ms, dedup {:.1} ms, compression {:.1} ms",
+            ms("hash_nanos"),
+            ms("dedup_nanos"),
+            ms("compress_nanos")
+        );
     }
 }
 

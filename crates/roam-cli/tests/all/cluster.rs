@@ -145,7 +145,9 @@ impl Drop for Planner {
 fn http_json(base: &str, path: &str) -> Option<Value> {
     let addr = base.trim_start_matches("http://");
     let (st, body) = crate::nodes::http_get(addr, path).ok()?;
-    (st == 200).then(|| serde_json::from_slice(&body).ok()).flatten()
+    (st == 200)
+        .then(|| serde_json::from_slice(&body).ok())
+        .flatten()
 }
 
 /// A node registered with `p`, named `name`.
@@ -184,7 +186,10 @@ fn holders(id: &str, nodes: &[&Node]) -> Vec<String> {
         .iter()
         .filter(|n| {
             n.cell(id).is_some_and(|c| {
-                matches!(c["state"].as_str(), Some("running" | "migrating" | "exited"))
+                matches!(
+                    c["state"].as_str(),
+                    Some("running" | "migrating" | "exited")
+                )
             })
         })
         .map(|n| n.addr.clone())
@@ -234,12 +239,22 @@ fn embedded_cluster_launches_moves_drains_and_survives_a_killed_node() {
 
     // Moved by name.
     let out = p.roam(&["migrate", &id, "--to", "arm", "--mode", "pre-copy"]);
-    assert!(out.status.success(), "roam migrate: {}\n{}", text(&out.stderr), p.log());
+    assert!(
+        out.status.success(),
+        "roam migrate: {}\n{}",
+        text(&out.stderr),
+        p.log()
+    );
     assert_eq!(p.cell(&id)["owner"], "arm");
 
     // Drained.
     let out = p.roam(&["drain", "arm"]);
-    assert!(out.status.success(), "roam drain: {}\n{}", text(&out.stderr), p.log());
+    assert!(
+        out.status.success(),
+        "roam drain: {}\n{}",
+        text(&out.stderr),
+        p.log()
+    );
     let c = p.cell(&id);
     assert_ne!(c["owner"], "arm", "{c}");
 
@@ -249,7 +264,10 @@ fn embedded_cluster_launches_moves_drains_and_survives_a_killed_node() {
     let dead = c["owner"].as_str().unwrap().to_string();
     owner_node(&c, &mut nodes).kill9();
     let c = wait_restored(&p, &id, gen, &dead);
-    eprintln!("restored on {} from a checkpoint kept on {}", c["owner"], c["kept"]["holder"]);
+    eprintln!(
+        "restored on {} from a checkpoint kept on {}",
+        c["owner"], c["kept"]["holder"]
+    );
 
     let at = owner_node(&c, &mut nodes).addr.clone();
     let live: Vec<&Node> = nodes
@@ -260,7 +278,11 @@ fn embedded_cluster_launches_moves_drains_and_survives_a_killed_node() {
     let n = live.iter().find(|n| n.addr == at).unwrap();
     let end = n.wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", p.log());
-    assert_eq!(holders(&id, &live), vec![at.clone()], "the cell runs on more than one node");
+    assert_eq!(
+        holders(&id, &live),
+        vec![at.clone()],
+        "the cell runs on more than one node"
+    );
     let out = p.roam(&["logs", &id]);
     assert_eq!(text(&out.stdout), text(&expected), "{}", p.log());
 }
@@ -312,7 +334,11 @@ fn etcd_leader_killed_then_a_node_killed() {
     let dead = c["owner"].as_str().unwrap().to_string();
     owner_node(&c, &mut nodes).kill9();
     let c = wait_restored(&other, &id, gen, &dead);
-    let live: Vec<&Node> = nodes.iter().filter(|(n, _)| *n != dead).map(|(_, n)| n).collect();
+    let live: Vec<&Node> = nodes
+        .iter()
+        .filter(|(n, _)| *n != dead)
+        .map(|(_, n)| n)
+        .collect();
     let end = live[0].wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", other.log());
     let out = other.roam(&["logs", &id]);
