@@ -105,6 +105,13 @@ impl Planner {
             .unwrap_or_else(|| panic!("GET {path} on the planner failed\n{}", self.log()))
     }
 
+    /// Whether it leads the cluster now (its `/metrics` say so).
+    pub fn leads(&self) -> bool {
+        let addr = self.url.trim_start_matches("http://");
+        crate::nodes::http_get(addr, "/metrics")
+            .is_ok_and(|(st, body)| st == 200 && text(&body).contains("roam_planner_leader 1"))
+    }
+
     pub fn cell(&self, id: &str) -> Value {
         self.get(&format!("/v1/cells/{id}"))
     }
@@ -312,9 +319,7 @@ fn etcd_leader_killed_then_a_node_killed() {
     let store = format!("etcd://{}", etcd.endpoint());
     let opts = ["--checkpoint-interval", "1", "--lease", "3"];
     let mut leader = Planner::start(Some(&store), &opts);
-    wait_for("the first planner to lead", SLOW, || {
-        leader.get("/v1/leader")["leader"].as_bool().filter(|l| *l)
-    });
+    wait_for("the first planner to lead", SLOW, || leader.leads().then_some(()));
     let other = Planner::start(Some(&store), &opts);
     let mut nodes = vec![
         ("a".to_string(), node(Isa::X86_64, &other, "a")),
@@ -323,9 +328,7 @@ fn etcd_leader_killed_then_a_node_killed() {
     wait_alive(&other, 2);
     let id = other.launch(&SMALL_LONG, &[]);
     leader.kill9();
-    wait_for("the other planner to lead", SLOW, || {
-        other.get("/v1/leader")["leader"].as_bool().filter(|l| *l)
-    });
+    wait_for("the other planner to lead", SLOW, || other.leads().then_some(()));
     // The cell kept running through the change of leader, and checkpoints
     // are kept again by the new one.
     let c = wait_kept(&other, &id);
