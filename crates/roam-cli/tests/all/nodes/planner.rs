@@ -200,6 +200,28 @@ const DELAY: Duration = Duration::from_millis(800);
 /// to take the cell back loses, and the cell runs exactly once.
 #[test]
 fn partition_after_final_runs_the_cell_exactly_once() {
+    partition(Cut::AfterStart);
+}
+
+/// The same partition, struck as soon as the source sent the final state:
+/// it is still in the link's delay when the link breaks, so the
+/// destination may never get it. Whichever node wins ownership runs the
+/// cell, exactly once.
+#[test]
+fn partition_at_the_final_state_runs_the_cell_exactly_once() {
+    partition(Cut::AtFinal);
+}
+
+/// When the partition strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// As soon as the source is committing (the final state sent).
+    AtFinal,
+    /// Once the destination runs the cell (`Running` on its way back).
+    AfterStart,
+}
+
+fn partition(when: Cut) {
     let expected = reference(&LOAD);
     let planner = StandInPlanner::start();
     let port = free_port();
@@ -249,10 +271,18 @@ fn partition_after_final_runs_the_cell_exactly_once() {
         .as_str()
         .unwrap()
         .to_string();
-    // The destination runs the cell: `Running` is on its way back.
-    wait_for("the destination to start the cell", SLOW, || {
-        (b.state(&id) == "running").then_some(())
-    });
+    if when == Cut::AfterStart {
+        // The destination runs the cell: `Running` is on its way back.
+        wait_for("the destination to start the cell", SLOW, || {
+            (b.state(&id) == "running").then_some(())
+        });
+    } else {
+        wait_for("the source to send the final state", SLOW, || {
+            let st = a.get_json(&format!("/v1/migrations/{mid}")).unwrap();
+            assert!(st["done"] != true, "the migration ended early: {st}");
+            (st["phase"] == "committing").then_some(())
+        });
+    }
     link.proxy().handle().cut(AfterCut::Refuse);
     control.proxy().handle().cut(AfterCut::Refuse);
     let end = wait_for("the migration to end", SLOW, || {
@@ -265,32 +295,41 @@ fn partition_after_final_runs_the_cell_exactly_once() {
     assert!(
         asked
             .iter()
-            .any(|(c, r, won)| c == &id && r["to"] == "dst" && *won),
-        "the destination started the cell without taking ownership: {asked:?}\n{}",
+            .any(|(c, r, _)| c == &id && r["from"] == "src" && r["to"] == "src"),
+        "the source did not ask the planner for the cell back: {asked:?}\n{}",
         both_logs(&a, &b)
     );
-    assert!(
-        asked
-            .iter()
-            .any(|(c, r, won)| c == &id && r["from"] == "src" && r["to"] == "src" && !*won),
-        "the source did not ask for the cell back, or won it: {asked:?}\n{}",
-        both_logs(&a, &b)
-    );
-    assert_eq!(planner.lock().cells[&id], ("dst".to_string(), 2));
-    assert_eq!(a.state(&id), "moved", "{}", both_logs(&a, &b));
-    let end = b.wait_end(&id, SLOW);
+    let (owner, generation) = planner.lock().cells[&id].clone();
+    assert_eq!(generation, 2, "one transaction won, exactly: {asked:?}");
+    if when == Cut::AfterStart {
+        assert_eq!(owner, "dst", "{asked:?}\n{}", both_logs(&a, &b));
+    }
+    // The owner ran it to the end, with the uninterrupted run's output;
+    // the other node neither runs it nor ran it to the end.
+    let (home, other) = if owner == "dst" { (&b, &a) } else { (&a, &b) };
+    let end = home.wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", both_logs(&a, &b));
     assert_eq!(end["code"], 0, "{end}");
     assert_eq!(
-        text(&b.raw_logs(&id).unwrap()),
+        text(&home.raw_logs(&id).unwrap()),
         text(&expected),
         "{}",
         both_logs(&a, &b)
     );
     assert!(
-        a.raw_logs(&id)
+        !matches!(
+            other.state(&id).as_str(),
+            "running" | "migrating" | "exited"
+        ),
+        "the cell is also on the node that does not own it: {}\n{}",
+        other.state(&id),
+        both_logs(&a, &b)
+    );
+    assert!(
+        other
+            .raw_logs(&id)
             .is_none_or(|l| !text(&l).contains("checksum: ")),
-        "the source ran the cell to the end too\n{}",
+        "the node that does not own the cell ran it to the end too\n{}",
         both_logs(&a, &b)
     );
 }
