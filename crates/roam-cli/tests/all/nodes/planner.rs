@@ -27,6 +27,10 @@ struct StandInState {
     cells: HashMap<String, (String, u64)>,
     /// Every ownership transaction asked: (cell, request, won).
     asked: Vec<(String, Value, bool)>,
+    /// Registrations, in order (node names).
+    registered: Vec<String>,
+    /// Cells every heartbeat answer tells the node to stop.
+    stop: Vec<String>,
 }
 
 type Shared = Arc<Mutex<StandInState>>;
@@ -76,24 +80,30 @@ impl StandInPlanner {
     }
 }
 
-fn answer() -> Value {
-    serde_json::json!({ "heartbeat_ms": 300, "lease_ms": 5000, "stop": [] })
+fn answer(s: &StandInState) -> Value {
+    serde_json::json!({ "heartbeat_ms": 300, "lease_ms": 5000, "stop": s.stop })
 }
 
 async fn register(State(s): State<Shared>, Json(r): Json<Value>) -> Json<Value> {
     let name = r["name"].as_str().unwrap_or_default().to_string();
-    s.lock().unwrap().nodes.insert(name, r);
-    Json(answer())
+    let mut s = s.lock().unwrap();
+    s.registered.push(name.clone());
+    s.nodes.insert(name, r);
+    Json(answer(&s))
 }
 
 async fn heartbeat(
     State(s): State<Shared>,
     Path(name): Path<String>,
+    Json(r): Json<Value>,
 ) -> Result<Json<Value>, StatusCode> {
-    if s.lock().unwrap().nodes.contains_key(&name) {
-        Ok(Json(answer()))
-    } else {
-        Err(StatusCode::GONE)
+    let mut s = s.lock().unwrap();
+    match s.nodes.get_mut(&name) {
+        Some(node) => {
+            node["status"] = r["status"].clone();
+            Ok(Json(answer(&s)))
+        }
+        None => Err(StatusCode::GONE),
     }
 }
 
@@ -190,6 +200,28 @@ const DELAY: Duration = Duration::from_millis(800);
 /// to take the cell back loses, and the cell runs exactly once.
 #[test]
 fn partition_after_final_runs_the_cell_exactly_once() {
+    partition(Cut::AfterStart);
+}
+
+/// The same partition, struck as soon as the source sent the final state:
+/// it is still in the link's delay when the link breaks, so the
+/// destination may never get it. Whichever node wins ownership runs the
+/// cell, exactly once.
+#[test]
+fn partition_at_the_final_state_runs_the_cell_exactly_once() {
+    partition(Cut::AtFinal);
+}
+
+/// When the partition strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// As soon as the source is committing (the final state sent).
+    AtFinal,
+    /// Once the destination runs the cell (`Running` on its way back).
+    AfterStart,
+}
+
+fn partition(when: Cut) {
     let expected = reference(&LOAD);
     let planner = StandInPlanner::start();
     let port = free_port();
@@ -239,10 +271,18 @@ fn partition_after_final_runs_the_cell_exactly_once() {
         .as_str()
         .unwrap()
         .to_string();
-    // The destination runs the cell: `Running` is on its way back.
-    wait_for("the destination to start the cell", SLOW, || {
-        (b.state(&id) == "running").then_some(())
-    });
+    if when == Cut::AfterStart {
+        // The destination runs the cell: `Running` is on its way back.
+        wait_for("the destination to start the cell", SLOW, || {
+            (b.state(&id) == "running").then_some(())
+        });
+    } else {
+        wait_for("the source to send the final state", SLOW, || {
+            let st = a.get_json(&format!("/v1/migrations/{mid}")).unwrap();
+            assert!(st["done"] != true, "the migration ended early: {st}");
+            (st["phase"] == "committing").then_some(())
+        });
+    }
     link.proxy().handle().cut(AfterCut::Refuse);
     control.proxy().handle().cut(AfterCut::Refuse);
     let end = wait_for("the migration to end", SLOW, || {
@@ -255,34 +295,96 @@ fn partition_after_final_runs_the_cell_exactly_once() {
     assert!(
         asked
             .iter()
-            .any(|(c, r, won)| c == &id && r["to"] == "dst" && *won),
-        "the destination started the cell without taking ownership: {asked:?}\n{}",
+            .any(|(c, r, _)| c == &id && r["from"] == "src" && r["to"] == "src"),
+        "the source did not ask the planner for the cell back: {asked:?}\n{}",
         both_logs(&a, &b)
     );
-    assert!(
-        asked
-            .iter()
-            .any(|(c, r, won)| c == &id && r["from"] == "src" && r["to"] == "src" && !*won),
-        "the source did not ask for the cell back, or won it: {asked:?}\n{}",
-        both_logs(&a, &b)
-    );
-    assert_eq!(planner.lock().cells[&id], ("dst".to_string(), 2));
-    assert_eq!(a.state(&id), "moved", "{}", both_logs(&a, &b));
-    let end = b.wait_end(&id, SLOW);
+    let (owner, generation) = planner.lock().cells[&id].clone();
+    assert_eq!(generation, 2, "one transaction won, exactly: {asked:?}");
+    if when == Cut::AfterStart {
+        assert_eq!(owner, "dst", "{asked:?}\n{}", both_logs(&a, &b));
+    }
+    // The owner ran it to the end, with the uninterrupted run's output;
+    // the other node neither runs it nor ran it to the end.
+    let (home, other) = if owner == "dst" { (&b, &a) } else { (&a, &b) };
+    let end = home.wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", both_logs(&a, &b));
     assert_eq!(end["code"], 0, "{end}");
     assert_eq!(
-        text(&b.raw_logs(&id).unwrap()),
+        text(&home.raw_logs(&id).unwrap()),
         text(&expected),
         "{}",
         both_logs(&a, &b)
     );
     assert!(
-        a.raw_logs(&id)
-            .is_none_or(|l| !text(&l).contains("checksum: ")),
-        "the source ran the cell to the end too\n{}",
+        !matches!(
+            other.state(&id).as_str(),
+            "running" | "migrating" | "exited"
+        ),
+        "the cell is also on the node that does not own it: {}\n{}",
+        other.state(&id),
         both_logs(&a, &b)
     );
+    assert!(
+        other
+            .raw_logs(&id)
+            .is_none_or(|l| !text(&l).contains("checksum: ")),
+        "the node that does not own the cell ran it to the end too\n{}",
+        both_logs(&a, &b)
+    );
+}
+
+/// The planner declared the node dead (its lease expired: `410`) and
+/// restored its cell elsewhere: the node registers again, and stops the
+/// cell the planner names in `stop`, saying why.
+#[test]
+fn a_fenced_node_registers_again_and_stops_the_cells_it_lost() {
+    let planner = StandInPlanner::start();
+    let a = Node::start_with(
+        Isa::X86_64,
+        &[
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--planner",
+            &planner.url,
+            "--name",
+            "fenced",
+        ],
+    );
+    wait_for("the node to register", SLOW, || {
+        planner.lock().nodes.contains_key("fenced").then_some(())
+    });
+    let id = launch_owned(&a, &LOAD, 1);
+    let other = launch_owned(&a, &LOAD, 1);
+    let beat = wait_for("a heartbeat naming both cells", SLOW, || {
+        let s = planner.lock();
+        let cells = s.nodes.get("fenced").map(|n| n["status"]["cells"].clone());
+        drop(s);
+        cells.filter(|c| c.as_array().is_some_and(|c| c.len() == 2))
+    });
+    eprintln!("registered status cells: {beat}");
+    {
+        // The lease expired: the planner forgot the node, and gave `id`
+        // to another node.
+        let mut s = planner.lock();
+        s.nodes.remove("fenced");
+        s.stop = vec![id.clone()];
+    }
+    let end = a.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "failed", "{end}\n{}", a.log());
+    assert!(
+        end["error"].as_str().unwrap_or("").contains("another node"),
+        "{end}"
+    );
+    assert_eq!(
+        planner.lock().registered,
+        vec!["fenced".to_string(), "fenced".to_string()],
+        "the node did not register again after 410\n{}",
+        a.log()
+    );
+    assert_eq!(a.state(&other), "running", "a cell it still owns stopped");
+    // Logged once per change of state, not per attempt.
+    assert_eq!(a.log().matches("lease expired").count(), 1, "{}", a.log());
 }
 
 /// Keep two checkpoints of a running cell on `to`'s node, kill the owner
