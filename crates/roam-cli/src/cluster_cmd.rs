@@ -67,7 +67,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 dirs: a.dirs.clone(),
                 max_memory: a.max_memory,
                 service: a.service.clone(),
-                node: None,
+                node: a.on.clone(),
                 checkpoint_interval_s: a.checkpoint_interval,
             })
             .await?;

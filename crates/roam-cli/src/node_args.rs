@@ -135,6 +135,9 @@ pub struct LaunchArgs {
     pub node: Option<String>,
     #[command(flatten)]
     pub planner: PlannerArg,
+    /// Run it on the node of this name (planner only: the manual policy).
+    #[arg(long, value_name = "NAME", conflicts_with = "node")]
+    pub on: Option<String>,
     /// Seconds between kept checkpoints of the cell (planner only)
     /// [default: the planner's].
     #[arg(long, value_name = "SECS")]

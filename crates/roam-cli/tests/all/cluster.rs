@@ -294,6 +294,48 @@ fn embedded_cluster_launches_moves_drains_and_survives_a_killed_node() {
     assert_eq!(text(&out.stdout), text(&expected), "{}", p.log());
 }
 
+/// Send `sig` to process `pid`.
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a child of this test that has not been reaped.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+}
+
+/// A node cut off from the planner past its lease (frozen with SIGSTOP)
+/// is declared dead and its cell restored on another node from its kept
+/// checkpoint. When it comes back, the planner's answer to its heartbeat
+/// makes it stop its own copy: the cell runs to the end exactly once.
+#[test]
+fn a_node_cut_off_past_its_lease_stops_its_copy_when_it_returns() {
+    let p = Planner::start(None, &["--checkpoint-interval", "1", "--lease", "3"]);
+    let a = node(Isa::X86_64, &p, "a");
+    let b = node(Isa::X86_64, &p, "b");
+    wait_alive(&p, 2);
+    let id = p.launch(&SMALL_LONG, &["--on", "a"]);
+    let c = wait_kept(&p, &id);
+    let gen = c["generation"].as_u64().unwrap();
+    signal(a.pid(), libc::SIGSTOP);
+    let restored = std::panic::catch_unwind(|| wait_restored(&p, &id, gen, "a"));
+    signal(a.pid(), libc::SIGCONT);
+    let c = restored.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    assert_eq!(c["owner"], "b", "{c}");
+    let end = a.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "failed", "{end}\n{}", a.log());
+    assert!(
+        end["error"].as_str().unwrap_or("").contains("another node"),
+        "{end}"
+    );
+    let end = b.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "exited", "{end}\n{}", b.log());
+    assert_eq!(holders(&id, &[&a, &b]), vec![b.addr.clone()]);
+    let out = p.roam(&["logs", &id]);
+    assert_eq!(
+        text(&out.stdout),
+        text(&reference(&SMALL_LONG)),
+        "{}",
+        p.log()
+    );
+}
+
 /// The embedded store survives a planner restart: nodes and cells are
 /// still known, and the nodes keep heartbeating to the new process.
 #[test]
@@ -319,7 +361,9 @@ fn etcd_leader_killed_then_a_node_killed() {
     let store = format!("etcd://{}", etcd.endpoint());
     let opts = ["--checkpoint-interval", "1", "--lease", "3"];
     let mut leader = Planner::start(Some(&store), &opts);
-    wait_for("the first planner to lead", SLOW, || leader.leads().then_some(()));
+    wait_for("the first planner to lead", SLOW, || {
+        leader.leads().then_some(())
+    });
     let other = Planner::start(Some(&store), &opts);
     let mut nodes = vec![
         ("a".to_string(), node(Isa::X86_64, &other, "a")),
@@ -328,7 +372,9 @@ fn etcd_leader_killed_then_a_node_killed() {
     wait_alive(&other, 2);
     let id = other.launch(&SMALL_LONG, &[]);
     leader.kill9();
-    wait_for("the other planner to lead", SLOW, || other.leads().then_some(()));
+    wait_for("the other planner to lead", SLOW, || {
+        other.leads().then_some(())
+    });
     // The cell kept running through the change of leader, and checkpoints
     // are kept again by the new one.
     let c = wait_kept(&other, &id);

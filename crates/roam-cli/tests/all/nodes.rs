@@ -278,13 +278,18 @@ impl Node {
         (self.child, self.addr, self.log) = (child, addr, log);
     }
 
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(crate) fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = wait_child(&mut self.child, Duration::from_secs(10), "a killed node");
     }
 
     /// Everything this node logged (all its runs).
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         (0..self.starts)
             .map(|n| {
                 let p = self.dir.path().join(format!("node-{n}.log"));

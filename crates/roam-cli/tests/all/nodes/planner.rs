@@ -3,136 +3,13 @@
 //! state, and kept checkpoints that bring a cell back after its node is
 //! killed, on the same ISA and across ISAs.
 //!
-//! The planner here is a **test stand-in**, not `roam planner`: an axum
-//! server inside this file answering registration, heartbeats and the
-//! ownership transaction (a compare-and-swap over a map), so that the
-//! nodes' side is tested on its own. Kept checkpoints are driven through
-//! the nodes' API, as the planner drives them.
+//! The partition tests run a real `roam planner` (embedded store); the
+//! kept-checkpoint tests drive the nodes' API directly, as the planner
+//! does, to test the nodes' side on its own.
 
-use std::sync::Arc;
-
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::routing::post;
-use axum::{Json, Router};
 use roam_link::Rate;
 
 use super::*;
-
-/// Test stand-in for the planner: the nodes registered, and every cell's
-/// owner and generation.
-#[derive(Default)]
-struct StandInState {
-    nodes: HashMap<String, Value>,
-    cells: HashMap<String, (String, u64)>,
-    /// Every ownership transaction asked: (cell, request, won).
-    asked: Vec<(String, Value, bool)>,
-    /// Registrations, in order (node names).
-    registered: Vec<String>,
-    /// Cells every heartbeat answer tells the node to stop.
-    stop: Vec<String>,
-}
-
-type Shared = Arc<Mutex<StandInState>>;
-
-/// A test stand-in for the planner (see the module docs), on a free
-/// loopback port.
-struct StandInPlanner {
-    url: String,
-    state: Shared,
-    _rt: tokio::runtime::Runtime,
-}
-
-impl StandInPlanner {
-    fn start() -> StandInPlanner {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let state = Shared::default();
-        let app = Router::new()
-            .route("/v1/nodes", post(register))
-            .route("/v1/nodes/{name}/heartbeat", post(heartbeat))
-            .route("/v1/cells/{id}/owner", post(owner))
-            .with_state(state.clone());
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        rt.spawn(async move { axum::serve(listener, app).await });
-        StandInPlanner {
-            url,
-            state,
-            _rt: rt,
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, StandInState> {
-        self.state.lock().unwrap()
-    }
-
-    /// The cell was placed on `owner` at `generation`.
-    fn place(&self, id: &str, owner: &str, generation: u64) {
-        self.lock()
-            .cells
-            .insert(id.to_string(), (owner.to_string(), generation));
-    }
-}
-
-fn answer(s: &StandInState) -> Value {
-    serde_json::json!({ "heartbeat_ms": 300, "lease_ms": 5000, "stop": s.stop })
-}
-
-async fn register(State(s): State<Shared>, Json(r): Json<Value>) -> Json<Value> {
-    let name = r["name"].as_str().unwrap_or_default().to_string();
-    let mut s = s.lock().unwrap();
-    s.registered.push(name.clone());
-    s.nodes.insert(name, r);
-    Json(answer(&s))
-}
-
-async fn heartbeat(
-    State(s): State<Shared>,
-    Path(name): Path<String>,
-    Json(r): Json<Value>,
-) -> Result<Json<Value>, StatusCode> {
-    let mut s = s.lock().unwrap();
-    match s.nodes.get_mut(&name) {
-        Some(node) => {
-            node["status"] = r["status"].clone();
-            Ok(Json(answer(&s)))
-        }
-        None => Err(StatusCode::GONE),
-    }
-}
-
-async fn owner(
-    State(s): State<Shared>,
-    Path(id): Path<String>,
-    Json(r): Json<Value>,
-) -> (StatusCode, Json<Value>) {
-    let mut s = s.lock().unwrap();
-    let cur = s.cells.get(&id).cloned();
-    let won = cur.as_ref().is_some_and(|(o, g)| {
-        Some(o.as_str()) == r["from"].as_str() && Some(*g) == r["generation"].as_u64()
-    });
-    s.asked.push((id.clone(), r.clone(), won));
-    match (won, cur) {
-        (true, Some((_, g))) => {
-            let to = r["to"].as_str().unwrap_or_default().to_string();
-            s.cells.insert(id, (to.clone(), g + 1));
-            (
-                StatusCode::OK,
-                Json(serde_json::json!({ "owner": to, "generation": g + 1 })),
-            )
-        }
-        (_, cur) => (
-            StatusCode::CONFLICT,
-            Json(serde_json::json!({ "error": format!("the transaction lost: {cur:?}") })),
-        ),
-    }
-}
 
 /// `POST path` with raw bytes over HTTP/1.0: status and body.
 fn http_post_bytes(addr: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
@@ -176,13 +53,18 @@ fn launch_owned(node: &Node, args: &[&str], generation: u64) -> String {
         .as_str()
         .unwrap()
         .to_string();
+    wait_allocated(node, &id, args);
+    id
+}
+
+/// Wait until the cell on `node` has allocated its state (it is mid-run).
+fn wait_allocated(node: &Node, id: &str, args: &[&str]) {
     let state_bytes = args[0].parse::<u64>().unwrap() << 20;
     wait_for("the cell to allocate its state", SLOW, || {
-        let c = node.cell(&id).unwrap();
+        let c = node.cell(id).unwrap();
         assert_eq!(c["state"], "running", "{c}\n{}", node.log());
         (c["memory_bytes"].as_u64().unwrap() >= state_bytes).then_some(())
     });
-    id
 }
 
 /// 32 MiB of state rewritten at 4 MiB/s for 20 s.
@@ -223,7 +105,7 @@ enum Cut {
 
 fn partition(when: Cut) {
     let expected = reference(&LOAD);
-    let planner = StandInPlanner::start();
+    let planner = crate::cluster::Planner::start(None, &["--checkpoint-interval", "0"]);
     let port = free_port();
     let link = Link::start(port, LinkConfig::symmetric(Rate::UNLIMITED, DELAY));
     let a = Node::start_with(
@@ -254,17 +136,30 @@ fn partition(when: Cut) {
     // proxy, cut with the migration link.
     let b_port: u16 = b.addr.rsplit(':').next().unwrap().parse().unwrap();
     let control = Link::start(b_port, LinkConfig::transparent());
-    wait_for("both nodes to register", SLOW, || {
-        let s = planner.lock();
-        (s.nodes.contains_key("src") && s.nodes.contains_key("dst")).then_some(())
+    let nodes = wait_for("both nodes to register", SLOW, || {
+        let nodes = planner.get("/v1/nodes");
+        (nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["alive"] == true)
+            .count()
+            == 2)
+            .then_some(nodes)
     });
+    let dst = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "dst");
     assert_eq!(
-        planner.lock().nodes["dst"]["migrate"],
+        dst.unwrap()["migrate"],
         link.proxy().local_addr().to_string(),
         "the destination registers the advertised migration address"
     );
-    let id = launch_owned(&a, &LOAD, 1);
-    planner.place(&id, "src", 1);
+    let id = planner.launch(&LOAD, &["--on", "src", "--checkpoint-interval", "0"]);
+    let generation = planner.cell(&id)["generation"].as_u64().unwrap();
+    wait_allocated(&a, &id, &LOAD);
     let to = control.proxy().local_addr().to_string();
     let body = serde_json::json!({ "to": to, "mode": "stop-and-copy" });
     let mid = post_ok(&a.addr, &format!("/v1/cells/{id}/migrate"), &body)["migration"]
@@ -290,19 +185,21 @@ fn partition(when: Cut) {
         (st["done"] == true).then_some(st)
     });
     eprintln!("migration ended: {end}");
-    let asked = planner.lock().asked.clone();
-    eprintln!("ownership transactions: {asked:?}");
     assert!(
-        asked
-            .iter()
-            .any(|(c, r, _)| c == &id && r["from"] == "src" && r["to"] == "src"),
-        "the source did not ask the planner for the cell back: {asked:?}\n{}",
+        a.log().contains("asking the planner for the cell back"),
+        "the source did not ask the planner for the cell back\n{}",
         both_logs(&a, &b)
     );
-    let (owner, generation) = planner.lock().cells[&id].clone();
-    assert_eq!(generation, 2, "one transaction won, exactly: {asked:?}");
+    let rec = planner.cell(&id);
+    let owner = rec["owner"].as_str().unwrap().to_string();
+    assert_eq!(
+        rec["generation"].as_u64().unwrap(),
+        generation + 1,
+        "one transaction won, exactly: {rec}\n{}",
+        planner.log()
+    );
     if when == Cut::AfterStart {
-        assert_eq!(owner, "dst", "{asked:?}\n{}", both_logs(&a, &b));
+        assert_eq!(owner, "dst", "{rec}\n{}", both_logs(&a, &b));
     }
     // The owner ran it to the end, with the uninterrupted run's output;
     // the other node neither runs it nor ran it to the end.
@@ -332,59 +229,6 @@ fn partition(when: Cut) {
         "the node that does not own the cell ran it to the end too\n{}",
         both_logs(&a, &b)
     );
-}
-
-/// The planner declared the node dead (its lease expired: `410`) and
-/// restored its cell elsewhere: the node registers again, and stops the
-/// cell the planner names in `stop`, saying why.
-#[test]
-fn a_fenced_node_registers_again_and_stops_the_cells_it_lost() {
-    let planner = StandInPlanner::start();
-    let a = Node::start_with(
-        Isa::X86_64,
-        &[
-            "--migrate-listen",
-            "127.0.0.1:0",
-            "--planner",
-            &planner.url,
-            "--name",
-            "fenced",
-        ],
-    );
-    wait_for("the node to register", SLOW, || {
-        planner.lock().nodes.contains_key("fenced").then_some(())
-    });
-    let id = launch_owned(&a, &LOAD, 1);
-    let other = launch_owned(&a, &LOAD, 1);
-    let beat = wait_for("a heartbeat naming both cells", SLOW, || {
-        let s = planner.lock();
-        let cells = s.nodes.get("fenced").map(|n| n["status"]["cells"].clone());
-        drop(s);
-        cells.filter(|c| c.as_array().is_some_and(|c| c.len() == 2))
-    });
-    eprintln!("registered status cells: {beat}");
-    {
-        // The lease expired: the planner forgot the node, and gave `id`
-        // to another node.
-        let mut s = planner.lock();
-        s.nodes.remove("fenced");
-        s.stop = vec![id.clone()];
-    }
-    let end = a.wait_end(&id, SLOW);
-    assert_eq!(end["state"], "failed", "{end}\n{}", a.log());
-    assert!(
-        end["error"].as_str().unwrap_or("").contains("another node"),
-        "{end}"
-    );
-    assert_eq!(
-        planner.lock().registered,
-        vec!["fenced".to_string(), "fenced".to_string()],
-        "the node did not register again after 410\n{}",
-        a.log()
-    );
-    assert_eq!(a.state(&other), "running", "a cell it still owns stopped");
-    // Logged once per change of state, not per attempt.
-    assert_eq!(a.log().matches("lease expired").count(), 1, "{}", a.log());
 }
 
 /// Keep two checkpoints of a running cell on `to`'s node, kill the owner
