@@ -34,7 +34,7 @@ pub struct ClientAuth {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// No answer.
-    #[error("cannot reach node at {addr}: {source}")]
+    #[error("cannot reach {addr}: {source}")]
     Unreachable {
         /// The node's address.
         addr: String,
@@ -107,8 +107,41 @@ impl Client {
         })
     }
 
+    /// The base URL (`http(s)://host:port`).
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Send a request built on this client's connection and credentials;
+    /// the status and body, whatever the status (for clients that must
+    /// tell one error status from another).
+    pub(crate) async fn send_raw(
+        &self,
+        r: reqwest::RequestBuilder,
+    ) -> Result<(reqwest::StatusCode, Vec<u8>), ClientError> {
+        let r = self
+            .authed(r)
+            .send()
+            .await
+            .map_err(|source| ClientError::Unreachable {
+                addr: self.base.clone(),
+                source,
+            })?;
+        let status = r.status();
+        let body = r.bytes().await.map_err(|source| ClientError::Unreachable {
+            addr: self.base.clone(),
+            source,
+        })?;
+        Ok((status, body.to_vec()))
+    }
+
+    /// The HTTP client (for requests sent with [`Client::send_raw`]).
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     /// Add the token, if any, to a request.
-    fn authed(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    pub(crate) fn authed(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.auth.token {
             Some(t) => r.header(reqwest::header::AUTHORIZATION, t.header_value()),
             None => r,
@@ -138,7 +171,7 @@ impl Client {
             .map_err(|e| ClientError::Api(format!("unexpected answer from {}: {e}", self.base)))
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
@@ -200,6 +233,63 @@ impl Client {
                 .await,
         )
         .await
+    }
+
+    /// `POST /v1/kept/{cell}/missing` (asked of a holder): which of these
+    /// page hashes it lacks for the cell's kept checkpoint.
+    pub async fn kept_missing(
+        &self,
+        cell: &str,
+        hashes: &[String],
+    ) -> Result<Vec<String>, ClientError> {
+        self.parse(
+            self.authed(
+                self.http
+                    .post(self.url(&format!("/v1/kept/{cell}/missing"))),
+            )
+            .json(&hashes)
+            .send()
+            .await,
+        )
+        .await
+    }
+
+    /// `PUT /v1/kept/{cell}` (asked of a holder): a kept checkpoint's
+    /// manifest, state and the pages the holder lacked.
+    pub async fn put_kept(
+        &self,
+        cell: &str,
+        body: Vec<u8>,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.parse(
+            self.authed(self.http.put(self.url(&format!("/v1/kept/{cell}"))))
+                .body(body)
+                .send()
+                .await,
+        )
+        .await
+    }
+
+    /// `GET /v1/kept/{cell}` (asked of a holder): the kept checkpoint.
+    pub async fn get_kept(&self, cell: &str) -> Result<Vec<u8>, ClientError> {
+        let r = self
+            .authed(self.http.get(self.url(&format!("/v1/kept/{cell}"))))
+            .send()
+            .await;
+        let r = r.map_err(|source| ClientError::Unreachable {
+            addr: self.base.clone(),
+            source,
+        })?;
+        if !r.status().is_success() {
+            return self.parse::<Vec<u8>>(Ok(r)).await;
+        }
+        r.bytes()
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|source| ClientError::Unreachable {
+                addr: self.base.clone(),
+                source,
+            })
     }
 
     /// `GET /v1/cells`.

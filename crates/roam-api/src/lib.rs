@@ -8,7 +8,7 @@
 //! neither daemon knows the other's internals.
 //!
 //! - [`types`], [`client`]: a node's control API (`docs/node-api.md`);
-//! - [`planner`]: the planner's API and the cluster's records
+//! - [`planner`], [`planner_client`]: the planner's API and the cluster's records
 //!   (`docs/control-plane.md`);
 //! - [`sysinfo`]: what a node reports about its machine;
 //! - [`serve`]: the TLS listener and token check both daemons serve with.
@@ -17,8 +17,10 @@
 
 pub mod client;
 pub mod planner;
+pub mod planner_client;
 pub mod serve;
 pub mod sysinfo;
 pub mod types;
 
 pub use client::{Client, ClientAuth, ClientError};
+pub use planner_client::{PlannerClient, PlannerError};

@@ -64,6 +64,11 @@ pub struct LaunchRequest {
     /// node chooses one. A taken id is refused with `409`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// The cell's ownership generation, when a planner placed it: with a
+    /// planner, migrations of the cell are ownership transactions naming
+    /// it (`docs/control-plane.md`). `None`: a cell no planner knows.
+    #[serde(default)]
+    pub generation: Option<u64>,
 }
 
 /// `POST /v1/cells/restore` body (asked of a node by the planner): start a

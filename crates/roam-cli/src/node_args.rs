@@ -89,6 +89,16 @@ pub struct NodeArgs {
     /// mutual TLS with this node's certificate.
     #[arg(long, value_name = "ADDR")]
     pub gateway: Option<String>,
+    /// The planner to register with and heartbeat to (`host:port` or an
+    /// `http(s)://` URL; TLS and token as for other nodes). Cells it places
+    /// here then move only through its ownership transactions.
+    #[arg(long, value_name = "URL")]
+    pub planner: Option<String>,
+    /// This node's control API address as the planner and other nodes
+    /// reach it (`host:port` or a URL) [default: the address --listen
+    /// bound].
+    #[arg(long, value_name = "ADDR")]
+    pub advertise: Option<String>,
 }
 
 /// How a command authenticates to a node (`launch`, `cells`, `migrate`,

@@ -91,6 +91,8 @@ pub fn node(a: NodeArgs) -> Result<i32> {
             log_bytes: a.log_size,
         },
         gateway: a.gateway,
+        planner: a.planner,
+        advertise: a.advertise,
     };
     runtime()?.block_on(async move {
         let node = Node::bind(cfg).await?;
@@ -141,6 +143,7 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 max_memory: a.max_memory,
                 service: a.service,
                 id: None,
+                generation: None,
             })
             .await?;
         println!("{}", r.id);

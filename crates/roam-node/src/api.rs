@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::handler::Handler;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -41,12 +42,22 @@ fn internal(msg: impl std::fmt::Display) -> AppError {
 pub(crate) fn router(n: Arc<NodeInner>) -> Router {
     let router = Router::new()
         .route("/v1/node", get(node_info))
+        .route("/metrics", get(metrics))
         .route("/v1/modules", post(upload_module))
         .route("/v1/cells", post(launch).get(list))
         .route("/v1/cells/{id}", get(status))
         .route("/v1/cells/{id}/logs", get(logs))
         .route("/v1/cells/{id}/kill", post(kill))
         .route("/v1/cells/{id}/checkpoint", post(checkpoint))
+        .route("/v1/cells/{id}/keep", post(crate::kept_api::keep))
+        .route("/v1/cells/restore", post(crate::kept_api::restore))
+        .route(
+            "/v1/kept/{id}",
+            get(crate::kept_api::get).put(
+                crate::kept_api::put.layer(DefaultBodyLimit::max(crate::kept_api::body_limit(&n))),
+            ),
+        )
+        .route("/v1/kept/{id}/missing", post(crate::kept_api::missing))
         .route(
             "/v1/cells/{id}/migrate",
             post(crate::migrate::source::start),
@@ -116,6 +127,12 @@ pub(crate) fn node_info_of(n: &NodeInner) -> NodeInfo {
 
 async fn node_info(State(n): N) -> Json<NodeInfo> {
     Json(node_info_of(&n))
+}
+
+/// `GET /metrics`: Prometheus text (see [`crate::metrics`]).
+async fn metrics(State(n): N) -> Response {
+    let text = n.metrics.render(&n);
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 async fn upload_module(
@@ -287,6 +304,7 @@ async fn launch(
             hops: 0,
             max_memory,
             service: req.service,
+            generation: req.generation,
         };
         tracing::info!(cell = %cid, program = %spec.args[0], max_memory, "launched");
         let log = Arc::new(CellLog::new(node.log_capacity()));
@@ -299,7 +317,7 @@ async fn launch(
     Ok(Json(LaunchResponse { id }))
 }
 
-fn info(e: &CellEntry) -> CellInfo {
+pub(crate) fn info(e: &CellEntry) -> CellInfo {
     CellInfo {
         id: e.spec.id.clone(),
         state: e.state.clone(),

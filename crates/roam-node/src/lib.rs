@@ -21,10 +21,14 @@
 
 mod api;
 mod cell;
+mod kept;
+mod kept_api;
 pub mod limits;
 mod log;
+mod metrics;
 mod migrate;
 mod node;
+mod planner;
 mod secure;
 mod service;
 pub mod size;

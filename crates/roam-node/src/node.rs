@@ -49,6 +49,14 @@ pub struct NodeConfig {
     /// The control address of the gateway this node reports its service
     /// cells to (`host:port`). `None`: the node runs no service cells.
     pub gateway: Option<String>,
+    /// The planner this node registers with and heartbeats to (`host:port`
+    /// or an `http(s)://` URL); its cells placed by the planner then move
+    /// only through ownership transactions (`docs/control-plane.md`).
+    /// `None`: a node on its own.
+    pub planner: Option<String>,
+    /// The control API's address as others reach it (`host:port` or a
+    /// URL), told to the planner. `None`: the bound address.
+    pub advertise: Option<String>,
 }
 
 /// State shared by every task of a node.
@@ -66,6 +74,13 @@ pub(crate) struct NodeInner {
     /// The link to the gateway (`--gateway`), told where service cells run
     /// (see [`crate::service`]).
     pub gateway: Option<roam_gateway::link::GatewayLink>,
+    /// The planner (`--planner`), with this node's credentials.
+    pub planner: Option<roam_api::PlannerClient>,
+    /// The node's async runtime, for the receiving threads of migrations
+    /// that must ask the planner.
+    pub tokio: tokio::runtime::Handle,
+    /// The node's counters and histograms (`GET /metrics`).
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// A running node.
@@ -200,6 +215,13 @@ impl Node {
         let migrate_addr = migrate.local_addr()?;
         let store = Arc::new(ChunkStore::new(cfg.chunk_store_bytes));
         let gateway = crate::service::connect(&cfg)?;
+        let planner = match &cfg.planner {
+            Some(p) => Some(
+                roam_api::PlannerClient::with_auth(p, &auth.client)
+                    .map_err(|e| anyhow::anyhow!("--planner {p}: {e}"))?,
+            ),
+            None => None,
+        };
         let inner = Arc::new(NodeInner {
             cfg,
             rt,
@@ -211,6 +233,9 @@ impl Node {
             auth,
             pending: Arc::default(),
             gateway,
+            planner,
+            tokio: tokio::runtime::Handle::current(),
+            metrics: crate::metrics::Metrics::new(),
         });
         Ok(Node {
             inner,
@@ -260,6 +285,10 @@ impl Node {
             "node up"
         );
         let acceptor = tokio::spawn(crate::migrate::dest::accept_loop(inner.clone(), migrate));
+        let heartbeats = inner
+            .planner
+            .clone()
+            .map(|p| tokio::spawn(crate::planner::heartbeats(inner.clone(), p)));
         let app = crate::api::router(inner.clone());
         let served = match inner.auth.control.clone() {
             Some(acceptor) => {
@@ -274,6 +303,9 @@ impl Node {
             }
         };
         acceptor.abort();
+        if let Some(h) = heartbeats {
+            h.abort();
+        }
         served.map_err(|e| anyhow::anyhow!("control API failed: {e}"))
     }
 }

@@ -177,6 +177,7 @@ async fn start_on(n: &Inner, node: &NodeRecord, c: &CellRecord) -> Result<(), St
         max_memory: c.max_memory,
         service: c.service.clone(),
         id: Some(c.id.clone()),
+        generation: Some(c.generation),
     };
     match client.launch(&req).await {
         Ok(_) => Ok(()),

@@ -310,6 +310,7 @@ mod tests {
             hops: 0,
             max_memory: 64 << 20,
             service: Some("kv".into()),
+            generation: None,
         };
         let offer = Offer {
             migration_id: "m-1".into(),

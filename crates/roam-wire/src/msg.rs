@@ -23,7 +23,7 @@ use crate::frame::FrameError;
 /// Version 4: the snapshot inside [`Final`] is written in snapshot format
 /// 2.0 (chunked pages), which a version-3 node cannot read; the version
 /// makes that a clear refusal at `Hello` instead of a failed commit.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Most bytes of file data or log in one [`Msg::FileData`] or
 /// [`Msg::LogChunk`].
@@ -116,6 +116,10 @@ pub struct CellSpec {
     /// node it runs on tells its gateway where the service runs. `None`: no
     /// listener.
     pub service: Option<String>,
+    /// The cell's ownership generation in the cluster, for a cell placed by
+    /// a planner: the destination's ownership transaction names it (see
+    /// `docs/control-plane.md`). `None`: no planner knows the cell.
+    pub generation: Option<u64>,
 }
 
 /// The source proposes a migration.

@@ -73,6 +73,7 @@ fn offer(cell_id: &str, migration_id: &str, dirs: &[&str]) -> Offer {
             hops: 0,
             max_memory: 64 << 20,
             service: None,
+            generation: None,
         },
         mode: Mode::StopAndCopy,
         module_len: 100,

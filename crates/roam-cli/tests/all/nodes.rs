@@ -28,6 +28,7 @@ use super::common::*;
 mod cluster;
 mod faults;
 mod fetch;
+mod planner;
 mod services;
 mod suite;
 
@@ -224,10 +225,11 @@ impl Node {
     ) -> (Child, String, PathBuf) {
         let log = dir.path().join(format!("node-{n}.log"));
         let mut cmd = roam(isa);
-        cmd.arg("node")
-            .args(["--listen", "127.0.0.1:0", "--name"])
-            .arg(format!("{}-test", isa.name()))
-            .arg("--state-dir")
+        cmd.arg("node").args(["--listen", "127.0.0.1:0"]);
+        if !extra.iter().any(|a| a.as_ref() == "--name") {
+            cmd.arg("--name").arg(format!("{}-test", isa.name()));
+        }
+        cmd.arg("--state-dir")
             .arg(dir.path().join("state"))
             .args(extra)
             .env("NO_COLOR", "1")

@@ -123,7 +123,7 @@ async fn receive(n: Arc<NodeInner>, conn: Conn) -> Result<(), String> {
         .await;
         return Err(reason);
     }
-    let inbound = Inbound::new();
+    let inbound = Inbound::new(&peer.node);
     n.inbound
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -628,6 +628,18 @@ fn start(
         return Err("the source gave up on this migration before the cell started".into());
     }
     let mut spec = offer.cell.clone();
+    // A planner's cell starts here only once this node owns it: the
+    // transaction names the source and the generation it was given.
+    if let (Some(_), Some(generation)) = (&n.planner, spec.generation) {
+        match crate::planner::take(n, &spec.id, inbound.source(), generation) {
+            Ok(g) => spec.generation = Some(g),
+            Err(e) => {
+                inbound.unstart();
+                tracing::warn!(cell = %spec.id, error = %e, "ownership refused; the cell does not start here");
+                return Err(e);
+            }
+        }
+    }
     spec.hops += 1;
     let handle = register(n, spec, Arc::new(log), &mut cell);
     let marks = StartMarks {

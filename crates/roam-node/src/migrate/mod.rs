@@ -167,6 +167,8 @@ pub(crate) fn unix_ms(t: std::time::SystemTime) -> f64 {
 /// A migration this node receives: the commit state the resolve endpoint
 /// and the receiving thread agree on.
 pub(crate) struct Inbound {
+    /// The source node's name (from its hello).
+    source: String,
     state: Mutex<InboundState>,
     timings: Mutex<Option<crate::types::DestTimings>>,
 }
@@ -179,11 +181,23 @@ enum InboundState {
 }
 
 impl Inbound {
-    pub(crate) fn new() -> Arc<Inbound> {
+    pub(crate) fn new(source: &str) -> Arc<Inbound> {
         Arc::new(Inbound {
+            source: source.to_string(),
             state: Mutex::new(InboundState::Receiving),
             timings: Mutex::new(None),
         })
+    }
+
+    /// The source node's name.
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The cell was about to start but must not after all (its ownership
+    /// transaction lost): it never starts.
+    pub(crate) fn unstart(&self) {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = InboundState::Aborted;
     }
 
     /// Record the destination's share of the commit (once started).
@@ -228,12 +242,12 @@ mod tests {
 
     #[test]
     fn an_aborted_migration_never_starts_and_a_started_one_stays_running() {
-        let a = Inbound::new();
+        let a = Inbound::new("src");
         assert_eq!(a.abort(), Resolution::Aborted);
         assert!(!a.try_start(), "aborted before the start: must never start");
         assert_eq!(a.abort(), Resolution::Aborted);
 
-        let b = Inbound::new();
+        let b = Inbound::new("src");
         assert!(b.try_start());
         assert_eq!(
             b.abort(),

@@ -80,6 +80,10 @@ pub(crate) async fn start(
         if let Some((spec, hub)) = serve_again {
             node.serve(&spec, hub.as_ref());
         }
+        node.metrics.migration(
+            mig.mode.as_str(),
+            r.as_ref().ok().map(|s| (s.downtime_ms, s.wire_bytes)),
+        );
         mig.finish(r);
     });
     Ok(Json(MigrateResponse {
@@ -988,6 +992,27 @@ async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &crate::client::Client) -> Re
         )),
         Err(e) if e.starts_with("the destination refused") => Err(e),
         Err(e) => {
+            // With a planner, the ownership key decides: the destination
+            // started the cell only if it took ownership first.
+            if let (Some(_), Some(generation)) = (&ctx.n.planner, ctx.spec.generation) {
+                tracing::warn!(error = %e, "commit interrupted; asking the planner for the cell back");
+                match crate::planner::take_back(ctx.n, &ctx.m.cell, generation).await {
+                    crate::planner::Back::Won(g) => {
+                        tracing::info!(cell = %ctx.m.cell, generation = g, "the planner gave the cell back: it resumes here");
+                        if let Some(c) = ctx.n.cells().get_mut(&ctx.m.cell) {
+                            c.spec.generation = Some(g);
+                        }
+                        return Ok(false);
+                    }
+                    crate::planner::Back::Lost(why) => {
+                        tracing::info!(cell = %ctx.m.cell, %why, "the destination owns the cell: it never resumes here");
+                        return Ok(true);
+                    }
+                    crate::planner::Back::Unknown(why) => {
+                        tracing::warn!(cell = %ctx.m.cell, %why, "the planner cannot settle the commit; asking the destination");
+                    }
+                }
+            }
             // The connection broke after the final state went out: only the
             // destination knows whether it started the cell.
             tracing::warn!(error = %e, "commit interrupted; asking the destination to resolve");

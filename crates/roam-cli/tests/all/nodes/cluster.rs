@@ -1,11 +1,10 @@
-//! The planner, end to end: a real `roam planner` on a redb store and two
-//! real `roam node`s, registered through the planner's API (and kept alive
-//! by heartbeats) by the test itself. A cell launched through the planner
-//! is migrated by node name and must finish with the output of an
-//! uninterrupted run; a second one is moved away by a drain, then killed.
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+//! The planner, end to end: a real `roam planner` on a redb store and real
+//! `roam node --planner` processes that register and heartbeat themselves.
+//! A cell launched through the planner is migrated by node name and must
+//! finish with the output of an uninterrupted run; a second one is moved
+//! away by a drain, then killed. A node killed with SIGKILL loses no cell:
+//! the planner restores it from its kept checkpoint on the other node, and
+//! the batch program still finishes with the uninterrupted run's output.
 
 use super::*;
 
@@ -19,7 +18,7 @@ struct PlannerProc {
 }
 
 impl PlannerProc {
-    fn start() -> PlannerProc {
+    fn start(lease: &str, checkpoint_interval: &str) -> PlannerProc {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("planner.log");
         let mut cmd = roam(Isa::X86_64);
@@ -28,7 +27,12 @@ impl PlannerProc {
                 "redb:{}",
                 dir.path().join("cluster.redb").display()
             ))
-            .args(["--checkpoint-interval", "0", "--lease", "30"])
+            .args([
+                "--checkpoint-interval",
+                checkpoint_interval,
+                "--lease",
+                lease,
+            ])
             .stdout(Stdio::null())
             .stderr(File::create(&log).unwrap());
         let mut child = cmd
@@ -113,47 +117,37 @@ impl Drop for PlannerProc {
     }
 }
 
-/// Register `node` as `name` through the planner's API.
-fn register(p: &PlannerProc, name: &str, node: &Node) {
-    let info = node.info();
-    let (st, v) = p.post(
-        "/v1/nodes",
-        serde_json::json!({
-            "name": name,
-            "isa": info["isa"],
-            "api": node.addr,
-            "migrate": info["migrate_addr"],
-            "version": info["version"],
-            "status": {"machine": info["machine"], "cells": []},
-        }),
+/// A host node named `name` that registers with `p` itself; returns once
+/// the planner lists it alive.
+fn node_of(p: &PlannerProc, name: &str) -> Node {
+    let url = format!("http://{}", p.addr);
+    let node = Node::start_with(
+        Isa::X86_64,
+        &[
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--name",
+            name,
+            "--planner",
+            &url,
+        ],
     );
-    assert_eq!(st, 200, "register {name}: {v}\n{}", p.log());
-    assert!(v["lease_ms"].as_u64().unwrap() > 0, "{v}");
+    wait_for(&format!("{name} to register"), SLOW, || {
+        let (_, nodes) = p.get("/v1/nodes");
+        nodes
+            .as_array()?
+            .iter()
+            .any(|n| n["name"] == name && n["alive"] == true)
+            .then_some(())
+    });
+    node
 }
 
 #[test]
 fn launch_migrate_drain_and_kill_through_the_planner() {
-    let p = PlannerProc::start();
-    let a = Node::start(Isa::X86_64);
-    let b = Node::start(Isa::X86_64);
-    register(&p, "edge-a", &a);
-    register(&p, "edge-b", &b);
-    // Heartbeats, as a node started with --planner sends them.
-    let stop = Arc::new(AtomicBool::new(false));
-    let beats = {
-        let (stop, addr) = (stop.clone(), p.addr.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                for name in ["edge-a", "edge-b"] {
-                    let body = serde_json::json!({"status": {"machine": {"cores": 2,
-                        "memory_total": 8u64 << 30, "memory_available": 4u64 << 30,
-                        "load1": 0.0}, "cells": []}});
-                    let _ = http_post(&addr, &format!("/v1/nodes/{name}/heartbeat"), &body);
-                }
-                std::thread::sleep(Duration::from_millis(500));
-            }
-        })
-    };
+    let p = PlannerProc::start("5", "0");
+    let a = node_of(&p, "edge-a");
+    let b = node_of(&p, "edge-b");
     let (st, nodes) = p.get("/v1/nodes");
     assert_eq!(st, 200);
     let names: Vec<&str> = nodes
@@ -270,6 +264,41 @@ fn launch_migrate_drain_and_kill_through_the_planner() {
         metrics.contains("roam_planner_cells{state=\"killed\"} 1"),
         "{metrics}"
     );
-    stop.store(true, Ordering::Relaxed);
-    beats.join().unwrap();
+}
+
+#[test]
+fn a_killed_node_loses_no_cell() {
+    let p = PlannerProc::start("2", "1");
+    let mut a = node_of(&p, "edge-a");
+    let b = node_of(&p, "edge-b");
+    let module = std::fs::read(workload(WORKLOAD)).unwrap();
+    let hash = p.upload(&module);
+    let mut args = vec!["dirty"];
+    args.extend(SMALL);
+    let (st, cell) = p.post(
+        "/v1/cells",
+        serde_json::json!({"module": hash, "args": args, "node": "edge-a",
+            "checkpoint_interval_s": 1}),
+    );
+    assert_eq!(st, 200, "{cell}\n{}\n{}", p.log(), a.log());
+    let id = cell["id"].as_str().unwrap().to_string();
+    // A checkpoint kept on edge-b, taken while the cell runs on edge-a.
+    let kept = p.wait_cell(&id, "a kept checkpoint", |c| {
+        c["kept"]["holder"] == "edge-b"
+    });
+    assert_eq!(kept["owner"], "edge-a", "{kept}");
+    a.kill9();
+    let back = p.wait_cell(&id, "the cell restored on edge-b", |c| {
+        c["owner"] == "edge-b" && c["state"] == "running"
+    });
+    assert_eq!(back["generation"], 2, "{back}\n{}", p.log());
+    let end = b.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "exited", "{end}\n{}\n{}", b.log(), p.log());
+    assert_eq!(end["code"], 0, "{end}");
+    let log = b.raw_logs(&id).unwrap();
+    assert_eq!(
+        text(&log),
+        text(&reference(&SMALL)),
+        "the restored cell's output differs from an uninterrupted run"
+    );
 }

@@ -1,0 +1,422 @@
+//! Kept checkpoints (`docs/control-plane.md`, "Kept checkpoints"): a cell's
+//! owner checkpoints it without stopping it and sends the snapshot to
+//! another node, the holder, which keeps the newest one per cell on disk;
+//! if the owner dies, any node restores the cell from it.
+//!
+//! Why pages and hashes rather than the snapshot file: the n-th checkpoint
+//! of a cell differs from the previous one by what the program wrote
+//! meanwhile, but an encoded (compressed) snapshot shifts and changes
+//! everywhere. So a kept checkpoint travels as its *state* (the snapshot
+//! with a placeholder memory, as in a migration's final state) and its
+//! non-zero memory pages, each named by its BLAKE3 hash, the transfer
+//! pipeline's chunk hash. The holder says which hashes it lacks, and only
+//! those pages go.
+//!
+//! A kept checkpoint is named by the BLAKE3 of its [`Manifest`]'s digest
+//! input: the state's hash, the memory size, and every page's index and
+//! hash. Whoever reads one back recomputes all of them.
+//!
+//! One file per cell, `state_dir/kept/{cell}.kept`: a 4-byte little-endian
+//! manifest length, the manifest (JSON), the state, then the pages in the
+//! manifest's order. Written to a new temporary file, synced, renamed.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
+
+use roam_snapshot::{MemoryImage, Snapshot, PAGE_SIZE};
+use serde::{Deserialize, Serialize};
+
+/// What a kept checkpoint holds besides its bytes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Manifest {
+    /// The kept checkpoint's name (see the module docs), hex.
+    pub snapshot: String,
+    /// When the owner took it, Unix milliseconds.
+    pub taken_ms: u64,
+    /// The generation of the owner that took it.
+    #[serde(default)]
+    pub generation: Option<u64>,
+    /// Linear memory size, bytes.
+    pub memory_bytes: u64,
+    /// The state's length and hash (hex).
+    pub state_len: u64,
+    /// BLAKE3 of the state, hex.
+    pub state_hash: String,
+    /// Every non-zero page: its index and hash (hex), in index order.
+    pub pages: Vec<(u32, String)>,
+    /// The hashes whose pages follow the state, in this order (in a `PUT`:
+    /// those the holder lacked; in a stored file: every page of `pages`).
+    pub sent: Vec<String>,
+}
+
+/// Why a kept checkpoint is refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KeptError {
+    #[error("malformed kept checkpoint: {0}")]
+    Malformed(String),
+    #[error("kept checkpoint does not verify: {0}")]
+    Mismatch(String),
+    #[error("cannot store the kept checkpoint in {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn hex(h: &[u8; 32]) -> String {
+    roam_runtime::cache::hex(h)
+}
+
+/// The name of a kept checkpoint, from its manifest's contents.
+pub(crate) fn digest(state_hash: &str, memory_bytes: u64, pages: &[(u32, String)]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"roam kept checkpoint v1\0");
+    h.update(state_hash.as_bytes());
+    h.update(&memory_bytes.to_le_bytes());
+    for (i, p) in pages {
+        h.update(&i.to_le_bytes());
+        h.update(p.as_bytes());
+    }
+    hex(h.finalize().as_bytes())
+}
+
+/// A checkpoint split for keeping: its state, and its non-zero pages.
+pub(crate) struct Split {
+    pub state: Vec<u8>,
+    pub memory_bytes: u64,
+    /// (index, hash, page) of every non-zero page.
+    pub pages: Vec<(u32, [u8; 32], Box<[u8]>)>,
+}
+
+/// Split a checkpoint taken on this node.
+pub(crate) fn split(
+    snap: &Snapshot,
+    initial: &roam_snapshot::InitialImage,
+) -> Result<Split, String> {
+    let memory_bytes = snap.memory.byte_len();
+    let len = usize::try_from(memory_bytes).map_err(|e| e.to_string())?;
+    let mut mem = vec![0u8; len];
+    snap.memory
+        .restore_into(&mut mem, initial, false)
+        .map_err(|e| format!("cannot read the checkpoint's memory: {e}"))?;
+    let pages = mem
+        .chunks(PAGE_SIZE)
+        .enumerate()
+        .filter(|(_, p)| p.iter().any(|&b| b != 0))
+        .map(|(i, p)| (i as u32, *blake3::hash(p).as_bytes(), Box::from(p)))
+        .collect();
+    let mut state = snap.clone();
+    state.memory = MemoryImage::placeholder(memory_bytes, initial);
+    let state = state
+        .encode(&roam_snapshot::EncodeOptions::default())
+        .map_err(|e| format!("cannot encode the checkpoint's state: {e}"))?;
+    Ok(Split {
+        state,
+        memory_bytes,
+        pages,
+    })
+}
+
+/// Body layout shared by `PUT /v1/kept/{cell}` and the stored file.
+pub(crate) fn frame(m: &Manifest, state: &[u8], pages: &[&[u8]]) -> Vec<u8> {
+    let json = serde_json::to_vec(m).expect("a manifest serializes");
+    let mut out = Vec::with_capacity(4 + json.len() + state.len() + pages.len() * PAGE_SIZE);
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(state);
+    for p in pages {
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+/// Most bytes of a manifest (a 4 GiB memory has a million pages of about
+/// 70 bytes of JSON each).
+const MAX_MANIFEST: usize = 96 << 20;
+
+/// Read a framed body: the manifest, the state and the pages that follow,
+/// each length checked before use, each page's hash and the state's hash
+/// verified.
+pub(crate) fn unframe(
+    b: &[u8],
+    max_memory: u64,
+) -> Result<(Manifest, &[u8], Vec<&[u8]>), KeptError> {
+    let bad = |m: &str| KeptError::Malformed(m.to_string());
+    let len = b
+        .get(..4)
+        .map(|l| u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize)
+        .ok_or_else(|| bad("shorter than its length prefix"))?;
+    if len > MAX_MANIFEST || 4 + len > b.len() {
+        return Err(bad("manifest length past the end"));
+    }
+    let m: Manifest =
+        serde_json::from_slice(&b[4..4 + len]).map_err(|e| KeptError::Malformed(e.to_string()))?;
+    if m.memory_bytes > max_memory || !m.memory_bytes.is_multiple_of(65536) {
+        return Err(KeptError::Malformed(format!(
+            "memory of {} bytes: not whole wasm pages, or over this node's limit of {max_memory}",
+            m.memory_bytes
+        )));
+    }
+    let page_count = m.memory_bytes / PAGE_SIZE as u64;
+    let mut last = None;
+    for (i, _) in &m.pages {
+        if u64::from(*i) >= page_count || last.is_some_and(|l| l >= *i) {
+            return Err(bad("page indices out of range or out of order"));
+        }
+        last = Some(*i);
+    }
+    let rest = &b[4 + len..];
+    let state_len = usize::try_from(m.state_len).map_err(|_| bad("state length"))?;
+    let want = m
+        .sent
+        .len()
+        .checked_mul(PAGE_SIZE)
+        .and_then(|p| p.checked_add(state_len))
+        .ok_or_else(|| bad("lengths overflow"))?;
+    if rest.len() != want {
+        return Err(KeptError::Malformed(format!(
+            "{} bytes after the manifest, {want} announced",
+            rest.len()
+        )));
+    }
+    let (state, pages) = rest.split_at(state_len);
+    if hex(blake3::hash(state).as_bytes()) != m.state_hash {
+        return Err(KeptError::Mismatch("the state's hash".into()));
+    }
+    let pages: Vec<&[u8]> = pages.chunks(PAGE_SIZE).collect();
+    for (p, h) in pages.iter().zip(&m.sent) {
+        if hex(blake3::hash(p).as_bytes()) != *h {
+            return Err(KeptError::Mismatch(format!("page {h}")));
+        }
+    }
+    if digest(&m.state_hash, m.memory_bytes, &m.pages) != m.snapshot {
+        return Err(KeptError::Mismatch(format!(
+            "the manifest does not name snapshot {}",
+            m.snapshot
+        )));
+    }
+    Ok((m, state, pages))
+}
+
+/// The holder's store of kept checkpoints, under `state_dir/kept`.
+pub(crate) struct Holder {
+    dir: PathBuf,
+}
+
+impl Holder {
+    pub(crate) fn new(state_dir: &std::path::Path) -> Holder {
+        Holder {
+            dir: state_dir.join("kept"),
+        }
+    }
+
+    /// The file of cell `id`, whose id must have been checked.
+    fn path(&self, id: &str) -> PathBuf {
+        if let Err(e) = roam_wire::ident::check_cell_id(id) {
+            panic!("bug: an unchecked cell id reached the file system: {e}");
+        }
+        self.dir.join(format!("{id}.kept"))
+    }
+
+    /// The stored kept checkpoint of `id`, if any.
+    pub(crate) fn read(&self, id: &str) -> Result<Option<Vec<u8>>, KeptError> {
+        let path = self.path(id);
+        match std::fs::read(&path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(KeptError::Io { path, source }),
+        }
+    }
+
+    /// The hashes of `wanted` that the stored checkpoint of `id` lacks.
+    pub(crate) fn missing(
+        &self,
+        id: &str,
+        wanted: &[String],
+        max: u64,
+    ) -> Result<Vec<String>, KeptError> {
+        let have: HashSet<String> = match self.read(id)? {
+            Some(b) => match unframe(&b, max) {
+                Ok((m, _, _)) => m.sent.into_iter().collect(),
+                // A damaged file is replaced by the next complete one.
+                Err(_) => HashSet::new(),
+            },
+            None => HashSet::new(),
+        };
+        Ok(wanted
+            .iter()
+            .filter(|h| !have.contains(*h))
+            .cloned()
+            .collect())
+    }
+
+    /// Store a `PUT`'s checkpoint: the new pages from the body, the others
+    /// from the stored one. Fails, keeping the old one, if a page is in
+    /// neither.
+    pub(crate) fn put(&self, id: &str, body: &[u8], max: u64) -> Result<Manifest, KeptError> {
+        let (mut m, state, new) = unframe(body, max)?;
+        let old = self.read(id)?;
+        let old = old.as_deref().and_then(|b| unframe(b, max).ok());
+        let mut by_hash: HashMap<&str, &[u8]> = HashMap::new();
+        if let Some((om, _, op)) = &old {
+            for (h, p) in om.sent.iter().zip(op) {
+                by_hash.insert(h, p);
+            }
+        }
+        for (h, p) in m.sent.iter().zip(&new) {
+            by_hash.insert(h, p);
+        }
+        let mut pages = Vec::with_capacity(m.pages.len());
+        for (i, h) in &m.pages {
+            let p = by_hash.get(h.as_str()).ok_or_else(|| {
+                KeptError::Malformed(format!("page {i} ({h}) was neither sent nor held here"))
+            })?;
+            pages.push(*p);
+        }
+        m.sent = m.pages.iter().map(|(_, h)| h.clone()).collect();
+        let file = frame(&m, state, &pages);
+        self.write_atomic(id, &file)?;
+        Ok(m)
+    }
+
+    /// Write `bytes` as the file of `id`: into a new temporary file (never
+    /// through a symbolic link: it is created exclusively), synced, then
+    /// renamed over the old one.
+    fn write_atomic(&self, id: &str, bytes: &[u8]) -> Result<(), KeptError> {
+        let io = |path: &std::path::Path| {
+            let path = path.to_path_buf();
+            move |source| KeptError::Io { path, source }
+        };
+        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        let meta = std::fs::symlink_metadata(&self.dir).map_err(io(&self.dir))?;
+        if !meta.is_dir() {
+            return Err(KeptError::Io {
+                path: self.dir.clone(),
+                source: std::io::Error::other("not a directory (a symbolic link?)"),
+            });
+        }
+        let path = self.path(id);
+        let tmp = self
+            .dir
+            .join(format!(".{id}.{}.tmp", crate::node::new_id("")));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io(&tmp))?;
+        let written = f.write_all(bytes).and_then(|()| f.sync_all());
+        if let Err(source) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(KeptError::Io { path: tmp, source });
+        }
+        std::fs::rename(&tmp, &path).map_err(|source| {
+            let _ = std::fs::remove_file(&tmp);
+            KeptError::Io {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        if let Ok(d) = std::fs::File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+/// Rebuild the snapshot of a verified kept checkpoint, for `initial` (the
+/// module's initial image on the restoring node).
+pub(crate) fn rebuild(
+    m: &Manifest,
+    state: &[u8],
+    pages: &[&[u8]],
+    initial: &roam_snapshot::InitialImage,
+) -> Result<Snapshot, String> {
+    if pages.len() != m.pages.len() {
+        return Err("a stored kept checkpoint lacks pages".into());
+    }
+    let mut snap = Snapshot::decode(state).map_err(|e| format!("the kept state: {e}"))?;
+    if snap.memory.byte_len() != m.memory_bytes {
+        return Err("the kept state's memory size differs from its manifest's".into());
+    }
+    let len = usize::try_from(m.memory_bytes).map_err(|e| e.to_string())?;
+    let mut mem = vec![0u8; len];
+    for ((i, _), p) in m.pages.iter().zip(pages) {
+        let at = *i as usize * PAGE_SIZE;
+        mem[at..at + PAGE_SIZE].copy_from_slice(p);
+    }
+    snap.memory = MemoryImage::capture(&mem, initial);
+    Ok(snap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(b: u8) -> Vec<u8> {
+        vec![b; PAGE_SIZE]
+    }
+
+    fn manifest(state: &[u8], pages: &[(u32, &[u8])], sent: &[&[u8]]) -> Manifest {
+        let hash = |p: &[u8]| hex(blake3::hash(p).as_bytes());
+        let pages: Vec<(u32, String)> = pages.iter().map(|(i, p)| (*i, hash(p))).collect();
+        let state_hash = hash(state);
+        Manifest {
+            snapshot: digest(&state_hash, 65536, &pages),
+            taken_ms: 1,
+            generation: Some(1),
+            memory_bytes: 65536,
+            state_len: state.len() as u64,
+            state_hash,
+            pages,
+            sent: sent.iter().map(|p| hash(p)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_second_put_needs_only_the_new_pages_and_rebuilds_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = Holder::new(dir.path());
+        let (a, b, c) = (page(1), page(2), page(3));
+        let m1 = manifest(b"state1", &[(0, &a), (3, &b)], &[&a, &b]);
+        h.put("c-1", &frame(&m1, b"state1", &[&a, &b]), 1 << 30)
+            .unwrap();
+        // The second checkpoint: page 0 unchanged, page 3 rewritten.
+        let m2 = manifest(b"state2", &[(0, &a), (3, &c)], &[]);
+        let all: Vec<String> = m2.pages.iter().map(|(_, h)| h.clone()).collect();
+        let missing = h.missing("c-1", &all, 1 << 30).unwrap();
+        assert_eq!(missing, vec![m2.pages[1].1.clone()]);
+        let m2 = manifest(b"state2", &[(0, &a), (3, &c)], &[&c]);
+        h.put("c-1", &frame(&m2, b"state2", &[&c]), 1 << 30)
+            .unwrap();
+        let stored = h.read("c-1").unwrap().unwrap();
+        let (m, state, pages) = unframe(&stored, 1 << 30).unwrap();
+        assert_eq!(m.snapshot, m2.snapshot);
+        assert_eq!(state, b"state2");
+        assert_eq!(pages, vec![&a[..], &c[..]]);
+    }
+
+    #[test]
+    fn a_put_lacking_a_page_or_with_a_bad_page_keeps_the_old_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = Holder::new(dir.path());
+        let (a, b) = (page(1), page(2));
+        let m1 = manifest(b"s", &[(0, &a)], &[&a]);
+        h.put("c-1", &frame(&m1, b"s", &[&a]), 1 << 30).unwrap();
+        let lacking = manifest(b"s", &[(0, &a), (1, &b)], &[]);
+        assert!(h.put("c-1", &frame(&lacking, b"s", &[]), 1 << 30).is_err());
+        let mut forged = manifest(b"s", &[(0, &a), (1, &b)], &[&b]);
+        forged.sent = vec![forged.pages[0].1.clone()];
+        assert!(matches!(
+            h.put("c-1", &frame(&forged, b"s", &[&b]), 1 << 30),
+            Err(KeptError::Mismatch(_))
+        ));
+        let truncated = frame(&m1, b"s", &[&a]);
+        assert!(h
+            .put("c-1", &truncated[..truncated.len() - 1], 1 << 30)
+            .is_err());
+        let (m, _, _) = unframe(&h.read("c-1").unwrap().unwrap(), 1 << 30).unwrap();
+        assert_eq!(m.snapshot, m1.snapshot);
+    }
+}

@@ -1,0 +1,228 @@
+//! The node's side of the control plane (`roam node --planner URL`):
+//! registration, heartbeats, fencing, and the ownership transactions of
+//! migrations (`docs/control-plane.md`).
+//!
+//! Why here and not in the planner: a node must keep working through a
+//! planner outage (its cells run on; only ownership changes wait), and it
+//! must obey the one rule that keeps a cell from running twice: start or
+//! resume a planner's cell only after the planner says it owns it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use roam_api::planner::{HeartbeatRequest, NodeStatus, OwnerRequest, RegisterRequest};
+use roam_api::{PlannerClient, PlannerError};
+
+use crate::cell::{Decision, PAUSE_TIMEOUT};
+use crate::node::NodeInner;
+use crate::types::CellState;
+
+/// Heartbeat period until the planner gives one.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
+/// Longest wait between two attempts while the planner is unreachable.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// How long one ownership transaction may take before it counts as
+/// unanswered.
+const OWNER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the node stands with the planner, for logging state changes once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    Unknown,
+    Up,
+    Down,
+}
+
+/// The status the node reports: its machine and the cells running here.
+fn status(n: &NodeInner) -> NodeStatus {
+    let mut cells: Vec<String> = n
+        .cells()
+        .iter()
+        .filter(|(_, e)| matches!(e.state, CellState::Running | CellState::Migrating))
+        .map(|(id, _)| id.clone())
+        .collect();
+    cells.sort();
+    NodeStatus {
+        machine: crate::sysinfo::Machine::read(),
+        cells,
+    }
+}
+
+/// What the node tells the planner when it registers.
+fn registration(n: &NodeInner) -> RegisterRequest {
+    let api = n
+        .cfg
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("{}://{}", crate::secure::scheme(&n.auth), n.cfg.listen));
+    RegisterRequest {
+        name: n.cfg.name.clone(),
+        isa: roam_runtime::host_isa().to_string(),
+        api,
+        migrate: n
+            .cfg
+            .advertise_migrate
+            .clone()
+            .unwrap_or_else(|| n.migrate_addr.to_string()),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        status: status(n),
+    }
+}
+
+/// Register, then heartbeat every period the planner asks for, until the
+/// node stops. Registers again on `410`; keeps trying through outages.
+pub(crate) async fn heartbeats(n: Arc<NodeInner>, planner: PlannerClient) {
+    let mut link = Link::Unknown;
+    let mut registered = false;
+    let mut period = DEFAULT_HEARTBEAT;
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let answer = if registered {
+            let req = HeartbeatRequest { status: status(&n) };
+            planner.heartbeat(&n.cfg.name, &req).await
+        } else {
+            planner.register(&registration(&n)).await
+        };
+        match answer {
+            Ok(a) => {
+                if link != Link::Up {
+                    tracing::info!(planner = planner.base(), registered, "planner reached");
+                    link = Link::Up;
+                }
+                if !registered {
+                    tracing::info!(planner = planner.base(), name = %n.cfg.name, "registered");
+                }
+                registered = true;
+                backoff = Duration::from_millis(250);
+                if a.heartbeat_ms > 0 {
+                    period = Duration::from_millis(a.heartbeat_ms);
+                }
+                for id in a.stop {
+                    stop_lost(&n, &id).await;
+                }
+                tokio::time::sleep(period).await;
+            }
+            Err(PlannerError::LeaseExpired(why)) => {
+                tracing::warn!(planner = planner.base(), %why, "lease expired; registering again");
+                registered = false;
+            }
+            Err(e) => {
+                if link != Link::Down {
+                    tracing::warn!(planner = planner.base(), error = %e,
+                        "planner unreachable; cells keep running, retrying with backoff");
+                    link = Link::Down;
+                }
+                tokio::time::sleep(backoff.min(period)).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Stop a cell the planner says this node no longer owns: it was restored
+/// elsewhere while this node was cut off. No one else is told.
+async fn stop_lost(n: &Arc<NodeInner>, id: &str) {
+    let Ok(h) = crate::api::running_handle(n, id) else {
+        return;
+    };
+    let why = "stopped: the planner gave this cell to another node while this node was \
+               cut off from it (it was restored there from a kept checkpoint)";
+    tracing::warn!(cell = id, "{why}");
+    n.set_state(id, CellState::Migrating);
+    match tokio::time::timeout(PAUSE_TIMEOUT, h.pause()).await {
+        Ok(Ok(p)) => {
+            let _ = p.reply.send(Decision::Release);
+        }
+        // Ended meanwhile, or computing without a migration point: its
+        // thread keeps the store, but the node forgets the cell.
+        _ => tracing::warn!(cell = id, "the lost cell did not pause; marking it stopped"),
+    }
+    n.set_state(id, CellState::Failed { error: why.into() });
+}
+
+/// The destination's ownership transaction at a migration's commit point
+/// (called on the receiving thread): `from` is the source's name. The
+/// new generation if this node now owns the cell; why not otherwise.
+pub(crate) fn take(n: &NodeInner, id: &str, from: &str, generation: u64) -> Result<u64, String> {
+    let Some(planner) = &n.planner else {
+        return Err("bug: an ownership transaction on a node without a planner".into());
+    };
+    let req = OwnerRequest {
+        from: from.to_string(),
+        generation,
+        to: n.cfg.name.clone(),
+    };
+    let r = n
+        .tokio
+        .block_on(async { tokio::time::timeout(OWNER_TIMEOUT, planner.owner(id, &req)).await });
+    match r {
+        Ok(Ok(won)) if won.owner == n.cfg.name => Ok(won.generation),
+        Ok(Ok(won)) => Err(format!(
+            "the planner gave cell {id} to {} instead of this node",
+            won.owner
+        )),
+        Ok(Err(e)) => Err(format!(
+            "no ownership of cell {id}, so it does not start here: {e}"
+        )),
+        Err(_) => Err(format!(
+            "the planner did not answer the ownership transaction of cell {id} within {} s, \
+             so it does not start here",
+            OWNER_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// What a source learns when it asks for a cell back after an ambiguous
+/// commit.
+pub(crate) enum Back {
+    /// It owns the cell again, at this generation: it resumes.
+    Won(u64),
+    /// Another node (the destination) owns it: it never resumes.
+    Lost(String),
+    /// The planner does not handle this cell (an error other than a lost
+    /// transaction): fall back to asking the destination.
+    Unknown(String),
+}
+
+/// The source's ownership transaction after the link broke past the final
+/// state: give the cell back to this node. Retries for as long as the
+/// planner cannot be reached (the cell stays paused meanwhile: resuming
+/// without an answer could run it twice).
+pub(crate) async fn take_back(n: &NodeInner, id: &str, generation: u64) -> Back {
+    let Some(planner) = &n.planner else {
+        return Back::Unknown("no planner".into());
+    };
+    let req = OwnerRequest {
+        from: n.cfg.name.clone(),
+        generation,
+        to: n.cfg.name.clone(),
+    };
+    let mut backoff = Duration::from_millis(200);
+    let mut logged = false;
+    loop {
+        match tokio::time::timeout(OWNER_TIMEOUT, planner.owner(id, &req)).await {
+            Ok(Ok(won)) if won.owner == n.cfg.name => return Back::Won(won.generation),
+            Ok(Ok(won)) => return Back::Lost(format!("the planner says {} owns it", won.owner)),
+            Ok(Err(PlannerError::Conflict(e))) => return Back::Lost(e),
+            Ok(Err(e))
+                if !e.is_unreachable()
+                    && !matches!(&e, PlannerError::Api { status, .. } if *status >= 500) =>
+            {
+                return Back::Unknown(e.to_string())
+            }
+            r => {
+                if !logged {
+                    let error = match r {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "no answer".to_string(),
+                    };
+                    tracing::warn!(cell = id, %error,
+                        "cannot ask the planner for the cell back; it stays paused until the planner answers");
+                    logged = true;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
