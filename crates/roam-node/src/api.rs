@@ -424,7 +424,8 @@ async fn checkpoint(
         .await
         .map_err(|_| internal("the cell did not reach a migration point in time"))?
         .map_err(|_| internal("the cell ended before the checkpoint"))?
-        .map_err(internal)?;
+        .map_err(internal)?
+        .snapshot;
     let dir = n.cell_dir(&id).join("checkpoints");
     let path = dir.join(format!("{}.roamsnap", unix_ms()));
     let bytes = tokio::task::spawn_blocking({

@@ -39,8 +39,16 @@ pub(crate) enum Decision {
     Release,
 }
 
+/// A checkpoint-and-continue: the snapshot, and the cell's log as it was
+/// at that instant (its output before the checkpoint).
+pub(crate) struct Checkpoint {
+    pub snapshot: Box<Snapshot>,
+    pub log: Vec<u8>,
+    pub log_dropped: u64,
+}
+
 /// Where a requested checkpoint-and-continue goes.
-type CheckpointReply = oneshot::Sender<Result<Box<Snapshot>, String>>;
+type CheckpointReply = oneshot::Sender<Result<Checkpoint, String>>;
 
 /// What the rest of the node holds of a running cell.
 pub(crate) struct CellHandle {
@@ -52,6 +60,8 @@ pub(crate) struct CellHandle {
     /// The cell's sockets (listeners and connections), shared with the
     /// gateway link: `None` for a cell without listeners.
     pub net: Option<Arc<roam_wasi::net::NetHub>>,
+    /// The cell's output.
+    log: Arc<CellLog>,
     waiter: Mutex<Option<oneshot::Sender<Paused>>>,
     checkpoint: Mutex<Option<CheckpointReply>>,
 }
@@ -75,7 +85,7 @@ impl CellHandle {
     }
 
     /// Ask for a checkpoint-and-continue; the receiver gets the snapshot.
-    pub(crate) fn checkpoint(&self) -> oneshot::Receiver<Result<Box<Snapshot>, String>> {
+    pub(crate) fn checkpoint(&self) -> oneshot::Receiver<Result<Checkpoint, String>> {
         let (tx, rx) = oneshot::channel();
         *self
             .checkpoint
@@ -102,8 +112,9 @@ pub(crate) type OnEnd = Box<dyn FnOnce(Option<CellState>) + Send>;
 
 /// Route the cell's output to `log` and build the handle the node keeps.
 pub(crate) fn handle_for(cell: &mut Cell, log: Arc<CellLog>) -> Arc<CellHandle> {
-    cell.set_output(log);
+    cell.set_output(log.clone());
     Arc::new(CellHandle {
+        log,
         ended: std::sync::atomic::AtomicBool::new(false),
         controller: cell.controller(),
         memory: cell.live_memory(),
@@ -151,7 +162,13 @@ fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
                 .unwrap_or_else(PoisonError::into_inner)
                 .take()
             {
-                let _ = tx.send(Ok(Box::new(s.clone())));
+                // The cell's thread writes its output: the log holds
+                // exactly what the program wrote before this point.
+                let _ = tx.send(Ok(Checkpoint {
+                    snapshot: Box::new(s.clone()),
+                    log: h.log.contents(),
+                    log_dropped: h.log.dropped(),
+                }));
             }
             Ok(())
         };

@@ -16,9 +16,13 @@
 //! input: the state's hash, the memory size, and every page's index and
 //! hash. Whoever reads one back recomputes all of them.
 //!
+//! The cell's log as it was at the checkpoint travels along, so that a
+//! restored cell's log holds its output before the checkpoint once, and
+//! what it writes again after it.
+//!
 //! One file per cell, `state_dir/kept/{cell}.kept`: a 4-byte little-endian
-//! manifest length, the manifest (JSON), the state, then the pages in the
-//! manifest's order. Written to a new temporary file, synced, renamed.
+//! manifest length, the manifest (JSON), the state, the log, then the pages
+//! in the manifest's order. Written to a new temporary file, synced, renamed.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -43,6 +47,15 @@ pub(crate) struct Manifest {
     pub state_len: u64,
     /// BLAKE3 of the state, hex.
     pub state_hash: String,
+    /// The cell's output before the checkpoint: its length.
+    #[serde(default)]
+    pub log_len: u64,
+    /// BLAKE3 of the log, hex.
+    #[serde(default)]
+    pub log_hash: String,
+    /// Bytes of output the log had dropped before.
+    #[serde(default)]
+    pub log_dropped: u64,
     /// Every non-zero page: its index and hash (hex), in index order.
     pub pages: Vec<(u32, String)>,
     /// The hashes whose pages follow the state, in this order (in a `PUT`:
@@ -70,11 +83,14 @@ fn hex(h: &[u8; 32]) -> String {
 }
 
 /// The name of a kept checkpoint, from its manifest's contents.
-pub(crate) fn digest(state_hash: &str, memory_bytes: u64, pages: &[(u32, String)]) -> String {
+pub(crate) fn digest(m: &Manifest) -> String {
     let mut h = blake3::Hasher::new();
     h.update(b"roam kept checkpoint v1\0");
-    h.update(state_hash.as_bytes());
-    h.update(&memory_bytes.to_le_bytes());
+    h.update(m.state_hash.as_bytes());
+    h.update(m.log_hash.as_bytes());
+    h.update(&m.log_dropped.to_le_bytes());
+    h.update(&m.memory_bytes.to_le_bytes());
+    let pages = &m.pages;
     for (i, p) in pages {
         h.update(&i.to_le_bytes());
         h.update(p.as_bytes());
@@ -119,13 +135,23 @@ pub(crate) fn split(
     })
 }
 
+/// A kept checkpoint's parts, borrowed from its bytes.
+pub(crate) struct Framed<'a> {
+    pub m: Manifest,
+    pub state: &'a [u8],
+    pub log: &'a [u8],
+    pub pages: Vec<&'a [u8]>,
+}
+
 /// Body layout shared by `PUT /v1/kept/{cell}` and the stored file.
-pub(crate) fn frame(m: &Manifest, state: &[u8], pages: &[&[u8]]) -> Vec<u8> {
+pub(crate) fn frame(m: &Manifest, state: &[u8], log: &[u8], pages: &[&[u8]]) -> Vec<u8> {
     let json = serde_json::to_vec(m).expect("a manifest serializes");
-    let mut out = Vec::with_capacity(4 + json.len() + state.len() + pages.len() * PAGE_SIZE);
+    let mut out =
+        Vec::with_capacity(4 + json.len() + state.len() + log.len() + pages.len() * PAGE_SIZE);
     out.extend_from_slice(&(json.len() as u32).to_le_bytes());
     out.extend_from_slice(&json);
     out.extend_from_slice(state);
+    out.extend_from_slice(log);
     for p in pages {
         out.extend_from_slice(p);
     }
@@ -139,10 +165,7 @@ const MAX_MANIFEST: usize = 96 << 20;
 /// Read a framed body: the manifest, the state and the pages that follow,
 /// each length checked before use, each page's hash and the state's hash
 /// verified.
-pub(crate) fn unframe(
-    b: &[u8],
-    max_memory: u64,
-) -> Result<(Manifest, &[u8], Vec<&[u8]>), KeptError> {
+pub(crate) fn unframe(b: &[u8], max_memory: u64) -> Result<Framed<'_>, KeptError> {
     let bad = |m: &str| KeptError::Malformed(m.to_string());
     let len = b
         .get(..4)
@@ -169,11 +192,13 @@ pub(crate) fn unframe(
     }
     let rest = &b[4 + len..];
     let state_len = usize::try_from(m.state_len).map_err(|_| bad("state length"))?;
+    let log_len = usize::try_from(m.log_len).map_err(|_| bad("log length"))?;
     let want = m
         .sent
         .len()
         .checked_mul(PAGE_SIZE)
         .and_then(|p| p.checked_add(state_len))
+        .and_then(|p| p.checked_add(log_len))
         .ok_or_else(|| bad("lengths overflow"))?;
     if rest.len() != want {
         return Err(KeptError::Malformed(format!(
@@ -181,9 +206,13 @@ pub(crate) fn unframe(
             rest.len()
         )));
     }
-    let (state, pages) = rest.split_at(state_len);
+    let (state, rest) = rest.split_at(state_len);
+    let (log, pages) = rest.split_at(log_len);
     if hex(blake3::hash(state).as_bytes()) != m.state_hash {
         return Err(KeptError::Mismatch("the state's hash".into()));
+    }
+    if hex(blake3::hash(log).as_bytes()) != m.log_hash {
+        return Err(KeptError::Mismatch("the log's hash".into()));
     }
     let pages: Vec<&[u8]> = pages.chunks(PAGE_SIZE).collect();
     for (p, h) in pages.iter().zip(&m.sent) {
@@ -191,13 +220,18 @@ pub(crate) fn unframe(
             return Err(KeptError::Mismatch(format!("page {h}")));
         }
     }
-    if digest(&m.state_hash, m.memory_bytes, &m.pages) != m.snapshot {
+    if digest(&m) != m.snapshot {
         return Err(KeptError::Mismatch(format!(
             "the manifest does not name snapshot {}",
             m.snapshot
         )));
     }
-    Ok((m, state, pages))
+    Ok(Framed {
+        m,
+        state,
+        log,
+        pages,
+    })
 }
 
 /// The holder's store of kept checkpoints, under `state_dir/kept`.
@@ -239,7 +273,7 @@ impl Holder {
     ) -> Result<Vec<String>, KeptError> {
         let have: HashSet<String> = match self.read(id)? {
             Some(b) => match unframe(&b, max) {
-                Ok((m, _, _)) => m.sent.into_iter().collect(),
+                Ok(f) => f.m.sent.into_iter().collect(),
                 // A damaged file is replaced by the next complete one.
                 Err(_) => HashSet::new(),
             },
@@ -256,12 +290,17 @@ impl Holder {
     /// from the stored one. Fails, keeping the old one, if a page is in
     /// neither.
     pub(crate) fn put(&self, id: &str, body: &[u8], max: u64) -> Result<Manifest, KeptError> {
-        let (mut m, state, new) = unframe(body, max)?;
+        let Framed {
+            mut m,
+            state,
+            log,
+            pages: new,
+        } = unframe(body, max)?;
         let old = self.read(id)?;
         let old = old.as_deref().and_then(|b| unframe(b, max).ok());
         let mut by_hash: HashMap<&str, &[u8]> = HashMap::new();
-        if let Some((om, _, op)) = &old {
-            for (h, p) in om.sent.iter().zip(op) {
+        if let Some(o) = &old {
+            for (h, p) in o.m.sent.iter().zip(&o.pages) {
                 by_hash.insert(h, p);
             }
         }
@@ -276,7 +315,7 @@ impl Holder {
             pages.push(*p);
         }
         m.sent = m.pages.iter().map(|(_, h)| h.clone()).collect();
-        let file = frame(&m, state, &pages);
+        let file = frame(&m, state, log, &pages);
         self.write_atomic(id, &file)?;
         Ok(m)
     }
@@ -328,11 +367,10 @@ impl Holder {
 /// Rebuild the snapshot of a verified kept checkpoint, for `initial` (the
 /// module's initial image on the restoring node).
 pub(crate) fn rebuild(
-    m: &Manifest,
-    state: &[u8],
-    pages: &[&[u8]],
+    f: &Framed<'_>,
     initial: &roam_snapshot::InitialImage,
 ) -> Result<Snapshot, String> {
+    let (m, state, pages) = (&f.m, f.state, &f.pages);
     if pages.len() != m.pages.len() {
         return Err("a stored kept checkpoint lacks pages".into());
     }
@@ -358,20 +396,26 @@ mod tests {
         vec![b; PAGE_SIZE]
     }
 
+    const LOG: &[u8] = b"output before the checkpoint\n";
+
     fn manifest(state: &[u8], pages: &[(u32, &[u8])], sent: &[&[u8]]) -> Manifest {
         let hash = |p: &[u8]| hex(blake3::hash(p).as_bytes());
         let pages: Vec<(u32, String)> = pages.iter().map(|(i, p)| (*i, hash(p))).collect();
-        let state_hash = hash(state);
-        Manifest {
-            snapshot: digest(&state_hash, 65536, &pages),
+        let mut m = Manifest {
+            snapshot: String::new(),
             taken_ms: 1,
             generation: Some(1),
             memory_bytes: 65536,
             state_len: state.len() as u64,
-            state_hash,
+            state_hash: hash(state),
+            log_len: LOG.len() as u64,
+            log_hash: hash(LOG),
+            log_dropped: 0,
             pages,
             sent: sent.iter().map(|p| hash(p)).collect(),
-        }
+        };
+        m.snapshot = digest(&m);
+        m
     }
 
     #[test]
@@ -380,7 +424,7 @@ mod tests {
         let h = Holder::new(dir.path());
         let (a, b, c) = (page(1), page(2), page(3));
         let m1 = manifest(b"state1", &[(0, &a), (3, &b)], &[&a, &b]);
-        h.put("c-1", &frame(&m1, b"state1", &[&a, &b]), 1 << 30)
+        h.put("c-1", &frame(&m1, b"state1", LOG, &[&a, &b]), 1 << 30)
             .unwrap();
         // The second checkpoint: page 0 unchanged, page 3 rewritten.
         let m2 = manifest(b"state2", &[(0, &a), (3, &c)], &[]);
@@ -388,13 +432,14 @@ mod tests {
         let missing = h.missing("c-1", &all, 1 << 30).unwrap();
         assert_eq!(missing, vec![m2.pages[1].1.clone()]);
         let m2 = manifest(b"state2", &[(0, &a), (3, &c)], &[&c]);
-        h.put("c-1", &frame(&m2, b"state2", &[&c]), 1 << 30)
+        h.put("c-1", &frame(&m2, b"state2", LOG, &[&c]), 1 << 30)
             .unwrap();
         let stored = h.read("c-1").unwrap().unwrap();
-        let (m, state, pages) = unframe(&stored, 1 << 30).unwrap();
-        assert_eq!(m.snapshot, m2.snapshot);
-        assert_eq!(state, b"state2");
-        assert_eq!(pages, vec![&a[..], &c[..]]);
+        let f = unframe(&stored, 1 << 30).unwrap();
+        assert_eq!(f.m.snapshot, m2.snapshot);
+        assert_eq!(f.state, b"state2");
+        assert_eq!(f.log, LOG);
+        assert_eq!(f.pages, vec![&a[..], &c[..]]);
     }
 
     #[test]
@@ -403,20 +448,24 @@ mod tests {
         let h = Holder::new(dir.path());
         let (a, b) = (page(1), page(2));
         let m1 = manifest(b"s", &[(0, &a)], &[&a]);
-        h.put("c-1", &frame(&m1, b"s", &[&a]), 1 << 30).unwrap();
+        h.put("c-1", &frame(&m1, b"s", LOG, &[&a]), 1 << 30)
+            .unwrap();
         let lacking = manifest(b"s", &[(0, &a), (1, &b)], &[]);
-        assert!(h.put("c-1", &frame(&lacking, b"s", &[]), 1 << 30).is_err());
+        assert!(h
+            .put("c-1", &frame(&lacking, b"s", LOG, &[]), 1 << 30)
+            .is_err());
         let mut forged = manifest(b"s", &[(0, &a), (1, &b)], &[&b]);
         forged.sent = vec![forged.pages[0].1.clone()];
         assert!(matches!(
-            h.put("c-1", &frame(&forged, b"s", &[&b]), 1 << 30),
+            h.put("c-1", &frame(&forged, b"s", LOG, &[&b]), 1 << 30),
             Err(KeptError::Mismatch(_))
         ));
-        let truncated = frame(&m1, b"s", &[&a]);
+        let truncated = frame(&m1, b"s", LOG, &[&a]);
         assert!(h
             .put("c-1", &truncated[..truncated.len() - 1], 1 << 30)
             .is_err());
-        let (m, _, _) = unframe(&h.read("c-1").unwrap().unwrap(), 1 << 30).unwrap();
-        assert_eq!(m.snapshot, m1.snapshot);
+        let stored = h.read("c-1").unwrap().unwrap();
+        let f = unframe(&stored, 1 << 30).unwrap();
+        assert_eq!(f.m.snapshot, m1.snapshot);
     }
 }

@@ -60,13 +60,14 @@ pub(crate) async fn keep(
     }
     let h = running_handle(&n, &id)?;
     let generation = n.cells().get(&id).and_then(|e| e.spec.generation);
-    let snap = tokio::time::timeout(PAUSE_TIMEOUT, h.checkpoint())
+    let cp = tokio::time::timeout(PAUSE_TIMEOUT, h.checkpoint())
         .await
         .map_err(|_| internal("the cell did not reach a migration point in time"))?
         .map_err(|_| internal("the cell ended before the checkpoint"))?
         .map_err(internal)?;
     let taken_ms = unix_ms();
     let module = h.module.clone();
+    let snap = cp.snapshot;
     let split = tokio::task::spawn_blocking(move || kept::split(&snap, module.initial_image()))
         .await
         .map_err(internal)?
@@ -74,7 +75,6 @@ pub(crate) async fn keep(
     let hex = |h: &[u8; 32]| roam_runtime::cache::hex(h);
     let pages: Vec<(u32, String)> = split.pages.iter().map(|(i, h, _)| (*i, hex(h))).collect();
     let state_hash = hex(blake3::hash(&split.state).as_bytes());
-    let snapshot = kept::digest(&state_hash, split.memory_bytes, &pages);
     let holder = n
         .client(&req.holder)
         .map_err(|e| AppError(StatusCode::BAD_GATEWAY, e.to_string()))?;
@@ -103,18 +103,23 @@ pub(crate) async fn keep(
             send.push(page);
         }
     }
-    let bytes = split.state.len() as u64 + (pages.len() * roam_snapshot::PAGE_SIZE) as u64;
-    let m = Manifest {
-        snapshot: snapshot.clone(),
+    let bytes = (split.state.len() + cp.log.len() + pages.len() * roam_snapshot::PAGE_SIZE) as u64;
+    let mut m = Manifest {
+        snapshot: String::new(),
         taken_ms,
         generation,
         memory_bytes: split.memory_bytes,
         state_len: split.state.len() as u64,
         state_hash,
+        log_len: cp.log.len() as u64,
+        log_hash: hex(blake3::hash(&cp.log).as_bytes()),
+        log_dropped: cp.log_dropped,
         pages,
         sent,
     };
-    let body = kept::frame(&m, &split.state, &send);
+    m.snapshot = kept::digest(&m);
+    let snapshot = m.snapshot.clone();
+    let body = kept::frame(&m, &split.state, &cp.log, &send);
     let sent_bytes = body.len() as u64;
     holder.put_kept(&id, body).await.map_err(unreachable)?;
     tracing::info!(cell = %id, holder = %req.holder_name, snapshot = %snapshot,
@@ -169,7 +174,7 @@ pub(crate) async fn put(
     tracing::info!(snapshot = %m.snapshot, pages = m.pages.len(), "kept checkpoint stored");
     Ok(Json(serde_json::json!({
         "snapshot": m.snapshot,
-        "bytes": m.state_len + (m.pages.len() * roam_snapshot::PAGE_SIZE) as u64,
+        "bytes": m.state_len + m.log_len + (m.pages.len() * roam_snapshot::PAGE_SIZE) as u64,
     })))
 }
 
@@ -228,7 +233,7 @@ pub(crate) async fn restore(
         .await
         .map_err(internal)?
         .map_err(kept_err)?
-        .filter(|b| kept::unframe(b, max).is_ok_and(|(m, _, _)| m.snapshot == req.snapshot));
+        .filter(|b| kept::unframe(b, max).is_ok_and(|f| f.m.snapshot == req.snapshot));
     let file = match local {
         Some(b) => b,
         None => n
@@ -249,7 +254,8 @@ pub(crate) async fn restore(
     let node = n.clone();
     let id = req.id.clone();
     tokio::task::spawn_blocking(move || {
-        let (m, state, pages) = kept::unframe(&file, max).map_err(kept_err)?;
+        let f = kept::unframe(&file, max).map_err(kept_err)?;
+        let m = &f.m;
         if m.snapshot != req.snapshot {
             return Err(bad(format!(
                 "the holder has kept checkpoint {}, not {}",
@@ -260,7 +266,7 @@ pub(crate) async fn restore(
             .rt
             .load_by_hash(&hash, None)
             .map_err(|e| AppError(StatusCode::NOT_FOUND, e.to_string()))?;
-        let snap = kept::rebuild(&m, state, &pages, module.initial_image()).map_err(bad)?;
+        let snap = kept::rebuild(&f, module.initial_image()).map_err(bad)?;
         let preopens = make_preopens(&node, &req.id, &req.dirs).map_err(internal)?;
         let opts = CellOptions {
             with_files: !req.dirs.is_empty(),
@@ -283,7 +289,13 @@ pub(crate) async fn restore(
         };
         tracing::info!(cell = %spec.id, snapshot = %m.snapshot, taken_ms = m.taken_ms,
             generation = req.generation, "restored from a kept checkpoint");
-        let log = Arc::new(CellLog::new(node.log_capacity()));
+        // Its output before the checkpoint; what it wrote after, it writes
+        // again.
+        let log = Arc::new(CellLog::with_history(
+            node.log_capacity(),
+            f.log,
+            m.log_dropped,
+        ));
         let r = register_and_spawn(&node, spec, log, cell);
         drop(admission);
         r

@@ -43,8 +43,8 @@ impl CellLog {
     }
 
     /// A log that starts with `history` (the output the cell produced on
-    /// earlier nodes), of which `dropped` earlier bytes were lost already.
-    #[cfg(test)]
+    /// earlier nodes, or before a kept checkpoint), of which `dropped`
+    /// earlier bytes were lost already.
     pub fn with_history(capacity: usize, history: &[u8], dropped: u64) -> CellLog {
         let log = CellLog::new(capacity);
         log.receive(history, dropped);
