@@ -19,16 +19,18 @@
 //! be reached is a [`StoreError::Backend`] naming the endpoints, never a
 //! hang.
 
+mod cells;
 mod lead;
 pub use lead::LEADER_TTL;
 mod modules;
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnResponse,
 };
 
 use crate::record::{self, decode, encode, now_ms, StoredNode};
@@ -56,6 +58,9 @@ pub struct EtcdStore {
     client: Client,
     endpoints: Vec<String>,
     prefix: String,
+    /// The node records this planner last wrote in a heartbeat, with their
+    /// `mod_revision`: a heartbeat then needs no read.
+    seen: Arc<Mutex<HashMap<String, (StoredNode, i64)>>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -102,12 +107,16 @@ impl EtcdStore {
             client,
             endpoints,
             prefix,
+            seen: Arc::default(),
         };
-        // Connecting is lazy; ask once so a wrong address fails here.
+        // Connecting is lazy; ask once so a wrong address fails here (a
+        // key under the prefix: etcd roles may grant nothing else).
+        let ping = format!("{}ping", store.prefix);
         store
-            .call("connect", |c| async move {
-                c.kv_client().get("roam-ping", None).await
-            })
+            .call(
+                "connect",
+                |c| async move { c.kv_client().get(ping, None).await },
+            )
             .await?;
         Ok(store)
     }
@@ -223,6 +232,36 @@ impl EtcdStore {
         })
     }
 
+    fn seen_node(&self, name: &str) -> Option<(StoredNode, i64)> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(name).cloned()
+    }
+
+    fn remember_node(&self, name: &str, stored: StoredNode, rev: i64) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.insert(name.to_string(), (stored, rev));
+    }
+
+    fn forget_node(&self, name: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.remove(name);
+    }
+
+    /// Renew `lease` once: false if etcd no longer has it. Opening the
+    /// keep-alive stream renews it and reads etcd's answer; a lease that
+    /// ran out answers with a TTL of 0, which etcd-client reports as a
+    /// keep-alive error.
+    async fn renew(&self, lease: i64) -> StoreResult<bool> {
+        self.call("renew a lease", |c| async move {
+            match c.lease_client().keep_alive(lease).await {
+                Ok(_) => Ok(true),
+                Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
     /// Revoke a lease, best effort: it runs out on its own anyway.
     async fn revoke(&self, lease: i64) {
         if lease == 0 {
@@ -233,17 +272,6 @@ impl EtcdStore {
                 c.lease_client().revoke(lease).await
             })
             .await;
-    }
-
-    /// A cell's current revision, from the `or_else` get of a failed txn.
-    fn actual_revision(resp: &TxnResponse) -> u64 {
-        resp.op_responses()
-            .into_iter()
-            .find_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(g.kvs().first().map_or(0, |kv| kv.mod_revision())),
-                _ => None,
-            })
-            .unwrap_or(0) as u64
     }
 }
 
@@ -299,6 +327,7 @@ impl ClusterStore for EtcdStore {
 
     async fn register_node(&self, mut node: NodeRecord, ttl: Duration) -> StoreResult<()> {
         record::check_node(&node.name)?;
+        self.forget_node(&node.name);
         let secs = ttl_secs(ttl);
         let lease = self
             .call("grant a lease", |c| async move {
@@ -343,41 +372,50 @@ impl ClusterStore for EtcdStore {
     async fn heartbeat(&self, name: &str, status: NodeStatus) -> StoreResult<()> {
         record::check_node(name)?;
         let key = self.key("nodes", name);
-        let mut read = self.read_node(name).await?;
+        // The record this planner last wrote saves a read; if it is stale
+        // (another planner wrote since), the write below says so and the
+        // record is read again.
+        let cached = self.seen_node(name);
+        let mut fresh = cached.is_none();
+        let mut read = match cached {
+            Some(c) => Some(c),
+            None => self.read_node(name).await?,
+        };
+        let mut renewed = None;
         for _ in 0..NODE_RETRIES {
-            let Some((mut stored, rev)) = read else {
+            let Some((mut stored, rev)) = read.take() else {
+                self.forget_node(name);
                 return Err(StoreError::Expired(name.to_string()));
             };
             let lease = stored.lease;
-            // Opening the keep-alive stream renews the lease once and reads
-            // etcd's answer; a lease that ran out answers with a TTL of 0,
-            // which etcd-client reports as a keep-alive error.
-            let renewed = self
-                .call("renew a lease", |c| async move {
-                    match c.lease_client().keep_alive(lease).await {
-                        Ok(_) => Ok(true),
-                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
-                        Err(e) => Err(e),
+            if renewed != Some(lease) {
+                if !self.renew(lease).await? {
+                    if !fresh {
+                        // Perhaps registered again, with another lease.
+                        read = self.read_node(name).await?;
+                        fresh = true;
+                        continue;
                     }
-                })
-                .await?;
-            if !renewed {
-                return Err(StoreError::Expired(name.to_string()));
+                    self.forget_node(name);
+                    return Err(StoreError::Expired(name.to_string()));
+                }
+                renewed = Some(lease);
             }
             stored.node.status = status.clone();
             stored.node.heartbeat_ms = now_ms();
-            // Write the record only if it is the one whose lease was just
-            // renewed (not removed or registered again meanwhile).
+            // Write the record only if it is the one read (not changed,
+            // removed or registered again meanwhile).
             let txn = Txn::new()
                 .when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
                 .and_then([TxnOp::put(key.clone(), encode(&stored)?, None)]);
-            if self.txn("record a heartbeat", txn).await?.succeeded() {
+            let resp = self.txn("record a heartbeat", txn).await?;
+            if resp.succeeded() {
+                let rev = resp.header().map_or(0, |h| h.revision());
+                self.remember_node(name, stored, rev);
                 return Ok(());
             }
-            read = self
-                .read_node(name)
-                .await?
-                .filter(|(s, _)| s.lease == lease);
+            read = self.read_node(name).await?;
+            fresh = true;
         }
         Err(StoreError::Conflict {
             what: format!("node {name}"),
@@ -404,6 +442,7 @@ impl ClusterStore for EtcdStore {
 
     async fn set_node_state(&self, name: &str, state: NodeState) -> StoreResult<()> {
         record::check_node(name)?;
+        self.forget_node(name);
         match self.change_node(name, |s| s.node.state = state).await? {
             Some(_) => Ok(()),
             None => Err(StoreError::NotFound(format!("node {name}"))),
@@ -412,6 +451,7 @@ impl ClusterStore for EtcdStore {
 
     async fn remove_node(&self, name: &str) -> StoreResult<()> {
         record::check_node(name)?;
+        self.forget_node(name);
         let Some((stored, _)) = self.read_node(name).await? else {
             return Err(StoreError::NotFound(format!("node {name}")));
         };
@@ -425,95 +465,23 @@ impl ClusterStore for EtcdStore {
     }
 
     async fn create_cell(&self, cell: CellRecord) -> StoreResult<u64> {
-        record::check_cell(&cell.id)?;
-        let key = self.key("cells", &cell.id);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, encode(&cell)?, None)]);
-        let resp = self.txn("create a cell", txn).await?;
-        if !resp.succeeded() {
-            return Err(StoreError::Exists(format!("cell {}", cell.id)));
-        }
-        Ok(resp.header().map_or(0, |h| h.revision()) as u64)
+        cells::create(self, cell).await
     }
 
     async fn cell(&self, id: &str) -> StoreResult<Option<Versioned<CellRecord>>> {
-        record::check_cell(id)?;
-        let key = self.key("cells", id);
-        match self.get_one("read a cell", &key).await? {
-            None => Ok(None),
-            Some((bytes, rev)) => Ok(Some(Versioned {
-                value: decode(&key, &bytes)?,
-                revision: rev as u64,
-            })),
-        }
+        cells::get(self, id).await
     }
 
     async fn cells(&self) -> StoreResult<Vec<Versioned<CellRecord>>> {
-        let mut out = Vec::new();
-        for (id, bytes, rev) in self.list("cells", 0).await?.0 {
-            out.push(Versioned {
-                value: decode(&self.key("cells", &id), &bytes)?,
-                revision: rev as u64,
-            });
-        }
-        Ok(out)
+        cells::list(self).await
     }
 
     async fn update_cell(&self, expected: u64, cell: CellRecord) -> StoreResult<u64> {
-        record::check_cell(&cell.id)?;
-        let key = self.key("cells", &cell.id);
-        let conflict = |actual| StoreError::Conflict {
-            what: format!("cell {}", cell.id),
-            expected,
-            actual,
-        };
-        if expected == 0 || expected > i64::MAX as u64 {
-            // A missing key's mod_revision is 0: never let a compare with 0
-            // create a cell.
-            let actual = self.cell(&cell.id).await?.map_or(0, |c| c.revision);
-            return Err(conflict(actual));
-        }
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                expected as i64,
-            )])
-            .and_then([TxnOp::put(key.clone(), encode(&cell)?, None)])
-            .or_else([TxnOp::get(key, None)]);
-        let resp = self.txn("update a cell", txn).await?;
-        if !resp.succeeded() {
-            return Err(conflict(EtcdStore::actual_revision(&resp)));
-        }
-        Ok(resp.header().map_or(0, |h| h.revision()) as u64)
+        cells::update(self, expected, cell).await
     }
 
     async fn delete_cell(&self, id: &str, expected: u64) -> StoreResult<()> {
-        record::check_cell(id)?;
-        let key = self.key("cells", id);
-        let conflict = |actual| StoreError::Conflict {
-            what: format!("cell {id}"),
-            expected,
-            actual,
-        };
-        if expected == 0 || expected > i64::MAX as u64 {
-            let actual = self.cell(id).await?.map_or(0, |c| c.revision);
-            return Err(conflict(actual));
-        }
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                expected as i64,
-            )])
-            .and_then([TxnOp::delete(key.clone(), None)])
-            .or_else([TxnOp::get(key, None)]);
-        let resp = self.txn("delete a cell", txn).await?;
-        if !resp.succeeded() {
-            return Err(conflict(EtcdStore::actual_revision(&resp)));
-        }
-        Ok(())
+        cells::delete(self, id, expected).await
     }
 
     async fn put_module(&self, hash: &str, bytes: &[u8]) -> StoreResult<()> {

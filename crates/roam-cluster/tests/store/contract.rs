@@ -165,6 +165,51 @@ pub async fn nodes_live_expire_and_come_back<S: ClusterStore>(s: &S) {
     assert_eq!(names, vec!["steady".to_string()]);
 }
 
+/// Two planners share the nodes: what one writes, the other's heartbeats
+/// neither undo nor trip over (a heartbeat after the other planner changed
+/// the node's state, or registered it again with a new lease).
+pub async fn two_planners_share_the_nodes<S: ClusterStore>(a: Arc<S>, b: Arc<S>) {
+    a.register_node(node("edge-a"), Duration::from_secs(120))
+        .await
+        .unwrap();
+    a.heartbeat("edge-a", NodeStatus::default()).await.unwrap();
+    b.set_node_state("edge-a", NodeState::Draining)
+        .await
+        .unwrap();
+    let status = NodeStatus {
+        cells: vec!["c-9".into()],
+        ..Default::default()
+    };
+    a.heartbeat("edge-a", status.clone()).await.unwrap();
+    let got = find(&*b, "edge-a").await.unwrap();
+    assert_eq!(
+        got.state,
+        NodeState::Draining,
+        "a heartbeat undid a state change"
+    );
+    assert_eq!(got.status, status);
+
+    let mut again = node("edge-a");
+    again.api = "127.0.0.1:7800".into();
+    b.register_node(again, Duration::from_secs(120))
+        .await
+        .unwrap();
+    a.heartbeat("edge-a", NodeStatus::default()).await.unwrap();
+    let got = find(&*a, "edge-a").await.unwrap();
+    assert!(got.alive);
+    assert_eq!(
+        got.api, "127.0.0.1:7800",
+        "a heartbeat undid a registration"
+    );
+
+    b.remove_node("edge-a").await.unwrap();
+    assert!(matches!(
+        a.heartbeat("edge-a", NodeStatus::default()).await,
+        Err(StoreError::Expired(_))
+    ));
+    assert!(find(&*a, "edge-a").await.is_none());
+}
+
 /// Create, read, compare-and-swap, delete; revisions never repeat.
 pub async fn cells_compare_and_swap<S: ClusterStore>(s: &S) {
     let mut c = cell("c-1", "edge-a");
@@ -280,6 +325,33 @@ pub async fn cas_races_have_one_winner<S: ClusterStore>(a: Arc<S>, b: Arc<S>) {
     }
 }
 
+/// Many planners create the same cell at once: exactly one creates it,
+/// the others are told it exists, and the record is the creator's.
+pub async fn create_races_have_one_winner<S: ClusterStore>(a: Arc<S>, b: Arc<S>) {
+    for round in 0..8 {
+        let id = format!("born-{round}");
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let c = cell(&id, &format!("creator-{i}"));
+            tasks.push(tokio::spawn(async move {
+                (c.owner.clone(), store.create_cell(c).await)
+            }));
+        }
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                (owner, Ok(rev)) => winners.push((owner, rev)),
+                (_, Err(StoreError::Exists(_))) => {}
+                (_, Err(e)) => panic!("a racing create: {e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "{id}: {winners:?}");
+        let now = a.cell(&id).await.unwrap().unwrap();
+        assert_eq!((now.value.owner, now.revision), winners.remove(0));
+    }
+}
+
 fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)
@@ -384,6 +456,12 @@ macro_rules! contract_tests {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn two_planners_share_the_nodes() {
+            let Some(f) = $fixture().await else { return };
+            $crate::contract::two_planners_share_the_nodes(f.a.clone(), f.b.clone()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn cells_compare_and_swap() {
             let Some(f) = $fixture().await else { return };
             $crate::contract::cells_compare_and_swap(&*f.a).await;
@@ -393,6 +471,12 @@ macro_rules! contract_tests {
         async fn cas_races_have_one_winner() {
             let Some(f) = $fixture().await else { return };
             $crate::contract::cas_races_have_one_winner(f.a.clone(), f.b.clone()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn create_races_have_one_winner() {
+            let Some(f) = $fixture().await else { return };
+            $crate::contract::create_races_have_one_winner(f.a.clone(), f.b.clone()).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

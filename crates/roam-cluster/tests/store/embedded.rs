@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use roam_cluster::{ClusterStore, NodeState, RedbStore, StoreError};
 
-use crate::contract::{cell, node, Fixture};
+use crate::contract::{cell, eventually, node, Fixture};
 
 async fn fixture() -> Option<Fixture<RedbStore>> {
     let dir = tempfile::tempdir().unwrap();
@@ -43,6 +43,17 @@ async fn reopen_keeps_everything() {
     let mut moved = cell("c-2", "edge-a");
     moved.generation = 2;
     let r2 = store.update_cell(r2, moved).await.unwrap();
+    // A node that died while the planner ran stays dead across the
+    // restart (it may have been fenced); the others get a fresh lease.
+    store
+        .register_node(node("gone"), Duration::from_secs(1))
+        .await
+        .unwrap();
+    eventually("the lease of `gone` running out", || async {
+        let nodes = store.nodes().await.unwrap();
+        !nodes.iter().find(|n| n.name == "gone").unwrap().alive
+    })
+    .await;
     let module: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
     store.put_module(&"ef".repeat(32), &module).await.unwrap();
     let (nodes, cells, modules) = (
@@ -65,7 +76,13 @@ async fn reopen_keeps_everything() {
     assert_eq!(store.cells().await.unwrap(), cells);
     assert_eq!(store.modules().await.unwrap(), modules);
     assert_eq!(store.module(&"ef".repeat(32)).await.unwrap(), Some(module));
-    assert!(nodes.iter().all(|n| n.alive));
+    for n in &nodes {
+        assert_eq!(n.alive, n.name != "gone", "{n:?}");
+    }
+    assert!(matches!(
+        store.heartbeat("gone", Default::default()).await,
+        Err(StoreError::Expired(_))
+    ));
     let revisions: Vec<u64> = cells.iter().map(|c| c.revision).collect();
     assert!(revisions.contains(&r1) && revisions.contains(&r2));
     // The revision counter survives too: a new write never reuses one.

@@ -15,22 +15,27 @@
 //!
 //! Liveness is a deadline (`expires_ms`) per node, compared with the clock
 //! on read. A planner that was down could not take heartbeats, so opening
-//! the store gives every node a fresh lease: a planner restart is not
-//! counted against the nodes. Heartbeats commit without waiting for the
+//! the store gives every node that was alive when the planner last wrote it
+//! (`meta/clock_ms`, written at least every second) a fresh lease: a
+//! planner restart is not counted against the nodes, and a node already
+//! dead stays dead. Heartbeats commit without waiting for the
 //! disk (at most one durable commit a second carries them), because a lost
 //! heartbeat costs nothing after that fresh lease; every other write is
 //! durable when its call returns.
 //!
-//! redb is blocking: every call runs on tokio's blocking pool.
+//! redb is blocking: reads run on tokio's blocking pool, writes on one
+//! writer thread that commits every waiting write in one transaction
+//! ([`writer`]: group commit, one fsync for many calls).
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod writer;
+
 use redb::{
-    Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, TableDefinition,
-    WriteTransaction,
+    Database, DatabaseError, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
 
 use crate::record::{self, decode, encode, now_ms, StoredNode};
@@ -47,6 +52,9 @@ const MODULE_SIZES: TableDefinition<&str, u64> = TableDefinition::new("module_si
 
 const META_FORMAT: &str = "format";
 const META_REVISION: &str = "revision";
+/// The last time a planner wrote the store (Unix ms): its leases were kept
+/// until then.
+const META_CLOCK: &str = "clock_ms";
 
 /// How often, at most, a heartbeat waits for the disk.
 const DURABLE_EVERY: Duration = Duration::from_secs(1);
@@ -61,6 +69,9 @@ struct StoredCell {
 /// The cluster state in one redb database file. Only one process can have
 /// it open; [`RedbStore::open`] says so if another one does.
 pub struct RedbStore {
+    /// First, so that dropping the store stops the writer thread (and lets
+    /// go of the file) before anything else.
+    writer: writer::Writer,
     inner: Arc<Inner>,
     /// Held by the [`Leadership`] of the one planner leading (in this
     /// process: the file lock already keeps other processes out).
@@ -209,9 +220,15 @@ impl RedbStore {
                     })
                 }
             }
+            let clock = meta
+                .get(META_CLOCK)
+                .or_backend(&inner)?
+                .map_or(0, |v| v.value());
             drop(meta);
-            // A planner restart is not counted against the nodes: each gets
-            // a fresh lease from now.
+            // A planner restart is not counted against the nodes: each node
+            // that was alive when the planner last wrote the store gets a
+            // fresh lease from now. A node already dead then stays dead (it
+            // may have been fenced and its cells restored elsewhere).
             let now = now_ms();
             let mut fresh = Vec::new();
             {
@@ -224,8 +241,10 @@ impl RedbStore {
                     if let Ok(mut stored) =
                         decode::<StoredNode>(&format!("nodes/{key}"), value.value())
                     {
-                        stored.expires_ms = stored.expires_ms.max(now + stored.ttl_ms);
-                        fresh.push(stored);
+                        if stored.expires_ms > clock {
+                            stored.expires_ms = stored.expires_ms.max(now + stored.ttl_ms);
+                            fresh.push(stored);
+                        }
                     }
                 }
             }
@@ -234,8 +253,10 @@ impl RedbStore {
             }
             Ok(())
         })?;
+        let inner = Arc::new(inner);
         Ok(RedbStore {
-            inner: Arc::new(inner),
+            writer: writer::Writer::start(inner.clone())?,
+            inner,
             lead: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
@@ -276,56 +297,45 @@ impl ClusterStore for RedbStore {
 
     async fn register_node(&self, mut node: NodeRecord, ttl: Duration) -> StoreResult<()> {
         record::check_node(&node.name)?;
-        self.run(move |inner| {
-            let now = now_ms();
-            let ttl_ms = (ttl.as_millis() as u64).max(1);
-            if node.registered_ms == 0 {
-                node.registered_ms = now;
-            }
-            node.heartbeat_ms = now;
-            node.alive = false;
-            let stored = StoredNode {
-                node,
-                ttl_ms,
-                expires_ms: now + ttl_ms,
-                lease: 0,
-            };
-            inner.write(|txn| inner.write_node(txn, &stored))
-        })
-        .await
+        self.writer
+            .write(true, move |inner, txn| {
+                let now = now_ms();
+                let ttl_ms = (ttl.as_millis() as u64).max(1);
+                if node.registered_ms == 0 {
+                    node.registered_ms = now;
+                }
+                node.heartbeat_ms = now;
+                node.alive = false;
+                let stored = StoredNode {
+                    node,
+                    ttl_ms,
+                    expires_ms: now + ttl_ms,
+                    lease: 0,
+                };
+                inner.write_node(txn, &stored)
+            })
+            .await
     }
 
     async fn heartbeat(&self, name: &str, status: NodeStatus) -> StoreResult<()> {
         record::check_node(name)?;
         let name = name.to_string();
-        self.run(move |inner| {
-            let mut txn = inner.db.begin_write().or_backend(inner)?;
-            let now = now_ms();
-            let Some(mut stored) = inner.read_node(&txn, &name)? else {
-                return Err(StoreError::Expired(name));
-            };
-            if now >= stored.expires_ms {
-                return Err(StoreError::Expired(name));
-            }
-            stored.node.status = status;
-            stored.node.heartbeat_ms = now;
-            stored.expires_ms = now + stored.ttl_ms;
-            inner.write_node(&txn, &stored)?;
-            let durable = {
-                let mut last = inner.last_durable.lock().unwrap_or_else(|p| p.into_inner());
-                if last.elapsed() >= DURABLE_EVERY {
-                    *last = Instant::now();
-                    true
-                } else {
-                    false
+        // Not durable on its own: see the module docs.
+        self.writer
+            .write(false, move |inner, txn| {
+                let now = now_ms();
+                let Some(mut stored) = inner.read_node(txn, &name)? else {
+                    return Err(StoreError::Expired(name));
+                };
+                if now >= stored.expires_ms {
+                    return Err(StoreError::Expired(name));
                 }
-            };
-            if !durable {
-                txn.set_durability(Durability::None).or_backend(inner)?;
-            }
-            txn.commit().or_backend(inner)
-        })
-        .await
+                stored.node.status = status;
+                stored.node.heartbeat_ms = now;
+                stored.expires_ms = now + stored.ttl_ms;
+                inner.write_node(txn, &stored)
+            })
+            .await
     }
 
     async fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
@@ -347,23 +357,22 @@ impl ClusterStore for RedbStore {
     async fn set_node_state(&self, name: &str, state: NodeState) -> StoreResult<()> {
         record::check_node(name)?;
         let name = name.to_string();
-        self.run(move |inner| {
-            inner.write(|txn| {
+        self.writer
+            .write(true, move |inner, txn| {
                 let Some(mut stored) = inner.read_node(txn, &name)? else {
                     return Err(StoreError::NotFound(format!("node {name}")));
                 };
                 stored.node.state = state;
                 inner.write_node(txn, &stored)
             })
-        })
-        .await
+            .await
     }
 
     async fn remove_node(&self, name: &str) -> StoreResult<()> {
         record::check_node(name)?;
         let name = name.to_string();
-        self.run(move |inner| {
-            inner.write(|txn| {
+        self.writer
+            .write(true, move |inner, txn| {
                 let mut nodes = txn.open_table(NODES).or_backend(inner)?;
                 let removed = nodes.remove(name.as_str()).or_backend(inner)?.is_some();
                 if removed {
@@ -372,14 +381,13 @@ impl ClusterStore for RedbStore {
                     Err(StoreError::NotFound(format!("node {name}")))
                 }
             })
-        })
-        .await
+            .await
     }
 
     async fn create_cell(&self, cell: CellRecord) -> StoreResult<u64> {
         record::check_cell(&cell.id)?;
-        self.run(move |inner| {
-            inner.write(|txn| {
+        self.writer
+            .write(true, move |inner, txn| {
                 if inner.read_cell(txn, &cell.id)?.is_some() {
                     return Err(StoreError::Exists(format!("cell {}", cell.id)));
                 }
@@ -387,8 +395,7 @@ impl ClusterStore for RedbStore {
                 inner.write_cell(txn, &StoredCell { revision, cell })?;
                 Ok(revision)
             })
-        })
-        .await
+            .await
     }
 
     async fn cell(&self, id: &str) -> StoreResult<Option<Versioned<CellRecord>>> {
@@ -428,8 +435,8 @@ impl ClusterStore for RedbStore {
 
     async fn update_cell(&self, expected: u64, cell: CellRecord) -> StoreResult<u64> {
         record::check_cell(&cell.id)?;
-        self.run(move |inner| {
-            inner.write(|txn| {
+        self.writer
+            .write(true, move |inner, txn| {
                 let actual = inner.read_cell(txn, &cell.id)?.map_or(0, |s| s.revision);
                 if actual != expected || actual == 0 {
                     return Err(StoreError::Conflict {
@@ -442,15 +449,14 @@ impl ClusterStore for RedbStore {
                 inner.write_cell(txn, &StoredCell { revision, cell })?;
                 Ok(revision)
             })
-        })
-        .await
+            .await
     }
 
     async fn delete_cell(&self, id: &str, expected: u64) -> StoreResult<()> {
         record::check_cell(id)?;
         let id = id.to_string();
-        self.run(move |inner| {
-            inner.write(|txn| {
+        self.writer
+            .write(true, move |inner, txn| {
                 let actual = inner.read_cell(txn, &id)?.map_or(0, |s| s.revision);
                 if actual != expected || actual == 0 {
                     return Err(StoreError::Conflict {
@@ -463,8 +469,7 @@ impl ClusterStore for RedbStore {
                 cells.remove(id.as_str()).or_backend(inner)?;
                 Ok(())
             })
-        })
-        .await
+            .await
     }
 
     async fn put_module(&self, hash: &str, bytes: &[u8]) -> StoreResult<()> {
@@ -472,8 +477,8 @@ impl ClusterStore for RedbStore {
         record::check_module_size(hash, bytes.len())?;
         let hash = hash.to_string();
         let bytes = bytes.to_vec();
-        self.run(move |inner| {
-            inner.write(|txn| {
+        self.writer
+            .write(true, move |inner, txn| {
                 let mut sizes = txn.open_table(MODULE_SIZES).or_backend(inner)?;
                 if sizes.get(hash.as_str()).or_backend(inner)?.is_some() {
                     return Ok(());
@@ -487,8 +492,7 @@ impl ClusterStore for RedbStore {
                     .or_backend(inner)?;
                 Ok(())
             })
-        })
-        .await
+            .await
     }
 
     async fn module(&self, hash: &str) -> StoreResult<Option<Vec<u8>>> {
