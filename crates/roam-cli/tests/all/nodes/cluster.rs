@@ -185,7 +185,7 @@ fn launch_migrate_drain_and_kill_through_the_planner() {
     assert_eq!(st, 200, "{cell}\n{}\n{}", p.log(), a.log());
     let id = cell["id"].as_str().unwrap().to_string();
     assert_eq!(cell["owner"], "edge-a");
-    assert_eq!(cell["state"], "running");
+    assert_eq!(cell["state"]["state"], "running");
     assert_eq!(cell["generation"], 1);
     wait_for("the cell to allocate its state on edge-a", SLOW, || {
         let c = a.cell(&id)?;
@@ -198,7 +198,7 @@ fn launch_migrate_drain_and_kill_through_the_planner() {
     assert_eq!(st, 200, "{m}\n{}", p.log());
     assert_eq!(m["to"], "edge-b");
     let moved = p.wait_cell(&id, "the planner to record the move", |c| {
-        c["owner"] == "edge-b" && c["state"] == "running"
+        c["owner"] == "edge-b" && c["state"]["state"] == "running"
     });
     assert_eq!(moved["generation"], 2, "{moved}");
     let end = b.wait_end(&id, SLOW);
@@ -214,7 +214,7 @@ fn launch_migrate_drain_and_kill_through_the_planner() {
 
     // The planner learns of the exit from the owner.
     p.wait_cell(&id, "the planner to see the exit", |c| {
-        c["state"] == "exited"
+        c["state"]["state"] == "exited"
     });
 
     // Drain edge-a: its long-running cell moves to edge-b; then kill it.
@@ -234,7 +234,7 @@ fn launch_migrate_drain_and_kill_through_the_planner() {
     assert_eq!(d["moves"][0]["cell"], id2.as_str(), "{d}");
     assert_eq!(d["moves"][0]["to"], "edge-b", "{d}");
     p.wait_cell(&id2, "the drained cell to run on edge-b", |c| {
-        c["owner"] == "edge-b" && c["state"] == "running"
+        c["owner"] == "edge-b" && c["state"]["state"] == "running"
     });
     assert_eq!(b.state(&id2), "running");
     // A draining node takes no new cells.
@@ -250,7 +250,7 @@ fn launch_migrate_drain_and_kill_through_the_planner() {
 
     let (st, k) = p.post(&format!("/v1/cells/{id2}/kill"), Value::Null);
     assert_eq!(st, 200, "{k}\n{}", p.log());
-    assert_eq!(k["state"], "killed");
+    assert_eq!(k["state"]["state"], "killed");
     assert_eq!(b.state(&id2), "killed");
 
     let (st, metrics) = http_get(&p.addr, "/metrics").unwrap();
@@ -289,7 +289,7 @@ fn a_killed_node_loses_no_cell() {
     assert_eq!(kept["owner"], "edge-a", "{kept}");
     a.kill9();
     let back = p.wait_cell(&id, "the cell restored on edge-b", |c| {
-        c["owner"] == "edge-b" && c["state"] == "running"
+        c["owner"] == "edge-b" && c["state"]["state"] == "running"
     });
     assert_eq!(back["generation"], 2, "{back}\n{}", p.log());
     let end = b.wait_end(&id, SLOW);
