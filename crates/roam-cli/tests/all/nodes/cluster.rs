@@ -287,10 +287,16 @@ fn a_killed_node_loses_no_cell() {
         c["kept"]["holder"] == "edge-b"
     });
     assert_eq!(kept["owner"], "edge-a", "{kept}");
+    let killed = Instant::now();
     a.kill9();
     let back = p.wait_cell(&id, "the cell restored on edge-b", |c| {
         c["owner"] == "edge-b" && c["state"]["state"] == "running"
     });
+    // Reported, not asserted: the lease (2 s) plus detection and restore.
+    eprintln!(
+        "the cell ran again on edge-b {:.1} s after edge-a was killed (lease 2 s)",
+        killed.elapsed().as_secs_f64()
+    );
     assert_eq!(back["generation"], 2, "{back}\n{}", p.log());
     let end = b.wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}\n{}", b.log(), p.log());
