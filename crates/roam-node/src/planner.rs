@@ -189,11 +189,17 @@ pub(crate) enum Back {
 /// planner cannot be reached (the cell stays paused meanwhile: resuming
 /// without an answer could run it twice).
 pub(crate) async fn take_back(n: &NodeInner, id: &str, generation: u64) -> Back {
+    take_from(n, id, &n.cfg.name, generation).await
+}
+
+/// Move ownership of `id` from `from` (at `generation`) to this node,
+/// retrying while the planner cannot be reached.
+pub(crate) async fn take_from(n: &NodeInner, id: &str, from: &str, generation: u64) -> Back {
     let Some(planner) = &n.planner else {
         return Back::Unknown("no planner".into());
     };
     let req = OwnerRequest {
-        from: n.cfg.name.clone(),
+        from: from.to_string(),
         generation,
         to: n.cfg.name.clone(),
     };

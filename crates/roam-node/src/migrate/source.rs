@@ -413,7 +413,27 @@ async fn run(
         use super::postfail::{after_broken_post_copy, Verdict};
         m.phase("post-copy broken");
         let all_sent = ctx.all_data_sent();
-        let verdict = after_broken_post_copy(&dest_api, &m.cell, all_sent).await;
+        let mut verdict = after_broken_post_copy(&dest_api, &m.cell, all_sent).await;
+        // With a planner the destination owns the cell (at the generation
+        // after the source's): the source resumes only if it takes it back.
+        if let (Verdict::Resume(_), Some(_), Some(g)) = (&verdict, &n.planner, spec.generation) {
+            match crate::planner::take_from(n, &m.cell, &peer.node, g + 1).await {
+                crate::planner::Back::Won(g) => {
+                    if let Some(c) = n.cells().get_mut(&m.cell) {
+                        c.spec.generation = Some(g);
+                    }
+                }
+                // The planner does not handle the cell: today's rules.
+                crate::planner::Back::Unknown(why) => {
+                    tracing::warn!(cell = %m.cell, %why, "the planner cannot settle the broken post-copy");
+                }
+                crate::planner::Back::Lost(why) => {
+                    verdict = Verdict::Stay(format!(
+                        "the planner did not give the cell back ({why}), so it stays on the destination"
+                    ));
+                }
+            }
+        }
         tracing::warn!(migration = %m.id, cell = %m.cell, error = %e, ?verdict,
             "post-copy broke after the cell started on the destination");
         match verdict {

@@ -25,7 +25,9 @@ use tokio::sync::mpsc;
 
 /// What the writer task writes.
 pub(crate) enum Out {
-    Msg(Msg),
+    /// Boxed: a message is far larger than a batch's handle, and batches
+    /// are most of the queue.
+    Msg(Box<Msg>),
     Batch(Vec<u8>, u64),
 }
 
@@ -42,7 +44,7 @@ pub(crate) async fn write_loop(
 ) -> Result<Writer, String> {
     while let Some(out) = rx.recv().await {
         let (msg, pages) = match out {
-            Out::Msg(m) => (m, 0),
+            Out::Msg(m) => (*m, 0),
             Out::Batch(batch, n) => (Msg::Pages { batch }, n),
         };
         let n = send(&mut wr, &msg)
@@ -98,7 +100,7 @@ impl Stream {
     /// Queue a control message.
     pub(crate) async fn msg(&self, m: Msg) -> Result<(), String> {
         self.out
-            .send(Out::Msg(m))
+            .send(Out::Msg(Box::new(m)))
             .await
             .map_err(|_| "the connection to the destination is closed".to_string())
     }

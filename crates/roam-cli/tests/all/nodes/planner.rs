@@ -27,6 +27,10 @@ struct StandInState {
     cells: HashMap<String, (String, u64)>,
     /// Every ownership transaction asked: (cell, request, won).
     asked: Vec<(String, Value, bool)>,
+    /// Registrations, in order (node names).
+    registered: Vec<String>,
+    /// Cells every heartbeat answer tells the node to stop.
+    stop: Vec<String>,
 }
 
 type Shared = Arc<Mutex<StandInState>>;
@@ -76,24 +80,30 @@ impl StandInPlanner {
     }
 }
 
-fn answer() -> Value {
-    serde_json::json!({ "heartbeat_ms": 300, "lease_ms": 5000, "stop": [] })
+fn answer(s: &StandInState) -> Value {
+    serde_json::json!({ "heartbeat_ms": 300, "lease_ms": 5000, "stop": s.stop })
 }
 
 async fn register(State(s): State<Shared>, Json(r): Json<Value>) -> Json<Value> {
     let name = r["name"].as_str().unwrap_or_default().to_string();
-    s.lock().unwrap().nodes.insert(name, r);
-    Json(answer())
+    let mut s = s.lock().unwrap();
+    s.registered.push(name.clone());
+    s.nodes.insert(name, r);
+    Json(answer(&s))
 }
 
 async fn heartbeat(
     State(s): State<Shared>,
     Path(name): Path<String>,
+    Json(r): Json<Value>,
 ) -> Result<Json<Value>, StatusCode> {
-    if s.lock().unwrap().nodes.contains_key(&name) {
-        Ok(Json(answer()))
-    } else {
-        Err(StatusCode::GONE)
+    let mut s = s.lock().unwrap();
+    match s.nodes.get_mut(&name) {
+        Some(node) => {
+            node["status"] = r["status"].clone();
+            Ok(Json(answer(&s)))
+        }
+        None => Err(StatusCode::GONE),
     }
 }
 
@@ -283,6 +293,59 @@ fn partition_after_final_runs_the_cell_exactly_once() {
         "the source ran the cell to the end too\n{}",
         both_logs(&a, &b)
     );
+}
+
+/// The planner declared the node dead (its lease expired: `410`) and
+/// restored its cell elsewhere: the node registers again, and stops the
+/// cell the planner names in `stop`, saying why.
+#[test]
+fn a_fenced_node_registers_again_and_stops_the_cells_it_lost() {
+    let planner = StandInPlanner::start();
+    let a = Node::start_with(
+        Isa::X86_64,
+        &[
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--planner",
+            &planner.url,
+            "--name",
+            "fenced",
+        ],
+    );
+    wait_for("the node to register", SLOW, || {
+        planner.lock().nodes.contains_key("fenced").then_some(())
+    });
+    let id = launch_owned(&a, &LOAD, 1);
+    let other = launch_owned(&a, &LOAD, 1);
+    let beat = wait_for("a heartbeat naming both cells", SLOW, || {
+        let s = planner.lock();
+        let cells = s.nodes.get("fenced").map(|n| n["status"]["cells"].clone());
+        drop(s);
+        cells.filter(|c| c.as_array().is_some_and(|c| c.len() == 2))
+    });
+    eprintln!("registered status cells: {beat}");
+    {
+        // The lease expired: the planner forgot the node, and gave `id`
+        // to another node.
+        let mut s = planner.lock();
+        s.nodes.remove("fenced");
+        s.stop = vec![id.clone()];
+    }
+    let end = a.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "failed", "{end}\n{}", a.log());
+    assert!(
+        end["error"].as_str().unwrap_or("").contains("another node"),
+        "{end}"
+    );
+    assert_eq!(
+        planner.lock().registered,
+        vec!["fenced".to_string(), "fenced".to_string()],
+        "the node did not register again after 410\n{}",
+        a.log()
+    );
+    assert_eq!(a.state(&other), "running", "a cell it still owns stopped");
+    // Logged once per change of state, not per attempt.
+    assert_eq!(a.log().matches("lease expired").count(), 1, "{}", a.log());
 }
 
 /// Keep two checkpoints of a running cell on `to`'s node, kill the owner
