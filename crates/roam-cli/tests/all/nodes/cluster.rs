@@ -18,7 +18,13 @@ struct PlannerProc {
 }
 
 impl PlannerProc {
+    /// A planner on a redb store in its temporary directory.
     fn start(lease: &str, checkpoint_interval: &str) -> PlannerProc {
+        PlannerProc::start_on(None, lease, checkpoint_interval)
+    }
+
+    /// A planner on `store` (`None`: a redb file in its directory).
+    fn start_on(store: Option<String>, lease: &str, checkpoint_interval: &str) -> PlannerProc {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("planner.log");
         let mut cmd = roam(Isa::X86_64);
@@ -145,7 +151,21 @@ fn node_of(p: &PlannerProc, name: &str) -> Node {
 
 #[test]
 fn launch_migrate_drain_and_kill_through_the_planner() {
-    let p = PlannerProc::start("5", "0");
+    launch_migrate_drain_and_kill(PlannerProc::start("5", "0"));
+}
+
+/// The same on the etcd store: a real etcd, started and stopped here.
+#[test]
+fn launch_migrate_drain_and_kill_on_etcd() {
+    let Some(etcd) = roam_testkit::etcd::Etcd::start_or_skip() else {
+        return;
+    };
+    let store = format!("etcd://{}", etcd.endpoint());
+    launch_migrate_drain_and_kill(PlannerProc::start_on(Some(store), "5", "0"));
+    drop(etcd);
+}
+
+fn launch_migrate_drain_and_kill(p: PlannerProc) {
     let a = node_of(&p, "edge-a");
     let b = node_of(&p, "edge-b");
     let (st, nodes) = p.get("/v1/nodes");
