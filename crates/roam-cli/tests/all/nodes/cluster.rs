@@ -27,12 +27,10 @@ impl PlannerProc {
     fn start_on(store: Option<String>, lease: &str, checkpoint_interval: &str) -> PlannerProc {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("planner.log");
+        let spec =
+            store.unwrap_or_else(|| format!("redb:{}", dir.path().join("cluster.redb").display()));
         let mut cmd = roam(Isa::X86_64);
-        cmd.args(["planner", "--listen", "127.0.0.1:0", "--store"])
-            .arg(format!(
-                "redb:{}",
-                dir.path().join("cluster.redb").display()
-            ))
+        cmd.args(["planner", "--listen", "127.0.0.1:0", "--store", &spec])
             .args([
                 "--checkpoint-interval",
                 checkpoint_interval,
@@ -54,7 +52,10 @@ impl PlannerProc {
             }
             let l = read_log();
             let rest = l.split("roam planner listening: http://").nth(1)?;
-            rest.split_whitespace().next().map(str::to_string)
+            // The whole line: it names the store the planner opened.
+            let (line, _) = rest.split_once('\n')?;
+            assert!(line.contains(&format!(" store {spec}")), "{l}");
+            line.split_whitespace().next().map(str::to_string)
         });
         PlannerProc {
             addr,
