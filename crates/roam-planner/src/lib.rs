@@ -26,6 +26,7 @@ mod cells;
 #[cfg(test)]
 mod evac_tests;
 pub mod events;
+mod kept;
 mod leader;
 pub mod metrics;
 mod moves;

@@ -288,3 +288,51 @@ async fn the_token_guards_every_route() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_stream_as_server_sent_events() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let p = start(None).await;
+    let addr = p.url.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(format!("GET /v1/events HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The response head first: the stream is subscribed once it is sent.
+    while !String::from_utf8_lossy(&seen).contains("\r\n\r\n") {
+        let k = s.read(&mut buf).await.unwrap();
+        assert!(k > 0, "the stream closed");
+        seen.extend_from_slice(&buf[..k]);
+    }
+    let head = String::from_utf8_lossy(&seen).to_string();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/event-stream"), "{head}");
+    let (st, _) = p.register("edge-a").await;
+    assert_eq!(st, 200);
+    loop {
+        let text = String::from_utf8_lossy(&seen).to_string();
+        // A whole event: it ends with a blank line.
+        let event = text
+            .find("event: node-registered")
+            .and_then(|i| text[i..].find("\n\n").map(|end| &text[i..i + end]));
+        if let Some(event) = event {
+            let data = event
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .map(str::to_string);
+            if let Some(data) = data {
+                let v: Value = serde_json::from_str(&data).unwrap();
+                assert_eq!(
+                    v,
+                    json!({"kind": "node-registered", "node": "edge-a", "isa": "x86_64"})
+                );
+                break;
+            }
+        }
+        let k = s.read(&mut buf).await.unwrap();
+        assert!(k > 0, "the stream closed: {text}");
+        seen.extend_from_slice(&buf[..k]);
+    }
+}
