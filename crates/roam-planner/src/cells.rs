@@ -325,10 +325,19 @@ pub(crate) async fn status(
 
 /// How a cell the record says is running ended on its owner, if it did:
 /// nodes do not report exits, so a status read asks the owner.
+/// How long a status read waits for the owner's word.
+const OWNER_ASK: std::time::Duration = std::time::Duration::from_secs(2);
+
 async fn ended_on_owner(n: &Inner, c: &CellRecord) -> Option<CellState> {
     use roam_api::types::CellState as OnNode;
     let node = get_node(n, &c.owner).await.ok().filter(|x| x.alive)?;
-    let info = n.node_client(&node).ok()?.cell(&c.id).await.ok()?;
+    // A node that is alive by its lease but does not answer (frozen, cut
+    // off) must not hold up a status read: the record's word stands.
+    let client = n.node_client(&node).ok()?;
+    let info = tokio::time::timeout(OWNER_ASK, client.cell(&c.id))
+        .await
+        .ok()?
+        .ok()?;
     match info.state {
         OnNode::Exited { code } => Some(CellState::Exited { code }),
         OnNode::Failed { error } => Some(CellState::Failed { error }),
