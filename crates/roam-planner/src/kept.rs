@@ -39,6 +39,18 @@ pub(crate) fn claim<'a>(n: &'a Inner, id: &str) -> Result<Busy<'a>, AppError> {
     Ok(Busy(n, id.to_string()))
 }
 
+/// Resolves once node `name` is no longer alive (checked every 500 ms).
+async fn dead(n: &Inner, name: &str) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        if let Ok(nodes) = n.store.nodes().await {
+            if !nodes.iter().any(|x| x.name == name && x.alive) {
+                return;
+            }
+        }
+    }
+}
+
 /// Take a kept checkpoint of cell `id` now: its owner checkpoints it and
 /// sends the snapshot to a holder the `evacuate` policy picks (never the
 /// owner), and the cell's record names the new checkpoint.
@@ -92,24 +104,31 @@ async fn keep_inner(n: &Inner, id: &str) -> Result<Kept, AppError> {
     let client = n
         .node_client(owner)
         .map_err(|e| AppError(StatusCode::BAD_GATEWAY, e.to_string()))?;
-    let resp = client
-        .keep(
-            id,
-            &KeepRequest {
-                holder: holder.api.clone(),
-                holder_name: holder.name.clone(),
-            },
-        )
-        .await
-        .map_err(|e| {
-            AppError(
+    let req = KeepRequest {
+        holder: holder.api.clone(),
+        holder_name: holder.name.clone(),
+    };
+    // An owner that stops answering mid-checkpoint (frozen, cut off) must
+    // not hold the cell: once its lease runs out, the cell is restored
+    // elsewhere, and that waits for this checkpoint to let go of it.
+    let resp = tokio::select! {
+        r = client.keep(id, &req) => r,
+        () = dead(n, &c.owner) => {
+            return Err(AppError(
                 StatusCode::BAD_GATEWAY,
-                format!(
-                    "node {} could not keep a checkpoint of cell {id} on {}: {e}",
-                    owner.name, holder.name
-                ),
-            )
-        })?;
+                format!("node {} died while keeping a checkpoint of cell {id}", owner.name),
+            ));
+        }
+    }
+    .map_err(|e| {
+        AppError(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "node {} could not keep a checkpoint of cell {id} on {}: {e}",
+                owner.name, holder.name
+            ),
+        )
+    })?;
     roam_wire::ident::parse_module_hash(&resp.snapshot).map_err(|e| {
         AppError(
             StatusCode::BAD_GATEWAY,
