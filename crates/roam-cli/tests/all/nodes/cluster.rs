@@ -8,13 +8,12 @@
 
 use super::*;
 
-/// A `roam planner` process on a redb store in a temporary directory,
-/// killed on drop.
+/// A `roam planner` process (the shared harness of `cluster.rs`), spoken
+/// to through its raw HTTP API.
 struct PlannerProc {
+    p: crate::cluster::Planner,
+    /// `127.0.0.1:port`.
     addr: String,
-    child: Child,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 impl PlannerProc {
@@ -25,51 +24,22 @@ impl PlannerProc {
 
     /// A planner on `store` (`None`: a redb file in its directory).
     fn start_on(store: Option<String>, lease: &str, checkpoint_interval: &str) -> PlannerProc {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("planner.log");
-        let spec =
-            store.unwrap_or_else(|| format!("redb:{}", dir.path().join("cluster.redb").display()));
-        let mut cmd = roam(Isa::X86_64);
-        cmd.args(["planner", "--listen", "127.0.0.1:0", "--store", &spec])
-            .args([
-                "--checkpoint-interval",
-                checkpoint_interval,
-                "--lease",
-                lease,
-            ])
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-        let addr = wait_for("the planner to listen", SLOW, || {
-            if let Some(st) = child.try_wait().unwrap() {
-                panic!(
-                    "the planner exited ({st}) before listening:\n{}",
-                    read_log()
-                );
-            }
-            let l = read_log();
-            let rest = l.split("roam planner listening: http://").nth(1)?;
-            // The whole line: it names the store the planner opened.
-            let (line, _) = rest.split_once('\n')?;
-            assert!(line.contains(&format!(" store {spec}")), "{l}");
-            line.split_whitespace().next().map(str::to_string)
-        });
-        PlannerProc {
-            addr,
-            child,
-            log,
-            _dir: dir,
-        }
+        let p = crate::cluster::Planner::start(
+            store.as_deref(),
+            &["--checkpoint-interval", checkpoint_interval, "--lease", lease],
+        );
+        // The startup line names the store it opened.
+        let log = p.log();
+        assert!(
+            store.is_none_or(|spec| log.contains(&format!(" store {spec}"))),
+            "{log}"
+        );
+        let addr = p.url.trim_start_matches("http://").to_string();
+        PlannerProc { p, addr }
     }
 
     fn log(&self) -> String {
-        format!(
-            "--- planner log ---\n{}",
-            std::fs::read_to_string(&self.log).unwrap_or_default()
-        )
+        self.p.log()
     }
 
     fn get(&self, path: &str) -> (u16, Value) {
@@ -114,13 +84,6 @@ impl PlannerProc {
             assert_eq!(st, 200, "{c}\n{}", self.log());
             ok(&c).then_some(c)
         })
-    }
-}
-
-impl Drop for PlannerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
