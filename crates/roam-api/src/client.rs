@@ -171,6 +171,20 @@ impl Client {
             .map_err(|e| ClientError::Api(format!("unexpected answer from {}: {e}", self.base)))
     }
 
+    /// A successful answer's raw body, or the error it carries.
+    async fn body_of(&self, r: reqwest::Response) -> Result<Vec<u8>, ClientError> {
+        if !r.status().is_success() {
+            return self.parse::<Vec<u8>>(Ok(r)).await;
+        }
+        r.bytes()
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|source| ClientError::Unreachable {
+                addr: self.base.clone(),
+                source,
+            })
+    }
+
     pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -280,16 +294,7 @@ impl Client {
             addr: self.base.clone(),
             source,
         })?;
-        if !r.status().is_success() {
-            return self.parse::<Vec<u8>>(Ok(r)).await;
-        }
-        r.bytes()
-            .await
-            .map(|b| b.to_vec())
-            .map_err(|source| ClientError::Unreachable {
-                addr: self.base.clone(),
-                source,
-            })
+        self.body_of(r).await
     }
 
     /// `GET /v1/cells`.
@@ -331,16 +336,7 @@ impl Client {
                 _ => break r,
             }
         };
-        if !r.status().is_success() {
-            return self.parse::<Vec<u8>>(Ok(r)).await;
-        }
-        r.bytes()
-            .await
-            .map(|b| b.to_vec())
-            .map_err(|source| ClientError::Unreachable {
-                addr: self.base.clone(),
-                source,
-            })
+        self.body_of(r).await
     }
 
     /// `POST /v1/cells/{id}/kill`.

@@ -26,7 +26,12 @@ impl PlannerProc {
     fn start_on(store: Option<String>, lease: &str, checkpoint_interval: &str) -> PlannerProc {
         let p = crate::cluster::Planner::start(
             store.as_deref(),
-            &["--checkpoint-interval", checkpoint_interval, "--lease", lease],
+            &[
+                "--checkpoint-interval",
+                checkpoint_interval,
+                "--lease",
+                lease,
+            ],
         );
         // The startup line names the store it opened.
         let log = p.log();
