@@ -230,7 +230,7 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         victims: usize,
         /// The planner's node lease, seconds.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 10)]
         lease: u64,
         /// Placements in flight at once.
         #[arg(long, default_value_t = 32)]

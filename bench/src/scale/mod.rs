@@ -107,7 +107,9 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         ]);
     }
     Ok(Report {
-        name: "scale".into(),
+        // One file per store set, so that runs of one store do not
+        // overwrite another's.
+        name: format!("scale-{}", o.backends.join("-")),
         title: "Control-plane scale: one planner, a simulated fleet".into(),
         setup: format!(
             "roam-bench scale --nodes {} --cells {} --backends {} --settle {} --victims {} --lease {} --concurrency {}",
@@ -245,17 +247,24 @@ async fn one(paths: &Paths, o: &Options, backend: &str) -> anyhow::Result<Row> {
 
     // Kill the victims, after keeping a checkpoint of each of their cells.
     let victims: Vec<String> = names.iter().take(o.victims).cloned().collect();
-    let doomed: Vec<&CellRecord> = placed
-        .iter()
-        .filter(|c| victims.contains(&c.owner))
-        .collect();
+    // Only cells still running on a victim: under load a node of the fleet
+    // can miss its lease before the kill (counted as heartbeats failed).
+    let mut doomed: Vec<&CellRecord> = Vec::new();
+    for c in placed.iter().filter(|c| victims.contains(&c.owner)) {
+        let now: CellRecord = http
+            .get(format!("{base}/v1/cells/{}", c.id))
+            .send()
+            .await?
+            .json()
+            .await?;
+        if now.state == CellState::Running && now.owner == c.owner {
+            doomed.push(c);
+        }
+    }
     for chunk in doomed.chunks(o.concurrency) {
-        let keeps = chunk.iter().map(|c| {
-            http.post(format!("{base}/v1/cells/{}/checkpoint", c.id))
-                .send()
-        });
+        let keeps = chunk.iter().map(|c| keep(&http, &base, &c.id));
         for r in join_all(keeps).await {
-            r?.error_for_status()?;
+            r?;
         }
     }
     let killed = Instant::now();
@@ -325,6 +334,28 @@ async fn one(paths: &Paths, o: &Options, backend: &str) -> anyhow::Result<Row> {
         detect_s,
         restore_s,
     })
+}
+
+/// Keep a checkpoint of cell `id` now. A `409` (the cell is still being
+/// started, or a checkpoint of it is under way) is tried again for up to
+/// 30 s.
+async fn keep(http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<()> {
+    let start = Instant::now();
+    loop {
+        let r = http
+            .post(format!("{base}/v1/cells/{id}/checkpoint"))
+            .send()
+            .await?;
+        let status = r.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = r.text().await.unwrap_or_default();
+        if status != reqwest::StatusCode::CONFLICT || start.elapsed() > Duration::from_secs(30) {
+            bail!("keeping a checkpoint of {id} answered {status}: {body}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Place one cell; its record and the round trip in milliseconds.
