@@ -264,7 +264,7 @@ pub async fn heartbeat_loop(
     stop: Arc<AtomicBool>,
 ) {
     // Spread the fleet over the period, as independent machines would be.
-    let offset = u64::from_str_radix(&node.name[4..], 10).unwrap_or(0) % 997;
+    let offset = node.name[4..].parse::<u64>().unwrap_or(0) % 997;
     tokio::time::sleep(period.mul_f64(offset as f64 / 997.0)).await;
     while !stop.load(Ordering::Relaxed) && node.alive.load(Ordering::Relaxed) {
         let next = Instant::now() + period;

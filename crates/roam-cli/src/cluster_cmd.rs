@@ -222,7 +222,24 @@ pub fn drain(a: DrainArgs) -> Result<i32> {
         }
         let deadline = Instant::now() + Duration::from_secs(a.timeout);
         let mut reported = std::collections::BTreeSet::new();
+        // The drained node runs each move: its migrations say how they end.
+        let source = node_named(&p.nodes().await?, &a.node)?.api.clone();
+        let src = Client::with_auth(&source, &auth(&a.auth)?)?;
+        let mut failed = 0;
         loop {
+            for m in &started.moves {
+                let Some(mid) = &m.migration else { continue };
+                if reported.contains(&m.cell) {
+                    continue;
+                }
+                if let Ok(st) = src.migration(mid).await {
+                    if let (true, Some(e)) = (st.done, &st.error) {
+                        println!("cannot move {}: {e}", m.cell);
+                        reported.insert(m.cell.clone());
+                        failed += 1;
+                    }
+                }
+            }
             let cells: Vec<CellRecord> = p.cells().await?;
             let mut left = 0;
             for c in cells.iter().filter(|c| !c.state.ended()) {
@@ -237,6 +254,12 @@ pub fn drain(a: DrainArgs) -> Result<i32> {
             if left == 0 {
                 println!("{} is drained", a.node);
                 return Ok(0);
+            }
+            if left <= failed {
+                bail!(
+                    "{left} cells could not leave {} (above); it takes no new cells, and `roam migrate` can move them",
+                    a.node
+                );
             }
             if Instant::now() > deadline {
                 bail!(
