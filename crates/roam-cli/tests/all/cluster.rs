@@ -234,7 +234,7 @@ fn owner_node<'a>(c: &Value, nodes: &'a mut [(String, Node)]) -> &'a mut Node {
 /// still finishes with the uninterrupted output, run exactly once.
 #[test]
 fn embedded_cluster_launches_moves_drains_and_survives_a_killed_node() {
-    let p = Planner::start(None, &["--checkpoint-interval", "1", "--lease", "3"]);
+    let p = Planner::start(None, &["--checkpoint-interval", "1", "--lease", "5"]);
     let mut nodes = vec![
         ("a".to_string(), node(Isa::X86_64, &p, "a")),
         ("b".to_string(), node(Isa::X86_64, &p, "b")),
@@ -306,7 +306,7 @@ fn signal(pid: u32, sig: libc::c_int) {
 /// makes it stop its own copy: the cell runs to the end exactly once.
 #[test]
 fn a_node_cut_off_past_its_lease_stops_its_copy_when_it_returns() {
-    let p = Planner::start(None, &["--checkpoint-interval", "1", "--lease", "3"]);
+    let p = Planner::start(None, &["--checkpoint-interval", "1", "--lease", "5"]);
     let a = node(Isa::X86_64, &p, "a");
     let b = node(Isa::X86_64, &p, "b");
     wait_alive(&p, 2);
@@ -359,7 +359,7 @@ fn etcd_leader_killed_then_a_node_killed() {
         return;
     };
     let store = format!("etcd://{}", etcd.endpoint());
-    let opts = ["--checkpoint-interval", "1", "--lease", "3"];
+    let opts = ["--checkpoint-interval", "1", "--lease", "5"];
     let mut leader = Planner::start(Some(&store), &opts);
     wait_for("the first planner to lead", SLOW, || {
         leader.leads().then_some(())

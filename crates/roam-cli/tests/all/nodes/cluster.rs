@@ -257,7 +257,7 @@ fn launch_migrate_drain_and_kill(p: PlannerProc) {
 
 #[test]
 fn a_killed_node_loses_no_cell() {
-    let p = PlannerProc::start("2", "1");
+    let p = PlannerProc::start("5", "1");
     let mut a = node_of(&p, "edge-a");
     let b = node_of(&p, "edge-b");
     let module = std::fs::read(workload(WORKLOAD)).unwrap();
