@@ -283,7 +283,7 @@ fn a_killed_node_loses_no_cell() {
     });
     // Reported, not asserted: the lease (2 s) plus detection and restore.
     eprintln!(
-        "the cell ran again on edge-b {:.1} s after edge-a was killed (lease 2 s)",
+        "the cell ran again on edge-b {:.1} s after edge-a was killed (lease 5 s)",
         killed.elapsed().as_secs_f64()
     );
     assert_eq!(back["generation"], 2, "{back}\n{}", p.log());
