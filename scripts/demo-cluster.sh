@@ -71,11 +71,11 @@ echo
 OWNER=$(field "$CELL" "['owner']")
 echo "== 6. $OWNER killed with SIGKILL once the cell has a kept checkpoint"
 has_kept() { [ -n "$(field "$CELL" "['kept']")" ]; }
-wait_until 60 has_kept
+wait_until 180 has_kept
 GEN=$(field "$CELL" "['generation']")
 pkill -KILL -f -- "node --name $OWNER " || { echo "no process for $OWNER" >&2; exit 1; }
 restored() { [ "$(field "$CELL" "['generation']")" != "$GEN" ]; }
-wait_until 60 restored
+wait_until 180 restored
 echo "restored on $(field "$CELL" "['owner']") from its kept checkpoint"
 "$ROAM" nodes
 "$ROAM" cells
