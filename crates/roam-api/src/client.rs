@@ -194,6 +194,20 @@ impl Client {
             .await
     }
 
+    async fn post_json<B: serde::Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        self.parse(
+            self.authed(self.http.post(self.url(path)))
+                .json(body)
+                .send()
+                .await,
+        )
+        .await
+    }
+
     async fn post<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.parse(self.authed(self.http.post(self.url(path))).send().await)
             .await
@@ -217,36 +231,18 @@ impl Client {
 
     /// `POST /v1/cells`.
     pub async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResponse, ClientError> {
-        self.parse(
-            self.authed(self.http.post(self.url("/v1/cells")))
-                .json(req)
-                .send()
-                .await,
-        )
-        .await
+        self.post_json("/v1/cells", req).await
     }
 
     /// `POST /v1/cells/restore`: start a cell from a kept checkpoint.
     pub async fn restore(&self, req: &RestoreRequest) -> Result<CellInfo, ClientError> {
-        self.parse(
-            self.authed(self.http.post(self.url("/v1/cells/restore")))
-                .json(req)
-                .send()
-                .await,
-        )
-        .await
+        self.post_json("/v1/cells/restore", req).await
     }
 
     /// `POST /v1/cells/{id}/keep`: checkpoint a cell and keep the snapshot
     /// on another node.
     pub async fn keep(&self, id: &str, req: &KeepRequest) -> Result<KeepResponse, ClientError> {
-        self.parse(
-            self.authed(self.http.post(self.url(&format!("/v1/cells/{id}/keep"))))
-                .json(req)
-                .send()
-                .await,
-        )
-        .await
+        self.post_json(&format!("/v1/cells/{id}/keep"), req).await
     }
 
     /// `POST /v1/kept/{cell}/missing` (asked of a holder): which of these
@@ -256,16 +252,8 @@ impl Client {
         cell: &str,
         hashes: &[String],
     ) -> Result<Vec<String>, ClientError> {
-        self.parse(
-            self.authed(
-                self.http
-                    .post(self.url(&format!("/v1/kept/{cell}/missing"))),
-            )
-            .json(&hashes)
-            .send()
-            .await,
-        )
-        .await
+        self.post_json(&format!("/v1/kept/{cell}/missing"), &hashes)
+            .await
     }
 
     /// `PUT /v1/kept/{cell}` (asked of a holder): a kept checkpoint's
@@ -355,13 +343,8 @@ impl Client {
         id: &str,
         req: &MigrateRequest,
     ) -> Result<MigrateResponse, ClientError> {
-        self.parse(
-            self.authed(self.http.post(self.url(&format!("/v1/cells/{id}/migrate"))))
-                .json(req)
-                .send()
-                .await,
-        )
-        .await
+        self.post_json(&format!("/v1/cells/{id}/migrate"), req)
+            .await
     }
 
     /// `GET /v1/migrations/{id}`.
