@@ -393,6 +393,11 @@ pub(crate) fn running_handle(n: &NodeInner, id: &str) -> Result<Arc<cell::CellHa
 
 async fn kill(State(n): N, Path(id): Path<String>) -> Result<Json<CellInfo>, AppError> {
     let h = running_handle(&n, &id)?;
+    if n.fence.release(&id) {
+        // Held by the fence: already paused.
+        n.set_state(&id, CellState::Killed);
+        return status(State(n), Path(id)).await;
+    }
     n.set_state(&id, CellState::Migrating);
     let paused = tokio::time::timeout(PAUSE_TIMEOUT, h.pause()).await;
     match paused {

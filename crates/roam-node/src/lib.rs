@@ -21,6 +21,7 @@
 
 mod api;
 mod cell;
+mod fence;
 mod kept;
 mod kept_api;
 pub mod limits;

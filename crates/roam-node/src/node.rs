@@ -81,6 +81,8 @@ pub(crate) struct NodeInner {
     pub tokio: tokio::runtime::Handle,
     /// The node's counters and histograms (`GET /metrics`).
     pub metrics: crate::metrics::Metrics,
+    /// The node's own view of its planner lease (see [`crate::fence`]).
+    pub fence: crate::fence::Fence,
 }
 
 /// A running node.
@@ -236,6 +238,7 @@ impl Node {
             planner,
             tokio: tokio::runtime::Handle::current(),
             metrics: crate::metrics::Metrics::new(),
+            fence: crate::fence::Fence::default(),
         });
         Ok(Node {
             inner,
@@ -285,10 +288,12 @@ impl Node {
             "node up"
         );
         let acceptor = tokio::spawn(crate::migrate::dest::accept_loop(inner.clone(), migrate));
-        let heartbeats = inner
-            .planner
-            .clone()
-            .map(|p| tokio::spawn(crate::planner::heartbeats(inner.clone(), p)));
+        let heartbeats = inner.planner.clone().map(|p| {
+            [
+                tokio::spawn(crate::planner::heartbeats(inner.clone(), p)),
+                tokio::spawn(crate::fence::watch(inner.clone())),
+            ]
+        });
         let app = crate::api::router(inner.clone());
         let served = match inner.auth.control.clone() {
             Some(acceptor) => {
@@ -303,7 +308,7 @@ impl Node {
             }
         };
         acceptor.abort();
-        if let Some(h) = heartbeats {
+        for h in heartbeats.iter().flatten() {
             h.abort();
         }
         served.map_err(|e| anyhow::anyhow!("control API failed: {e}"))

@@ -77,6 +77,7 @@ pub(crate) async fn heartbeats(n: Arc<NodeInner>, planner: PlannerClient) {
     let mut period = DEFAULT_HEARTBEAT;
     let mut backoff = Duration::from_millis(250);
     loop {
+        let sent = std::time::Instant::now();
         let answer = if registered {
             let req = HeartbeatRequest { status: status(&n) };
             planner.heartbeat(&n.cfg.name, &req).await
@@ -97,14 +98,17 @@ pub(crate) async fn heartbeats(n: Arc<NodeInner>, planner: PlannerClient) {
                 if a.heartbeat_ms > 0 {
                     period = Duration::from_millis(a.heartbeat_ms);
                 }
+                // Cells given away first, so the fence never resumes them.
                 for id in a.stop {
                     stop_lost(&n, &id).await;
                 }
+                n.fence.renew(sent, Duration::from_millis(a.lease_ms));
                 tokio::time::sleep(period).await;
             }
             Err(PlannerError::LeaseExpired(why)) => {
                 tracing::warn!(planner = planner.base(), %why, "lease expired; registering again");
                 registered = false;
+                n.fence.expire();
             }
             Err(e) => {
                 if link != Link::Down {
@@ -122,11 +126,16 @@ pub(crate) async fn heartbeats(n: Arc<NodeInner>, planner: PlannerClient) {
 /// Stop a cell the planner says this node no longer owns: it was restored
 /// elsewhere while this node was cut off. No one else is told.
 async fn stop_lost(n: &Arc<NodeInner>, id: &str) {
+    let why = "stopped: the planner gave this cell to another node while this node was \
+               cut off from it (it was restored there from a kept checkpoint)";
+    if n.fence.release(id) {
+        tracing::warn!(cell = id, "{why}");
+        n.set_state(id, CellState::Failed { error: why.into() });
+        return;
+    }
     let Ok(h) = crate::api::running_handle(n, id) else {
         return;
     };
-    let why = "stopped: the planner gave this cell to another node while this node was \
-               cut off from it (it was restored there from a kept checkpoint)";
     tracing::warn!(cell = id, "{why}");
     n.set_state(id, CellState::Migrating);
     match tokio::time::timeout(PAUSE_TIMEOUT, h.pause()).await {

@@ -23,6 +23,11 @@ const SNAPSHOT: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a
 
 /// A simulated node: its API address and what it was asked.
 async fn sim_node() -> (String, Asked) {
+    sim_node_with(false).await
+}
+
+/// A simulated node that, if `refuse`, fails every restore.
+async fn sim_node_with(refuse: bool) -> (String, Asked) {
     let asked: Asked = Arc::default();
     let app = Router::new()
         .route(
@@ -40,11 +45,18 @@ async fn sim_node() -> (String, Asked) {
         )
         .route(
             "/v1/cells/restore",
-            post(|State(a): State<Asked>, Json(v): Json<Value>| async move {
-                a.lock().unwrap().push(("restore".into(), v.clone()));
-                Json(json!({"id": v["id"], "state": "running", "program": "p",
-                    "module": v["module"], "memory_bytes": 0, "uptime_ms": 0, "hops": 0}))
-            }),
+            post(
+                move |State(a): State<Asked>, Json(v): Json<Value>| async move {
+                    a.lock().unwrap().push(("restore".into(), v.clone()));
+                    if refuse {
+                        let e = json!({"error": "cannot load the snapshot: disk full"});
+                        return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, Json(e));
+                    }
+                    let info = json!({"id": v["id"], "state": "running", "program": "p",
+                    "module": v["module"], "memory_bytes": 0, "uptime_ms": 0, "hops": 0});
+                    (axum::http::StatusCode::OK, Json(info))
+                },
+            ),
         )
         .route(
             "/v1/cells/{id}/keep",
@@ -237,5 +249,79 @@ async fn a_dead_nodes_cells_come_back_from_their_kept_checkpoints_or_are_lost() 
         text.contains("roam_planner_kept_checkpoint_age_seconds{cell=\"c-kept\"}"),
         "{text}"
     );
+    beats.abort();
+}
+
+/// A restore that the first chosen node (the checkpoint's holder) refuses
+/// is tried on the next node, under a new generation, instead of losing
+/// the cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_restore_is_tried_on_another_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ClusterStore> =
+        Arc::new(RedbStore::open(dir.path().join("cluster.redb")).unwrap());
+    let mut cfg = PlannerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.checkpoint_interval_s = 0;
+    cfg.lease = Duration::from_secs(2);
+    let p = Planner::bind(cfg, store.clone()).await.unwrap();
+    let url = p.url();
+    tokio::spawn(p.serve(std::future::pending()));
+    let (b_api, b_asked) = sim_node_with(true).await;
+    let (c_api, c_asked) = sim_node().await;
+    let http = reqwest::Client::new();
+    let machine = json!({"cores": 4, "memory_total": 8u64 << 30,
+        "memory_available": 8u64 << 30, "load1": 0.0});
+    for (name, api) in [("a", "127.0.0.1:9"), ("b", &b_api), ("c", &c_api)] {
+        let (st, v) = send(
+            &http,
+            format!("{url}/v1/nodes"),
+            json!({"name": name, "isa": "x86_64", "api": api, "migrate": "127.0.0.1:9",
+                "version": "0.1.0", "status": {"machine": machine, "cells": []}}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+    }
+    let beats = {
+        let (http, url, machine) = (http.clone(), url.clone(), machine.clone());
+        tokio::spawn(async move {
+            loop {
+                for n in ["b", "c"] {
+                    let body = json!({"status": {"machine": machine, "cells": []}});
+                    let _ = send(&http, format!("{url}/v1/nodes/{n}/heartbeat"), body).await;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let wasm = b"\0asm\x01\0\0\0".to_vec();
+    let module = blake3::hash(&wasm).to_hex().to_string();
+    store.put_module(&module, &wasm).await.unwrap();
+    let mut rec = cell("c-kept", &module);
+    rec.kept = Some(roam_cluster::Kept {
+        holder: "b".into(),
+        snapshot: SNAPSHOT.into(),
+        bytes: 4096,
+        taken_ms: 1_700_000_000_000,
+        generation: 1,
+    });
+    store.create_cell(rec).await.unwrap();
+
+    // a never heartbeats: it dies. The holder b is tried first and fails.
+    let back = wait_cell(&store, "c-kept", |c| {
+        c.state == CellState::Running && c.owner == "c"
+    })
+    .await;
+    assert_eq!(back.generation, 3, "one generation per node tried");
+    let restores = |asked: &Asked| {
+        asked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(what, _)| what == "restore")
+            .map(|(_, v)| v["generation"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(restores(&b_asked), vec![json!(2)]);
+    assert_eq!(restores(&c_asked), vec![json!(3)]);
     beats.abort();
 }

@@ -155,6 +155,9 @@ async fn lose(n: &Inner, c: &CellRecord, error: String) -> Gone {
     Gone::Lost(error)
 }
 
+/// How many nodes one restoration tries before the cell counts as lost.
+const RESTORE_TRIES: usize = 3;
+
 async fn restore(n: &Arc<Inner>, c: &CellRecord) -> Result<(), Gone> {
     let Some(kept) = c.kept.clone() else {
         return Err(lose(
@@ -167,32 +170,75 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord) -> Result<(), Gone> {
         )
         .await);
     };
-    let (nodes, cells) = snapshot(n).await.map_err(|e| Gone::Retry(e.1))?;
-    let Some(holder) = nodes.iter().find(|x| x.name == kept.holder && x.alive) else {
-        return Err(lose(
-            n,
-            c,
-            format!(
+    // The record as this restoration last left it.
+    let mut now = c.clone();
+    let mut exclude = vec![(c.owner.clone(), "the cell's dead owner")];
+    let mut failed: Vec<String> = Vec::new();
+    for _ in 0..RESTORE_TRIES {
+        let (nodes, cells) = snapshot(n).await.map_err(|e| Gone::Retry(e.1))?;
+        let Some(holder) = nodes.iter().find(|x| x.name == kept.holder && x.alive) else {
+            let error = format!(
                 "its owner {} died and so did {}, the holder of its kept checkpoint",
                 c.owner, kept.holder
-            ),
-        )
-        .await);
-    };
-    let want = Want {
-        cell: Some(c.id.clone()),
-        max_memory: c.max_memory,
-        exclude: vec![(c.owner.clone(), "the cell's dead owner")],
-        ..Want::default()
-    };
-    let ctx = Ctx {
-        nodes: &nodes,
-        cells: &cells,
-        want: &want,
-    };
-    let target: NodeRecord = policy::place(&policy::Evacuate, &ctx)
-        .map_err(|e| Gone::Retry(e.to_string()))?
-        .clone();
+            );
+            return Err(lose(n, &now, error).await);
+        };
+        let want = Want {
+            cell: Some(c.id.clone()),
+            max_memory: c.max_memory,
+            exclude: exclude.clone(),
+            ..Want::default()
+        };
+        let ctx = Ctx {
+            nodes: &nodes,
+            cells: &cells,
+            want: &want,
+        };
+        let target: NodeRecord = match policy::place(&policy::Evacuate, &ctx) {
+            Ok(t) => t.clone(),
+            // No node at all yet: wait for one. After failures: lost.
+            Err(e) if failed.is_empty() => return Err(Gone::Retry(e.to_string())),
+            Err(_) => break,
+        };
+        match restore_on(n, &now, &c.owner, &kept, holder, &target).await? {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(cell = %c.id, node = %target.name, "restore failed: {e}");
+                failed.push(format!("on {}: {e}", target.name));
+                exclude.push((target.name.clone(), "a restore of the cell failed there"));
+                now.owner = target.name.clone();
+                now.generation += 1;
+                now.state = CellState::Restoring;
+            }
+        }
+    }
+    let error = format!(
+        "its owner {} died and restoring it from the checkpoint kept on {} failed {}: {}",
+        c.owner,
+        kept.holder,
+        if failed.len() == 1 {
+            "once"
+        } else {
+            "on every node tried"
+        },
+        failed.join("; ")
+    );
+    Err(lose(n, &now, error).await)
+}
+
+/// Give cell `c` (its record as last seen), whose owner `dead` died, to
+/// `target` and restore it there from `kept`, held by `holder`. The outer error: the record changed
+/// meanwhile or the store failed (try again next tick); the inner one: the
+/// target refused or failed the restore (ownership stays with it, so its
+/// copy, should it have started after all, is fenced like any other).
+async fn restore_on(
+    n: &Arc<Inner>,
+    c: &CellRecord,
+    dead: &str,
+    kept: &roam_cluster::Kept,
+    holder: &NodeRecord,
+    target: &NodeRecord,
+) -> Result<Result<(), String>, Gone> {
     // Take ownership for the target first: from here on the dead owner,
     // should it come back, is told to stop the cell.
     let generation = c.generation + 1;
@@ -211,8 +257,8 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord) -> Result<(), Gone> {
         return Err(Gone::Retry("the cell changed meanwhile".into()));
     }
     let started = async {
-        let module = ensure_module(n, &target, &c.module).await?;
-        let client = n.node_client(&target).map_err(|e| e.to_string())?;
+        let module = ensure_module(n, target, &c.module).await?;
+        let client = n.node_client(target).map_err(|e| e.to_string())?;
         client
             .restore(&RestoreRequest {
                 id: c.id.clone(),
@@ -230,47 +276,24 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord) -> Result<(), Gone> {
             .map_err(|e| e.to_string())
     }
     .await;
-    let after = |x: &CellRecord| x.owner == target.name && x.generation == generation;
-    match started {
-        Ok(_) => {
-            let _ = update(n, &c.id, |x| {
-                let ok = after(x) && x.state == CellState::Restoring;
-                if ok {
-                    x.state = CellState::Running;
-                }
-                ok
-            })
-            .await;
-            n.events.send(Event::Restore {
-                cell: c.id.clone(),
-                from: c.owner.clone(),
-                to: target.name.clone(),
-                generation,
-                snapshot: kept.snapshot,
-            });
-            Ok(())
-        }
-        Err(e) => {
-            let error = format!(
-                "its owner {} died and restoring it on {} from the checkpoint kept on {} \
-                 failed: {e}",
-                c.owner, target.name, holder.name
-            );
-            let _ = update(n, &c.id, |x| {
-                let ok = after(x) && x.state == CellState::Restoring;
-                if ok {
-                    x.state = CellState::Lost {
-                        error: error.clone(),
-                    };
-                }
-                ok
-            })
-            .await;
-            n.events.send(Event::Lost {
-                cell: c.id.clone(),
-                error: error.clone(),
-            });
-            Err(Gone::Lost(error))
-        }
+    if let Err(e) = started {
+        return Ok(Err(e));
     }
+    let _ = update(n, &c.id, |x| {
+        let ok =
+            x.owner == target.name && x.generation == generation && x.state == CellState::Restoring;
+        if ok {
+            x.state = CellState::Running;
+        }
+        ok
+    })
+    .await;
+    n.events.send(Event::Restore {
+        cell: c.id.clone(),
+        from: dead.to_string(),
+        to: target.name.clone(),
+        generation,
+        snapshot: kept.snapshot.clone(),
+    });
+    Ok(Ok(()))
 }

@@ -242,7 +242,9 @@ fn embedded_cluster_launches_moves_drains_and_survives_a_killed_node() {
     ];
     wait_alive(&p, 3);
     let expected = reference(&SMALL_LONG);
-    let id = p.launch(&SMALL_LONG, &[]);
+    // Placed on a, so that the move below goes somewhere else. (The policy
+    // alone may well pick the aarch64 node.)
+    let id = p.launch(&SMALL_LONG, &["--on", "a"]);
 
     // Moved by name.
     let out = p.roam(&["migrate", &id, "--to", "arm", "--mode", "pre-copy"]);
@@ -327,6 +329,61 @@ fn a_node_cut_off_past_its_lease_stops_its_copy_when_it_returns() {
     let end = b.wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", b.log());
     assert_eq!(holders(&id, &[&a, &b]), vec![b.addr.clone()]);
+    let out = p.roam(&["logs", &id]);
+    assert_eq!(
+        text(&out.stdout),
+        text(&reference(&SMALL_LONG)),
+        "{}",
+        p.log()
+    );
+}
+
+/// A node whose link to the planner is cut (the node itself keeps
+/// running) pauses its cells before the planner can declare it dead, so its
+/// copy does not run next to the one restored elsewhere: the link stays cut
+/// until the restored copy has finished, long enough for an unfenced copy
+/// to finish too. When the link comes back, the node stops its held copy.
+#[test]
+fn a_node_cut_off_from_the_planner_holds_its_cells_until_it_hears_back() {
+    let p = Planner::start(None, &["--checkpoint-interval", "1", "--lease", "5"]);
+    let port: u16 = p.url.rsplit(':').next().unwrap().parse().unwrap();
+    let link = crate::nodes::Link::start(port, roam_link::LinkConfig::transparent());
+    let via = format!("http://{}", link.proxy().local_addr());
+    let a = Node::start_with(
+        Isa::X86_64,
+        &[
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--planner",
+            &via,
+            "--name",
+            "a",
+        ],
+    );
+    let b = node(Isa::X86_64, &p, "b");
+    wait_alive(&p, 2);
+    let id = p.launch(&SMALL_LONG, &["--on", "a"]);
+    let c = wait_kept(&p, &id);
+    let gen = c["generation"].as_u64().unwrap();
+    link.proxy().handle().cut(roam_link::AfterCut::Refuse);
+    wait_for("node a to hold its cells", SLOW, || {
+        a.log()
+            .contains("pausing this node's planner cells")
+            .then_some(())
+    });
+    let c = wait_restored(&p, &id, gen, "a");
+    assert_eq!(c["owner"], "b", "{c}");
+    let end = b.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "exited", "{end}\n{}", b.log());
+    // Without the fence, a's copy, started earlier, would have ended by now.
+    assert_eq!(a.cell(&id).unwrap()["state"], "running", "{}", a.log());
+    link.proxy().handle().restore();
+    let end = a.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "failed", "{end}\n{}", a.log());
+    assert!(
+        end["error"].as_str().unwrap_or("").contains("another node"),
+        "{end}"
+    );
     let out = p.roam(&["logs", &id]);
     assert_eq!(
         text(&out.stdout),

@@ -688,14 +688,14 @@ fn destination_killed_mid_transfer() {
 
 /// A proxy on its own tokio runtime, between a source and a destination's
 /// migration port; the destination advertises the proxy.
-struct Link {
+pub(crate) struct Link {
     rt: tokio::runtime::Runtime,
     proxy: Option<LinkProxy>,
 }
 
 impl Link {
     /// Start a proxy to `127.0.0.1:target`.
-    fn start(target: u16, cfg: LinkConfig) -> Link {
+    pub(crate) fn start(target: u16, cfg: LinkConfig) -> Link {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -715,7 +715,7 @@ impl Link {
         }
     }
 
-    fn proxy(&self) -> &LinkProxy {
+    pub(crate) fn proxy(&self) -> &LinkProxy {
         self.proxy.as_ref().unwrap()
     }
 }
