@@ -304,30 +304,45 @@ pub(crate) async fn status(
     Path(id): Path<String>,
 ) -> Result<Json<CellRecord>, AppError> {
     let c = get_cell(&n, &id).await?.value;
-    if c.state == CellState::Running {
-        if let Some(ended) = ended_on_owner(&n, &c).await {
-            let rec = update(&n, &id, |x| {
-                let same = x.owner == c.owner && x.generation == c.generation;
-                if same && x.state == CellState::Running {
-                    x.state = ended.clone();
-                    return true;
-                }
-                false
-            })
-            .await?;
-            if let Some(rec) = rec {
-                return Ok(Json(rec));
-            }
-        }
+    if let Some(rec) = settle(&n, &c).await? {
+        return Ok(Json(rec));
     }
     Ok(Json(get_cell(&n, &id).await?.value))
 }
 
-/// How a cell the record says is running ended on its owner, if it did:
-/// nodes do not report exits, so a status read asks the owner.
+/// If `c` (a record that says running) ended on its owner, record how: the
+/// new record. Nodes do not report exits; the planner asks when someone
+/// reads the cell, and when the owner's heartbeat no longer lists it.
+pub(crate) async fn settle(n: &Inner, c: &CellRecord) -> Result<Option<CellRecord>, AppError> {
+    if c.state != CellState::Running {
+        return Ok(None);
+    }
+    let Some(ended) = ended_on_owner(n, c).await else {
+        return Ok(None);
+    };
+    let rec = update(n, &c.id, |x| {
+        let same = x.owner == c.owner && x.generation == c.generation;
+        if same && x.state == CellState::Running {
+            x.state = ended.clone();
+            return true;
+        }
+        false
+    })
+    .await?;
+    if rec.is_some() {
+        n.events.send(crate::events::Event::Ended {
+            cell: c.id.clone(),
+            node: c.owner.clone(),
+            state: ended,
+        });
+    }
+    Ok(rec)
+}
+
 /// How long a status read waits for the owner's word.
 const OWNER_ASK: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How a cell the record says is running ended on its owner, if it did.
 async fn ended_on_owner(n: &Inner, c: &CellRecord) -> Option<CellState> {
     use roam_api::types::CellState as OnNode;
     let node = get_node(n, &c.owner).await.ok().filter(|x| x.alive)?;

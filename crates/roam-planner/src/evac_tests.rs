@@ -325,3 +325,65 @@ async fn a_refused_restore_is_tried_on_another_node() {
     assert_eq!(restores(&c_asked), vec![json!(3)]);
     beats.abort();
 }
+
+/// The leader learns that a cell ended from its owner's heartbeats: once a
+/// heartbeat no longer lists the cell, it asks the owner, records the end
+/// and announces it, without anyone reading the cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exit_is_learned_from_the_owners_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ClusterStore> =
+        Arc::new(RedbStore::open(dir.path().join("cluster.redb")).unwrap());
+    let mut cfg = PlannerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.checkpoint_interval_s = 0;
+    let p = Planner::bind(cfg, store.clone()).await.unwrap();
+    let url = p.url();
+    tokio::spawn(p.serve(std::future::pending()));
+    // The owner: its cell exited with status 3.
+    let app = Router::new().route(
+        "/v1/cells/{id}",
+        axum::routing::get(|Path(id): Path<String>| async move {
+            Json(json!({"id": id, "state": "exited", "code": 3, "program": "p",
+                "module": "m", "memory_bytes": 0, "uptime_ms": 5, "hops": 0}))
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    let http = reqwest::Client::new();
+    let machine = json!({"cores": 4, "memory_total": 8u64 << 30,
+        "memory_available": 8u64 << 30, "load1": 0.0});
+    let wasm = b"\0asm\x01\0\0\0".to_vec();
+    let module = blake3::hash(&wasm).to_hex().to_string();
+    store.put_module(&module, &wasm).await.unwrap();
+    store.create_cell(cell("c-done", &module)).await.unwrap();
+    let mut events = http.get(format!("{url}/v1/events")).send().await.unwrap();
+    let status = |cells: Value| json!({"status": {"machine": machine, "cells": cells}});
+    let (st, v) = send(
+        &http,
+        format!("{url}/v1/nodes"),
+        json!({"name": "a", "isa": "x86_64", "api": api, "migrate": "127.0.0.1:9",
+            "version": "0.1.0", "status": {"machine": machine, "cells": ["c-done"]}}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    // Listed: the record stands.
+    tokio::time::sleep(crate::leader::TICK * 3).await;
+    let rec = store.cell("c-done").await.unwrap().unwrap().value;
+    assert_eq!(rec.state, CellState::Running);
+    // No longer listed: the leader asks and records the exit.
+    let (st, v) = send(&http, format!("{url}/v1/nodes/a/heartbeat"), status(json!([]))).await;
+    assert_eq!(st, 200, "{v}");
+    let rec = wait_cell(&store, "c-done", |c| c.state.ended()).await;
+    assert_eq!(rec.state, CellState::Exited { code: 3 });
+    let mut seen = String::new();
+    while !seen.contains("event: ended") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), events.chunk())
+            .await
+            .expect("no ended event within 10 s")
+            .unwrap()
+            .expect("the event stream ended");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains(r#""cell":"c-done""#), "{seen}");
+}

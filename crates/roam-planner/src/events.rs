@@ -104,6 +104,15 @@ pub enum Event {
         /// The cell.
         cell: String,
     },
+    /// A cell's program ended on its owner: it exited or failed.
+    Ended {
+        /// The cell.
+        cell: String,
+        /// Where it ran.
+        node: String,
+        /// Its state now (`exited`, `failed` or `killed`), as in its record.
+        state: roam_cluster::CellState,
+    },
 }
 
 impl Event {
@@ -119,6 +128,7 @@ impl Event {
             Event::Restore { .. } => "restore",
             Event::Lost { .. } => "lost",
             Event::Killed { .. } => "killed",
+            Event::Ended { .. } => "ended",
         }
     }
 }

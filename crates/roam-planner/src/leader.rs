@@ -12,7 +12,7 @@
 //! ended and whose owner is dead is restored. A planner that takes the
 //! lead after another died therefore finishes what the other left.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,13 +43,13 @@ pub(crate) async fn run(n: Arc<Inner>) {
         };
         tracing::info!(id = %n.cfg.id, "this planner leads the cluster");
         n.metrics.set_leader(true);
-        let mut alive: HashMap<String, bool> = HashMap::new();
+        let mut seen = Seen::default();
         loop {
             tokio::select! {
                 _ = lead.lost() => break,
                 _ = tokio::time::sleep(TICK) => {}
             }
-            if let Err(e) = tick(&n, &mut alive).await {
+            if let Err(e) = tick(&n, &mut seen).await {
                 tracing::warn!("leader: {}", e.1);
             }
         }
@@ -58,13 +58,20 @@ pub(crate) async fn run(n: Arc<Inner>) {
     }
 }
 
-async fn tick(
-    n: &Arc<Inner>,
-    was_alive: &mut HashMap<String, bool>,
-) -> Result<(), crate::api::AppError> {
+/// What the leader remembers from one tick to the next.
+#[derive(Default)]
+struct Seen {
+    /// Node → whether it was alive, to report each death once.
+    alive: HashMap<String, bool>,
+    /// Cell → the owner's heartbeat (Unix ms) after which the leader asked
+    /// the owner whether the cell ended: asked once per heartbeat.
+    asked: HashMap<String, u64>,
+}
+
+async fn tick(n: &Arc<Inner>, seen: &mut Seen) -> Result<(), crate::api::AppError> {
     let (nodes, cells) = snapshot(n).await?;
     for node in &nodes {
-        let before = was_alive.insert(node.name.clone(), node.alive);
+        let before = seen.alive.insert(node.name.clone(), node.alive);
         if before == Some(true) && !node.alive {
             let owned = cells
                 .iter()
@@ -77,11 +84,28 @@ async fn tick(
             });
         }
     }
-    let alive = |name: &str| nodes.iter().any(|x| x.name == name && x.alive);
+    let by_name: HashMap<&str, &NodeRecord> = nodes.iter().map(|x| (x.name.as_str(), x)).collect();
+    let alive = |name: &str| by_name.get(name).is_some_and(|x| x.alive);
     let now = unix_ms();
+    let live: HashSet<&str> = cells
+        .iter()
+        .filter(|c| !c.state.ended())
+        .map(|c| c.id.as_str())
+        .collect();
+    seen.asked.retain(|id, _| live.contains(id.as_str()));
     for c in &cells {
         if c.state.ended() || lock(&n.busy).contains(&c.id) {
             continue;
+        }
+        if let Some(beat) = unlisted(&by_name, c) {
+            if seen.asked.insert(c.id.clone(), beat) != Some(beat) {
+                let (n, c) = (n.clone(), c.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = crate::cells::settle(&n, &c).await {
+                        tracing::debug!(cell = %c.id, "cannot settle the cell's end: {}", e.1);
+                    }
+                });
+            }
         }
         if !alive(&c.owner) {
             let (n, c) = (n.clone(), c.clone());
@@ -97,6 +121,18 @@ async fn tick(
         }
     }
     Ok(())
+}
+
+/// If running cell `c`'s live owner sent a heartbeat after the cell was
+/// created that does not list it, that heartbeat's time: the cell may have
+/// ended there. (A cell placed after the heartbeat is not in it yet.)
+fn unlisted(nodes: &HashMap<&str, &NodeRecord>, c: &CellRecord) -> Option<u64> {
+    if c.state != CellState::Running {
+        return None;
+    }
+    let owner = nodes.get(c.owner.as_str()).filter(|x| x.alive)?;
+    let listed = owner.status.cells.contains(&c.id);
+    (!listed && owner.heartbeat_ms > c.created_ms).then_some(owner.heartbeat_ms)
 }
 
 /// Whether cell `c`'s next kept checkpoint is due at `now`.
