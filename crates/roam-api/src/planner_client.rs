@@ -136,6 +136,12 @@ impl PlannerClient {
             .await
     }
 
+    /// `POST /v1/nodes/{name}/undrain`: the node takes cells again.
+    pub async fn undrain(&self, name: &str) -> Result<NodeRecord, PlannerError> {
+        self.call(self.post(&format!("/v1/nodes/{name}/undrain")))
+            .await
+    }
+
     /// `POST /v1/modules`: upload to the module repository.
     pub async fn upload_module(&self, bytes: Vec<u8>) -> Result<ModuleInfo, PlannerError> {
         self.call(self.post("/v1/modules").body(bytes)).await

@@ -51,6 +51,8 @@ pub enum Command {
     Nodes(crate::node_args::NodesArgs),
     /// Move every cell off a node before maintenance.
     Drain(crate::node_args::DrainArgs),
+    /// Let a drained node take cells again, after its maintenance.
+    Undrain(crate::node_args::UndrainArgs),
     /// Run a planner: the one place that knows every node and cell, places
     /// cells, keeps their checkpoints on other nodes, restores a dead
     /// node's cells.

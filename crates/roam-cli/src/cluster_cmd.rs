@@ -201,6 +201,20 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
     })
 }
 
+/// `roam undrain NODE`: the node takes new cells again.
+pub fn undrain(a: UndrainArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let p = planner(&a.planner, &a.auth, "roam undrain")?;
+        let node = p.undrain(&a.node).await?;
+        println!(
+            "{} takes cells again ({})",
+            node.name,
+            if node.alive { "alive" } else { "dead" }
+        );
+        Ok(0)
+    })
+}
+
 /// `roam drain NODE`: no new cells there, and every cell moved away; waits
 /// until the node is empty, reporting each move.
 pub fn drain(a: DrainArgs) -> Result<i32> {

@@ -66,6 +66,7 @@ fn main() {
             args::Command::Up(a) => up::up(a),
             args::Command::Nodes(a) => cluster_cmd::nodes(a),
             args::Command::Drain(a) => cluster_cmd::drain(a),
+            args::Command::Undrain(a) => cluster_cmd::undrain(a),
             args::Command::Planner(a) => planner_cmd::planner(a),
         });
     let code = match worker {

@@ -301,6 +301,17 @@ pub struct NodesArgs {
     pub auth: AuthArgs,
 }
 
+/// `roam undrain`.
+#[derive(Args, Debug)]
+pub struct UndrainArgs {
+    /// The node's name.
+    pub node: String,
+    #[command(flatten)]
+    pub planner: PlannerArg,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
 /// `roam drain`.
 #[derive(Args, Debug)]
 pub struct DrainArgs {

@@ -70,6 +70,7 @@ pub(crate) fn router(n: Arc<Inner>) -> Router {
         .route("/v1/nodes", post(register).get(list_nodes))
         .route("/v1/nodes/{name}/heartbeat", post(heartbeat))
         .route("/v1/nodes/{name}/drain", post(cells::drain))
+        .route("/v1/nodes/{name}/undrain", post(cells::undrain))
         .route("/v1/modules", post(upload_module))
         .route("/v1/modules/{hash}", get(get_module))
         .route("/v1/cells", post(cells::launch).get(cells::list))

@@ -22,7 +22,7 @@ use crate::policy::{self, Ctx, Want};
 use crate::{lock, random_hex, unix_ms, Inner};
 
 pub(crate) use crate::kept::{checkpoint, claim, keep_now};
-pub(crate) use crate::moves::{drain, migrate};
+pub(crate) use crate::moves::{drain, migrate, undrain};
 
 /// Most arguments, environment entries or directories of a cell.
 const MAX_LIST: usize = 4096;

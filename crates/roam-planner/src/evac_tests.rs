@@ -343,8 +343,10 @@ async fn an_exit_is_learned_from_the_owners_heartbeats() {
     let app = Router::new().route(
         "/v1/cells/{id}",
         axum::routing::get(|Path(id): Path<String>| async move {
-            Json(json!({"id": id, "state": "exited", "code": 3, "program": "p",
-                "module": "m", "memory_bytes": 0, "uptime_ms": 5, "hops": 0}))
+            Json(
+                json!({"id": id, "state": "exited", "code": 3, "program": "p",
+                "module": "m", "memory_bytes": 0, "uptime_ms": 5, "hops": 0}),
+            )
         }),
     );
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -372,7 +374,12 @@ async fn an_exit_is_learned_from_the_owners_heartbeats() {
     let rec = store.cell("c-done").await.unwrap().unwrap().value;
     assert_eq!(rec.state, CellState::Running);
     // No longer listed: the leader asks and records the exit.
-    let (st, v) = send(&http, format!("{url}/v1/nodes/a/heartbeat"), status(json!([]))).await;
+    let (st, v) = send(
+        &http,
+        format!("{url}/v1/nodes/a/heartbeat"),
+        status(json!([])),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
     let rec = wait_cell(&store, "c-done", |c| c.state.ended()).await;
     assert_eq!(rec.state, CellState::Exited { code: 3 });

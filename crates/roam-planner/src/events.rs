@@ -39,6 +39,11 @@ pub enum Event {
         /// Its name.
         node: String,
     },
+    /// A drained node takes cells again.
+    Undrain {
+        /// Its name.
+        node: String,
+    },
     /// A cell was placed and started.
     Placement {
         /// The cell.
@@ -122,6 +127,7 @@ impl Event {
             Event::NodeRegistered { .. } => "node-registered",
             Event::NodeDeath { .. } => "node-death",
             Event::Drain { .. } => "drain",
+            Event::Undrain { .. } => "undrain",
             Event::Placement { .. } => "placement",
             Event::Migration { .. } => "migration",
             Event::Checkpoint { .. } => "checkpoint",

@@ -237,6 +237,22 @@ async fn follow(
 /// `POST /v1/nodes/{name}/drain`: no new cells or kept checkpoints on the
 /// node, and every cell it owns live-migrates (pre-copy) to the node the
 /// `evacuate` policy picks.
+/// `POST /v1/nodes/{name}/undrain`: a drained node takes new cells and
+/// kept checkpoints again (after its maintenance). Its record.
+pub(crate) async fn undrain(
+    State(n): P,
+    Path(name): Path<String>,
+) -> Result<Json<NodeRecord>, AppError> {
+    get_node(&n, &name).await?;
+    n.timed(
+        "set_node_state",
+        n.store.set_node_state(&name, NodeState::Ready),
+    )
+    .await?;
+    n.events.send(Event::Undrain { node: name.clone() });
+    Ok(Json(get_node(&n, &name).await?))
+}
+
 pub(crate) async fn drain(
     State(n): P,
     Path(name): Path<String>,

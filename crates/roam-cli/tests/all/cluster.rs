@@ -229,12 +229,29 @@ fn owner_node<'a>(c: &Value, nodes: &'a mut [(String, Node)]) -> &'a mut Node {
     &mut nodes.iter_mut().find(|(n, _)| *n == owner).unwrap().1
 }
 
-/// The whole story on the embedded store: launch, move by name to the
-/// aarch64 node, drain it, kill the node the cell ends up on, and the cell
-/// still finishes with the uninterrupted output, run exactly once.
+/// The whole story on the embedded store. See [`story`].
 #[test]
 fn embedded_cluster_launches_moves_drains_and_survives_a_killed_node() {
-    let p = Planner::start(None, &["--checkpoint-interval", "1", "--lease", "5"]);
+    story(None);
+}
+
+/// The whole story on a real etcd. See [`story`].
+#[test]
+fn etcd_cluster_launches_moves_drains_and_survives_a_killed_node() {
+    let Some(etcd) = roam_testkit::etcd::Etcd::start_or_skip() else {
+        return;
+    };
+    story(Some(&format!("etcd://{}", etcd.endpoint())));
+}
+
+/// Three nodes, one of them aarch64 under qemu: launch, move by name to
+/// the aarch64 node, drain it, put it back in service, drain the idle
+/// x86-64 node so that the cell's checkpoints are kept on the aarch64 node,
+/// kill the node the cell runs on: the cell is restored on the aarch64
+/// node from the checkpoint kept there and finishes with the uninterrupted
+/// output, run exactly once.
+fn story(store: Option<&str>) {
+    let p = Planner::start(store, &["--checkpoint-interval", "1", "--lease", "5"]);
     let mut nodes = vec![
         ("a".to_string(), node(Isa::X86_64, &p, "a")),
         ("b".to_string(), node(Isa::X86_64, &p, "b")),
@@ -247,53 +264,68 @@ fn embedded_cluster_launches_moves_drains_and_survives_a_killed_node() {
     let id = p.launch(&SMALL_LONG, &["--on", "a"]);
 
     // Moved by name.
-    let out = p.roam(&["migrate", &id, "--to", "arm", "--mode", "pre-copy"]);
-    assert!(
-        out.status.success(),
-        "roam migrate: {}\n{}",
-        text(&out.stderr),
-        p.log()
+    let ok = |out: std::process::Output, what: &str| {
+        assert!(
+            out.status.success(),
+            "roam {what}: {}\n{}",
+            text(&out.stderr),
+            p.log()
+        );
+        text(&out.stdout)
+    };
+    ok(
+        p.roam(&["migrate", &id, "--to", "arm", "--mode", "pre-copy"]),
+        "migrate",
     );
     assert_eq!(p.cell(&id)["owner"], "arm");
 
-    // Drained.
-    let out = p.roam(&["drain", "arm"]);
-    assert!(
-        out.status.success(),
-        "roam drain: {}\n{}",
-        text(&out.stderr),
-        p.log()
-    );
+    // Drained, and back in service.
+    ok(p.roam(&["drain", "arm"]), "drain");
     let c = p.cell(&id);
     assert_ne!(c["owner"], "arm", "{c}");
+    let on = c["owner"].as_str().unwrap().to_string();
+    ok(p.roam(&["undrain", "arm"]), "undrain");
+    // The idle x86-64 node is drained: checkpoints can only go to arm.
+    let idle = if on == "a" { "b" } else { "a" };
+    let out = ok(p.roam(&["drain", idle]), "drain");
+    assert!(out.contains("is drained"), "{out}");
 
     // Killed.
-    let c = wait_kept(&p, &id);
+    let c = wait_for("a checkpoint kept on arm", SLOW, || {
+        let c = p.cell(&id);
+        (c["kept"]["holder"] == "arm").then_some(c)
+    });
     let gen = c["generation"].as_u64().unwrap();
-    let dead = c["owner"].as_str().unwrap().to_string();
+    assert_eq!(c["owner"], on.as_str(), "{c}");
     owner_node(&c, &mut nodes).kill9();
-    let c = wait_restored(&p, &id, gen, &dead);
-    eprintln!(
-        "restored on {} from a checkpoint kept on {}",
-        c["owner"], c["kept"]["holder"]
-    );
+    let c = wait_restored(&p, &id, gen, &on);
+    assert_eq!(c["owner"], "arm", "restored on the holder: {c}");
 
-    let at = owner_node(&c, &mut nodes).addr.clone();
     let live: Vec<&Node> = nodes
         .iter()
-        .filter(|(n, _)| *n != dead)
+        .filter(|(n, _)| *n != on)
         .map(|(_, n)| n)
         .collect();
-    let n = live.iter().find(|n| n.addr == at).unwrap();
-    let end = n.wait_end(&id, SLOW);
+    let arm = &nodes.iter().find(|(n, _)| n == "arm").unwrap().1;
+    let end = arm.wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", p.log());
     assert_eq!(
         holders(&id, &live),
-        vec![at.clone()],
+        vec![arm.addr.clone()],
         "the cell runs on more than one node"
     );
     let out = p.roam(&["logs", &id]);
     assert_eq!(text(&out.stdout), text(&expected), "{}", p.log());
+    // The planner learned the exit from the heartbeats.
+    wait_for("the planner to record the exit", SLOW, || {
+        let list = p.get("/v1/cells");
+        let c = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id.as_str())?;
+        (c["state"]["state"] == "exited").then_some(())
+    });
 }
 
 /// Send `sig` to process `pid`.
