@@ -3,8 +3,15 @@
 //! command.
 //!
 //! It rides on [`Client`]'s connection setup, TLS and token handling; what
-//! it adds is the planner's paths and the statuses that mean something
-//! here: `410` (register again) and `409` (an ownership transaction lost).
+//! it adds is the planner's paths, the statuses that mean something here
+//! (`410`: register again; `409`: an ownership transaction lost), and
+//! failover between several planners on one etcd: given a comma-separated
+//! list, it sends to the planner that last answered, and moves on to the
+//! next only when a connection cannot even be made, so no request is ever
+//! sent twice.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -13,11 +20,17 @@ use crate::client::{Client, ClientAuth, ClientError};
 use crate::planner::*;
 use crate::types::{ApiError, ModuleInfo};
 
-/// Talks to one planner.
+/// Talks to a planner, or to the first of several that answers.
 #[derive(Debug, Clone)]
 pub struct PlannerClient {
-    inner: Client,
+    /// One per planner; never empty.
+    clients: Vec<Client>,
+    /// The one that answered last.
+    current: Arc<AtomicUsize>,
 }
+
+/// Most planners one client fails over between.
+pub const MAX_PLANNERS: usize = 16;
 
 /// Why a request to the planner failed.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +38,9 @@ pub enum PlannerError {
     /// No answer, or no client could be built.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The list of planner addresses is malformed.
+    #[error("{0}")]
+    Addresses(String),
     /// `410`: the node's lease expired; it must register again.
     #[error("the planner says this node's lease expired ({0}): registering again")]
     LeaseExpired(String),
@@ -58,22 +74,38 @@ impl PlannerError {
 }
 
 impl PlannerClient {
-    /// A client of the planner at `addr` (`host:port` or an `http(s)://`
-    /// URL) presenting `auth`.
-    pub fn with_auth(addr: &str, auth: &ClientAuth) -> Result<PlannerClient, PlannerError> {
+    /// A client of the planner at `addrs` (`host:port` or an `http(s)://`
+    /// URL; several, comma-separated, for planners that share one etcd)
+    /// presenting `auth`.
+    pub fn with_auth(addrs: &str, auth: &ClientAuth) -> Result<PlannerClient, PlannerError> {
+        let list: Vec<&str> = addrs.split(',').map(str::trim).collect();
+        if list.len() > MAX_PLANNERS || list.iter().any(|a| a.is_empty()) {
+            return Err(PlannerError::Addresses(format!(
+                "{addrs:?}: expected 1 to {MAX_PLANNERS} planner addresses, comma-separated"
+            )));
+        }
+        let clients = list
+            .iter()
+            .map(|a| Client::with_auth(a, auth))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(PlannerClient {
-            inner: Client::with_auth(addr, auth)?,
+            clients,
+            current: Arc::default(),
         })
     }
 
-    /// The planner's base URL.
+    /// The base URL of the planner that answered last.
     pub fn base(&self) -> &str {
-        self.inner.base()
+        self.client().base()
+    }
+
+    fn client(&self) -> &Client {
+        &self.clients[self.current.load(Ordering::Relaxed) % self.clients.len()]
     }
 
     async fn call<T: DeserializeOwned>(
         &self,
-        r: reqwest::RequestBuilder,
+        r: impl Fn(&Client) -> reqwest::RequestBuilder,
     ) -> Result<T, PlannerError> {
         let body = self.call_bytes(r).await?;
         serde_json::from_slice(&body).map_err(|e| PlannerError::Decode {
@@ -82,8 +114,40 @@ impl PlannerClient {
         })
     }
 
-    async fn call_bytes(&self, r: reqwest::RequestBuilder) -> Result<Vec<u8>, PlannerError> {
-        let (status, body) = self.inner.send_raw(r).await?;
+    /// Send the request `r` builds to the planner that answered last, or,
+    /// when no connection to it can be made, to the next.
+    async fn send(
+        &self,
+        r: impl Fn(&Client) -> reqwest::RequestBuilder,
+    ) -> Result<(reqwest::StatusCode, Vec<u8>), PlannerError> {
+        let first = self.current.load(Ordering::Relaxed);
+        let mut error = None;
+        for k in 0..self.clients.len() {
+            let i = (first + k) % self.clients.len();
+            let c = &self.clients[i];
+            match c.send_raw(r(c)).await {
+                Ok(answer) => {
+                    if i != first % self.clients.len() {
+                        tracing::info!(planner = c.base(), "now talking to this planner");
+                    }
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(answer);
+                }
+                // Not connected: this planner never saw the request.
+                Err(ClientError::Unreachable { addr, source }) if source.is_connect() => {
+                    error = Some(ClientError::Unreachable { addr, source });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(error.expect("at least one planner").into())
+    }
+
+    async fn call_bytes(
+        &self,
+        r: impl Fn(&Client) -> reqwest::RequestBuilder,
+    ) -> Result<Vec<u8>, PlannerError> {
+        let (status, body) = self.send(r).await?;
         if status.is_success() {
             return Ok(body);
         }
@@ -96,22 +160,27 @@ impl PlannerClient {
             status => PlannerError::Api { status, error },
         })
     }
+}
 
-    fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        self.inner.http().get(self.inner.url(path))
-    }
+fn get(path: &str) -> impl Fn(&Client) -> reqwest::RequestBuilder + '_ {
+    move |c| c.http().get(c.url(path))
+}
 
-    fn post(&self, path: &str) -> reqwest::RequestBuilder {
-        self.inner.http().post(self.inner.url(path))
-    }
+fn post(path: &str) -> impl Fn(&Client) -> reqwest::RequestBuilder + '_ {
+    move |c| c.http().post(c.url(path))
+}
 
-    fn post_json<B: Serialize>(&self, path: &str, body: &B) -> reqwest::RequestBuilder {
-        self.post(path).json(body)
-    }
+fn post_json<'a, B: Serialize>(
+    path: &'a str,
+    body: &'a B,
+) -> impl Fn(&Client) -> reqwest::RequestBuilder + 'a {
+    move |c| c.http().post(c.url(path)).json(body)
+}
 
+impl PlannerClient {
     /// `POST /v1/nodes`: register (again).
     pub async fn register(&self, req: &RegisterRequest) -> Result<HeartbeatResponse, PlannerError> {
-        self.call(self.post_json("/v1/nodes", req)).await
+        self.call(post_json("/v1/nodes", req)).await
     }
 
     /// `POST /v1/nodes/{name}/heartbeat`; [`PlannerError::LeaseExpired`]
@@ -121,63 +190,62 @@ impl PlannerClient {
         name: &str,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, PlannerError> {
-        self.call(self.post_json(&format!("/v1/nodes/{name}/heartbeat"), req))
+        self.call(post_json(&format!("/v1/nodes/{name}/heartbeat"), req))
             .await
     }
 
     /// `GET /v1/nodes`.
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>, PlannerError> {
-        self.call(self.get("/v1/nodes")).await
+        self.call(get("/v1/nodes")).await
     }
 
     /// `POST /v1/nodes/{name}/drain`: the migrations started.
     pub async fn drain(&self, name: &str) -> Result<serde_json::Value, PlannerError> {
-        self.call(self.post(&format!("/v1/nodes/{name}/drain")))
-            .await
+        self.call(post(&format!("/v1/nodes/{name}/drain"))).await
     }
 
     /// `POST /v1/nodes/{name}/undrain`: the node takes cells again.
     pub async fn undrain(&self, name: &str) -> Result<NodeRecord, PlannerError> {
-        self.call(self.post(&format!("/v1/nodes/{name}/undrain")))
-            .await
+        self.call(post(&format!("/v1/nodes/{name}/undrain"))).await
     }
 
     /// `POST /v1/modules`: upload to the module repository.
     pub async fn upload_module(&self, bytes: Vec<u8>) -> Result<ModuleInfo, PlannerError> {
-        self.call(self.post("/v1/modules").body(bytes)).await
+        // Shared, not copied, if a second planner has to be tried.
+        let bytes = bytes::Bytes::from(bytes);
+        self.call(|c| c.http().post(c.url("/v1/modules")).body(bytes.clone()))
+            .await
     }
 
     /// `GET /v1/modules/{hash}`: a module's bytes.
     pub async fn module(&self, hash: &str) -> Result<Vec<u8>, PlannerError> {
-        self.call_bytes(self.get(&format!("/v1/modules/{hash}")))
-            .await
+        self.call_bytes(get(&format!("/v1/modules/{hash}"))).await
     }
 
     /// `POST /v1/cells`: launch a cell where the policy (or `req.node`)
     /// says.
     pub async fn place(&self, req: &PlaceRequest) -> Result<CellRecord, PlannerError> {
-        self.call(self.post_json("/v1/cells", req)).await
+        self.call(post_json("/v1/cells", req)).await
     }
 
     /// `GET /v1/cells`.
     pub async fn cells(&self) -> Result<Vec<CellRecord>, PlannerError> {
-        self.call(self.get("/v1/cells")).await
+        self.call(get("/v1/cells")).await
     }
 
     /// `GET /v1/cells/{id}`.
     pub async fn cell(&self, id: &str) -> Result<CellRecord, PlannerError> {
-        self.call(self.get(&format!("/v1/cells/{id}"))).await
+        self.call(get(&format!("/v1/cells/{id}"))).await
     }
 
     /// `GET /v1/cells/{id}/logs`: the owner's log of the cell.
     pub async fn logs(&self, id: &str) -> Result<Vec<u8>, PlannerError> {
-        self.call_bytes(self.get(&format!("/v1/cells/{id}/logs")))
-            .await
+        self.call_bytes(get(&format!("/v1/cells/{id}/logs"))).await
     }
 
     /// `POST /v1/cells/{id}/kill`.
     pub async fn kill(&self, id: &str) -> Result<CellRecord, PlannerError> {
-        self.call(self.post(&format!("/v1/cells/{id}/kill"))).await
+        self.call(post(&format!("/v1/cells/{id}/kill"))).await
     }
 
     /// `POST /v1/cells/{id}/migrate`: `{migration, to}`.
@@ -186,26 +254,25 @@ impl PlannerClient {
         id: &str,
         req: &MoveRequest,
     ) -> Result<serde_json::Value, PlannerError> {
-        self.call(self.post_json(&format!("/v1/cells/{id}/migrate"), req))
+        self.call(post_json(&format!("/v1/cells/{id}/migrate"), req))
             .await
     }
 
     /// `POST /v1/cells/{id}/checkpoint`: a kept checkpoint now.
     pub async fn checkpoint(&self, id: &str) -> Result<Kept, PlannerError> {
-        self.call(self.post(&format!("/v1/cells/{id}/checkpoint")))
-            .await
+        self.call(post(&format!("/v1/cells/{id}/checkpoint"))).await
     }
 
     /// `POST /v1/cells/{id}/owner`: the ownership transaction;
     /// [`PlannerError::Conflict`] when it lost.
     pub async fn owner(&self, id: &str, req: &OwnerRequest) -> Result<OwnerResponse, PlannerError> {
-        self.call(self.post_json(&format!("/v1/cells/{id}/owner"), req))
+        self.call(post_json(&format!("/v1/cells/{id}/owner"), req))
             .await
     }
 
     /// `GET /v1/policies`.
     pub async fn policies(&self) -> Result<serde_json::Value, PlannerError> {
-        self.call(self.get("/v1/policies")).await
+        self.call(get("/v1/policies")).await
     }
 
     /// `PUT /v1/policies`: `{placement}`.
@@ -213,14 +280,15 @@ impl PlannerClient {
         &self,
         req: &serde_json::Value,
     ) -> Result<serde_json::Value, PlannerError> {
-        let r = self.inner.http().put(self.inner.url("/v1/policies"));
-        self.call(r.json(req)).await
+        self.call(|c| c.http().put(c.url("/v1/policies")).json(req))
+            .await
     }
 
     /// `GET /v1/events`: the server-sent event stream, as a response to
     /// read chunk by chunk.
     pub async fn events(&self) -> Result<reqwest::Response, PlannerError> {
-        let r = self.inner.authed(self.get("/v1/events"));
+        let c = self.client();
+        let r = c.authed(get("/v1/events")(c));
         let r = r.send().await.map_err(|source| ClientError::Unreachable {
             addr: self.base().to_string(),
             source,
@@ -235,7 +303,52 @@ impl PlannerClient {
 
     /// `GET /metrics`: the Prometheus text.
     pub async fn metrics(&self) -> Result<String, PlannerError> {
-        let b = self.call_bytes(self.get("/metrics")).await?;
+        let b = self.call_bytes(get("/metrics")).await?;
         Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port nothing listens on: bound, then closed.
+    fn closed_port() -> String {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn fails_over_to_the_next_planner_only_when_one_cannot_be_reached() {
+        let app = axum::Router::new().route(
+            "/v1/nodes",
+            axum::routing::get(|| async { axum::Json(serde_json::json!([])) }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let live = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let dead = closed_port();
+        let p = PlannerClient::with_auth(&format!("{dead}, {live}"), &ClientAuth::default())
+            .unwrap();
+        assert!(p.base().contains(&dead));
+        assert!(p.nodes().await.unwrap().is_empty());
+        assert!(p.base().contains(&live), "{}", p.base());
+        // An answer, even an error, is not a reason to try another.
+        let e = p.cell("c-1").await.unwrap_err();
+        assert!(matches!(e, PlannerError::Api { status: 404, .. }), "{e}");
+        assert!(p.base().contains(&live));
+        // None reachable: the last connection error.
+        let p = PlannerClient::with_auth(&closed_port(), &ClientAuth::default()).unwrap();
+        assert!(p.nodes().await.unwrap_err().is_unreachable());
+    }
+
+    #[test]
+    fn a_bad_planner_list_is_refused() {
+        let auth = ClientAuth::default();
+        for bad in ["", "a:1,", ",a:1", "a:1,,b:2"] {
+            assert!(PlannerClient::with_auth(bad, &auth).is_err(), "{bad:?}");
+        }
+        let many = vec!["127.0.0.1:1"; MAX_PLANNERS + 1].join(",");
+        assert!(PlannerClient::with_auth(&many, &auth).is_err());
     }
 }

@@ -90,9 +90,11 @@ pub struct NodeArgs {
     #[arg(long, value_name = "ADDR")]
     pub gateway: Option<String>,
     /// The planner to register with and heartbeat to (`host:port` or an
-    /// `http(s)://` URL; TLS and token as for other nodes). Cells it places
-    /// here then move only through its ownership transactions.
-    #[arg(long, value_name = "URL")]
+    /// `http(s)://` URL; TLS and token as for other nodes). Several
+    /// planners on one etcd: comma-separated, tried in turn when one cannot
+    /// be reached. Cells it places here then move only through its
+    /// ownership transactions.
+    #[arg(long, value_name = "URL[,URL...]")]
     pub planner: Option<String>,
     /// This node's control API address as the planner and other nodes
     /// reach it (`host:port` or a URL) [default: the address --listen
@@ -273,8 +275,9 @@ pub struct KillArgs {
 /// The planner a cluster command talks to when no node is named.
 #[derive(Args, Debug, Clone, Default)]
 pub struct PlannerArg {
-    /// The planner (`host:port` or URL), used when no node is named.
-    #[arg(long, env = "ROAM_PLANNER")]
+    /// The planner (`host:port` or URL; several, comma-separated, are
+    /// tried in turn), used when no node is named.
+    #[arg(long, env = "ROAM_PLANNER", value_name = "URL[,URL...]")]
     pub planner: Option<String>,
 }
 

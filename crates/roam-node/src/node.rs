@@ -50,7 +50,8 @@ pub struct NodeConfig {
     /// cells to (`host:port`). `None`: the node runs no service cells.
     pub gateway: Option<String>,
     /// The planner this node registers with and heartbeats to (`host:port`
-    /// or an `http(s)://` URL); its cells placed by the planner then move
+    /// or an `http(s)://` URL; several planners on one etcd,
+    /// comma-separated, tried in turn); its cells placed by the planner then move
     /// only through ownership transactions (`docs/control-plane.md`).
     /// `None`: a node on its own.
     pub planner: Option<String>,

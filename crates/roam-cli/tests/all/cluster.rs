@@ -159,13 +159,18 @@ fn http_json(base: &str, path: &str) -> Option<Value> {
 
 /// A node registered with `p`, named `name`.
 pub(crate) fn node(isa: Isa, p: &Planner, name: &str) -> Node {
+    node_of(isa, &p.url, name)
+}
+
+/// A node registered with the planners at `urls` (comma-separated).
+fn node_of(isa: Isa, urls: &str, name: &str) -> Node {
     Node::start_with(
         isa,
         &[
             "--migrate-listen",
             "127.0.0.1:0",
             "--planner",
-            &p.url,
+            urls,
             "--name",
             name,
         ],
@@ -454,9 +459,11 @@ fn etcd_leader_killed_then_a_node_killed() {
         leader.leads().then_some(())
     });
     let other = Planner::start(Some(&store), &opts);
+    let both = format!("{},{}", leader.url, other.url);
     let mut nodes = vec![
-        ("a".to_string(), node(Isa::X86_64, &other, "a")),
-        ("b".to_string(), node(Isa::X86_64, &other, "b")),
+        // The leader first: the nodes fail over when it dies.
+        ("a".to_string(), node_of(Isa::X86_64, &both, "a")),
+        ("b".to_string(), node_of(Isa::X86_64, &both, "b")),
     ];
     wait_alive(&other, 2);
     let id = other.launch(&SMALL_LONG, &[]);
@@ -479,6 +486,11 @@ fn etcd_leader_killed_then_a_node_killed() {
         .collect();
     let end = live[0].wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", other.log());
+    assert!(
+        live[0].log().contains("now talking to this planner"),
+        "the node did not fail over to the other planner\n{}",
+        live[0].log()
+    );
     let out = other.roam(&["logs", &id]);
     assert_eq!(text(&out.stdout), text(&reference(&SMALL_LONG)), "{c}");
 }
