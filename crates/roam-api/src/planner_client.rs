@@ -328,8 +328,8 @@ mod tests {
         let live = l.local_addr().unwrap().to_string();
         tokio::spawn(async move { axum::serve(l, app).await });
         let dead = closed_port();
-        let p = PlannerClient::with_auth(&format!("{dead}, {live}"), &ClientAuth::default())
-            .unwrap();
+        let p =
+            PlannerClient::with_auth(&format!("{dead}, {live}"), &ClientAuth::default()).unwrap();
         assert!(p.base().contains(&dead));
         assert!(p.nodes().await.unwrap().is_empty());
         assert!(p.base().contains(&live), "{}", p.base());

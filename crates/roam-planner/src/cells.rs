@@ -8,6 +8,9 @@
 //! record is a compare-and-swap ([`update`]), so two planners, or a
 //! planner and a node's ownership transaction, never overwrite each other.
 
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -18,7 +21,7 @@ use roam_cluster::{CellRecord, CellState, NodeRecord, StoreError, Versioned};
 
 use crate::api::{bad, AppError, P};
 use crate::events::Event;
-use crate::policy::{self, Ctx, Want};
+use crate::policy::{self, Ctx, Load, Want};
 use crate::{lock, random_hex, unix_ms, Inner};
 
 pub(crate) use crate::kept::{checkpoint, claim, keep_now};
@@ -66,23 +69,90 @@ fn check_place(r: &PlaceRequest) -> Result<(), AppError> {
 /// Every node and every cell.
 pub(crate) async fn snapshot(n: &Inner) -> Result<(Vec<NodeRecord>, Vec<CellRecord>), AppError> {
     let nodes = n.timed("nodes", n.store.nodes()).await?;
-    let cells = n.timed("cells", n.store.cells()).await?;
-    Ok((nodes, cells.into_iter().map(|c| c.value).collect()))
+    let read = Instant::now();
+    let cells: Vec<CellRecord> = n
+        .timed("cells", n.store.cells())
+        .await?
+        .into_iter()
+        .map(|c| c.value)
+        .collect();
+    lock(&n.owners).reset(&cells, read);
+    Ok((nodes, cells))
 }
 
-/// Run the policy called `name` (`manual` when `want` names a node).
+/// How old the planner's copy of the cells' owners may be for a placement
+/// to count from it instead of reading every cell. The leader reads every
+/// cell each tick, so on the leader it is never older than a tick.
+const OWNERS_FRESH: Duration = Duration::from_secs(2);
+
+/// The owners of the cells that have not ended, as this planner last read
+/// them (every full read) or wrote them (its own changes since). Placements
+/// count load from it; with several planners, another's placements since
+/// the last read are missing until the next one, at most
+/// [`OWNERS_FRESH`] later.
+#[derive(Debug, Default)]
+pub(crate) struct Owners {
+    owner: HashMap<String, String>,
+    read: Option<Instant>,
+}
+
+impl Owners {
+    fn reset(&mut self, cells: &[CellRecord], read: Instant) {
+        self.owner = cells
+            .iter()
+            .filter(|c| !c.state.ended())
+            .map(|c| (c.id.clone(), c.owner.clone()))
+            .collect();
+        self.read = Some(read);
+    }
+
+    /// This planner wrote `c`.
+    pub(crate) fn note(&mut self, c: &CellRecord) {
+        if c.state.ended() {
+            self.owner.remove(&c.id);
+        } else {
+            self.owner.insert(c.id.clone(), c.owner.clone());
+        }
+    }
+
+    fn load(&self) -> Option<Load> {
+        let fresh = self.read.is_some_and(|t| t.elapsed() <= OWNERS_FRESH);
+        fresh.then(|| Load::of(self.owner.values().map(|o| (o.as_str(), false))))
+    }
+}
+
+/// Every node, and every node's load: from the planner's copy of the
+/// owners when it is fresh, from every cell otherwise.
+pub(crate) async fn load_view(n: &Inner) -> Result<(Vec<NodeRecord>, Load), AppError> {
+    let cached = lock(&n.owners).load();
+    if let Some(load) = cached {
+        let nodes = n.timed("nodes", n.store.nodes()).await?;
+        return Ok((nodes, load));
+    }
+    let (nodes, cells) = snapshot(n).await?;
+    Ok((nodes, Load::of_cells(&cells)))
+}
+
+/// Run the policy called `name` (`manual` when `want` names a node) with
+/// `cells` (at least the one being placed, if it exists) and `load`.
 pub(crate) fn choose(
     name: &str,
     want: &Want,
     nodes: &[NodeRecord],
     cells: &[CellRecord],
+    load: Load,
 ) -> Result<(NodeRecord, &'static str), AppError> {
     let p = if want.node.is_some() {
         Box::new(policy::Manual)
     } else {
         policy::by_name(name).unwrap_or_else(|| Box::new(policy::LeastLoaded))
     };
-    let ctx = Ctx { nodes, cells, want };
+    let ctx = Ctx {
+        nodes,
+        cells,
+        load,
+        want,
+    };
     policy::place(p.as_ref(), &ctx)
         .map(|node| (node.clone(), p.name()))
         .map_err(|e| AppError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
@@ -130,7 +200,10 @@ pub(crate) async fn update(
             .timed("update_cell", n.store.update_cell(cur.revision, c.clone()))
             .await
         {
-            Ok(_) => return Ok(Some(c)),
+            Ok(_) => {
+                lock(&n.owners).note(&c);
+                return Ok(Some(c));
+            }
             Err(StoreError::Conflict { .. }) => continue,
             Err(e) => return Err(e.into()),
         }
@@ -213,13 +286,13 @@ pub(crate) async fn launch(
             ),
         ));
     }
-    let (nodes, cells) = snapshot(&n).await?;
+    let (nodes, load) = load_view(&n).await?;
     let want = Want {
         max_memory: r.max_memory,
         node: r.node.clone(),
         ..Want::default()
     };
-    let (node, policy) = match choose(n.placement(), &want, &nodes, &cells) {
+    let (node, policy) = match choose(n.placement(), &want, &nodes, &[], load) {
         Ok(x) => x,
         Err(e) => {
             n.metrics.placement(n.placement(), "no-node");
@@ -245,6 +318,7 @@ pub(crate) async fn launch(
     };
     n.timed("create_cell", n.store.create_cell(rec.clone()))
         .await?;
+    lock(&n.owners).note(&rec);
     let started = start_on(&n, &node, &rec).await;
     let id = rec.id.clone();
     let new_state = match &started {

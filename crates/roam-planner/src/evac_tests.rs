@@ -44,6 +44,14 @@ async fn sim_node_with(refuse: bool) -> (String, Asked) {
             }),
         )
         .route(
+            "/v1/cells",
+            post(|State(a): State<Asked>, Json(v): Json<Value>| async move {
+                a.lock().unwrap().push(("launch".into(), v.clone()));
+                Json(json!({"id": v["id"], "state": "running", "program": "p",
+                    "module": v["module"], "memory_bytes": 0, "uptime_ms": 0, "hops": 0}))
+            }),
+        )
+        .route(
             "/v1/cells/restore",
             post(
                 move |State(a): State<Asked>, Json(v): Json<Value>| async move {
@@ -393,4 +401,58 @@ async fn an_exit_is_learned_from_the_owners_heartbeats() {
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(seen.contains(r#""cell":"c-done""#), "{seen}");
+}
+
+/// A burst of launches, faster than heartbeats report them, spreads over
+/// the nodes: placements count the planner's own launches, not only what
+/// the last full read of the cells saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_launches_spreads_over_the_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ClusterStore> =
+        Arc::new(RedbStore::open(dir.path().join("cluster.redb")).unwrap());
+    let mut cfg = PlannerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.checkpoint_interval_s = 0;
+    let p = Planner::bind(cfg, store.clone()).await.unwrap();
+    let url = p.url();
+    tokio::spawn(p.serve(std::future::pending()));
+    let http = reqwest::Client::new();
+    let machine = json!({"cores": 2, "memory_total": 8u64 << 30,
+        "memory_available": 8u64 << 30, "load1": 0.0});
+    let mut asked = Vec::new();
+    for name in ["a", "b", "c"] {
+        let (api, a) = sim_node().await;
+        asked.push(a);
+        let (st, v) = send(
+            &http,
+            format!("{url}/v1/nodes"),
+            json!({"name": name, "isa": "x86_64", "api": api, "migrate": "127.0.0.1:9",
+                "version": "0.1.0", "status": {"machine": machine, "cells": []}}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+    }
+    let wasm = b"\0asm\x01\0\0\0".to_vec();
+    let module = blake3::hash(&wasm).to_hex().to_string();
+    store.put_module(&module, &wasm).await.unwrap();
+    for _ in 0..9 {
+        let (st, v) = send(
+            &http,
+            format!("{url}/v1/cells"),
+            json!({"module": module, "args": ["p"]}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+    }
+    let launches: Vec<usize> = asked
+        .iter()
+        .map(|a| {
+            a.lock()
+                .unwrap()
+                .iter()
+                .filter(|(w, _)| w == "launch")
+                .count()
+        })
+        .collect();
+    assert_eq!(launches, vec![3, 3, 3]);
 }

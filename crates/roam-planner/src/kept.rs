@@ -14,7 +14,7 @@ use roam_api::types::KeepRequest;
 use roam_cluster::{CellState, Kept};
 
 use crate::api::{AppError, P};
-use crate::cells::{get_cell, snapshot, update};
+use crate::cells::{get_cell, load_view, update};
 use crate::events::Event;
 use crate::policy::{self, Ctx, Want};
 use crate::{lock, unix_ms, Inner};
@@ -73,7 +73,7 @@ async fn keep_inner(n: &Inner, id: &str) -> Result<Kept, AppError> {
             ),
         ));
     }
-    let (nodes, cells) = snapshot(n).await?;
+    let (nodes, load) = load_view(n).await?;
     let owner = nodes
         .iter()
         .find(|x| x.name == c.owner && x.alive)
@@ -92,7 +92,8 @@ async fn keep_inner(n: &Inner, id: &str) -> Result<Kept, AppError> {
     };
     let ctx = Ctx {
         nodes: &nodes,
-        cells: &cells,
+        cells: std::slice::from_ref(&c),
+        load,
         want: &want,
     };
     let holder = policy::place(&policy::Evacuate, &ctx).map_err(|e| {

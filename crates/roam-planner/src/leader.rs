@@ -225,11 +225,7 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord) -> Result<(), Gone> {
             exclude: exclude.clone(),
             ..Want::default()
         };
-        let ctx = Ctx {
-            nodes: &nodes,
-            cells: &cells,
-            want: &want,
-        };
+        let ctx = Ctx::new(&nodes, &cells, &want);
         let target: NodeRecord = match policy::place(&policy::Evacuate, &ctx) {
             Ok(t) => t.clone(),
             // No node at all yet: wait for one. After failures: lost.

@@ -156,6 +156,9 @@ pub(crate) struct Inner {
     /// Cell → when its last kept checkpoint failed (Unix ms): the next try
     /// waits a full interval.
     pub keep_failed: Mutex<HashMap<String, u64>>,
+    /// The owners of the cells that have not ended, for placements (see
+    /// [`cells::Owners`]).
+    pub owners: Mutex<cells::Owners>,
 }
 
 impl Inner {
@@ -241,6 +244,7 @@ impl Planner {
             busy: Mutex::default(),
             uploaded: Mutex::default(),
             keep_failed: Mutex::default(),
+            owners: Mutex::default(),
         });
         Ok(Planner {
             inner,

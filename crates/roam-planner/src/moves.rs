@@ -21,7 +21,7 @@ use roam_cluster::{CellRecord, CellState, NodeRecord, NodeState};
 use crate::api::{bad, AppError, P};
 use crate::cells::{choose, get_cell, get_node, snapshot, update};
 use crate::events::Event;
-use crate::policy::Want;
+use crate::policy::{Load, Want};
 use crate::Inner;
 
 /// The migration modes a node knows.
@@ -55,7 +55,7 @@ pub(crate) async fn migrate(
         node: r.to.clone(),
         exclude: vec![(c.owner.clone(), "the cell's owner (it runs there)")],
     };
-    let (dest, _) = choose(n.placement(), &want, &nodes, &cells)?;
+    let (dest, _) = choose(n.placement(), &want, &nodes, &cells, Load::of_cells(&cells))?;
     let source = nodes
         .iter()
         .find(|x| x.name == c.owner)
@@ -286,7 +286,7 @@ pub(crate) async fn drain(
             exclude: vec![(name.clone(), "the node being drained")],
             ..Want::default()
         };
-        let moved = match choose("evacuate", &want, &nodes, &cells) {
+        let moved = match choose("evacuate", &want, &nodes, &cells, Load::of_cells(&cells)) {
             Ok((dest, _)) => start(&n, &c, &source, &dest, "pre-copy", "drain")
                 .await
                 .map(|m| (dest.name, m)),
