@@ -127,46 +127,78 @@ async fn wait_cell(
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_nodes_cells_come_back_from_their_kept_checkpoints_or_are_lost() {
+/// A planner on a fresh redb store, serving: the store, its URL, and the
+/// temp dir to keep.
+async fn planner(lease: Option<Duration>) -> (Arc<dyn ClusterStore>, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ClusterStore> =
         Arc::new(RedbStore::open(dir.path().join("cluster.redb")).unwrap());
     let mut cfg = PlannerConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.checkpoint_interval_s = 0;
-    cfg.lease = Duration::from_secs(2);
+    if let Some(lease) = lease {
+        cfg.lease = lease;
+    }
     let p = Planner::bind(cfg, store.clone()).await.unwrap();
     let url = p.url();
     tokio::spawn(p.serve(std::future::pending()));
+    (store, url, dir)
+}
+
+/// What a simulated node reports about its machine.
+fn machine() -> Value {
+    json!({"cores": 4, "memory_total": 8u64 << 30, "memory_available": 8u64 << 30,
+        "load1": 0.0})
+}
+
+/// Register node `name` reachable at `api`, reporting `cells` running.
+async fn register(http: &reqwest::Client, url: &str, name: &str, api: &str, cells: Value) {
+    let (st, v) = send(
+        http,
+        format!("{url}/v1/nodes"),
+        json!({"name": name, "isa": "x86_64", "api": api, "migrate": "127.0.0.1:9",
+            "version": "0.1.0", "status": {"machine": machine(), "cells": cells}}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+}
+
+/// Heartbeat for `names` every 200 ms, reporting no cells, until aborted.
+fn heartbeats(
+    http: &reqwest::Client,
+    url: &str,
+    names: &[&'static str],
+) -> tokio::task::JoinHandle<()> {
+    let (http, url, names) = (http.clone(), url.to_string(), names.to_vec());
+    tokio::spawn(async move {
+        loop {
+            for n in &names {
+                let body = json!({"status": {"machine": machine(), "cells": []}});
+                let _ = send(&http, format!("{url}/v1/nodes/{n}/heartbeat"), body).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// A module in the store: its hash and bytes.
+async fn module(store: &Arc<dyn ClusterStore>) -> (String, Vec<u8>) {
+    let wasm = b"\0asm\x01\0\0\0".to_vec();
+    let hash = blake3::hash(&wasm).to_hex().to_string();
+    store.put_module(&hash, &wasm).await.unwrap();
+    (hash, wasm)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_nodes_cells_come_back_from_their_kept_checkpoints_or_are_lost() {
+    let (store, url, _dir) = planner(Some(Duration::from_secs(2))).await;
     let (a_api, a_asked) = sim_node().await;
     let (b_api, b_asked) = sim_node().await;
     let http = reqwest::Client::new();
-    let machine = json!({"cores": 4, "memory_total": 8u64 << 30,
-        "memory_available": 8u64 << 30, "load1": 0.0});
-    for (name, api) in [("a", &a_api), ("b", &b_api)] {
-        let (st, v) = send(
-            &http,
-            format!("{url}/v1/nodes"),
-            json!({"name": name, "isa": "x86_64", "api": api, "migrate": "127.0.0.1:9",
-                "version": "0.1.0", "status": {"machine": machine, "cells": []}}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-    }
+    register(&http, &url, "a", &a_api, json!([])).await;
+    register(&http, &url, "b", &b_api, json!([])).await;
     // b keeps heartbeating; a stops after the checkpoint below.
-    let beats = {
-        let (http, url, machine) = (http.clone(), url.clone(), machine.clone());
-        tokio::spawn(async move {
-            loop {
-                let body = json!({"status": {"machine": machine, "cells": []}});
-                let _ = send(&http, format!("{url}/v1/nodes/b/heartbeat"), body).await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-    };
-    let wasm = b"\0asm\x01\0\0\0".to_vec();
-    let module = blake3::hash(&wasm).to_hex().to_string();
-    store.put_module(&module, &wasm).await.unwrap();
+    let beats = heartbeats(&http, &url, &["b"]);
+    let (module, wasm) = module(&store).await;
     store.create_cell(cell("c-kept", &module)).await.unwrap();
     store.create_cell(cell("c-bare", &module)).await.unwrap();
 
@@ -232,7 +264,7 @@ async fn a_dead_nodes_cells_come_back_from_their_kept_checkpoints_or_are_lost() 
         &http,
         format!("{url}/v1/nodes"),
         json!({"name": "a", "isa": "x86_64", "api": a_api, "migrate": "127.0.0.1:9",
-            "version": "0.1.0", "status": {"machine": machine, "cells": ["c-kept", "c-bare"]}}),
+            "version": "0.1.0", "status": {"machine": machine(), "cells": ["c-kept", "c-bare"]}}),
     )
     .await;
     assert_eq!(st, 200, "{v}");
@@ -265,45 +297,15 @@ async fn a_dead_nodes_cells_come_back_from_their_kept_checkpoints_or_are_lost() 
 /// the cell.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_restore_is_tried_on_another_node() {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ClusterStore> =
-        Arc::new(RedbStore::open(dir.path().join("cluster.redb")).unwrap());
-    let mut cfg = PlannerConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.checkpoint_interval_s = 0;
-    cfg.lease = Duration::from_secs(2);
-    let p = Planner::bind(cfg, store.clone()).await.unwrap();
-    let url = p.url();
-    tokio::spawn(p.serve(std::future::pending()));
+    let (store, url, _dir) = planner(Some(Duration::from_secs(2))).await;
     let (b_api, b_asked) = sim_node_with(true).await;
     let (c_api, c_asked) = sim_node().await;
     let http = reqwest::Client::new();
-    let machine = json!({"cores": 4, "memory_total": 8u64 << 30,
-        "memory_available": 8u64 << 30, "load1": 0.0});
     for (name, api) in [("a", "127.0.0.1:9"), ("b", &b_api), ("c", &c_api)] {
-        let (st, v) = send(
-            &http,
-            format!("{url}/v1/nodes"),
-            json!({"name": name, "isa": "x86_64", "api": api, "migrate": "127.0.0.1:9",
-                "version": "0.1.0", "status": {"machine": machine, "cells": []}}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
+        register(&http, &url, name, api, json!([])).await;
     }
-    let beats = {
-        let (http, url, machine) = (http.clone(), url.clone(), machine.clone());
-        tokio::spawn(async move {
-            loop {
-                for n in ["b", "c"] {
-                    let body = json!({"status": {"machine": machine, "cells": []}});
-                    let _ = send(&http, format!("{url}/v1/nodes/{n}/heartbeat"), body).await;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-    };
-    let wasm = b"\0asm\x01\0\0\0".to_vec();
-    let module = blake3::hash(&wasm).to_hex().to_string();
-    store.put_module(&module, &wasm).await.unwrap();
+    let beats = heartbeats(&http, &url, &["b", "c"]);
+    let (module, _) = module(&store).await;
     let mut rec = cell("c-kept", &module);
     rec.kept = Some(roam_cluster::Kept {
         holder: "b".into(),
@@ -339,14 +341,7 @@ async fn a_refused_restore_is_tried_on_another_node() {
 /// and announces it, without anyone reading the cell.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exit_is_learned_from_the_owners_heartbeats() {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ClusterStore> =
-        Arc::new(RedbStore::open(dir.path().join("cluster.redb")).unwrap());
-    let mut cfg = PlannerConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.checkpoint_interval_s = 0;
-    let p = Planner::bind(cfg, store.clone()).await.unwrap();
-    let url = p.url();
-    tokio::spawn(p.serve(std::future::pending()));
+    let (store, url, _dir) = planner(None).await;
     // The owner: its cell exited with status 3.
     let app = Router::new().route(
         "/v1/cells/{id}",
@@ -361,22 +356,10 @@ async fn an_exit_is_learned_from_the_owners_heartbeats() {
     let api = l.local_addr().unwrap().to_string();
     tokio::spawn(async move { axum::serve(l, app).await });
     let http = reqwest::Client::new();
-    let machine = json!({"cores": 4, "memory_total": 8u64 << 30,
-        "memory_available": 8u64 << 30, "load1": 0.0});
-    let wasm = b"\0asm\x01\0\0\0".to_vec();
-    let module = blake3::hash(&wasm).to_hex().to_string();
-    store.put_module(&module, &wasm).await.unwrap();
+    let (module, _) = module(&store).await;
     store.create_cell(cell("c-done", &module)).await.unwrap();
     let mut events = http.get(format!("{url}/v1/events")).send().await.unwrap();
-    let status = |cells: Value| json!({"status": {"machine": machine, "cells": cells}});
-    let (st, v) = send(
-        &http,
-        format!("{url}/v1/nodes"),
-        json!({"name": "a", "isa": "x86_64", "api": api, "migrate": "127.0.0.1:9",
-            "version": "0.1.0", "status": {"machine": machine, "cells": ["c-done"]}}),
-    )
-    .await;
-    assert_eq!(st, 200, "{v}");
+    register(&http, &url, "a", &api, json!(["c-done"])).await;
     // Listed: the record stands.
     tokio::time::sleep(crate::leader::TICK * 3).await;
     let rec = store.cell("c-done").await.unwrap().unwrap().value;
@@ -385,7 +368,7 @@ async fn an_exit_is_learned_from_the_owners_heartbeats() {
     let (st, v) = send(
         &http,
         format!("{url}/v1/nodes/a/heartbeat"),
-        status(json!([])),
+        json!({"status": {"machine": machine(), "cells": []}}),
     )
     .await;
     assert_eq!(st, 200, "{v}");
@@ -408,33 +391,15 @@ async fn an_exit_is_learned_from_the_owners_heartbeats() {
 /// the last full read of the cells saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_launches_spreads_over_the_nodes() {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ClusterStore> =
-        Arc::new(RedbStore::open(dir.path().join("cluster.redb")).unwrap());
-    let mut cfg = PlannerConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.checkpoint_interval_s = 0;
-    let p = Planner::bind(cfg, store.clone()).await.unwrap();
-    let url = p.url();
-    tokio::spawn(p.serve(std::future::pending()));
+    let (store, url, _dir) = planner(None).await;
     let http = reqwest::Client::new();
-    let machine = json!({"cores": 2, "memory_total": 8u64 << 30,
-        "memory_available": 8u64 << 30, "load1": 0.0});
     let mut asked = Vec::new();
     for name in ["a", "b", "c"] {
         let (api, a) = sim_node().await;
         asked.push(a);
-        let (st, v) = send(
-            &http,
-            format!("{url}/v1/nodes"),
-            json!({"name": name, "isa": "x86_64", "api": api, "migrate": "127.0.0.1:9",
-                "version": "0.1.0", "status": {"machine": machine, "cells": []}}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
+        register(&http, &url, name, &api, json!([])).await;
     }
-    let wasm = b"\0asm\x01\0\0\0".to_vec();
-    let module = blake3::hash(&wasm).to_hex().to_string();
-    store.put_module(&module, &wasm).await.unwrap();
+    let (module, _) = module(&store).await;
     for _ in 0..9 {
         let (st, v) = send(
             &http,
