@@ -103,7 +103,8 @@ pub(crate) async fn heartbeats(n: Arc<NodeInner>, planner: PlannerClient) {
                     stop_lost(&n, &id).await;
                 }
                 n.fence.renew(sent, Duration::from_millis(a.lease_ms));
-                tokio::time::sleep(period).await;
+                // One heartbeat per period however long the answers take.
+                tokio::time::sleep(period.saturating_sub(sent.elapsed())).await;
             }
             Err(PlannerError::LeaseExpired(why)) => {
                 tracing::warn!(planner = planner.base(), %why, "lease expired; registering again");

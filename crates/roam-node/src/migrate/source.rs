@@ -20,6 +20,10 @@ use crate::cell::{CellHandle, Decision, Paused, PAUSE_TIMEOUT};
 use crate::node::{new_id, NodeInner};
 use crate::types::*;
 
+/// Pre-copy stops after this many rounds in a row that did not lower the
+/// predicted final pause below its best.
+const PLATEAU: u32 = 3;
+
 /// `POST /v1/cells/{id}/migrate`: start a migration; progress is polled.
 pub(crate) async fn start(
     State(n): State<Arc<NodeInner>>,
@@ -730,6 +734,9 @@ impl Ctx<'_> {
         // Pages found dirty when deciding to stop: they go in the final round.
         let mut carry = std::collections::BTreeSet::new();
         let mut stalled = 0;
+        // The best predicted final pause so far, and rounds since it.
+        let mut best = Duration::MAX;
+        let mut flat = 0;
         let r: Result<(), String> = async {
             loop {
                 round += 1;
@@ -775,10 +782,19 @@ impl Ctx<'_> {
                 } else {
                     0
                 };
+                // No better for PLATEAU rounds: more rounds will not shrink
+                // the pause (a slow source, a dirty rate near the link's).
+                if predicted < best {
+                    best = predicted;
+                    flat = 0;
+                } else {
+                    flat += 1;
+                }
                 let stop = predicted <= max_downtime
                     || max_round.is_some_and(|m| took <= m)
                     || round >= max_rounds
-                    || stalled >= 2;
+                    || stalled >= 2
+                    || flat >= PLATEAU;
                 if stop {
                     carry = dirty;
                     return Ok(());
