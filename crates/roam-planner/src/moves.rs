@@ -234,9 +234,6 @@ async fn follow(
     n.events.send(event("done", None));
 }
 
-/// `POST /v1/nodes/{name}/drain`: no new cells or kept checkpoints on the
-/// node, and every cell it owns live-migrates (pre-copy) to the node the
-/// `evacuate` policy picks.
 /// `POST /v1/nodes/{name}/undrain`: a drained node takes new cells and
 /// kept checkpoints again (after its maintenance). Its record.
 pub(crate) async fn undrain(
@@ -253,6 +250,9 @@ pub(crate) async fn undrain(
     Ok(Json(get_node(&n, &name).await?))
 }
 
+/// `POST /v1/nodes/{name}/drain`: no new cells or kept checkpoints on the
+/// node, and every cell it owns live-migrates (pre-copy) to the node the
+/// `evacuate` policy picks.
 pub(crate) async fn drain(
     State(n): P,
     Path(name): Path<String>,
