@@ -336,6 +336,50 @@ async fn a_refused_restore_is_tried_on_another_node() {
     beats.abort();
 }
 
+/// A cell restored onto the holder of its kept checkpoint has its only copy
+/// on its owner: the leader keeps a new one on another node at once, not a
+/// whole interval later (a second death would otherwise lose the cell).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_restored_onto_its_holder_is_kept_elsewhere_at_once() {
+    let (store, url, _dir) = planner(Some(Duration::from_secs(2))).await;
+    let (b_api, b_asked) = sim_node().await;
+    let (c_api, _c_asked) = sim_node().await;
+    let http = reqwest::Client::new();
+    for (name, api) in [("a", "127.0.0.1:9"), ("b", &b_api), ("c", &c_api)] {
+        register(&http, &url, name, api, json!([])).await;
+    }
+    let beats = heartbeats(&http, &url, &["b", "c"]);
+    let (module, _) = module(&store).await;
+    let mut rec = cell("c-kept", &module);
+    // An hour's interval, and a checkpoint just taken: nothing is due.
+    rec.checkpoint_interval_s = 3600;
+    rec.kept = Some(roam_cluster::Kept {
+        holder: "b".into(),
+        snapshot: SNAPSHOT.into(),
+        bytes: 4096,
+        taken_ms: crate::unix_ms(),
+        generation: 1,
+    });
+    store.create_cell(rec).await.unwrap();
+
+    // a dies; the cell comes back on b, its holder, and is kept on c.
+    let kept = wait_cell(&store, "c-kept", |c| {
+        c.owner == "b" && c.kept.as_ref().is_some_and(|k| k.holder == "c")
+    })
+    .await;
+    assert_eq!(kept.generation, 2);
+    assert_eq!(kept.kept.unwrap().generation, 2);
+    let keeps: Vec<Value> = b_asked
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(what, _)| what == "keep c-kept")
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert_eq!(keeps[0], json!({"holder": c_api, "holder_name": "c"}));
+    beats.abort();
+}
+
 /// The leader learns that a cell ended from its owner's heartbeats: once a
 /// heartbeat no longer lists the cell, it asks the owner, records the end
 /// and announces it, without anyone reading the cell.

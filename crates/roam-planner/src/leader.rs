@@ -141,7 +141,14 @@ fn due(n: &Inner, c: &CellRecord, now: u64) -> bool {
         return false;
     }
     let interval = c.checkpoint_interval_s.saturating_mul(1000);
-    let last = c.kept.as_ref().map_or(c.created_ms, |k| k.taken_ms);
+    let last = match &c.kept {
+        // The only copy is on the owner itself (the cell was restored onto
+        // its checkpoint's holder, or moved there): the owner's death would
+        // take both, so a copy elsewhere is due at once.
+        Some(k) if k.holder == c.owner => 0,
+        Some(k) => k.taken_ms,
+        None => c.created_ms,
+    };
     let failed = lock(&n.keep_failed).get(&c.id).copied().unwrap_or(0);
     now >= last.max(failed).saturating_add(interval)
 }
