@@ -108,6 +108,12 @@ pub struct PrepareArgs {
     /// [default: cycles].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub entry_points: Option<roam_prepare::EntryPoints>,
+    /// How loop points are placed: `hoisted` (a loop that calls nothing
+    /// checks the flag at its back-edges and calls the point from outside
+    /// itself, so Asyncify leaves its body alone) or `inline` (a call at the
+    /// top of every loop body) [default: hoisted].
+    #[arg(long, value_name = "HOW", help_heading = "Ablation and tuning")]
+    pub loop_points: Option<roam_prepare::LoopPoints>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

@@ -29,9 +29,9 @@ use walrus::{
 use crate::callgraph::{is_local, CallGraph};
 use crate::pipeline::PrepareError;
 use crate::{
-    AsyncifyScope, EntryPoints, ModuleInfo, PointPolicy, PointStats, PrepareOptions, ASYNC_IMPORTS,
-    FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC, POINT_MODULE,
-    TABLE_EXPORT_PREFIX,
+    AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, PointPolicy, PointStats, PrepareOptions,
+    ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC,
+    POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
 
 /// The instrumented module, ready for `wasm-opt`.
@@ -83,7 +83,7 @@ pub(crate) fn instrument(
     for (id, func) in module.funcs.iter_local_mut() {
         let entry_allowed = cycles.as_ref().is_none_or(|c| c.contains(&id));
         let (loop_points, entry_point, manual) =
-            instrument_function(func, point, flag, policy, entry_allowed);
+            instrument_function(func, point, flag, policy, opts.loop_points, entry_allowed);
         stats.loop_points += loop_points;
         stats.function_points += u32::from(entry_point);
         stats.manual_points += manual;
@@ -190,6 +190,7 @@ fn instrument_function(
     point: FunctionId,
     flag: GlobalId,
     policy: PointPolicy,
+    loop_points: LoopPoints,
     entry_allowed: bool,
 ) -> (u32, bool, u32) {
     let mut walk = Walk {
@@ -199,18 +200,30 @@ fn instrument_function(
         manual: 0,
     };
     walk.visit(func, func.entry_block(), 0);
-    let loops: Vec<InstrSeqId> = match policy {
-        PointPolicy::Loops => walk.loops.iter().map(|l| l.seq).collect(),
+    let loops: Vec<&LoopInfo> = match policy {
+        PointPolicy::Loops => walk.loops.iter().collect(),
         PointPolicy::Outer => walk
             .loops
             .iter()
             .filter(|l| !(l.leaf && l.depth > 0))
-            .map(|l| l.seq)
             .collect(),
         PointPolicy::Functions | PointPolicy::Manual => Vec::new(),
     };
     let entry = walk.has_call && entry_allowed && policy != PointPolicy::Manual;
-    for &seq in &loops {
+    // Hoisting first, innermost loops first (the walk lists loops in
+    // pre-order): a hoist replaces its loop in place and rewrites only code
+    // inside it, so every position still to be used stays valid. A loop
+    // whose inner loop was hoisted now contains that point's call and gets
+    // an inline point.
+    let mut inline = Vec::new();
+    for l in loops.iter().rev() {
+        if loop_points == LoopPoints::Hoisted && crate::hoist::hoistable(func, l.seq) {
+            crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag);
+        } else {
+            inline.push(l.seq);
+        }
+    }
+    for seq in inline {
         insert_point(func, seq, point, flag);
     }
     if entry {
@@ -222,6 +235,9 @@ fn instrument_function(
 /// A loop found by [`Walk`].
 struct LoopInfo {
     seq: InstrSeqId,
+    /// The sequence holding the `loop` instruction, and its position there.
+    parent: InstrSeqId,
+    index: usize,
     /// Contains no loop and no call.
     leaf: bool,
     /// Number of loops around it.
@@ -240,17 +256,19 @@ impl Walk {
     /// or a call.
     fn visit(&mut self, func: &LocalFunction, seq: InstrSeqId, depth: u32) -> bool {
         let mut busy = false;
-        for (instr, _) in &func.block(seq).instrs {
+        for (index, (instr, _)) in func.block(seq).instrs.iter().enumerate() {
             match instr {
                 Instr::Block(b) => busy |= self.visit(func, b.seq, depth),
-                Instr::Loop(Loop { seq }) => {
+                Instr::Loop(Loop { seq: body }) => {
                     let slot = self.loops.len();
                     self.loops.push(LoopInfo {
-                        seq: *seq,
+                        seq: *body,
+                        parent: seq,
+                        index,
                         leaf: true,
                         depth,
                     });
-                    self.loops[slot].leaf = !self.visit(func, *seq, depth + 1);
+                    self.loops[slot].leaf = !self.visit(func, *body, depth + 1);
                     busy = true;
                 }
                 Instr::IfElse(i) => {

@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 
 mod callgraph;
+mod hoist;
 mod instrument;
 mod memory;
 mod names;
@@ -35,8 +36,8 @@ mod wasm_opt;
 
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
-    AsyncifyScope, EntryPoints, OptLevel, ParseOptionError, ParsePolicyError, PointPolicy,
-    PrepareOptions,
+    AsyncifyScope, EntryPoints, LoopPoints, OptLevel, ParseOptionError, ParsePolicyError,
+    PointPolicy, PrepareOptions,
 };
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
 pub use section::{read_section, RoamSection, SectionError};

@@ -238,6 +238,44 @@ impl FromStr for EntryPoints {
     }
 }
 
+/// How a loop's migration point is placed (see `hoist.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LoopPoints {
+    /// A loop that calls nothing checks the flag at its back-edges and
+    /// calls the point from a wrapper outside it, so Asyncify leaves its
+    /// body alone (default). Other loops get an inline point.
+    #[default]
+    Hoisted,
+    /// `if flag { call point }` at the top of every loop body.
+    Inline,
+}
+
+impl LoopPoints {
+    /// The name used on the command line and in the canonical text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoopPoints::Hoisted => "hoisted",
+            LoopPoints::Inline => "inline",
+        }
+    }
+}
+
+impl FromStr for LoopPoints {
+    type Err = ParseOptionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "hoisted" => Ok(LoopPoints::Hoisted),
+            "inline" => Ok(LoopPoints::Inline),
+            other => Err(ParseOptionError {
+                what: "loop-point placement",
+                found: other.to_string(),
+                choices: "hoisted, inline",
+            }),
+        }
+    }
+}
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -256,21 +294,24 @@ pub struct PrepareOptions {
     /// Which function entries get a migration point. Default:
     /// [`EntryPoints::Cycles`].
     pub entry_points: EntryPoints,
+    /// How loop points are placed. Default: [`LoopPoints::Hoisted`].
+    pub loop_points: LoopPoints,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={}",
+             ;entries={};loops={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
             self.asyncify_scope.as_str(),
             self.entry_points.as_str(),
+            self.loop_points.as_str(),
         )
     }
 }
@@ -307,7 +348,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -318,7 +359,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=hoisted"
         );
     }
 }

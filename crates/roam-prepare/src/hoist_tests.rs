@@ -1,0 +1,229 @@
+//! Hoisted loop points, run: the instrumented module (before Asyncify) is
+//! executed on wasmtime with the flag down, up for one call, and held up
+//! (what counting modes do), and compared with the uninstrumented module
+//! and with inline points.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use wasmparser::{Operator, Parser, Payload};
+use wasmtime::{Engine, Instance, Linker, Module, Store, Val};
+
+use crate::instrument::instrument;
+use crate::{validate, LoopPoints, PrepareOptions, FLAG_GLOBAL_EXPORT};
+
+/// A `while` loop (exit by `br_if` to an outer block, back-edge by `br`),
+/// a `do … while` loop (back-edge by `br_if`) nested in it, a loop that
+/// calls, and a loop a `br_table` targets.
+const WAT: &str = r#"(module
+  (memory (export "memory") 1)
+  (func $id (param i32) (result i32) (local.get 0))
+  ;; sum over i < n of (sum over j < i of j)
+  (func (export "nest") (param $n i32) (result i64)
+    (local $i i32) (local $j i32) (local $acc i64)
+    (block $done
+      (loop $outer
+        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $j (i32.const 0))
+        (loop $inner
+          (local.set $acc (i64.add (local.get $acc) (i64.extend_i32_u (local.get $j))))
+          (local.set $j (i32.add (local.get $j) (i32.const 1)))
+          (br_if $inner (i32.lt_u (local.get $j) (local.get $i))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $outer)))
+    (local.get $acc))
+  (func (export "calls") (param $n i32) (result i32) (local $acc i32)
+    (loop $l
+      (local.set $acc (i32.add (local.get $acc) (call $id (local.get $n))))
+      (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+      (br_if $l (local.get $n)))
+    (local.get $acc))
+  (func (export "table") (param $n i32) (result i32)
+    (block $out
+      (loop $l
+        (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+        (br_table $l $out (i32.eqz (local.get $n)))))
+    (local.get $n))
+  (func (export "_start")))"#;
+
+fn prepared(loops: LoopPoints) -> Vec<u8> {
+    let wasm = wat::parse_str(WAT).unwrap();
+    let info = validate(&wasm).unwrap();
+    let opts = PrepareOptions {
+        loop_points: loops,
+        ..PrepareOptions::default()
+    };
+    let out = instrument(&wasm, &info, &opts).unwrap();
+    wasmparser::Validator::new()
+        .validate_all(&out.bytes)
+        .unwrap();
+    out.bytes
+}
+
+/// What the point import does when called.
+#[derive(Clone, Copy)]
+enum Host {
+    /// Lower the flag: a request served.
+    Lower,
+    /// Leave it up: every point calls in (counting modes).
+    Hold,
+}
+
+/// Call export `name` with `arg`, the flag raised first if `raise`; the
+/// result and how many times the point was called.
+fn call(wasm: &[u8], name: &str, arg: i32, raise: bool, host: Host) -> (Val, u32) {
+    let engine = Engine::default();
+    let module = Module::new(&engine, wasm).unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut linker: Linker<()> = Linker::new(&engine);
+    let counter = calls.clone();
+    linker
+        .func_wrap(
+            "roam",
+            "migration_point",
+            move |mut caller: wasmtime::Caller<'_, ()>| {
+                counter.fetch_add(1, Ordering::Relaxed);
+                if let Host::Lower = host {
+                    let flag = caller.get_export(FLAG_GLOBAL_EXPORT).unwrap();
+                    let flag = flag.into_global().unwrap();
+                    flag.set(&mut caller, Val::I32(0)).unwrap();
+                }
+            },
+        )
+        .unwrap();
+    let mut store = Store::new(&engine, ());
+    let instance: Instance = linker.instantiate(&mut store, &module).unwrap();
+    if raise {
+        let flag = instance.get_global(&mut store, FLAG_GLOBAL_EXPORT).unwrap();
+        flag.set(&mut store, Val::I32(1)).unwrap();
+    }
+    let f = instance.get_func(&mut store, name).unwrap();
+    let mut out = [Val::I32(0)];
+    f.call(&mut store, &[Val::I32(arg)], &mut out).unwrap();
+    (out[0], calls.load(Ordering::Relaxed))
+}
+
+fn same(a: Val, b: Val) -> bool {
+    match (a, b) {
+        (Val::I32(x), Val::I32(y)) => x == y,
+        (Val::I64(x), Val::I64(y)) => x == y,
+        _ => false,
+    }
+}
+
+#[test]
+fn hoisted_points_compute_the_same_and_are_called_as_often_as_inline_ones() {
+    let plain = wat::parse_str(WAT).unwrap();
+    let hoisted = prepared(LoopPoints::Hoisted);
+    let inline = prepared(LoopPoints::Inline);
+    for (name, arg) in [("nest", 40), ("calls", 25), ("table", 9)] {
+        // The uninstrumented module needs no import.
+        let engine = Engine::default();
+        let m = Module::new(&engine, &plain).unwrap();
+        let mut store = Store::new(&engine, ());
+        let i = Instance::new(&mut store, &m, &[]).unwrap();
+        let mut want = [Val::I32(0)];
+        i.get_func(&mut store, name)
+            .unwrap()
+            .call(&mut store, &[Val::I32(arg)], &mut want)
+            .unwrap();
+        for (raise, host) in [(false, Host::Lower), (true, Host::Lower), (true, Host::Hold)] {
+            let (h, h_calls) = call(&hoisted, name, arg, raise, host);
+            let (i, i_calls) = call(&inline, name, arg, raise, host);
+            assert!(same(h, want[0]), "{name}: hoisted gave {h:?}, want {:?}", want[0]);
+            assert!(same(i, want[0]), "{name}: inline gave {i:?}, want {:?}", want[0]);
+            match (raise, host) {
+                (false, _) => assert_eq!(h_calls, 0, "{name}: flag down"),
+                (true, Host::Lower) => assert_eq!(h_calls, 1, "{name}: one request"),
+                // Held up: one call per iteration of every loop, as inline.
+                (true, Host::Hold) => assert_eq!(h_calls, i_calls, "{name}: held up"),
+            }
+        }
+    }
+    // nest(40): 40 + 1 outer iterations, and 1 + 0 + 1 + ... + 39 inner
+    // ones (a do-while runs at least once).
+    let (_, held) = call(&hoisted, "nest", 40, true, Host::Hold);
+    assert_eq!(held, 41 + 1 + (1..40).sum::<u32>());
+}
+
+/// Operators of the body of exported function `name`.
+fn body<'a>(wasm: &'a [u8], name: &str) -> Vec<Operator<'a>> {
+    let mut index = None;
+    let mut imports = 0;
+    let mut n = 0;
+    for payload in Parser::new(0).parse_all(wasm) {
+        match payload.unwrap() {
+            Payload::ImportSection(r) => imports = r.count(),
+            Payload::ExportSection(r) => {
+                for e in r {
+                    let e = e.unwrap();
+                    if e.name == name {
+                        index = Some(e.index);
+                    }
+                }
+            }
+            Payload::CodeSectionEntry(b) => {
+                if Some(imports + n) == index {
+                    let mut ops = b.get_operators_reader().unwrap();
+                    let mut out = Vec::new();
+                    while !ops.eof() {
+                        out.push(ops.read().unwrap());
+                    }
+                    return out;
+                }
+                n += 1;
+            }
+            _ => {}
+        }
+    }
+    panic!("no function {name}");
+}
+
+/// Whether some `loop` whose body holds no call contains `i64.add`: the
+/// hot work runs in a loop Asyncify can guard as one stretch.
+fn work_in_a_call_free_loop(ops: &[Operator]) -> bool {
+    // Each open structure: (is a loop, saw a call inside).
+    let mut open: Vec<(bool, bool)> = Vec::new();
+    let mut found = false;
+    for op in ops {
+        match op {
+            Operator::Loop { .. } => open.push((true, false)),
+            Operator::Block { .. } | Operator::If { .. } => open.push((false, false)),
+            Operator::End => {
+                if let Some((_, called)) = open.pop() {
+                    if called {
+                        if let Some(up) = open.last_mut() {
+                            up.1 = true;
+                        }
+                    }
+                }
+            }
+            Operator::Call { .. } | Operator::CallIndirect { .. } => {
+                for o in open.iter_mut() {
+                    o.1 = true;
+                }
+            }
+            Operator::I64Add => {
+                // The innermost loop around it: has it called so far? The
+                // call, if any, precedes the work (the point is first).
+                if let Some(&(_, called)) = open.iter().rev().find(|o| o.0) {
+                    found |= !called;
+                }
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+#[test]
+fn a_call_free_loop_is_left_without_a_call_and_others_keep_theirs_inline() {
+    let hoisted = prepared(LoopPoints::Hoisted);
+    let inline = prepared(LoopPoints::Inline);
+    assert!(work_in_a_call_free_loop(&body(&hoisted, "nest")));
+    assert!(!work_in_a_call_free_loop(&body(&inline, "nest")));
+    // A loop that calls, or that a `br_table` targets, is not rewritten.
+    for name in ["calls", "table"] {
+        assert_eq!(body(&hoisted, name), body(&inline, name), "{name}");
+    }
+}
