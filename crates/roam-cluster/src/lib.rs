@@ -157,6 +157,16 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// The hashes and sizes of every stored module.
     async fn modules(&self) -> StoreResult<Vec<ModuleRecord>>;
 
+    // --- settings ---
+
+    /// Record cluster-wide setting `name` (e.g. `placement`), so that every
+    /// planner, and a planner started later, uses the same. Names are
+    /// checked by [`check_setting`].
+    async fn put_setting(&self, name: &str, value: &str) -> StoreResult<()>;
+
+    /// A setting's value, or `None` if it was never set.
+    async fn setting(&self, name: &str) -> StoreResult<Option<String>>;
+
     // --- planners ---
 
     /// Wait until this planner (`id`) leads the cluster. Only the leader
@@ -164,6 +174,30 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// every planner answers the API. The returned [`Leadership`] says when
     /// the lead is lost.
     async fn lead(&self, id: &str) -> StoreResult<Leadership>;
+}
+
+/// The longest setting value.
+pub const MAX_SETTING_BYTES: usize = 4096;
+
+/// Refuse a setting name that is not 1 to 64 of `[a-z0-9-]`, or a value
+/// over [`MAX_SETTING_BYTES`], before it touches a key.
+pub fn check_setting(name: &str, value: Option<&str>) -> StoreResult<()> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !ok {
+        return Err(StoreError::Invalid(format!(
+            "setting name {name:?}: expected 1 to 64 of a-z, 0-9 and -"
+        )));
+    }
+    if let Some(v) = value.filter(|v| v.len() > MAX_SETTING_BYTES) {
+        return Err(StoreError::Invalid(format!(
+            "setting {name}: {} bytes, more than {MAX_SETTING_BYTES}",
+            v.len()
+        )));
+    }
+    Ok(())
 }
 
 /// This planner leads until [`lost`](Leadership::lost) resolves. Dropping

@@ -332,6 +332,13 @@ async fn set_policy(
             names.join(", ")
         ))
     })?;
+    // Stored first: every planner follows the store, so a policy only this
+    // planner knew would be undone by its own next refresh.
+    n.timed(
+        "put_setting",
+        n.store.put_setting(crate::placement::SETTING, p.name()),
+    )
+    .await?;
     *n.placement.write().unwrap_or_else(PoisonError::into_inner) = p.name();
     tracing::info!(placement = p.name(), "placement policy set");
     Ok(Json(policies_of(&n)))

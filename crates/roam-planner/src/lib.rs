@@ -30,6 +30,7 @@ mod kept;
 mod leader;
 pub mod metrics;
 mod moves;
+mod placement;
 pub mod policy;
 #[cfg(test)]
 mod tests;
@@ -234,13 +235,15 @@ impl Planner {
                 addr: cfg.listen,
                 source,
             })?;
+        // The placement policy a planner (this or another) set last.
+        let placement = placement::stored(&*store).await;
         let inner = Arc::new(Inner {
             store,
             cfg,
             client_auth,
             events: events::Events::default(),
             metrics: metrics::Metrics::default(),
-            placement: RwLock::new(policy::DEFAULT_PLACEMENT),
+            placement: RwLock::new(placement),
             busy: Mutex::default(),
             uploaded: Mutex::default(),
             keep_failed: Mutex::default(),
@@ -290,6 +293,7 @@ impl Planner {
             "planner up"
         );
         let leader = tokio::spawn(leader::run(inner.clone()));
+        let follow = tokio::spawn(placement::follow(inner.clone()));
         let app = api::router(inner);
         // Event streams never end on their own: after Ctrl-C, open
         // connections get SHUTDOWN_GRACE to finish, then are dropped.
@@ -321,6 +325,7 @@ impl Planner {
             () = stop => Ok(()),
         };
         leader.abort();
+        follow.abort();
         Ok(served?)
     }
 }

@@ -336,3 +336,60 @@ async fn events_stream_as_server_sent_events() {
         seen.extend_from_slice(&buf[..k]);
     }
 }
+
+/// The placement policy lives in the store: a planner started later on the
+/// same store starts with it, and a change made through one planner
+/// reaches the other within its refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_is_kept_in_the_store_and_followed_by_every_planner() {
+    let a = start(None).await;
+    let put = |url: String, name: &'static str| {
+        let http = a.http.clone();
+        async move {
+            let r = http
+                .put(format!("{url}/v1/policies"))
+                .json(&json!({"placement": name}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    };
+    put(a.url.clone(), "manual").await;
+    assert_eq!(
+        a.store.setting("placement").await.unwrap().as_deref(),
+        Some("manual")
+    );
+    // A second planner on the same store.
+    let mut cfg = PlannerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.checkpoint_interval_s = 0;
+    let p = Planner::bind(cfg, a.store.clone()).await.unwrap();
+    let b_url = p.url();
+    tokio::spawn(p.serve(std::future::pending()));
+    let policy = |url: String| {
+        let http = a.http.clone();
+        async move {
+            let v: Value = http
+                .get(format!("{url}/v1/policies"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["placement"].as_str().unwrap().to_string()
+        }
+    };
+    assert_eq!(policy(b_url.clone()).await, "manual");
+    put(b_url.clone(), "evacuate").await;
+    assert_eq!(policy(b_url).await, "evacuate");
+    let mut seen = String::new();
+    for _ in 0..100 {
+        seen = policy(a.url.clone()).await;
+        if seen == "evacuate" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen, "evacuate", "planner a never followed the store");
+}

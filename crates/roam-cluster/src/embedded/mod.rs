@@ -49,6 +49,7 @@ const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
 const CELLS: TableDefinition<&str, &[u8]> = TableDefinition::new("cells");
 const MODULES: TableDefinition<&str, &[u8]> = TableDefinition::new("modules");
 const MODULE_SIZES: TableDefinition<&str, u64> = TableDefinition::new("module_sizes");
+const SETTINGS: TableDefinition<&str, &str> = TableDefinition::new("settings");
 
 const META_FORMAT: &str = "format";
 const META_REVISION: &str = "revision";
@@ -201,6 +202,7 @@ impl RedbStore {
                 txn.open_table(table).or_backend(&inner)?;
             }
             txn.open_table(MODULE_SIZES).or_backend(&inner)?;
+            txn.open_table(SETTINGS).or_backend(&inner)?;
             let mut meta = txn.open_table(META).or_backend(&inner)?;
             let format = meta.get(META_FORMAT).or_backend(&inner)?.map(|v| v.value());
             match format {
@@ -520,6 +522,32 @@ impl ClusterStore for RedbStore {
                 });
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn put_setting(&self, name: &str, value: &str) -> StoreResult<()> {
+        crate::check_setting(name, Some(value))?;
+        let (name, value) = (name.to_string(), value.to_string());
+        self.writer
+            .write(true, move |inner, txn| {
+                let mut settings = txn.open_table(SETTINGS).or_backend(inner)?;
+                settings
+                    .insert(name.as_str(), value.as_str())
+                    .or_backend(inner)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn setting(&self, name: &str) -> StoreResult<Option<String>> {
+        crate::check_setting(name, None)?;
+        let name = name.to_string();
+        self.run(move |inner| {
+            let txn = inner.db.begin_read().or_backend(inner)?;
+            let settings = txn.open_table(SETTINGS).or_backend(inner)?;
+            let got = settings.get(name.as_str()).or_backend(inner)?;
+            Ok(got.map(|v| v.value().to_string()))
         })
         .await
     }

@@ -496,6 +496,36 @@ impl ClusterStore for EtcdStore {
         modules::list(self).await
     }
 
+    async fn put_setting(&self, name: &str, value: &str) -> StoreResult<()> {
+        crate::check_setting(name, Some(value))?;
+        let (key, value) = (self.key("settings", name), value.to_string());
+        self.call("store a setting", |mut c| async move {
+            c.put(key, value, None).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn setting(&self, name: &str) -> StoreResult<Option<String>> {
+        crate::check_setting(name, None)?;
+        let key = self.key("settings", name);
+        let Some((bytes, _)) = self.get_one("read a setting", &key).await? else {
+            return Ok(None);
+        };
+        if bytes.len() > crate::MAX_SETTING_BYTES {
+            return Err(StoreError::Corrupt {
+                key,
+                message: format!("{} bytes, more than a setting holds", bytes.len()),
+            });
+        }
+        String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                key,
+                message: format!("not UTF-8: {e}"),
+            })
+    }
+
     async fn lead(&self, id: &str) -> StoreResult<Leadership> {
         lead::lead(self, id).await
     }

@@ -444,6 +444,35 @@ pub async fn leadership_passes_over<S: ClusterStore>(a: Arc<S>, b: Arc<S>) {
     assert!(third.held());
 }
 
+/// A setting written through one handle is read through the other (a
+/// second planner), overwrites replace it, and bad names or values are
+/// refused before anything is stored.
+pub async fn settings_are_shared<S: ClusterStore>(a: Arc<S>, b: Arc<S>) {
+    assert_eq!(b.setting("placement").await.unwrap(), None);
+    a.put_setting("placement", "manual").await.unwrap();
+    assert_eq!(
+        b.setting("placement").await.unwrap().as_deref(),
+        Some("manual")
+    );
+    b.put_setting("placement", "least-loaded").await.unwrap();
+    assert_eq!(
+        a.setting("placement").await.unwrap().as_deref(),
+        Some("least-loaded")
+    );
+    for bad in ["", "../x", "Placement", &"x".repeat(65)] {
+        let e = a.put_setting(bad, "v").await.unwrap_err();
+        assert!(matches!(e, StoreError::Invalid(_)), "{bad:?}: {e}");
+        assert!(matches!(a.setting(bad).await, Err(StoreError::Invalid(_))));
+    }
+    let long = "v".repeat(roam_cluster::MAX_SETTING_BYTES + 1);
+    let e = a.put_setting("placement", &long).await.unwrap_err();
+    assert!(matches!(e, StoreError::Invalid(_)), "{e}");
+    assert_eq!(
+        a.setting("placement").await.unwrap().as_deref(),
+        Some("least-loaded")
+    );
+}
+
 /// The contract over one backend: `$fixture` is an async fn returning
 /// `Option<Fixture<_>>` (`None`: the backend is not installed, skip).
 #[macro_export]
@@ -483,6 +512,12 @@ macro_rules! contract_tests {
         async fn modules_round_trip() {
             let Some(f) = $fixture().await else { return };
             $crate::contract::modules_round_trip(&*f.a).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn settings_are_shared() {
+            let Some(f) = $fixture().await else { return };
+            $crate::contract::settings_are_shared(f.a.clone(), f.b.clone()).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
