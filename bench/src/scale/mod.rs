@@ -11,6 +11,7 @@
 
 mod sim;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -250,6 +251,8 @@ async fn one(paths: &Paths, o: &Options, backend: &str) -> anyhow::Result<Row> {
     // Only cells still running on a victim: under load a node of the fleet
     // can miss its lease before the kill (counted as heartbeats failed).
     let mut doomed: Vec<&CellRecord> = Vec::new();
+    // Why a cell placed on a victim is not counted: for the log.
+    let mut gone: BTreeMap<String, usize> = BTreeMap::new();
     for c in placed.iter().filter(|c| victims.contains(&c.owner)) {
         let now: CellRecord = http
             .get(format!("{base}/v1/cells/{}", c.id))
@@ -259,8 +262,23 @@ async fn one(paths: &Paths, o: &Options, backend: &str) -> anyhow::Result<Row> {
             .await?;
         if now.state == CellState::Running && now.owner == c.owner {
             doomed.push(c);
+        } else if now.owner != c.owner {
+            *gone.entry(format!("moved to {}", now.owner)).or_default() += 1;
+        } else {
+            *gone.entry(format!("{:?}", now.state)).or_default() += 1;
         }
     }
+    eprintln!(
+        "scale: {} cells were placed on the {} victims; {} still run there{}",
+        placed.iter().filter(|c| victims.contains(&c.owner)).count(),
+        victims.len(),
+        doomed.len(),
+        if gone.is_empty() {
+            String::new()
+        } else {
+            format!(" (the others: {gone:?})")
+        }
+    );
     for chunk in doomed.chunks(o.concurrency) {
         let keeps = chunk.iter().map(|c| keep(&http, &base, &c.id));
         for r in join_all(keeps).await {
