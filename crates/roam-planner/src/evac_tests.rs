@@ -341,6 +341,13 @@ async fn a_refused_restore_is_tried_on_another_node() {
 /// whole interval later (a second death would otherwise lose the cell).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_restored_onto_its_holder_is_kept_elsewhere_at_once() {
+    // An hour's interval, and none (a checkpoint kept by hand).
+    for interval in [3600, 0] {
+        restored_onto_holder(interval).await;
+    }
+}
+
+async fn restored_onto_holder(interval: u64) {
     let (store, url, _dir) = planner(Some(Duration::from_secs(2))).await;
     let (b_api, b_asked) = sim_node().await;
     let (c_api, _c_asked) = sim_node().await;
@@ -351,8 +358,8 @@ async fn a_cell_restored_onto_its_holder_is_kept_elsewhere_at_once() {
     let beats = heartbeats(&http, &url, &["b", "c"]);
     let (module, _) = module(&store).await;
     let mut rec = cell("c-kept", &module);
-    // An hour's interval, and a checkpoint just taken: nothing is due.
-    rec.checkpoint_interval_s = 3600;
+    // A checkpoint just taken: nothing is due.
+    rec.checkpoint_interval_s = interval;
     rec.kept = Some(roam_cluster::Kept {
         holder: "b".into(),
         snapshot: SNAPSHOT.into(),

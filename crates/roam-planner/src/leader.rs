@@ -135,17 +135,27 @@ fn unlisted(nodes: &HashMap<&str, &NodeRecord>, c: &CellRecord) -> Option<u64> {
     (!listed && owner.heartbeat_ms > c.created_ms).then_some(owner.heartbeat_ms)
 }
 
+/// For a cell without periodic checkpoints whose only copy is on its
+/// owner: seconds between attempts to keep one elsewhere after a failure.
+const ALONE_RETRY_S: u64 = 10;
+
 /// Whether cell `c`'s next kept checkpoint is due at `now`.
 fn due(n: &Inner, c: &CellRecord, now: u64) -> bool {
-    if c.checkpoint_interval_s == 0 {
+    // The only copy is on the owner itself (the cell was restored onto its
+    // checkpoint's holder, or moved there): the owner's death would take
+    // both, so a copy elsewhere is due at once, also for a cell without
+    // periodic checkpoints whose checkpoint was kept by hand.
+    let alone = c.kept.as_ref().is_some_and(|k| k.holder == c.owner);
+    if c.checkpoint_interval_s == 0 && !alone {
         return false;
     }
-    let interval = c.checkpoint_interval_s.saturating_mul(1000);
+    let interval = match c.checkpoint_interval_s {
+        0 => ALONE_RETRY_S,
+        s => s,
+    }
+    .saturating_mul(1000);
     let last = match &c.kept {
-        // The only copy is on the owner itself (the cell was restored onto
-        // its checkpoint's holder, or moved there): the owner's death would
-        // take both, so a copy elsewhere is due at once.
-        Some(k) if k.holder == c.owner => 0,
+        Some(_) if alone => 0,
         Some(k) => k.taken_ms,
         None => c.created_ms,
     };

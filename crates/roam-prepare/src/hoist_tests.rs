@@ -127,11 +127,23 @@ fn hoisted_points_compute_the_same_and_are_called_as_often_as_inline_ones() {
             .unwrap()
             .call(&mut store, &[Val::I32(arg)], &mut want)
             .unwrap();
-        for (raise, host) in [(false, Host::Lower), (true, Host::Lower), (true, Host::Hold)] {
+        for (raise, host) in [
+            (false, Host::Lower),
+            (true, Host::Lower),
+            (true, Host::Hold),
+        ] {
             let (h, h_calls) = call(&hoisted, name, arg, raise, host);
             let (i, i_calls) = call(&inline, name, arg, raise, host);
-            assert!(same(h, want[0]), "{name}: hoisted gave {h:?}, want {:?}", want[0]);
-            assert!(same(i, want[0]), "{name}: inline gave {i:?}, want {:?}", want[0]);
+            assert!(
+                same(h, want[0]),
+                "{name}: hoisted gave {h:?}, want {:?}",
+                want[0]
+            );
+            assert!(
+                same(i, want[0]),
+                "{name}: inline gave {i:?}, want {:?}",
+                want[0]
+            );
             match (raise, host) {
                 (false, _) => assert_eq!(h_calls, 0, "{name}: flag down"),
                 (true, Host::Lower) => assert_eq!(h_calls, 1, "{name}: one request"),
