@@ -292,13 +292,22 @@ async fn a_dead_nodes_cells_come_back_from_their_kept_checkpoints_or_are_lost() 
     beats.abort();
 }
 
-/// A restore that the first chosen node (the checkpoint's holder) refuses
-/// is tried on the next node, under a new generation, instead of losing
-/// the cell.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_restore_is_tried_on_another_node() {
-    let (store, url, _dir) = planner(Some(Duration::from_secs(2))).await;
-    let (b_api, b_asked) = sim_node_with(true).await;
+/// Nodes a (never heartbeats: it dies), b and c (simulated, heartbeating)
+/// on a planner with a 2 s lease, and a module in the store.
+struct Trio {
+    store: Arc<dyn ClusterStore>,
+    b_asked: Asked,
+    c_api: String,
+    c_asked: Asked,
+    beats: tokio::task::JoinHandle<()>,
+    module: String,
+    _dir: tempfile::TempDir,
+}
+
+/// Start a [`Trio`]; b refuses every restore if `b_refuses`.
+async fn trio(b_refuses: bool) -> Trio {
+    let (store, url, dir) = planner(Some(Duration::from_secs(2))).await;
+    let (b_api, b_asked) = sim_node_with(b_refuses).await;
     let (c_api, c_asked) = sim_node().await;
     let http = reqwest::Client::new();
     for (name, api) in [("a", "127.0.0.1:9"), ("b", &b_api), ("c", &c_api)] {
@@ -306,6 +315,31 @@ async fn a_refused_restore_is_tried_on_another_node() {
     }
     let beats = heartbeats(&http, &url, &["b", "c"]);
     let (module, _) = module(&store).await;
+    Trio {
+        store,
+        b_asked,
+        c_api,
+        c_asked,
+        beats,
+        module,
+        _dir: dir,
+    }
+}
+
+/// A restore that the first chosen node (the checkpoint's holder) refuses
+/// is tried on the next node, under a new generation, instead of losing
+/// the cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_restore_is_tried_on_another_node() {
+    let Trio {
+        store,
+        b_asked,
+        c_asked,
+        beats,
+        module,
+        _dir: _guard,
+        ..
+    } = trio(true).await;
     let mut rec = cell("c-kept", &module);
     rec.kept = Some(roam_cluster::Kept {
         holder: "b".into(),
@@ -348,15 +382,15 @@ async fn a_cell_restored_onto_its_holder_is_kept_elsewhere_at_once() {
 }
 
 async fn restored_onto_holder(interval: u64) {
-    let (store, url, _dir) = planner(Some(Duration::from_secs(2))).await;
-    let (b_api, b_asked) = sim_node().await;
-    let (c_api, _c_asked) = sim_node().await;
-    let http = reqwest::Client::new();
-    for (name, api) in [("a", "127.0.0.1:9"), ("b", &b_api), ("c", &c_api)] {
-        register(&http, &url, name, api, json!([])).await;
-    }
-    let beats = heartbeats(&http, &url, &["b", "c"]);
-    let (module, _) = module(&store).await;
+    let Trio {
+        store,
+        b_asked,
+        c_api,
+        beats,
+        module,
+        _dir: _guard,
+        ..
+    } = trio(false).await;
     let mut rec = cell("c-kept", &module);
     // A checkpoint just taken: nothing is due.
     rec.checkpoint_interval_s = interval;
