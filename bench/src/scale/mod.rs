@@ -270,7 +270,7 @@ async fn one(paths: &Paths, o: &Options, backend: &str) -> anyhow::Result<Row> {
     }
     eprintln!(
         "scale: {} cells were placed on the {} victims; {} still run there{}",
-        placed.iter().filter(|c| victims.contains(&c.owner)).count(),
+        doomed.len() + gone.values().sum::<usize>(),
         victims.len(),
         doomed.len(),
         if gone.is_empty() {

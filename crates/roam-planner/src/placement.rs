@@ -20,23 +20,29 @@ pub(crate) const SETTING: &str = "placement";
 /// How often a planner re-reads the policy.
 const REFRESH: Duration = Duration::from_secs(2);
 
-/// The policy the store names, or the default when it names none (or one
-/// this planner does not know: a newer planner may have set it).
+/// The policy the store names (`None`: none was ever set). An error for a
+/// failed read, or for a name this planner does not know (a newer planner
+/// may have set it).
+async fn read(store: &dyn ClusterStore) -> Result<Option<&'static str>, String> {
+    let Some(name) = store.setting(SETTING).await.map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    match policy::by_name(&name) {
+        Some(p) => Ok(Some(p.name())),
+        None => Err(format!(
+            "the store names placement policy {name:?}, which this planner does not know"
+        )),
+    }
+}
+
+/// The policy the store names, or the default when it names none or
+/// cannot be read.
 pub(crate) async fn stored(store: &dyn ClusterStore) -> &'static str {
-    match store.setting(SETTING).await {
-        Ok(Some(name)) => match policy::by_name(&name) {
-            Some(p) => p.name(),
-            None => {
-                tracing::warn!(
-                    stored = %name,
-                    "the store names a placement policy this planner does not know; using {DEFAULT_PLACEMENT}"
-                );
-                DEFAULT_PLACEMENT
-            }
-        },
+    match read(store).await {
+        Ok(Some(p)) => p,
         Ok(None) => DEFAULT_PLACEMENT,
         Err(e) => {
-            tracing::warn!("cannot read the placement policy: {e}; using {DEFAULT_PLACEMENT}");
+            tracing::warn!("{e}; using {DEFAULT_PLACEMENT}");
             DEFAULT_PLACEMENT
         }
     }
@@ -46,24 +52,18 @@ pub(crate) async fn stored(store: &dyn ClusterStore) -> &'static str {
 pub(crate) async fn follow(n: Arc<Inner>) {
     loop {
         tokio::time::sleep(REFRESH).await;
-        let name = match n.store.setting(SETTING).await {
-            Ok(Some(name)) => name,
+        let p = match read(&*n.store).await {
+            Ok(Some(p)) => p,
             Ok(None) => continue,
             Err(e) => {
                 tracing::debug!("cannot refresh the placement policy: {e}");
                 continue;
             }
         };
-        let Some(p) = policy::by_name(&name) else {
-            continue;
-        };
         let mut cur = n.placement.write().unwrap_or_else(PoisonError::into_inner);
-        if *cur != p.name() {
-            tracing::info!(
-                placement = p.name(),
-                "placement policy changed by another planner"
-            );
-            *cur = p.name();
+        if *cur != p {
+            tracing::info!(placement = p, "placement policy changed by another planner");
+            *cur = p;
         }
     }
 }
