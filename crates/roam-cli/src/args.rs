@@ -114,6 +114,12 @@ pub struct PrepareArgs {
     /// top of every loop body) [default: hoisted].
     #[arg(long, value_name = "HOW", help_heading = "Ablation and tuning")]
     pub loop_points: Option<roam_prepare::LoopPoints>,
+    /// What a migration point's call does with the function's values:
+    /// `spilled` (every local is copied to a scratch global around the call,
+    /// so no value is live across it) or `plain` (the call as Asyncify
+    /// leaves it) [default: spilled].
+    #[arg(long, value_name = "FORM", help_heading = "Ablation and tuning")]
+    pub point_calls: Option<roam_prepare::PointCalls>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

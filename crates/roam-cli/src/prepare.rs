@@ -14,6 +14,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         asyncify_scope: a.asyncify_scope.unwrap_or(defaults.asyncify_scope),
         entry_points: a.entry_points.unwrap_or(defaults.entry_points),
         loop_points: a.loop_points.unwrap_or(defaults.loop_points),
+        point_calls: a.point_calls.unwrap_or(defaults.point_calls),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };

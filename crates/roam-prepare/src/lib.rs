@@ -30,6 +30,7 @@ mod ops;
 mod options;
 mod pipeline;
 mod section;
+mod spill;
 mod validate;
 mod verify;
 mod wasm_opt;
@@ -37,10 +38,11 @@ mod wasm_opt;
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
     AsyncifyScope, EntryPoints, LoopPoints, OptLevel, ParseOptionError, ParsePolicyError,
-    PointPolicy, PrepareOptions,
+    PointCalls, PointPolicy, PrepareOptions,
 };
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
 pub use section::{read_section, RoamSection, SectionError};
+pub use spill::SPILL_EXPORT_PREFIX;
 pub use validate::{validate, ModuleInfo, ValidateError};
 pub use verify::{check_prepared, CheckError};
 

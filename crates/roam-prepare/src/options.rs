@@ -107,6 +107,20 @@ impl OptLevel {
         }
     }
 
+    /// Binaryen's optimise and shrink levels for this setting, given to a
+    /// `wasm-opt` run that must optimise its own output (Asyncify's) without
+    /// running the whole pipeline yet.
+    pub(crate) fn levels(self) -> (u32, u32) {
+        match self {
+            OptLevel::O0 => (0, 0),
+            OptLevel::O1 => (1, 0),
+            OptLevel::O2 => (2, 0),
+            OptLevel::O3 => (3, 0),
+            OptLevel::Os => (2, 1),
+            OptLevel::O4 => (4, 0),
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             OptLevel::O0 => "O0",
@@ -276,6 +290,45 @@ impl FromStr for LoopPoints {
     }
 }
 
+/// What a migration point's call does with the function's values (see
+/// `spill.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PointCalls {
+    /// Every local is copied to a scratch global before the call and back
+    /// after it, so no value is live across the call and the register
+    /// allocator has no reason to keep hot values in stack slots (default).
+    #[default]
+    Spilled,
+    /// The call as Asyncify leaves it.
+    Plain,
+}
+
+impl PointCalls {
+    /// The name used on the command line and in the canonical text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PointCalls::Spilled => "spilled",
+            PointCalls::Plain => "plain",
+        }
+    }
+}
+
+impl FromStr for PointCalls {
+    type Err = ParseOptionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "spilled" => Ok(PointCalls::Spilled),
+            "plain" => Ok(PointCalls::Plain),
+            other => Err(ParseOptionError {
+                what: "point-call form",
+                found: other.to_string(),
+                choices: "spilled, plain",
+            }),
+        }
+    }
+}
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -296,22 +349,26 @@ pub struct PrepareOptions {
     pub entry_points: EntryPoints,
     /// How loop points are placed. Default: [`LoopPoints::Hoisted`].
     pub loop_points: LoopPoints,
+    /// What a point's call does with live values. Default:
+    /// [`PointCalls::Spilled`].
+    pub point_calls: PointCalls,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={}",
+             ;entries={};loops={};calls={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
             self.asyncify_scope.as_str(),
             self.entry_points.as_str(),
             self.loop_points.as_str(),
+            self.point_calls.as_str(),
         )
     }
 }
@@ -348,7 +405,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -359,7 +416,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=hoisted"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=hoisted;calls=spilled"
         );
     }
 }

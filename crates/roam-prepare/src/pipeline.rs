@@ -11,8 +11,8 @@ use wasmparser::{ExternalKind, Parser, Payload, Validator};
 use crate::section::{append_section, read_section};
 use crate::validate::SUPPORTED_FEATURES;
 use crate::{
-    check_prepared, instrument, validate, wasm_opt, CheckError, PrepareOptions, RoamSection,
-    SectionError, ValidateError, ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT, MEMORY_EXPORT,
+    check_prepared, instrument, spill, validate, wasm_opt, CheckError, PointCalls, PrepareOptions,
+    RoamSection, SectionError, ValidateError, ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT, MEMORY_EXPORT,
     SECTION_VERSION,
 };
 
@@ -114,12 +114,30 @@ pub fn prepare(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, PrepareE
     let tool = wasm_opt::locate(opts.wasm_opt.as_deref())?;
     let instrumented = instrument::instrument(input, &info, opts)?;
     let stats = instrumented.stats;
-    let mut bytes = wasm_opt::run(
-        &tool,
-        &instrumented.bytes,
-        opts,
-        instrumented.only.as_deref(),
-    )?;
+    let only = instrumented.only.as_deref();
+    let mut bytes = match opts.point_calls {
+        PointCalls::Plain => wasm_opt::run(
+            &tool,
+            &instrumented.bytes,
+            |f| wasm_opt::asyncify_arguments(opts, f, true),
+            only,
+        )?,
+        PointCalls::Spilled => {
+            let asyncified = wasm_opt::run(
+                &tool,
+                &instrumented.bytes,
+                |f| wasm_opt::asyncify_arguments(opts, f, false),
+                only,
+            )?;
+            let (spilled, _) = spill::spill(&asyncified, !opts.strip_names)?;
+            wasm_opt::run(
+                &tool,
+                &spilled,
+                |_| wasm_opt::optimise_arguments(opts),
+                None,
+            )?
+        }
+    };
     check_output(&bytes)?;
     let section = RoamSection {
         version: SECTION_VERSION,

@@ -14,6 +14,10 @@
 //!   a mutable global, and one `roam.table.<i>` per table;
 //! - no other mutable global left unexported except Asyncify's own two (its
 //!   state and data pointer), so no program state escapes a snapshot;
+//!   `roam.spill.<i>` globals are the scratch copies around point calls
+//!   (`spill.rs`), which hold nothing between snapshots; a hand-made module
+//!   that keeps its own state there loses it on migration, which harms only
+//!   that program;
 //! - the `roam.migration_point` import, if the section counts any point.
 //!
 //! A hash of the module stored in the section was considered and rejected:
@@ -30,7 +34,8 @@ use wasmparser::{ExternalKind, Parser, Payload, TypeRef};
 
 use crate::{
     read_section, validate, PointPolicy, RoamSection, SectionError, ValidateError,
-    ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, TABLE_EXPORT_PREFIX,
+    ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, SPILL_EXPORT_PREFIX,
+    TABLE_EXPORT_PREFIX,
 };
 
 /// Mutable globals Asyncify adds and keeps unexported (`__asyncify_state`,
@@ -138,7 +143,7 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
 
     let mut exported_globals = BTreeSet::new();
     let mut exported_tables = BTreeSet::new();
-    let mut state_globals = BTreeSet::new();
+    let mut accounted = BTreeSet::new();
     for (name, &(kind, index)) in &f.exports {
         if let Some(n) = name.strip_prefix(GLOBAL_EXPORT_PREFIX) {
             if kind != ExternalKind::Global || !is_mutable_global(index) {
@@ -150,7 +155,7 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
                 .parse::<u32>()
                 .map_err(|_| inconsistent(format!("export `{name}` has no global number")))?;
             exported_globals.insert(n);
-            state_globals.insert(index);
+            accounted.insert(index);
         } else if let Some(n) = name.strip_prefix(TABLE_EXPORT_PREFIX) {
             let n = n
                 .parse::<u32>()
@@ -158,6 +163,13 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
                 .filter(|_| kind == ExternalKind::Table)
                 .ok_or_else(|| inconsistent(format!("export `{name}` is not a numbered table")))?;
             exported_tables.insert(n);
+        } else if name.starts_with(SPILL_EXPORT_PREFIX) {
+            if kind != ExternalKind::Global || !is_mutable_global(index) {
+                return Err(inconsistent(format!(
+                    "export `{name}` is not a mutable global"
+                )));
+            }
+            accounted.insert(index);
         }
     }
     let listed: BTreeSet<u32> = section.mutable_globals.iter().copied().collect();
@@ -174,10 +186,10 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
         )));
     }
     if let Some((_, flag)) = f.exports.get(FLAG_GLOBAL_EXPORT) {
-        state_globals.insert(*flag);
+        accounted.insert(*flag);
     }
     let unexported = (0..f.global_mutable.len() as u32)
-        .filter(|&i| is_mutable_global(i) && !state_globals.contains(&i))
+        .filter(|&i| is_mutable_global(i) && !accounted.contains(&i))
         .count();
     if unexported > ASYNCIFY_OWN_GLOBALS {
         return Err(inconsistent(format!(

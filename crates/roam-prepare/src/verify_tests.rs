@@ -148,3 +148,51 @@ fn unexported_program_state_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn scratch_globals_are_accepted_only_as_mutable_globals() {
+    // The same hand-made module, its hidden globals exported as the scratch
+    // copies of spilled points: accepted. A `roam.spill.` export that is
+    // not a mutable global is refused.
+    let module = |spill: &str| {
+        format!(
+            r#"(module
+          (import "roam" "migration_point" (func))
+          (global $flag (export "roam.flag") (mut i32) (i32.const 0))
+          (global (mut i32) (i32.const 0))
+          (global (mut i32) (i32.const 0))
+          {spill}
+          (memory (export "roam.memory") 1)
+          (func (export "_start"))
+          (func (export "asyncify_start_unwind") (param i32))
+          (func (export "asyncify_stop_unwind"))
+          (func (export "asyncify_start_rewind") (param i32))
+          (func (export "asyncify_stop_rewind"))
+          (func (export "asyncify_get_state") (result i32) (i32.const 0)))"#
+        )
+    };
+    let section = RoamSection {
+        mutable_globals: vec![],
+        tables: 0,
+        ..plausible_section()
+    };
+    let stamped = |wat: String| {
+        let mut wasm = wat::parse_str(wat).unwrap();
+        append_section(&mut wasm, &section);
+        wasm
+    };
+    let ok = stamped(module(
+        r#"(global (export "roam.spill.0") (mut i32) (i32.const 0))
+           (global (export "roam.spill.1") (mut f64) (f64.const 0))"#,
+    ));
+    check_prepared(&ok).unwrap();
+    let bad = stamped(module(
+        r#"(global (export "roam.spill.0") i32 (i32.const 0))"#,
+    ));
+    let err = check_prepared(&bad).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("export `roam.spill.0` is not a mutable global"),
+        "{err}"
+    );
+}

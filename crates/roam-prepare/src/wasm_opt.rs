@@ -79,9 +79,17 @@ pub(crate) fn asyncify_imports() -> String {
     format!("--pass-arg=asyncify-imports@{}", list.join(","))
 }
 
-/// Arguments after the input file name, up to but excluding `-o <out>`.
-/// `only` is the file listing the functions Asyncify instruments, if any.
-pub(crate) fn arguments(opts: &PrepareOptions, only: Option<&Path>) -> Vec<String> {
+/// Arguments after the input file name, up to but excluding `-o <out>`,
+/// for the run that applies Asyncify. `only` is the file listing the
+/// functions Asyncify instruments, if any. With `optimise`, the optimiser
+/// runs in the same invocation; without, it runs later
+/// ([`optimise_arguments`]) and this run only tells Asyncify the level, so
+/// that Asyncify still simplifies its own code as it would.
+pub(crate) fn asyncify_arguments(
+    opts: &PrepareOptions,
+    only: Option<&Path>,
+    optimise: bool,
+) -> Vec<String> {
     let mut args: Vec<String> = FEATURE_FLAGS.iter().map(|s| s.to_string()).collect();
     // walrus writes every `if` with an (often empty) `else` arm. Asyncify
     // runs before any optimisation and instruments that structure as it
@@ -99,6 +107,28 @@ pub(crate) fn arguments(opts: &PrepareOptions, only: Option<&Path>) -> Vec<Strin
         // length of a command line. Binaryen 108 splits it on commas only.
         args.push(format!("--pass-arg=asyncify-onlylist@@{}", only.display()));
     }
+    if optimise {
+        if let Some(flag) = opts.opt_level.flag() {
+            args.push(flag.into());
+        }
+    } else {
+        let (opt, shrink) = opts.opt_level.levels();
+        args.extend([
+            "-ol".into(),
+            opt.to_string(),
+            "-s".into(),
+            shrink.to_string(),
+        ]);
+    }
+    if !opts.strip_names {
+        args.push("--debuginfo".into());
+    }
+    args
+}
+
+/// Arguments for the run that only optimises (after `spill.rs`).
+pub(crate) fn optimise_arguments(opts: &PrepareOptions) -> Vec<String> {
+    let mut args: Vec<String> = FEATURE_FLAGS.iter().map(|s| s.to_string()).collect();
     if let Some(flag) = opts.opt_level.flag() {
         args.push(flag.into());
     }
@@ -108,13 +138,13 @@ pub(crate) fn arguments(opts: &PrepareOptions, only: Option<&Path>) -> Vec<Strin
     args
 }
 
-/// Run Asyncify (and the optimisation after it) on `module`, instrumenting
-/// only the functions named in `only` if given.
+/// Run `wasm-opt` on `module` with `args(only)`, where `only` is the path of
+/// a file holding `only_list` (comma-separated), if one is given.
 pub(crate) fn run(
     tool: &WasmOpt,
     module: &[u8],
-    opts: &PrepareOptions,
-    only: Option<&[String]>,
+    args: impl FnOnce(Option<&Path>) -> Vec<String>,
+    only_list: Option<&[String]>,
 ) -> Result<Vec<u8>, PrepareError> {
     let dir = tempfile::Builder::new()
         .prefix("roam-prepare-")
@@ -123,7 +153,7 @@ pub(crate) fn run(
     let input = dir.path().join("in.wasm");
     let output = dir.path().join("out.wasm");
     std::fs::write(&input, module).map_err(PrepareError::TempFile)?;
-    let only_file = match only {
+    let only_file = match only_list {
         Some(names) => {
             let path = dir.path().join("asyncify-only.txt");
             std::fs::write(&path, names.join(",")).map_err(PrepareError::TempFile)?;
@@ -133,7 +163,7 @@ pub(crate) fn run(
     };
     let result = Command::new(&tool.path)
         .arg(&input)
-        .args(arguments(opts, only_file.as_deref()))
+        .args(args(only_file.as_deref()))
         .arg("-o")
         .arg(&output)
         .output()
@@ -170,12 +200,13 @@ mod tests {
 
     #[test]
     fn optimisation_runs_after_asyncify() {
-        let args = arguments(
+        let args = asyncify_arguments(
             &PrepareOptions {
                 opt_level: OptLevel::O2,
                 ..Default::default()
             },
             None,
+            true,
         );
         let asyncify = args.iter().position(|a| a == "--asyncify").unwrap();
         let opt = args.iter().position(|a| a == "-O2").unwrap();
@@ -183,21 +214,23 @@ mod tests {
         let vacuum = args.iter().position(|a| a == "--vacuum").unwrap();
         assert!(vacuum < asyncify, "empty arms go before Asyncify: {args:?}");
         assert!(args.contains(&"--debuginfo".to_string()));
-        let stripped = arguments(
+        let stripped = asyncify_arguments(
             &PrepareOptions {
                 strip_names: true,
                 ..Default::default()
             },
             None,
+            true,
         );
         assert!(!stripped.contains(&"--debuginfo".to_string()));
     }
 
     #[test]
     fn onlylist_is_passed_as_a_response_file() {
-        let args = arguments(
+        let args = asyncify_arguments(
             &PrepareOptions::default(),
             Some(Path::new("/tmp/x/asyncify-only.txt")),
+            true,
         );
         assert!(
             args.contains(&"--pass-arg=asyncify-onlylist@@/tmp/x/asyncify-only.txt".to_string()),
