@@ -12,7 +12,10 @@
 //! 3. **export** all mutable state (globals, memory, tables) under stable
 //!    names, so the host can read and restore it on any architecture;
 //! 4. **Asyncify** with Binaryen's `wasm-opt`, which lets the stack unwind
-//!    into linear memory at the migration points and at blocking WASI calls;
+//!    into linear memory at the migration points and at blocking WASI calls,
+//!    then (by default) **spill**: every local goes round a point's call
+//!    through scratch globals, so that no value is live across that call
+//!    (`spill.rs`), and `wasm-opt` optimises the result;
 //! 5. **stamp** a versioned `roam` custom section recording what was done.
 //!
 //! The output is deterministic and preparing it again is a no-op, once

@@ -48,6 +48,11 @@ use crate::{POINT_FUNC, POINT_MODULE};
 /// Export-name prefix of the scratch globals, followed by a number.
 pub const SPILL_EXPORT_PREFIX: &str = "roam.spill.";
 
+/// Functions with more locals than this keep plain point calls: each point
+/// would copy every local twice, and the copies would dwarf the function
+/// (and its compile time) for little gain in code that large.
+pub(crate) const MAX_SPILLED_LOCALS: usize = 512;
+
 /// Counts of what [`spill`] did, for tests and the docs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SpillStats {
@@ -92,6 +97,9 @@ pub(crate) fn spill(
             continue;
         }
         let locals = locals_of(func, &module.locals);
+        if locals.len() > MAX_SPILLED_LOCALS {
+            continue;
+        }
         let slots = pool.assign(&mut module.globals, &module.locals, &locals);
         let func = module.funcs.get_mut(id).kind.unwrap_local_mut();
         for seq in seqs {

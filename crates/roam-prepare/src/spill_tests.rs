@@ -150,3 +150,20 @@ fn a_module_without_points_gets_no_globals() {
     assert_eq!(stats, SpillStats::default());
     wasmparser::Validator::new().validate_all(&out).unwrap();
 }
+
+#[test]
+fn a_function_with_too_many_locals_keeps_its_plain_call() {
+    let n = MAX_SPILLED_LOCALS + 1;
+    let many = " i32".repeat(n);
+    // Locals the body never names do not count: read every one.
+    let reads: String = (0..n).map(|i| format!("(drop (local.get {i}))")).collect();
+    let wat = format!(
+        r#"(module
+          (import "roam" "migration_point" (func $p))
+          (func (export "f") (local{many}) (call $p) {reads}))"#
+    );
+    let wasm = wat::parse_str(wat).unwrap();
+    let (out, stats) = spill(&wasm, true).unwrap();
+    assert_eq!(stats, SpillStats::default());
+    wasmparser::Validator::new().validate_all(&out).unwrap();
+}
