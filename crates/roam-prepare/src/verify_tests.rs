@@ -117,23 +117,25 @@ fn a_section_that_lies_about_the_module_is_refused() {
     }
 }
 
-#[test]
-fn unexported_program_state_is_refused() {
-    // Stub Asyncify exports pass the export checks; three hidden mutable
-    // globals (one more than Asyncify's two) do not.
-    let wat = r#"(module
+/// A hand-made module with stub Asyncify exports (which pass the export
+/// checks), two hidden mutable globals (as many as Asyncify may keep), and
+/// `extra` globals, stamped with a section that lists no state.
+fn hand_made(extra: &str) -> Vec<u8> {
+    let wat = format!(
+        r#"(module
       (import "roam" "migration_point" (func))
       (global $flag (export "roam.flag") (mut i32) (i32.const 0))
       (global (mut i32) (i32.const 0))
       (global (mut i32) (i32.const 0))
-      (global (mut i32) (i32.const 0))
+      {extra}
       (memory (export "roam.memory") 1)
       (func (export "_start"))
       (func (export "asyncify_start_unwind") (param i32))
       (func (export "asyncify_stop_unwind"))
       (func (export "asyncify_start_rewind") (param i32))
       (func (export "asyncify_stop_rewind"))
-      (func (export "asyncify_get_state") (result i32) (i32.const 0)))"#;
+      (func (export "asyncify_get_state") (result i32) (i32.const 0)))"#
+    );
     let mut wasm = wat::parse_str(wat).unwrap();
     let section = RoamSection {
         mutable_globals: vec![],
@@ -141,6 +143,13 @@ fn unexported_program_state_is_refused() {
         ..plausible_section()
     };
     append_section(&mut wasm, &section);
+    wasm
+}
+
+#[test]
+fn unexported_program_state_is_refused() {
+    // One hidden mutable global more than Asyncify's two.
+    let wasm = hand_made("(global (mut i32) (i32.const 0))");
     let err = check_prepared(&wasm).unwrap_err();
     assert!(
         err.to_string()
@@ -151,44 +160,14 @@ fn unexported_program_state_is_refused() {
 
 #[test]
 fn scratch_globals_are_accepted_only_as_mutable_globals() {
-    // The same hand-made module, its hidden globals exported as the scratch
-    // copies of spilled points: accepted. A `roam.spill.` export that is
-    // not a mutable global is refused.
-    let module = |spill: &str| {
-        format!(
-            r#"(module
-          (import "roam" "migration_point" (func))
-          (global $flag (export "roam.flag") (mut i32) (i32.const 0))
-          (global (mut i32) (i32.const 0))
-          (global (mut i32) (i32.const 0))
-          {spill}
-          (memory (export "roam.memory") 1)
-          (func (export "_start"))
-          (func (export "asyncify_start_unwind") (param i32))
-          (func (export "asyncify_stop_unwind"))
-          (func (export "asyncify_start_rewind") (param i32))
-          (func (export "asyncify_stop_rewind"))
-          (func (export "asyncify_get_state") (result i32) (i32.const 0)))"#
-        )
-    };
-    let section = RoamSection {
-        mutable_globals: vec![],
-        tables: 0,
-        ..plausible_section()
-    };
-    let stamped = |wat: String| {
-        let mut wasm = wat::parse_str(wat).unwrap();
-        append_section(&mut wasm, &section);
-        wasm
-    };
-    let ok = stamped(module(
+    // Exported as the scratch copies of spilled points, more globals are
+    // accepted; a `roam.spill.` export that is not a mutable global is not.
+    let ok = hand_made(
         r#"(global (export "roam.spill.0") (mut i32) (i32.const 0))
            (global (export "roam.spill.1") (mut f64) (f64.const 0))"#,
-    ));
+    );
     check_prepared(&ok).unwrap();
-    let bad = stamped(module(
-        r#"(global (export "roam.spill.0") i32 (i32.const 0))"#,
-    ));
+    let bad = hand_made(r#"(global (export "roam.spill.0") i32 (i32.const 0))"#);
     let err = check_prepared(&bad).unwrap_err();
     assert!(
         err.to_string()
