@@ -226,6 +226,23 @@ mod tests {
     }
 
     #[test]
+    fn spilled_preparation_optimises_in_a_second_run() {
+        let opts = PrepareOptions {
+            opt_level: OptLevel::Os,
+            ..Default::default()
+        };
+        let first = asyncify_arguments(&opts, None, false);
+        assert!(first.contains(&"--asyncify".to_string()), "{first:?}");
+        assert!(!first.contains(&"-Os".to_string()), "{first:?}");
+        let levels = first.iter().position(|a| a == "-ol").unwrap();
+        assert_eq!(first[levels..levels + 4], ["-ol", "2", "-s", "1"]);
+        let second = optimise_arguments(&opts);
+        assert!(second.contains(&"-Os".to_string()), "{second:?}");
+        assert!(!second.contains(&"--asyncify".to_string()), "{second:?}");
+        assert!(second.contains(&"--enable-simd".to_string()), "{second:?}");
+    }
+
+    #[test]
     fn onlylist_is_passed_as_a_response_file() {
         let args = asyncify_arguments(
             &PrepareOptions::default(),
