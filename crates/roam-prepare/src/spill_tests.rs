@@ -167,3 +167,19 @@ fn a_function_with_too_many_locals_keeps_its_plain_call() {
     assert_eq!(stats, SpillStats::default());
     wasmparser::Validator::new().validate_all(&out).unwrap();
 }
+
+#[test]
+fn a_program_exporting_a_scratch_name_is_refused_by_name() {
+    let wasm = wat::parse_str(
+        r#"(module
+          (import "roam" "migration_point" (func $p))
+          (global (export "roam.spill.3") i32 (i32.const 0))
+          (func (export "f") (call $p)))"#,
+    )
+    .unwrap();
+    let err = spill(&wasm, true).unwrap_err();
+    assert!(
+        matches!(&err, PrepareError::ExportNameTaken { name } if name == "roam.spill.3"),
+        "{err}"
+    );
+}
