@@ -130,12 +130,16 @@ pub fn prepare(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, PrepareE
                 only,
             )?;
             let (spilled, _) = spill::spill(&asyncified, !opts.strip_names)?;
-            wasm_opt::run(
-                &tool,
-                &spilled,
-                |_| wasm_opt::optimise_arguments(opts),
-                None,
-            )?
+            // `O0`: nothing to optimise, so no third run.
+            match opts.opt_level.flag() {
+                Some(_) => wasm_opt::run(
+                    &tool,
+                    &spilled,
+                    |_| wasm_opt::optimise_arguments(opts),
+                    None,
+                )?,
+                None => spilled,
+            }
         }
     };
     check_output(&bytes)?;
