@@ -205,6 +205,12 @@ pub struct RestoreArgs {
     /// does not have it.
     #[arg(long)]
     pub module: Option<PathBuf>,
+    /// Read every page of the snapshot before the program resumes. By
+    /// default a format 2.0 snapshot resumes at once and its pages are read
+    /// as the program touches them and in the background (needs
+    /// userfaultfd; without it, everything is read first anyway).
+    #[arg(long)]
+    pub eager: bool,
     /// The snapshot to resume.
     pub snapshot_file: PathBuf,
 }

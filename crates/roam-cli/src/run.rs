@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use roam_runtime::{
     Cell, CellOptions, CheckpointKind, Controller, Outcome, Runtime, RuntimeConfig, Trigger,
 };
-use roam_snapshot::Snapshot;
+use roam_snapshot::{Opened, Snapshot};
 use roam_wasi::{Preopen, WasiConfig};
 use signal_hook::consts::{SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
@@ -107,8 +107,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
 pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
     let signals = install_signals()?;
     let started = Instant::now();
-    let snap = Snapshot::read_file(&a.snapshot_file)
-        .with_context(|| format!("cannot load snapshot {}", a.snapshot_file.display()))?;
+    let load = || format!("cannot load snapshot {}", a.snapshot_file.display());
+    let opened = if a.eager {
+        Opened::Whole(Snapshot::read_file(&a.snapshot_file).with_context(load)?)
+    } else {
+        Snapshot::open_file(&a.snapshot_file).with_context(load)?.0
+    };
+    let snap = opened.snapshot();
     let rt = runtime(&a.cell, Points::Loops)?;
     let module = match &a.module {
         Some(p) => {
@@ -128,7 +133,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
         None => rt.load_by_hash(&snap.module.hash, snap.module.embedded.as_deref())?,
     };
     let preopens = parse_dirs(&a.cell.dirs)?;
-    let cell = Cell::restore(&rt, module, &snap, preopens, cell_options(&a.cell)?)
+    let (cell, lazy) = Cell::restore_file(&rt, module, &opened, preopens, cell_options(&a.cell)?)
         .with_context(|| format!("cannot restore {}", a.snapshot_file.display()))?;
     let serving = match cell.net() {
         Some(hub) => {
@@ -154,6 +159,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
         ms = started.elapsed().as_millis() as u64,
         from = %snap.origin.isa,
         to = roam_runtime::host_isa(),
+        pages = if lazy.is_some() { "read while running" } else { "all read" },
         "restored; resuming"
     );
     let path = a
@@ -161,7 +167,8 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
         .snapshot
         .clone()
         .unwrap_or_else(|| a.snapshot_file.clone());
-    drop(snap);
+    // A snapshot read whole holds all of its pages: free them before running.
+    drop(opened);
     drive(cell, &a.cell, &path, signals, serving)
 }
 

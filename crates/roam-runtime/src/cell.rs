@@ -465,7 +465,7 @@ impl Cell {
     }
 }
 
-fn check_module(snapshot: &Snapshot, module: &LoadedModule) -> Result<(), RestoreError> {
+pub(crate) fn check_module(snapshot: &Snapshot, module: &LoadedModule) -> Result<(), RestoreError> {
     if snapshot.module.hash != *module.hash() {
         return Err(RestoreError::ModuleMismatch {
             expected: crate::cache::hex(&snapshot.module.hash),

@@ -220,6 +220,13 @@ impl WasiView for HostState {
         &mut self.wasi
     }
 
+    fn check_memory(&self) -> wasmtime::Result<()> {
+        match self.pages_lost() {
+            Some(reason) => wasmtime::bail!("memory pages lost: {reason}"),
+            None => Ok(()),
+        }
+    }
+
     fn enter_blocking(caller: &mut Caller<'_, Self>) -> wasmtime::Result<()> {
         let h = hooks(caller)?;
         if h.asyncify.state(&mut *caller)? == REWINDING {

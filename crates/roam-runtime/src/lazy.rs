@@ -272,6 +272,52 @@ impl LazyMemory {
         Ok(())
     }
 
+    /// Install the run of pages starting at `first` from `bytes` (whole
+    /// pages) in one step, leaving any page already present as it is.
+    /// Returns how many pages were installed.
+    pub fn install_run(&self, first: u32, bytes: &[u8]) -> Result<usize, LazyError> {
+        let s = &self.0;
+        let pages = s.kinds.len() as u32;
+        let n = bytes.len() / PAGE_SIZE;
+        if !bytes.len().is_multiple_of(PAGE_SIZE) || first as usize + n > pages as usize {
+            return Err(LazyError::BadPage { page: first, pages });
+        }
+        if !s.registered.load(Ordering::Acquire) {
+            return Ok(0);
+        }
+        let dst = s.base + first as usize * PAGE_SIZE;
+        // SAFETY: `bytes` is readable for its length; the destination pages
+        // lie in the registered range of our mapping, kept alive by `mem`.
+        let installed = match unsafe { s.uffd.copy_missing(dst, bytes.as_ptr(), bytes.len()) } {
+            Ok(b) => b / PAGE_SIZE,
+            // Completed (and unregistered) meanwhile: the pages are there.
+            Err(_) if !s.registered.load(Ordering::Acquire) => return Ok(0),
+            Err(source) => {
+                return Err(LazyError::Install {
+                    page: first,
+                    source,
+                })
+            }
+        };
+        s.prefetched.fetch_add(installed as u64, Ordering::Relaxed);
+        s.mark_run(first, n as u32);
+        Ok(installed)
+    }
+
+    /// Whether page `page` is present (installed, or not a data page and
+    /// served already). False for a page outside the memory.
+    pub fn has_page(&self, page: u32) -> bool {
+        (page as usize) < self.0.kinds.len() && self.0.is_present(page)
+    }
+
+    /// Whether nobody needs more pages: every data page is present, the
+    /// source was given up ([`LazyMemory::fail`]), or the cell is gone.
+    /// A background reader stops then.
+    pub fn is_settled(&self) -> bool {
+        let s = &self.0;
+        s.stop.load(Ordering::Acquire) || s.lost.get().is_some() || s.missing() == 0
+    }
+
     /// The data pages not present yet, in increasing order.
     pub fn missing_data_pages(&self) -> Vec<u32> {
         let p = self.0.present.lock().unwrap_or_else(|e| e.into_inner());
@@ -330,11 +376,17 @@ impl Shared {
     }
 
     fn mark(&self, page: u32) {
+        self.mark_run(page, 1);
+    }
+
+    fn mark_run(&self, first: u32, n: u32) {
         let mut p = self.present.lock().unwrap_or_else(|e| e.into_inner());
-        if !std::mem::replace(&mut p.bits[page as usize], true)
-            && self.kinds[page as usize] == PageKind::Data
-        {
-            p.missing_data -= 1;
+        for page in first..first + n {
+            if !std::mem::replace(&mut p.bits[page as usize], true)
+                && self.kinds[page as usize] == PageKind::Data
+            {
+                p.missing_data -= 1;
+            }
         }
     }
 

@@ -35,6 +35,7 @@ mod dirty;
 mod error;
 pub mod files;
 mod flag;
+mod from_file;
 mod host;
 mod incoming;
 mod lazy;

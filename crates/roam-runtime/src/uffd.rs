@@ -179,6 +179,48 @@ impl Uffd {
         }
     }
 
+    /// Install the pages of `[dst, dst + len)` from `src`, skipping those
+    /// already present, and wake the waiters; returns the bytes installed.
+    /// One ioctl for a run of missing pages, where [`Uffd::copy`] stops at
+    /// the first present page.
+    ///
+    /// # Safety
+    ///
+    /// `src` must be readable for `len` bytes; `len` a multiple of 4 KiB.
+    pub(crate) unsafe fn copy_missing(
+        &self,
+        dst: usize,
+        src: *const u8,
+        len: usize,
+    ) -> io::Result<usize> {
+        const PAGE: usize = 4096;
+        let (mut done, mut installed) = (0usize, 0usize);
+        while done < len {
+            let mut c = Copy {
+                dst: (dst + done) as u64,
+                src: src as u64 + done as u64,
+                len: (len - done) as u64,
+                mode: 0,
+                copy: 0,
+            };
+            match ioctl(&self.fd, UFFDIO_COPY, &mut c) {
+                Ok(()) => return Ok(installed + len - done),
+                // Part copied (then EAGAIN), or a present page first (EEXIST).
+                Err(e) => {
+                    let copied = if c.copy > 0 { c.copy as usize } else { 0 };
+                    done += copied;
+                    installed += copied;
+                    match e.raw_os_error() {
+                        Some(libc::EEXIST) if copied == 0 => done += PAGE,
+                        Some(libc::EEXIST) | Some(libc::EAGAIN) => {}
+                        _ => return Err(e),
+                    }
+                }
+            }
+        }
+        Ok(installed)
+    }
+
     /// Map zero pages at `[start, start + len)` and wake the waiters.
     /// `Ok(false)` if a page was already present.
     pub(crate) fn zeropage(&self, start: usize, len: usize) -> io::Result<bool> {

@@ -10,7 +10,9 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::{DecodeError, EncodeError, EncodeOptions, Snapshot, HEADER_LEN, MAX_COMPRESSED_BYTES};
+use crate::{
+    DecodeError, EncodeError, EncodeOptions, PageFile, Snapshot, HEADER_LEN, MAX_COMPRESSED_BYTES,
+};
 
 /// Why a snapshot file could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -103,16 +105,9 @@ impl Snapshot {
             path: path.to_path_buf(),
             source,
         };
-        let (mut f, len) = open_capped(path)?;
+        let (f, len, header) = open_header(path)?;
         // Format v2 is read chunk by chunk, straight into its page file; v1
         // (one stream) is read whole.
-        let mut head = vec![0u8; HEADER_LEN.min(len as usize)];
-        f.read_exact(&mut head)
-            .map_err(|source| ReadFileError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        let header = crate::peek_header(&head).map_err(decode_err)?;
         if header.version.major == 2 {
             return crate::v2::read_file(&header, f, len)
                 .map(|s| (s, header))
@@ -121,6 +116,68 @@ impl Snapshot {
         let bytes = read_capped(path)?;
         Snapshot::decode_with_header(&bytes).map_err(decode_err)
     }
+}
+
+/// A snapshot file opened for restoring: see [`Snapshot::open_file`].
+#[derive(Debug)]
+pub enum Opened {
+    /// Read and checked whole (format 1.0, which is one stream).
+    Whole(Snapshot),
+    /// Format 2.0: everything but the pages read and checked. The
+    /// snapshot's memory is a [`crate::MemoryImage::placeholder`] of the
+    /// right size; the pages are read from the still open file on demand,
+    /// each chunk checked against its CRC when read.
+    Lazy {
+        /// The snapshot without its pages.
+        snapshot: Snapshot,
+        /// Its pages.
+        pages: PageFile,
+    },
+}
+
+impl Opened {
+    /// The snapshot (in [`Opened::Lazy`], with a placeholder memory).
+    pub fn snapshot(&self) -> &Snapshot {
+        match self {
+            Opened::Whole(s) | Opened::Lazy { snapshot: s, .. } => s,
+        }
+    }
+}
+
+impl Snapshot {
+    /// Open the snapshot file at `path` for a restore that need not wait
+    /// for its memory: a 2.0 file is checked like [`Snapshot::read_file`]
+    /// checks it, except for the chunks' CRCs, which are checked when each
+    /// chunk is read; a 1.0 file is read whole.
+    pub fn open_file(path: impl AsRef<Path>) -> Result<(Opened, crate::Header), ReadFileError> {
+        let path = path.as_ref();
+        let (f, len, header) = open_header(path)?;
+        if header.version.major != 2 {
+            return Snapshot::read_file_with_header(path).map(|(s, h)| (Opened::Whole(s), h));
+        }
+        let (snapshot, pages) =
+            crate::v2::open_file(&header, f, len).map_err(|source| ReadFileError::Decode {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok((Opened::Lazy { snapshot, pages }, header))
+    }
+}
+
+/// Open a file (capped as in [`open_capped`]) and read its header.
+fn open_header(path: &Path) -> Result<(File, u64, crate::Header), ReadFileError> {
+    let (mut f, len) = open_capped(path)?;
+    let mut head = vec![0u8; HEADER_LEN.min(len as usize)];
+    f.read_exact(&mut head)
+        .map_err(|source| ReadFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let header = crate::peek_header(&head).map_err(|source| ReadFileError::Decode {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok((f, len, header))
 }
 
 /// Open a file, refusing one larger than any valid snapshot.

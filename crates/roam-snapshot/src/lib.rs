@@ -58,7 +58,7 @@ mod validate;
 
 pub use decode::DecodeError;
 pub use encode::{EncodeError, EncodeOptions, Format};
-pub use file::{ReadFileError, WriteFileError};
+pub use file::{Opened, ReadFileError, WriteFileError};
 pub use header::{peek_header, Header, Version, FLAG_FILES, FLAG_MODULE_EMBEDDED, HEADER_LEN};
 pub use initial::InitialImage;
 pub use memory::{MemoryImage, PageKind, RestoreError};
@@ -68,6 +68,7 @@ pub use model::{
 };
 pub use stack::StackError;
 pub use summary::{EncodedSizes, Summary};
+pub use v2::PageFile;
 
 /// The first 8 bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"ROAMSNAP";

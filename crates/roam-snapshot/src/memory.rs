@@ -118,13 +118,18 @@ impl MemoryImage {
     /// # Panics
     /// If `byte_len` is not a multiple of [`WASM_PAGE_SIZE`].
     pub fn placeholder(byte_len: u64, initial: &InitialImage) -> MemoryImage {
+        Self::placeholder_with_digest(byte_len, initial.digest())
+    }
+
+    /// [`MemoryImage::placeholder`] from the initial image's digest.
+    pub(crate) fn placeholder_with_digest(byte_len: u64, initial_digest: [u8; 32]) -> MemoryImage {
         assert!(
             byte_len.is_multiple_of(WASM_PAGE_SIZE),
             "memory size {byte_len}"
         );
         MemoryImage {
             byte_len,
-            initial_digest: initial.digest(),
+            initial_digest,
             kinds: vec![PageKind::Zero; (byte_len / PAGE_SIZE as u64) as usize],
             data: Store::Heap(Vec::new()),
         }
@@ -137,6 +142,18 @@ impl MemoryImage {
             Store::Heap(v) => v,
             Store::Shared(_) => Vec::new(),
         }
+    }
+
+    /// An image from its page map and its stored pages (`data`, in page
+    /// order, 4 KiB each), checking that they agree: e.g. the pages of a
+    /// [`crate::PageFile`] read in full.
+    pub fn from_stored(
+        byte_len: u64,
+        initial_digest: [u8; 32],
+        kinds: Vec<PageKind>,
+        data: Vec<u8>,
+    ) -> Result<Self, String> {
+        Self::from_parts(byte_len, initial_digest, kinds, Store::Heap(data))
     }
 
     /// Reassemble an image from decoded parts, checking their consistency.

@@ -51,6 +51,14 @@ pub trait WasiView: Sized + 'static {
     /// The WASI context living in the store.
     fn wasi(&mut self) -> &mut WasiCtx;
 
+    /// Called before every call that reads or writes guest memory, before
+    /// it does anything. The runtime refuses here once the memory can no
+    /// longer be trusted (lazily read pages were lost), so that the program
+    /// has no effect outside based on it.
+    fn check_memory(&self) -> wasmtime::Result<()> {
+        Ok(())
+    }
+
     /// Called at the start of every import in [`BLOCKING_IMPORTS`], before it
     /// does anything. The runtime uses it to finish an Asyncify rewind (the
     /// call being re-entered after a restore).

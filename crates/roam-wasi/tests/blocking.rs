@@ -34,11 +34,19 @@ struct Counts {
 struct Host {
     ctx: WasiCtx,
     counts: Counts,
+    /// Memory no longer trusted: `check_memory` refuses.
+    untrusted: bool,
 }
 
 impl WasiView for Host {
     fn wasi(&mut self) -> &mut WasiCtx {
         &mut self.ctx
+    }
+    fn check_memory(&self) -> wasmtime::Result<()> {
+        if self.untrusted {
+            wasmtime::bail!("memory not trusted");
+        }
+        Ok(())
     }
     fn enter_blocking(c: &mut Caller<'_, Self>) -> wasmtime::Result<()> {
         c.data_mut().counts.entered += 1;
@@ -62,6 +70,7 @@ fn setup() -> (Store<Host>, Instance, Arc<Interrupt>) {
         Host {
             ctx,
             counts: Counts::default(),
+            untrusted: false,
         },
     );
     let inst = linker.instantiate(&mut store, &module).unwrap();
@@ -138,4 +147,18 @@ fn bad_pointers_give_efault_and_exit_is_a_trap() {
     let quit = inst.get_typed_func::<i32, ()>(&mut store, "quit").unwrap();
     let err = quit.call(&mut store, 3).unwrap_err();
     assert_eq!(err.downcast_ref::<ProcExit>(), Some(&ProcExit(3)));
+}
+
+#[test]
+fn a_call_on_untrusted_memory_is_refused_before_it_does_anything() {
+    let (mut store, inst, _intr) = setup();
+    store.data_mut().untrusted = true;
+    let f = inst
+        .get_typed_func::<(i64, i32), i32>(&mut store, "sleep")
+        .unwrap();
+    let err = f.call(&mut store, (0, 0)).unwrap_err();
+    assert!(format!("{err:?}").contains("memory not trusted"), "{err:?}");
+    // No events written, nothing suspended.
+    assert_eq!(store.data().counts.suspended, 0);
+    assert_eq!(get::<i32>(&mut store, &inst, "nevents"), 99);
 }

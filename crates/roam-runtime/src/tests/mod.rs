@@ -5,6 +5,7 @@
 mod common;
 mod dirty;
 mod flag;
+mod from_file;
 mod lazy;
 mod limits;
 mod mapped;

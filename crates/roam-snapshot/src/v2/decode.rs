@@ -18,7 +18,7 @@ use crate::payload::Meta;
 use crate::{DecodeError, MemoryImage, Snapshot, PAGE_SIZE};
 
 /// Random access to the input: a byte slice or a file.
-trait Source: Sync {
+pub(super) trait Source: Sync {
     fn len(&self) -> u64;
     /// Fill `dst` from `at`. The caller checked `at + dst.len() <= len()`.
     fn read_at(&self, at: u64, dst: &mut [u8]) -> Result<(), DecodeError>;
@@ -40,9 +40,9 @@ impl Source for [u8] {
     }
 }
 
-struct FileSource {
-    file: File,
-    len: u64,
+pub(super) struct FileSource {
+    pub file: File,
+    pub len: u64,
 }
 
 impl Source for FileSource {
@@ -72,6 +72,58 @@ pub(crate) fn read_file(header: &Header, file: File, len: u64) -> Result<Snapsho
 }
 
 fn decode_from(header: &Header, src: &(impl Source + ?Sized)) -> Result<Snapshot, DecodeError> {
+    let p = parse(header, src)?;
+    let stored = p.stored_pages();
+    let mut pages = SharedPages::new((stored * PAGE_SIZE as u64) as usize).map_err(|e| {
+        DecodeError::Resources {
+            what: "creating the page file",
+            detail: e.to_string(),
+        }
+    })?;
+    decode_chunks(src, p.area, &p.table.chunks, pages.as_mut_slice())?;
+    let m = &p.meta.memory;
+    let memory = MemoryImage::from_parts(
+        m.byte_len,
+        m.initial_digest,
+        p.kinds,
+        Store::Shared(Arc::new(pages)),
+    )
+    .map_err(|d| DecodeError::malformed("memory", d))?;
+    assemble(header, p.meta, p.sections, memory)
+}
+
+/// Everything of a v2 input but its pages, checked: the metadata (hash
+/// verified), the page map and the chunk table. The chunks themselves are
+/// not read yet.
+pub(super) struct Parsed {
+    pub meta: Meta,
+    /// Module, OS state and files sections.
+    pub sections: [Vec<u8>; 3],
+    pub kinds: Vec<PageKind>,
+    pub table: ChunkTable,
+    /// Offset of the chunk area in the input.
+    pub area: u64,
+}
+
+impl Parsed {
+    pub fn stored_pages(&self) -> u64 {
+        self.kinds.iter().filter(|k| **k == PageKind::Data).count() as u64
+    }
+}
+
+/// Open a v2 snapshot file of `len` bytes for reading its pages on demand:
+/// everything but the chunks is read and checked now.
+pub(super) fn parse_file(
+    header: &Header,
+    file: File,
+    len: u64,
+) -> Result<(Parsed, FileSource), DecodeError> {
+    let src = FileSource { file, len };
+    let p = parse(header, &src)?;
+    Ok((p, src))
+}
+
+fn parse(header: &Header, src: &(impl Source + ?Sized)) -> Result<Parsed, DecodeError> {
     let total = src.len();
     let after_header = total - HEADER_LEN as u64;
     if after_header < header.compressed_len {
@@ -155,22 +207,13 @@ fn decode_from(header: &Header, src: &(impl Source + ?Sized)) -> Result<Snapshot
         ));
     }
 
-    let mut pages = SharedPages::new((stored * PAGE_SIZE as u64) as usize).map_err(|e| {
-        DecodeError::Resources {
-            what: "creating the page file",
-            detail: e.to_string(),
-        }
-    })?;
-    decode_chunks(src, area, &table.chunks, pages.as_mut_slice())?;
-    let m = &meta.memory;
-    let memory = MemoryImage::from_parts(
-        m.byte_len,
-        m.initial_digest,
+    Ok(Parsed {
+        meta,
+        sections: [module, os_state, files],
         kinds,
-        Store::Shared(Arc::new(pages)),
-    )
-    .map_err(|d| DecodeError::malformed("memory", d))?;
-    assemble(header, meta, [module, os_state, files], memory)
+        table,
+        area,
+    })
 }
 
 /// Chunks in order, not overlapping, inside the area, covering exactly the
@@ -291,7 +334,7 @@ fn decode_chunks(
     })
 }
 
-fn decode_chunk(
+pub(super) fn decode_chunk(
     src: &(impl Source + ?Sized),
     area: u64,
     i: usize,

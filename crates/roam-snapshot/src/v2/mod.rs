@@ -19,13 +19,46 @@
 
 mod decode;
 mod encode;
+mod lazy;
 
 pub(crate) use decode::{decode, read_file};
 pub(crate) use encode::encode;
+pub use lazy::PageFile;
+
+/// Open a v2 file of `len` bytes without reading its pages: the snapshot
+/// (its memory a [`MemoryImage::placeholder`] of the right size) and the
+/// pages, to read on demand.
+pub(crate) fn open_file(
+    header: &Header,
+    file: std::fs::File,
+    len: u64,
+) -> Result<(Snapshot, PageFile), DecodeError> {
+    let (mut p, src) = decode::parse_file(header, file, len)?;
+    let byte_len = p.meta.memory.byte_len;
+    if !byte_len.is_multiple_of(WASM_PAGE_SIZE)
+        || p.kinds.len() as u64 * PAGE_SIZE as u64 != byte_len
+    {
+        return Err(DecodeError::malformed(
+            "memory",
+            format!(
+                "{} page kinds for a {byte_len}-byte memory (a multiple of 64 KiB)",
+                p.kinds.len()
+            ),
+        ));
+    }
+    let pages = PageFile::new(&mut p, src);
+    let memory = MemoryImage::placeholder_with_digest(pages.byte_len(), pages.initial_digest());
+    let snapshot = assemble(header, p.meta, p.sections, memory)?;
+    Ok((snapshot, pages))
+}
 
 use serde::{Deserialize, Serialize};
 
-use crate::{HEADER_LEN, MAX_METADATA_BYTES, PAGE_SIZE};
+use crate::decode::assemble;
+use crate::header::Header;
+use crate::{
+    DecodeError, MemoryImage, Snapshot, HEADER_LEN, MAX_METADATA_BYTES, PAGE_SIZE, WASM_PAGE_SIZE,
+};
 
 /// Stored pages per chunk written (1 MiB).
 pub(crate) const CHUNK_PAGES: usize = 256;

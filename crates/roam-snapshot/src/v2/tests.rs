@@ -304,3 +304,110 @@ fn corrupt_chunks_and_padding_are_refused() {
     b[80..88].copy_from_slice(&u64::MAX.to_le_bytes());
     assert!(matches!(err(&b), DecodeError::TooLarge { .. }));
 }
+
+#[test]
+fn an_opened_file_reads_each_chunk_on_demand_as_decoding_would() {
+    let (_, _, snap) = big_snapshot(48);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.roam");
+    snap.write_file_with(&path, &v2()).unwrap();
+    let (opened, h) = Snapshot::open_file(&path).unwrap();
+    assert_eq!(h.version, Version::V2);
+    let Opened::Lazy { snapshot, pages } = opened else {
+        panic!("a v2 file opens lazily");
+    };
+    // Everything but the pages is there; the memory is a placeholder.
+    assert_eq!(snapshot.globals, snap.globals);
+    assert_eq!(snapshot.stack, snap.stack);
+    assert_eq!(snapshot.memory.byte_len(), snap.memory.byte_len());
+    assert_eq!(snapshot.memory.stored_pages(), 0);
+    assert_eq!(pages.kinds(), snap.memory.page_kinds());
+    assert_eq!(pages.initial_digest(), snap.memory.initial_digest());
+    assert!(pages.chunk_count() > 2);
+    // Chunks in order hold the stored pages in order, each page in the
+    // chunk `chunk_of` names.
+    let mut all = Vec::new();
+    let mut held = Vec::new();
+    let mut buf = Vec::new();
+    for i in 0..pages.chunk_count() {
+        pages.read_chunk(i, &mut buf).unwrap();
+        assert_eq!(buf.len(), pages.chunk_pages(i).len() * PAGE_SIZE);
+        all.extend_from_slice(&buf);
+        for &p in pages.chunk_pages(i) {
+            assert_eq!(pages.chunk_of(p), Some(i));
+            held.push(p);
+        }
+    }
+    assert_eq!(all, snap.memory.stored_data());
+    let data: Vec<u32> = (0..pages.kinds().len() as u32)
+        .filter(|&p| pages.kinds()[p as usize] == PageKind::Data)
+        .collect();
+    assert_eq!(held, data);
+    let not_stored = (0..pages.kinds().len() as u32)
+        .find(|&p| pages.kinds()[p as usize] != PageKind::Data)
+        .unwrap();
+    assert_eq!(pages.chunk_of(not_stored), None);
+    assert_eq!(pages.chunk_of(u32::MAX), None);
+}
+
+#[test]
+fn an_opened_file_damaged_later_gives_errors_not_pages() {
+    use std::os::unix::fs::FileExt;
+    let (_, _, snap) = big_snapshot(32);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.roam");
+    snap.write_file_with(&path, &v2()).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    let s = split(&good);
+    let area = (good.len() - s.area.len()) as u64;
+    let (Opened::Lazy { pages, .. }, _) = Snapshot::open_file(&path).unwrap() else {
+        panic!("a v2 file opens lazily");
+    };
+    // The same file (inode) changed in place: chunk 0 fails its CRC, the
+    // others still read.
+    assert!(pages.chunk_count() >= 2);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let c0 = &s.table.chunks[0];
+    f.write_all_at(
+        &[good[(area + c0.offset + 7) as usize] ^ 0x5a],
+        area + c0.offset + 7,
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(
+        pages.read_chunk(0, &mut buf).unwrap_err(),
+        DecodeError::ChecksumMismatch {
+            what: "memory chunk"
+        }
+    );
+    let last = pages.chunk_count() - 1;
+    pages.read_chunk(last, &mut buf).unwrap();
+    // Cut short inside the last chunk: it cannot be read any more.
+    let cl = &s.table.chunks[last];
+    f.set_len(area + cl.offset + cl.len / 2).unwrap();
+    assert!(matches!(
+        pages.read_chunk(last, &mut buf),
+        Err(DecodeError::Read { .. })
+    ));
+    // Opening it now is refused as a full read refuses it.
+    assert!(Snapshot::open_file(&path).is_err());
+}
+
+#[test]
+fn a_v1_file_opens_whole() {
+    let (_, _, snap) = big_snapshot(4);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.roam");
+    let v1 = EncodeOptions {
+        format: Format::V1,
+        ..Default::default()
+    };
+    snap.write_file_with(&path, &v1).unwrap();
+    match Snapshot::open_file(&path).unwrap() {
+        (Opened::Whole(s), h) => {
+            assert_eq!(s, snap);
+            assert_eq!(h.version.major, 1);
+        }
+        (o, _) => panic!("expected a whole snapshot, got {o:?}"),
+    }
+}

@@ -30,6 +30,7 @@ pub(crate) fn with_mem<T: WasiView, R>(
     caller: &mut Caller<'_, T>,
     f: impl FnOnce(&mut WasiCtx, &mut Mem) -> R,
 ) -> wasmtime::Result<R> {
+    caller.data().check_memory()?;
     let m = memory(caller)?;
     let (data, t) = m.data_and_store_mut(caller);
     Ok(f(t.wasi(), &mut Mem(data)))
