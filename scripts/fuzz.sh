@@ -66,7 +66,7 @@ seed_from_build() {
                 [[ -e $w ]] && cp "$w" "$dir/seed-$(basename "$w")"
             done
             ;;
-        snapshot_decode)
+        snapshot_decode | snapshot_open)
             if [[ -x target/release/roam && -e target/workloads/is.wasm && ! -e $dir/seed-is.roam ]]; then
                 local tmp
                 tmp="$(mktemp -d)"
@@ -85,6 +85,7 @@ seed_from_build() {
 describe() {
     case $1 in
         snapshot_decode) echo 'snapshot files (`peek_header`, `Snapshot::decode`)' ;;
+        snapshot_open) echo 'snapshot files opened for a lazy restore (`Snapshot::open_file`, `PageFile::read_chunk`) against a full decode' ;;
         snapshot_roundtrip) echo 'snapshot encode, decode and restore of fuzzer-built state' ;;
         os_state_decode) echo 'the OS-layer section of a snapshot (`OsState::decode`)' ;;
         module_validate) echo 'modules given to `roam prepare` (validator, `roam` section, initial memory)' ;;
