@@ -452,26 +452,53 @@ impl Shared {
         match got {
             Err(e) => self.fail(format!("fetching page {page} failed: {e}")),
             Ok(pages) => {
-                for (p, bytes) in pages {
-                    let ok = (p as usize) < self.kinds.len()
+                let valid = |(p, bytes): &(u32, Vec<u8>)| {
+                    (*p as usize) < self.kinds.len()
                         && bytes.len() == PAGE_SIZE
-                        && self.kinds[p as usize] == PageKind::Data;
-                    if !ok {
-                        self.fail(format!("the source sent an invalid page {p}"));
-                        break;
-                    }
-                    match self.copy_in(p, &bytes) {
-                        Ok(installed) => {
-                            if installed {
-                                self.fetched.fetch_add(1, Ordering::Relaxed);
+                        && self.kinds[*p as usize] == PageKind::Data
+                };
+                if let Some((p, _)) = pages.iter().find(|x| !valid(x)) {
+                    self.fail(format!("the source sent an invalid page {p}"));
+                } else {
+                    // Consecutive pages go in with one copy per run (a
+                    // source may send a whole chunk of a file).
+                    let mut run = Vec::new();
+                    let mut k = 0;
+                    while k < pages.len() {
+                        let first = pages[k].0;
+                        let mut end = k + 1;
+                        while end < pages.len() && pages[end].0 == pages[end - 1].0 + 1 {
+                            end += 1;
+                        }
+                        let n = (end - k) as u32;
+                        let installed = if n == 1 {
+                            self.copy_in(first, &pages[k].1).map(usize::from)
+                        } else {
+                            run.clear();
+                            pages[k..end].iter().for_each(|(_, b)| run.extend_from_slice(b));
+                            // SAFETY: `run` holds `n` pages; they lie in the
+                            // registered range (checked above), kept alive by `mem`.
+                            unsafe {
+                                self.uffd.copy_missing(
+                                    self.base + first as usize * PAGE_SIZE,
+                                    run.as_ptr(),
+                                    run.len(),
+                                )
                             }
-                            self.mark(p);
-                            served |= p == page;
+                            .map(|b| b / PAGE_SIZE)
+                        };
+                        match installed {
+                            Ok(c) => {
+                                self.fetched.fetch_add(c as u64, Ordering::Relaxed);
+                                self.mark_run(first, n);
+                                served |= (first..first + n).contains(&page);
+                            }
+                            Err(e) => {
+                                self.fail(format!("cannot install page {first}: {e}"));
+                                break;
+                            }
                         }
-                        Err(e) => {
-                            self.fail(format!("cannot install page {p}: {e}"));
-                            break;
-                        }
+                        k = end;
                     }
                 }
                 if !served && self.lost.get().is_none() {
