@@ -475,7 +475,9 @@ impl Shared {
                             self.copy_in(first, &pages[k].1).map(usize::from)
                         } else {
                             run.clear();
-                            pages[k..end].iter().for_each(|(_, b)| run.extend_from_slice(b));
+                            pages[k..end]
+                                .iter()
+                                .for_each(|(_, b)| run.extend_from_slice(b));
                             // SAFETY: `run` holds `n` pages; they lie in the
                             // registered range (checked above), kept alive by `mem`.
                             unsafe {

@@ -7,9 +7,37 @@ use roam_wasi::{CapturedOutput, WasiConfig};
 
 use crate::{Cell, CellOptions, LoadedModule, Outcome, Runtime, RuntimeConfig};
 
+/// The end of a `_start` that prints the global `$sum` as 16 hex digits
+/// and a newline (locals `$k` and `$n`, memory at 1024..1041 and 2048..2060,
+/// import `$fd_write`). A macro so that `concat!` can build whole modules.
+macro_rules! print_sum_wat {
+    () => {
+        r#"    (local.set $k (i32.const 0))
+    (loop $hex
+      (local.set $n
+        (i32.wrap_i64
+          (i64.and
+            (i64.shr_u (global.get $sum)
+              (i64.extend_i32_u (i32.sub (i32.const 60) (i32.mul (local.get $k) (i32.const 4)))))
+            (i64.const 15))))
+      (i32.store8 (i32.add (i32.const 1024) (local.get $k))
+        (select (i32.add (local.get $n) (i32.const 48)) (i32.add (local.get $n) (i32.const 87))
+          (i32.lt_u (local.get $n) (i32.const 10))))
+      (local.set $k (i32.add (local.get $k) (i32.const 1)))
+      (br_if $hex (i32.lt_u (local.get $k) (i32.const 16))))
+    (i32.store8 (i32.const 1040) (i32.const 10))
+    (i32.store (i32.const 2048) (i32.const 1024))
+    (i32.store (i32.const 2052) (i32.const 17))
+    (drop (call $fd_write (i32.const 1) (i32.const 2048) (i32.const 1) (i32.const 2056))))
+"#
+    };
+}
+pub(crate) use print_sum_wat;
+
 /// Fills 75 pages over 200 rounds, keeps a data-segment page untouched and
 /// the top of memory zero, and prints a checksum of everything it wrote.
-pub(crate) const COMPUTE_WAT: &str = r#"
+pub(crate) const COMPUTE_WAT: &str = concat!(
+    r#"
 (module
   (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
   (memory (export "memory") 7)
@@ -34,25 +62,10 @@ pub(crate) const COMPUTE_WAT: &str = r#"
       (br_if $rounds (i32.lt_u (local.get $r) (i32.const 200))))
     ;; the data page still reads as written by the data segment
     (global.set $sum (i64.xor (global.get $sum) (i64.load (i32.const 450560))))
-    (local.set $k (i32.const 0))
-    (loop $hex
-      (local.set $n
-        (i32.wrap_i64
-          (i64.and
-            (i64.shr_u (global.get $sum)
-              (i64.extend_i32_u (i32.sub (i32.const 60) (i32.mul (local.get $k) (i32.const 4)))))
-            (i64.const 15))))
-      (i32.store8 (i32.add (i32.const 1024) (local.get $k))
-        (select (i32.add (local.get $n) (i32.const 48)) (i32.add (local.get $n) (i32.const 87))
-          (i32.lt_u (local.get $n) (i32.const 10))))
-      (local.set $k (i32.add (local.get $k) (i32.const 1)))
-      (br_if $hex (i32.lt_u (local.get $k) (i32.const 16))))
-    (i32.store8 (i32.const 1040) (i32.const 10))
-    (i32.store (i32.const 2048) (i32.const 1024))
-    (i32.store (i32.const 2052) (i32.const 17))
-    (drop (call $fd_write (i32.const 1) (i32.const 2048) (i32.const 1) (i32.const 2056))))
-)
-"#;
+"#,
+    print_sum_wat!(),
+    ")\n"
+);
 
 /// Spins on a mailbox in page 1 and, for each new command, grows memory
 /// and writes the listed pages, then acknowledges in page 2. Command -1

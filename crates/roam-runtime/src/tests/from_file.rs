@@ -16,7 +16,8 @@ use crate::{Cell, CellOptions, LoadedModule, Outcome, RunError};
 /// from 16 on, except those with `page % 7 == 3`, so the stored pages form
 /// many runs over several chunks), rewrites them in 12 rounds, and prints a
 /// checksum.
-const WIDE_WAT: &str = r#"
+const WIDE_WAT: &str = concat!(
+    r#"
 (module
   (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
   (memory (export "memory") 96)
@@ -53,25 +54,10 @@ const WIDE_WAT: &str = r#"
         (br_if $pages (i32.lt_u (local.get $p) (i32.const 1536))))
       (local.set $r (i32.add (local.get $r) (i32.const 1)))
       (br_if $rounds (i32.lt_u (local.get $r) (i32.const 12))))
-    (local.set $k (i32.const 0))
-    (loop $hex
-      (local.set $n
-        (i32.wrap_i64
-          (i64.and
-            (i64.shr_u (global.get $sum)
-              (i64.extend_i32_u (i32.sub (i32.const 60) (i32.mul (local.get $k) (i32.const 4)))))
-            (i64.const 15))))
-      (i32.store8 (i32.add (i32.const 1024) (local.get $k))
-        (select (i32.add (local.get $n) (i32.const 48)) (i32.add (local.get $n) (i32.const 87))
-          (i32.lt_u (local.get $n) (i32.const 10))))
-      (local.set $k (i32.add (local.get $k) (i32.const 1)))
-      (br_if $hex (i32.lt_u (local.get $k) (i32.const 16))))
-    (i32.store8 (i32.const 1040) (i32.const 10))
-    (i32.store (i32.const 2048) (i32.const 1024))
-    (i32.store (i32.const 2052) (i32.const 17))
-    (drop (call $fd_write (i32.const 1) (i32.const 2048) (i32.const 1) (i32.const 2056))))
-)
-"#;
+"#,
+    print_sum_wat!(),
+    ")\n"
+);
 
 struct Setup {
     env: Env,
