@@ -27,6 +27,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+exited() { # exited NODE CELL: whether that cell has exited on that node
+  "$ROAM_X86" cells --node "$1" --json | python3 -c \
+    "import json,sys; sys.exit(0 if any(c['id'] == '$2' and c['state'] == 'exited' for c in json.load(sys.stdin)) else 1)"
+}
 wait_node() {
   for _ in $(seq 1 200); do
     "$ROAM_X86" cells --node "$1" >/dev/null 2>&1 && return 0
@@ -49,6 +53,17 @@ pids+=($!)
 wait_node $A
 wait_node $B
 
+# The receiving node compiles the module for its ISA the first time it sees
+# it (seconds under qemu). Warm its cache with a short run first, so that the
+# migration below does not race the end of the program.
+echo
+echo "== warming edge-arm's compile cache: a size-S run of the same module there"
+WARM=$("$ROAM_X86" launch --node $B "$WASM" -- S)
+for _ in $(seq 1 600); do
+  if exited $B "$WARM"; then break; fi
+  sleep 0.5
+done
+
 echo
 echo "== roam launch --node $A $WASM -- $SIZE"
 CELL=$("$ROAM_X86" launch --node $A "$WASM" -- "$SIZE")
@@ -64,7 +79,7 @@ echo
 "$ROAM_X86" cells --node $B
 echo "== waiting for the cell to finish on aarch64"
 for _ in $(seq 1 1200); do
-  if "$ROAM_X86" cells --node $B --json | grep -q '"state": "exited"'; then break; fi
+  if exited $B "$CELL"; then break; fi
   sleep 0.5
 done
 "$ROAM_X86" cells --node $B
