@@ -67,12 +67,18 @@ pub(crate) struct CellHandle {
 }
 
 impl CellHandle {
+    /// Whether the cell's thread has returned (the program exited, trapped
+    /// or was stopped): it will never pause again.
+    pub(crate) fn has_ended(&self) -> bool {
+        self.ended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Ask the cell to pause at its next migration point; the returned
     /// receiver gets the paused state.
     pub(crate) fn pause(&self) -> oneshot::Receiver<Paused> {
         let (tx, rx) = oneshot::channel();
         *self.waiter.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
-        if self.ended.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.has_ended() {
             // The program already ended: the asker learns it at once.
             self.waiter
                 .lock()

@@ -333,6 +333,13 @@ async fn run(
                 None => ctx.stop_tracking(),
             }
             writer.abort();
+            if ctx.h.has_ended() {
+                // Our own reason: the destination only saw us close.
+                return Err(format!(
+                    "the program ended on this node while it was being moved ({e}); there is \
+                     nothing left to move, and its output and exit status stay here"
+                ));
+            }
             let e = abort_reason(&mut inbox).await.unwrap_or(e);
             return Err(format!("{e}; the cell keeps running on this node"));
         }

@@ -222,3 +222,34 @@ matrix! {
     aarch64_to_x86_post_copy_running_kill: Aarch64 -> X86_64, "post-copy", PostCopy, Kill;
     aarch64_to_x86_post_copy_running_cut: Aarch64 -> X86_64, "post-copy", PostCopy, Cut;
 }
+
+/// A program that ends while it is being moved (here during a pre-copy
+/// round slowed to seconds): the migration fails saying so, not with the
+/// destination's echo of the closed connection, and the program's output
+/// and exit status stay on the source, complete.
+#[test]
+fn a_program_that_ends_mid_migration_is_reported_as_ended() {
+    /// 32 MiB, for 2 s: round 1 alone takes about 13 s at 20 Mbit/s.
+    const SHORT: [&str; 3] = ["32", "4", "2"];
+    let (a, b) = (Node::start(Isa::X86_64), Node::start(Isa::X86_64));
+    let id = a.launch(&SHORT);
+    let (out, status) = migrate(&id, &a, &b, "pre-copy", &["--bandwidth", "20mbit"]);
+    assert!(!out.status.success(), "the migration succeeded: {status}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("ended on this node"),
+        "{err}\n{}",
+        both_logs(&a, &b)
+    );
+    assert!(!err.contains("keeps running"), "{err}");
+    assert_eq!(status["phase"], "failed", "{status}");
+    let end = a.wait_end(&id, Duration::from_secs(60));
+    assert_eq!(end["state"], "exited", "{end}");
+    assert_eq!(end["code"], 0, "{end}");
+    assert!(
+        b.cell(&id).is_none_or(|c| c["state"] != "running"),
+        "{}",
+        both_logs(&a, &b)
+    );
+    assert_eq!(text(&logs(&id, &a)), text(&reference(&SHORT)));
+}
