@@ -6,7 +6,7 @@
 //! over the destination, then the directory is fsynced so the rename persists.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -101,21 +101,31 @@ impl Snapshot {
         path: impl AsRef<Path>,
     ) -> Result<(Snapshot, crate::Header), ReadFileError> {
         let path = path.as_ref();
-        let decode_err = |source| ReadFileError::Decode {
-            path: path.to_path_buf(),
-            source,
-        };
         let (f, len, header) = open_header(path)?;
-        // Format v2 is read chunk by chunk, straight into its page file; v1
-        // (one stream) is read whole.
-        if header.version.major == 2 {
-            return crate::v2::read_file(&header, f, len)
-                .map(|s| (s, header))
-                .map_err(decode_err);
-        }
-        let bytes = read_capped(path)?;
-        Snapshot::decode_with_header(&bytes).map_err(decode_err)
+        read_opened(path, f, len, header)
     }
+}
+
+/// Decode the file `f` (of `len` bytes, `header` already read from it)
+/// whole. Format v2 is read chunk by chunk, straight into its page file; v1
+/// (one stream) is read whole, from the same open file.
+fn read_opened(
+    path: &Path,
+    f: File,
+    len: u64,
+    header: crate::Header,
+) -> Result<(Snapshot, crate::Header), ReadFileError> {
+    let decode_err = |source| ReadFileError::Decode {
+        path: path.to_path_buf(),
+        source,
+    };
+    if header.version.major == 2 {
+        return crate::v2::read_file(&header, f, len)
+            .map(|s| (s, header))
+            .map_err(decode_err);
+    }
+    let bytes = read_all(path, f, len)?;
+    Snapshot::decode_with_header(&bytes).map_err(decode_err)
 }
 
 /// A snapshot file opened for restoring: see [`Snapshot::open_file`].
@@ -153,7 +163,7 @@ impl Snapshot {
         let path = path.as_ref();
         let (f, len, header) = open_header(path)?;
         if header.version.major != 2 {
-            return Snapshot::read_file_with_header(path).map(|(s, h)| (Opened::Whole(s), h));
+            return read_opened(path, f, len, header).map(|(s, h)| (Opened::Whole(s), h));
         }
         let (snapshot, pages) =
             crate::v2::open_file(&header, f, len).map_err(|source| ReadFileError::Decode {
@@ -203,13 +213,14 @@ fn open_capped(path: &Path) -> Result<(File, u64), ReadFileError> {
     Ok((f, len))
 }
 
-/// Read a whole file, refusing files larger than any valid snapshot before allocating.
-fn read_capped(path: &Path) -> Result<Vec<u8>, ReadFileError> {
+/// Read all of `f` (`len` bytes, checked against the cap by
+/// [`open_capped`]) from its start, never more than any valid snapshot holds.
+fn read_all(path: &Path, mut f: File, len: u64) -> Result<Vec<u8>, ReadFileError> {
     let io_err = |source| ReadFileError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let (mut f, len) = open_capped(path)?;
+    f.rewind().map_err(io_err)?;
     let max = HEADER_LEN as u64 + MAX_COMPRESSED_BYTES;
     let mut bytes = Vec::with_capacity(len as usize);
     Read::by_ref(&mut f)
