@@ -116,25 +116,11 @@ impl Cell {
 /// Read every chunk into a complete snapshot (the fallback without
 /// userfaultfd).
 fn read_all(snapshot: &Snapshot, pages: &PageFile) -> Result<Snapshot, RestoreError> {
-    let mut memory = vec![0u8; pages.stored_pages() * PAGE_SIZE];
-    let mut at = 0;
-    let mut buf = Vec::new();
-    for i in 0..pages.chunk_count() {
-        pages
-            .read_chunk(i, &mut buf)
-            .map_err(|e| RestoreError::Memory(chunk_error(i, &e)))?;
-        memory[at..at + buf.len()].copy_from_slice(&buf);
-        at += buf.len();
-    }
-    let image = roam_snapshot::MemoryImage::from_stored(
-        pages.byte_len(),
-        pages.initial_digest(),
-        pages.kinds().to_vec(),
-        memory,
-    )
-    .map_err(RestoreError::Memory)?;
+    let memory = pages
+        .read_memory()
+        .map_err(|e| RestoreError::Memory(format!("the snapshot file's memory: {e}")))?;
     Ok(Snapshot {
-        memory: image,
+        memory,
         ..snapshot.clone()
     })
 }

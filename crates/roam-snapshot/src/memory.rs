@@ -144,18 +144,6 @@ impl MemoryImage {
         }
     }
 
-    /// An image from its page map and its stored pages (`data`, in page
-    /// order, 4 KiB each), checking that they agree: e.g. the pages of a
-    /// [`crate::PageFile`] read in full.
-    pub fn from_stored(
-        byte_len: u64,
-        initial_digest: [u8; 32],
-        kinds: Vec<PageKind>,
-        data: Vec<u8>,
-    ) -> Result<Self, String> {
-        Self::from_parts(byte_len, initial_digest, kinds, Store::Heap(data))
-    }
-
     /// Reassemble an image from decoded parts, checking their consistency.
     pub(crate) fn from_parts(
         byte_len: u64,

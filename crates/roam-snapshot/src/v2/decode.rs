@@ -73,23 +73,39 @@ pub(crate) fn read_file(header: &Header, file: File, len: u64) -> Result<Snapsho
 
 fn decode_from(header: &Header, src: &(impl Source + ?Sized)) -> Result<Snapshot, DecodeError> {
     let p = parse(header, src)?;
-    let stored = p.stored_pages();
-    let mut pages = SharedPages::new((stored * PAGE_SIZE as u64) as usize).map_err(|e| {
-        DecodeError::Resources {
-            what: "creating the page file",
-            detail: e.to_string(),
-        }
-    })?;
-    decode_chunks(src, p.area, &p.table.chunks, pages.as_mut_slice())?;
     let m = &p.meta.memory;
-    let memory = MemoryImage::from_parts(
-        m.byte_len,
-        m.initial_digest,
+    let memory = decode_memory(
+        src,
+        p.area,
+        &p.table.chunks,
+        (m.byte_len, m.initial_digest),
         p.kinds,
+    )?;
+    assemble(header, p.meta, p.sections, memory)
+}
+
+/// Decode every chunk, in parallel, into a page file and make the memory
+/// image of `byte_len` bytes and page map `kinds` from it.
+pub(super) fn decode_memory(
+    src: &(impl Source + ?Sized),
+    area: u64,
+    chunks: &[Chunk],
+    (byte_len, initial_digest): (u64, [u8; 32]),
+    kinds: Vec<PageKind>,
+) -> Result<MemoryImage, DecodeError> {
+    let stored = kinds.iter().filter(|k| **k == PageKind::Data).count();
+    let mut pages = SharedPages::new(stored * PAGE_SIZE).map_err(|e| DecodeError::Resources {
+        what: "creating the page file",
+        detail: e.to_string(),
+    })?;
+    decode_chunks(src, area, chunks, pages.as_mut_slice())?;
+    MemoryImage::from_parts(
+        byte_len,
+        initial_digest,
+        kinds,
         Store::Shared(Arc::new(pages)),
     )
-    .map_err(|d| DecodeError::malformed("memory", d))?;
-    assemble(header, p.meta, p.sections, memory)
+    .map_err(|d| DecodeError::malformed("memory", d))
 }
 
 /// Everything of a v2 input but its pages, checked: the metadata (hash
@@ -103,12 +119,6 @@ pub(super) struct Parsed {
     pub table: ChunkTable,
     /// Offset of the chunk area in the input.
     pub area: u64,
-}
-
-impl Parsed {
-    pub fn stored_pages(&self) -> u64 {
-        self.kinds.iter().filter(|k| **k == PageKind::Data).count() as u64
-    }
 }
 
 /// Open a v2 snapshot file of `len` bytes for reading its pages on demand:

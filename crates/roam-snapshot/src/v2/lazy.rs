@@ -13,10 +13,10 @@
 
 use std::sync::Arc;
 
-use super::decode::{decode_chunk, FileSource, Parsed};
+use super::decode::{decode_chunk, decode_memory, FileSource, Parsed};
 use super::Chunk;
 use crate::memory::PageKind;
-use crate::{DecodeError, PAGE_SIZE};
+use crate::{DecodeError, MemoryImage, PAGE_SIZE};
 
 /// The pages of an opened v2 snapshot file, read on demand. Cheap to
 /// clone (the clones share the open file); reads from several threads at
@@ -107,6 +107,19 @@ impl PageFile {
     /// If `i >= self.chunk_count()`.
     pub fn chunk_pages(&self, i: usize) -> &[u32] {
         &self.0.data_pages[self.0.chunk_start[i]..self.0.chunk_start[i + 1]]
+    }
+
+    /// Read every chunk (checking each CRC) into a complete memory image,
+    /// as a full read of the file would have made it.
+    pub fn read_memory(&self) -> Result<MemoryImage, DecodeError> {
+        let s = &self.0;
+        decode_memory(
+            &s.src,
+            s.area,
+            &s.chunks,
+            (s.byte_len, s.initial_digest),
+            s.kinds.clone(),
+        )
     }
 
     /// Read chunk `i` into `buf` (resized to its pages, 4 KiB each, in the

@@ -339,6 +339,8 @@ fn an_opened_file_reads_each_chunk_on_demand_as_decoding_would() {
         }
     }
     assert_eq!(all, snap.memory.stored_data());
+    // Read whole (the restore without userfaultfd): the decoded image.
+    assert_eq!(pages.read_memory().unwrap(), snap.memory);
     let data: Vec<u32> = (0..pages.kinds().len() as u32)
         .filter(|&p| pages.kinds()[p as usize] == PageKind::Data)
         .collect();
@@ -376,6 +378,12 @@ fn an_opened_file_damaged_later_gives_errors_not_pages() {
     let mut buf = Vec::new();
     assert_eq!(
         pages.read_chunk(0, &mut buf).unwrap_err(),
+        DecodeError::ChecksumMismatch {
+            what: "memory chunk"
+        }
+    );
+    assert_eq!(
+        pages.read_memory().unwrap_err(),
         DecodeError::ChecksumMismatch {
             what: "memory chunk"
         }
