@@ -141,17 +141,12 @@ fn prefetch(pages: &PageFile, lazy: &LazyMemory) {
             lazy.fail(&chunk_error(i, &e));
             return;
         }
-        let mut k = 0;
-        while k < held.len() {
-            let mut end = k + 1;
-            while end < held.len() && held[end] == held[end - 1] + 1 {
-                end += 1;
-            }
-            if let Err(e) = lazy.install_run(held[k], &buf[k * PAGE_SIZE..end * PAGE_SIZE]) {
+        for r in crate::lazy::runs(held) {
+            let bytes = &buf[r.start * PAGE_SIZE..r.end * PAGE_SIZE];
+            if let Err(e) = lazy.install_run(held[r.start], bytes) {
                 lazy.fail(&format!("installing memory chunk {i}: {e}"));
                 return;
             }
-            k = end;
         }
     }
 }

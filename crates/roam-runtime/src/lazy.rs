@@ -251,25 +251,11 @@ impl LazyMemory {
     /// Install a page that arrived without a fault (background prefetch).
     /// A page already present is left as it is (not an error).
     pub fn install(&self, page: u32, bytes: &[u8]) -> Result<(), LazyError> {
-        let s = &self.0;
-        let pages = s.kinds.len() as u32;
-        if page >= pages || bytes.len() != PAGE_SIZE {
+        if bytes.len() != PAGE_SIZE {
+            let pages = self.0.kinds.len() as u32;
             return Err(LazyError::BadPage { page, pages });
         }
-        if s.is_present(page) || !s.registered.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        match s.copy_in(page, bytes) {
-            Ok(true) => {
-                s.prefetched.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(false) => {}
-            // Completed (and unregistered) meanwhile: the page is there.
-            Err(_) if !s.registered.load(Ordering::Acquire) => return Ok(()),
-            Err(source) => return Err(LazyError::Install { page, source }),
-        }
-        s.mark(page);
-        Ok(())
+        self.install_run(page, bytes).map(|_| ())
     }
 
     /// Install the run of pages starting at `first` from `bytes` (whole
@@ -282,7 +268,7 @@ impl LazyMemory {
         if !bytes.len().is_multiple_of(PAGE_SIZE) || first as usize + n > pages as usize {
             return Err(LazyError::BadPage { page: first, pages });
         }
-        if !s.registered.load(Ordering::Acquire) {
+        if !s.registered.load(Ordering::Acquire) || s.all_present(first, n) {
             return Ok(0);
         }
         let dst = s.base + first as usize * PAGE_SIZE;
@@ -363,12 +349,38 @@ impl std::fmt::Debug for LazyMemory {
     }
 }
 
+/// The runs of consecutive pages in `pages` (increasing page indices), as
+/// ranges of positions in it: each run can go in with one copy.
+pub(crate) fn runs(pages: &[u32]) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= pages.len() {
+            return None;
+        }
+        let mut end = start + 1;
+        while end < pages.len() && pages[end] == pages[end - 1] + 1 {
+            end += 1;
+        }
+        let r = start..end;
+        start = end;
+        Some(r)
+    })
+}
+
 impl Shared {
     fn missing(&self) -> usize {
         self.present
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .missing_data
+    }
+
+    /// Whether pages `first .. first + n` are all present (one lock).
+    fn all_present(&self, first: u32, n: usize) -> bool {
+        let p = self.present.lock().unwrap_or_else(|e| e.into_inner());
+        p.bits[first as usize..first as usize + n]
+            .iter()
+            .all(|&b| b)
     }
 
     fn is_present(&self, page: u32) -> bool {
@@ -462,36 +474,25 @@ impl Shared {
                 } else {
                     // Consecutive pages go in with one copy per run (a
                     // source may send a whole chunk of a file).
+                    let indices: Vec<u32> = pages.iter().map(|(p, _)| *p).collect();
                     let mut run = Vec::new();
-                    let mut k = 0;
-                    while k < pages.len() {
-                        let first = pages[k].0;
-                        let mut end = k + 1;
-                        while end < pages.len() && pages[end].0 == pages[end - 1].0 + 1 {
-                            end += 1;
-                        }
-                        let n = (end - k) as u32;
-                        let installed = if n == 1 {
-                            self.copy_in(first, &pages[k].1).map(usize::from)
-                        } else {
-                            run.clear();
-                            pages[k..end]
-                                .iter()
-                                .for_each(|(_, b)| run.extend_from_slice(b));
-                            // SAFETY: `run` holds `n` pages; they lie in the
-                            // registered range (checked above), kept alive by `mem`.
-                            unsafe {
-                                self.uffd.copy_missing(
-                                    self.base + first as usize * PAGE_SIZE,
-                                    run.as_ptr(),
-                                    run.len(),
-                                )
-                            }
-                            .map(|b| b / PAGE_SIZE)
+                    for r in runs(&indices) {
+                        let (first, n) = (indices[r.start], r.len() as u32);
+                        run.clear();
+                        pages[r].iter().for_each(|(_, b)| run.extend_from_slice(b));
+                        // SAFETY: `run` holds `n` pages; they lie in the
+                        // registered range (checked above), kept alive by `mem`.
+                        let installed = unsafe {
+                            self.uffd.copy_missing(
+                                self.base + first as usize * PAGE_SIZE,
+                                run.as_ptr(),
+                                run.len(),
+                            )
                         };
                         match installed {
-                            Ok(c) => {
-                                self.fetched.fetch_add(c as u64, Ordering::Relaxed);
+                            Ok(bytes) => {
+                                self.fetched
+                                    .fetch_add((bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
                                 self.mark_run(first, n);
                                 served |= (first..first + n).contains(&page);
                             }
@@ -500,7 +501,6 @@ impl Shared {
                                 break;
                             }
                         }
-                        k = end;
                     }
                 }
                 if !served && self.lost.get().is_none() {
