@@ -144,6 +144,20 @@ impl MemoryImage {
         }
     }
 
+    /// A memory of `byte_len` bytes described by `pages` page kinds: whole
+    /// wasm pages, one kind per 4 KiB.
+    pub(crate) fn check_shape(byte_len: u64, pages: usize) -> Result<(), String> {
+        if !byte_len.is_multiple_of(WASM_PAGE_SIZE) {
+            return Err(format!(
+                "memory size {byte_len} is not a multiple of 64 KiB"
+            ));
+        }
+        if pages as u64 * PAGE_SIZE as u64 != byte_len {
+            return Err(format!("{pages} page kinds for a {byte_len}-byte memory"));
+        }
+        Ok(())
+    }
+
     /// Reassemble an image from decoded parts, checking their consistency.
     pub(crate) fn from_parts(
         byte_len: u64,
@@ -151,17 +165,7 @@ impl MemoryImage {
         kinds: Vec<PageKind>,
         data: Store,
     ) -> Result<Self, String> {
-        if !byte_len.is_multiple_of(WASM_PAGE_SIZE) {
-            return Err(format!(
-                "memory size {byte_len} is not a multiple of 64 KiB"
-            ));
-        }
-        if kinds.len() as u64 * PAGE_SIZE as u64 != byte_len {
-            return Err(format!(
-                "{} page kinds for a {byte_len}-byte memory",
-                kinds.len()
-            ));
-        }
+        Self::check_shape(byte_len, kinds.len())?;
         let stored = kinds.iter().filter(|k| **k == PageKind::Data).count();
         let data_len = data.as_slice().len();
         if stored as u64 * PAGE_SIZE as u64 != data_len as u64 {

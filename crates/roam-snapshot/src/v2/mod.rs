@@ -34,18 +34,8 @@ pub(crate) fn open_file(
     len: u64,
 ) -> Result<(Snapshot, PageFile), DecodeError> {
     let (mut p, src) = decode::parse_file(header, file, len)?;
-    let byte_len = p.meta.memory.byte_len;
-    if !byte_len.is_multiple_of(WASM_PAGE_SIZE)
-        || p.kinds.len() as u64 * PAGE_SIZE as u64 != byte_len
-    {
-        return Err(DecodeError::malformed(
-            "memory",
-            format!(
-                "{} page kinds for a {byte_len}-byte memory (a multiple of 64 KiB)",
-                p.kinds.len()
-            ),
-        ));
-    }
+    MemoryImage::check_shape(p.meta.memory.byte_len, p.kinds.len())
+        .map_err(|d| DecodeError::malformed("memory", d))?;
     let pages = PageFile::new(&mut p, src);
     let memory = MemoryImage::placeholder_with_digest(pages.byte_len(), pages.initial_digest());
     let snapshot = assemble(header, p.meta, p.sections, memory)?;
@@ -56,9 +46,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decode::assemble;
 use crate::header::Header;
-use crate::{
-    DecodeError, MemoryImage, Snapshot, HEADER_LEN, MAX_METADATA_BYTES, PAGE_SIZE, WASM_PAGE_SIZE,
-};
+use crate::{DecodeError, MemoryImage, Snapshot, HEADER_LEN, MAX_METADATA_BYTES, PAGE_SIZE};
 
 /// Stored pages per chunk written (1 MiB).
 pub(crate) const CHUNK_PAGES: usize = 256;
