@@ -15,6 +15,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         entry_points: a.entry_points.unwrap_or(defaults.entry_points),
         loop_points: a.loop_points.unwrap_or(defaults.loop_points),
         point_calls: a.point_calls.unwrap_or(defaults.point_calls),
+        outline: a.outline_loops.unwrap_or(defaults.outline),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };
@@ -30,14 +31,15 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
     } else {
         let s = &out.stats;
         eprintln!(
-            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points)",
+            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points; {} loops outlined)",
             a.input.display(),
             a.output.display(),
             input.len(),
             out.bytes.len(),
             s.loop_points,
             s.function_points,
-            s.manual_points
+            s.manual_points,
+            out.outlined_loops
         );
     }
     Ok(0)

@@ -29,9 +29,9 @@ use walrus::{
 use crate::callgraph::{is_local, CallGraph};
 use crate::pipeline::PrepareError;
 use crate::{
-    AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, PointPolicy, PointStats, PrepareOptions,
-    ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC,
-    POINT_MODULE, TABLE_EXPORT_PREFIX,
+    AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, Outline, PointPolicy, PointStats,
+    PrepareOptions, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
+    POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
 
 /// The instrumented module, ready for `wasm-opt`.
@@ -40,6 +40,8 @@ pub(crate) struct Instrumented {
     pub bytes: Vec<u8>,
     /// Points inserted.
     pub stats: PointStats,
+    /// Loops moved into functions of their own (`outline.rs`).
+    pub outlined: u32,
     /// Names of the functions Asyncify must instrument
     /// ([`AsyncifyScope::Reachable`]), or `None` for Asyncify's own analysis.
     pub only: Option<Vec<String>>,
@@ -66,6 +68,12 @@ pub(crate) fn instrument(
         .map_err(|e| PrepareError::Rewrite(e.into()))?;
 
     export_state(&mut module, info)?;
+    // Before any point: an outlined loop gets its point in its new function,
+    // exactly as it would have in place.
+    let outlined = match opts.outline {
+        Outline::Leaf => crate::outline::outline_loops(&mut module)?,
+        Outline::Off => 0,
+    };
     let point = point_import(&mut module);
     let flag = module.globals.add_local(
         ValType::I32,
@@ -95,6 +103,7 @@ pub(crate) fn instrument(
     Ok(Instrumented {
         bytes: module.emit_wasm(),
         stats,
+        outlined,
         only,
     })
 }

@@ -31,6 +31,7 @@ mod memory;
 mod names;
 mod ops;
 mod options;
+mod outline;
 mod pipeline;
 mod section;
 mod spill;
@@ -40,9 +41,10 @@ mod wasm_opt;
 
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
-    AsyncifyScope, EntryPoints, LoopPoints, OptLevel, ParseOptionError, ParsePolicyError,
+    AsyncifyScope, EntryPoints, LoopPoints, OptLevel, Outline, ParseOptionError, ParsePolicyError,
     PointCalls, PointPolicy, PrepareOptions,
 };
+pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
 pub use section::{read_section, RoamSection, SectionError};
 pub use spill::SPILL_EXPORT_PREFIX;

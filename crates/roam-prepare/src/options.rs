@@ -329,6 +329,43 @@ impl FromStr for PointCalls {
     }
 }
 
+/// Whether the innermost loops of large functions move into functions of
+/// their own before points are placed (see `outline.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Outline {
+    /// Innermost loops of functions with many locals move (default).
+    #[default]
+    Leaf,
+    /// Every loop stays where it is.
+    Off,
+}
+
+impl Outline {
+    /// The name used on the command line and in the canonical text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outline::Leaf => "leaf",
+            Outline::Off => "off",
+        }
+    }
+}
+
+impl FromStr for Outline {
+    type Err = ParseOptionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "leaf" => Ok(Outline::Leaf),
+            "off" => Ok(Outline::Off),
+            other => Err(ParseOptionError {
+                what: "loop outlining",
+                found: other.to_string(),
+                choices: "leaf, off",
+            }),
+        }
+    }
+}
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -352,16 +389,19 @@ pub struct PrepareOptions {
     /// What a point's call does with live values. Default:
     /// [`PointCalls::Spilled`].
     pub point_calls: PointCalls,
+    /// Which loops move into functions of their own. Default:
+    /// [`Outline::Leaf`].
+    pub outline: Outline,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=leaf`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={}",
+             ;entries={};loops={};calls={};outline={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -369,6 +409,7 @@ impl PrepareOptions {
             self.entry_points.as_str(),
             self.loop_points.as_str(),
             self.point_calls.as_str(),
+            self.outline.as_str(),
         )
     }
 }
@@ -405,7 +446,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=leaf"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -416,7 +457,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=hoisted;calls=spilled"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=leaf"
         );
     }
 }

@@ -29,6 +29,9 @@ pub struct Prepared {
     pub section: RoamSection,
     /// Migration-point counts (same as `section.stats`).
     pub stats: PointStats,
+    /// Loops moved into functions of their own; 0 for a module that was
+    /// already prepared (not recorded in the section).
+    pub outlined_loops: u32,
 }
 
 /// Why `prepare` failed.
@@ -108,12 +111,14 @@ pub fn prepare(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, PrepareE
             already_prepared: true,
             stats: section.stats,
             section,
+            outlined_loops: 0,
         });
     }
     let info = validate(input)?;
     let tool = wasm_opt::locate(opts.wasm_opt.as_deref())?;
     let instrumented = instrument::instrument(input, &info, opts)?;
     let stats = instrumented.stats;
+    let outlined_loops = instrumented.outlined;
     let only = instrumented.only.as_deref();
     let mut bytes = match opts.point_calls {
         PointCalls::Plain => wasm_opt::run(
@@ -159,6 +164,7 @@ pub fn prepare(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, PrepareE
         already_prepared: false,
         section,
         stats,
+        outlined_loops,
     })
 }
 

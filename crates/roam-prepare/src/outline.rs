@@ -1,0 +1,426 @@
+//! Move the innermost loops of large functions into functions of their own.
+//!
+//! C compilers inline aggressively: in most of the suite, `main` holds every
+//! loop nest of the program, with 30–60 locals. Asyncify then instruments
+//! that one function, and every migration point in it is a call that may
+//! unwind, around which every local is saved. Cranelift's register
+//! allocator, faced with all of those values live across the whole
+//! function, keeps even the innermost loop's pointer and counter in stack
+//! slots, loaded and stored on every iteration. Removing the save code by
+//! hand does not fix it (docs/prepare.md, "Outlined loops"): the function
+//! is simply too large for the allocator once Asyncify has added its
+//! guards.
+//!
+//! The innermost loop in a function of its own, with only the locals it
+//! uses as parameters, is allocated on its own and runs like the
+//! unprepared loop, plus the flag check of its migration point. This pass
+//! does that on the input module, before points are placed, so the loop
+//! gets its point in the new function exactly as it would have in place,
+//! and the time to reach a point is unchanged.
+//!
+//! The new function takes every local the loop reads or writes, and
+//! returns every local it writes plus an exit code: 0 when the loop ends
+//! by falling through, `k` when it branches to the `k`-th label outside
+//! itself. The caller stores the results back into its own locals and
+//! takes that branch. A loop is left in place when that cannot be said in
+//! this shape: it contains another loop (only innermost loops move), a
+//! `return`, a branch that carries values out of it, or a block type with
+//! parameters.
+//!
+//! `wasm-opt` would inline a function with one caller straight back, so
+//! every new function is exported (`roam.loop.<n>`), which Binaryen's
+//! inliner leaves alone.
+
+use std::collections::HashSet;
+
+use walrus::ir::{
+    BinaryOp, Binop, Br, BrIf, BrTable, Call, Const, Instr, InstrLocId, InstrSeqId, InstrSeqType,
+    LocalGet, LocalSet, Value,
+};
+use walrus::{
+    ExportItem, FunctionBuilder, FunctionId, FunctionKind, LocalFunction, LocalId, Module, ValType,
+};
+
+use crate::pipeline::PrepareError;
+
+/// Export-name prefix of an outlined loop, followed by a counter.
+pub const LOOP_EXPORT_PREFIX: &str = "roam.loop.";
+
+/// A function with fewer locals than this keeps its loops: the allocator
+/// handles it well, and the call would only cost.
+const MIN_LOCALS: usize = 16;
+
+/// A loop that uses more locals than this stays: passing them all in and
+/// out on every entry would cost more than it saves.
+const MAX_PARAMS: usize = 32;
+
+/// One loop that can move.
+struct Candidate {
+    /// The loop's body.
+    seq: InstrSeqId,
+    /// Every local the loop uses, in order of first use: the parameters.
+    used: Vec<LocalId>,
+    /// The locals it writes, in order of first write: the results.
+    written: Vec<LocalId>,
+    /// Labels outside the loop that it branches to, in order of first
+    /// branch: exit `k` is `exits[k - 1]`.
+    exits: Vec<InstrSeqId>,
+}
+
+/// Outline every eligible innermost loop of every large function. Returns
+/// how many loops moved.
+pub(crate) fn outline_loops(module: &mut Module) -> Result<u32, PrepareError> {
+    let parents: Vec<FunctionId> = module.funcs.iter_local().map(|(id, _)| id).collect();
+    let mut moved = 0u32;
+    for parent in parents {
+        let candidates = match &module.funcs.get(parent).kind {
+            FunctionKind::Local(func) => find_candidates(func),
+            _ => continue,
+        };
+        for candidate in candidates {
+            let name = format!("{LOOP_EXPORT_PREFIX}{moved}");
+            if module.exports.iter().any(|e| e.name == name) {
+                return Err(PrepareError::ExportNameTaken { name });
+            }
+            let outlined = build_function(module, parent, &candidate, moved);
+            replace_loop(module, parent, &candidate, outlined);
+            module.exports.add(&name, ExportItem::Function(outlined));
+            moved += 1;
+        }
+    }
+    Ok(moved)
+}
+
+/// The loops of `func` that move: none if the function is small.
+fn find_candidates(func: &LocalFunction) -> Vec<Candidate> {
+    let mut locals: HashSet<LocalId> = func.args.iter().copied().collect();
+    let mut loops = Vec::new();
+    walk(func, func.entry_block(), &mut |instr| match instr {
+        Instr::LocalGet(i) => {
+            locals.insert(i.local);
+        }
+        Instr::LocalSet(i) => {
+            locals.insert(i.local);
+        }
+        Instr::LocalTee(i) => {
+            locals.insert(i.local);
+        }
+        Instr::Loop(l) => loops.push(l.seq),
+        _ => {}
+    });
+    if locals.len() < MIN_LOCALS {
+        return Vec::new();
+    }
+    loops
+        .into_iter()
+        .filter_map(|seq| scan(func, seq))
+        .filter(|c| c.used.len() <= MAX_PARAMS)
+        .collect()
+}
+
+/// Visit every instruction under `seq`, in order, nested ones included.
+fn walk(func: &LocalFunction, seq: InstrSeqId, visit: &mut impl FnMut(&Instr)) {
+    for (instr, _) in &func.block(seq).instrs {
+        visit(instr);
+        for child in children(instr) {
+            walk(func, child, visit);
+        }
+    }
+}
+
+/// The sequences an instruction opens.
+fn children(instr: &Instr) -> Vec<InstrSeqId> {
+    match instr {
+        Instr::Block(b) => vec![b.seq],
+        Instr::Loop(l) => vec![l.seq],
+        Instr::IfElse(i) => vec![i.consequent, i.alternative],
+        _ => Vec::new(),
+    }
+}
+
+/// The loop at `seq` as a candidate, or `None` if it cannot move.
+fn scan(func: &LocalFunction, seq: InstrSeqId) -> Option<Candidate> {
+    if func.block(seq).ty != InstrSeqType::Simple(None) {
+        return None;
+    }
+    let mut inner = HashSet::from([seq]);
+    let mut candidate = Candidate {
+        seq,
+        used: Vec::new(),
+        written: Vec::new(),
+        exits: Vec::new(),
+    };
+    let mut ok = true;
+    let note_target = |target: InstrSeqId, inner: &HashSet<InstrSeqId>, c: &mut Candidate| {
+        if inner.contains(&target) {
+            return true;
+        }
+        // A branch out of the loop may carry nothing: a block (or the
+        // function body) without results. A loop label with a simple type
+        // takes no values either, but keep to the one shape.
+        if func.block(target).ty != InstrSeqType::Simple(None) {
+            return false;
+        }
+        if !c.exits.contains(&target) {
+            c.exits.push(target);
+        }
+        true
+    };
+    scan_seq(func, seq, &mut inner, &mut |instr, inner| {
+        let fine = match instr {
+            Instr::Loop(_) | Instr::Return(_) | Instr::ReturnCall(_) => false,
+            Instr::ReturnCallIndirect(_) | Instr::ReturnCallRef(_) => false,
+            Instr::BrOnNull(_) | Instr::BrOnNonNull(_) => false,
+            Instr::BrOnCast(_) | Instr::BrOnCastFail(_) => false,
+            Instr::TryTable(_) | Instr::Try(_) | Instr::Throw(_) => false,
+            Instr::ThrowRef(_) | Instr::Rethrow(_) => false,
+            Instr::Br(b) => note_target(b.block, inner, &mut candidate),
+            Instr::BrIf(b) => note_target(b.block, inner, &mut candidate),
+            Instr::BrTable(t) => t
+                .blocks
+                .iter()
+                .chain([&t.default])
+                .all(|b| note_target(*b, inner, &mut candidate)),
+            Instr::LocalGet(i) => {
+                push_new(&mut candidate.used, i.local);
+                true
+            }
+            Instr::LocalSet(i) => {
+                push_new(&mut candidate.used, i.local);
+                push_new(&mut candidate.written, i.local);
+                true
+            }
+            Instr::LocalTee(i) => {
+                push_new(&mut candidate.used, i.local);
+                push_new(&mut candidate.written, i.local);
+                true
+            }
+            _ => true,
+        };
+        ok &= fine;
+    });
+    ok.then_some(candidate)
+}
+
+/// Like [`walk`], but keeps `inner`, the set of labels opened so far inside
+/// the loop, up to date for the visitor.
+fn scan_seq(
+    func: &LocalFunction,
+    seq: InstrSeqId,
+    inner: &mut HashSet<InstrSeqId>,
+    visit: &mut impl FnMut(&Instr, &HashSet<InstrSeqId>),
+) {
+    for (instr, _) in &func.block(seq).instrs {
+        let opened = children(instr);
+        inner.extend(opened.iter().copied());
+        visit(instr, inner);
+        for child in opened {
+            scan_seq(func, child, inner, visit);
+        }
+    }
+}
+
+fn push_new(list: &mut Vec<LocalId>, local: LocalId) {
+    if !list.contains(&local) {
+        list.push(local);
+    }
+}
+
+/// Build the function that runs the loop `c` of `parent`.
+fn build_function(
+    module: &mut Module,
+    parent: FunctionId,
+    c: &Candidate,
+    number: u32,
+) -> FunctionId {
+    let types: Vec<ValType> = c.used.iter().map(|l| module.locals.get(*l).ty()).collect();
+    let mut results: Vec<ValType> = c
+        .written
+        .iter()
+        .map(|l| module.locals.get(*l).ty())
+        .collect();
+    results.push(ValType::I32);
+    let params: Vec<LocalId> = types.iter().map(|ty| module.locals.add(*ty)).collect();
+    let FunctionKind::Local(src) = &module.funcs.get(parent).kind else {
+        unreachable!("candidates come from local functions");
+    };
+    let mut fb = FunctionBuilder::new(&mut module.types, &types, &results);
+    fb.name(format!("roam_loop_{number}"));
+    let locals: Vec<(LocalId, LocalId)> =
+        c.used.iter().copied().zip(params.iter().copied()).collect();
+    let map_local = |l: LocalId| {
+        locals
+            .iter()
+            .find(|(from, _)| *from == l)
+            .map(|(_, to)| *to)
+    };
+    let written: Vec<LocalId> = c
+        .written
+        .iter()
+        .map(|l| map_local(*l).expect("written is used"))
+        .collect();
+
+    // Exit blocks, innermost first: `exit_seqs[k - 1]` is where a branch to
+    // `c.exits[k - 1]` lands. After each, the results and the exit code.
+    let exit_seqs: Vec<InstrSeqId> = c
+        .exits
+        .iter()
+        .map(|_| fb.dangling_instr_seq(None).id())
+        .collect();
+    let tail = |seq: &mut walrus::InstrSeqBuilder<'_>, code: i32| {
+        for w in &written {
+            seq.instr(LocalGet { local: *w });
+        }
+        seq.i32_const(code).instr(walrus::ir::Return {});
+    };
+    let body_loop = fb.dangling_instr_seq(None).id();
+    let mut enclosing = fb.func_body_id();
+    for (k, exit) in exit_seqs.iter().enumerate().rev() {
+        fb.instr_seq(enclosing)
+            .instr(walrus::ir::Block { seq: *exit });
+        tail(&mut fb.instr_seq(enclosing), k as i32 + 1);
+        enclosing = *exit;
+    }
+    fb.instr_seq(enclosing)
+        .instr(walrus::ir::Loop { seq: body_loop });
+    tail(&mut fb.instr_seq(enclosing), 0);
+
+    let mut copier = Copier {
+        src,
+        locals: &map_local,
+        seqs: vec![(c.seq, body_loop)],
+        exits: c
+            .exits
+            .iter()
+            .copied()
+            .zip(exit_seqs.iter().copied())
+            .collect(),
+    };
+    copier.copy(&mut fb, c.seq, body_loop);
+    fb.finish(params, &mut module.funcs)
+}
+
+/// Copies a loop's instructions into the new function, renaming locals and
+/// labels.
+struct Copier<'a, F: Fn(LocalId) -> Option<LocalId>> {
+    src: &'a LocalFunction,
+    locals: &'a F,
+    /// Labels inside the loop: source → copy.
+    seqs: Vec<(InstrSeqId, InstrSeqId)>,
+    /// Labels outside the loop: source → exit block.
+    exits: Vec<(InstrSeqId, InstrSeqId)>,
+}
+
+impl<F: Fn(LocalId) -> Option<LocalId>> Copier<'_, F> {
+    fn label(&self, from: InstrSeqId) -> InstrSeqId {
+        self.seqs
+            .iter()
+            .chain(&self.exits)
+            .find(|(s, _)| *s == from)
+            .map(|(_, d)| *d)
+            .expect("every branch target was seen by the scan")
+    }
+
+    fn local(&self, from: LocalId) -> LocalId {
+        (self.locals)(from).expect("every local was seen by the scan")
+    }
+
+    fn nested(&mut self, fb: &mut FunctionBuilder, from: InstrSeqId) -> InstrSeqId {
+        let ty = self.src.block(from).ty;
+        let to = fb.dangling_instr_seq(ty).id();
+        self.seqs.push((from, to));
+        self.copy(fb, from, to);
+        to
+    }
+
+    fn copy(&mut self, fb: &mut FunctionBuilder, from: InstrSeqId, to: InstrSeqId) {
+        for (instr, loc) in &self.src.block(from).instrs {
+            let instr = match instr {
+                Instr::Block(b) => Instr::Block(walrus::ir::Block {
+                    seq: self.nested(fb, b.seq),
+                }),
+                Instr::IfElse(i) => Instr::IfElse(walrus::ir::IfElse {
+                    consequent: self.nested(fb, i.consequent),
+                    alternative: self.nested(fb, i.alternative),
+                }),
+                Instr::Br(b) => Instr::Br(Br {
+                    block: self.label(b.block),
+                }),
+                Instr::BrIf(b) => Instr::BrIf(BrIf {
+                    block: self.label(b.block),
+                }),
+                Instr::BrTable(t) => Instr::BrTable(BrTable {
+                    blocks: t.blocks.iter().map(|b| self.label(*b)).collect(),
+                    default: self.label(t.default),
+                }),
+                Instr::LocalGet(i) => Instr::LocalGet(LocalGet {
+                    local: self.local(i.local),
+                }),
+                Instr::LocalSet(i) => Instr::LocalSet(LocalSet {
+                    local: self.local(i.local),
+                }),
+                Instr::LocalTee(i) => Instr::LocalTee(walrus::ir::LocalTee {
+                    local: self.local(i.local),
+                }),
+                other => other.clone(),
+            };
+            fb.instr_seq(to).instrs_mut().push((instr, *loc));
+        }
+    }
+}
+
+/// Replace the loop in `parent` by a call of `outlined` and the branches
+/// its exit code asks for.
+fn replace_loop(module: &mut Module, parent: FunctionId, c: &Candidate, outlined: FunctionId) {
+    let code = module.locals.add(ValType::I32);
+    let FunctionKind::Local(func) = &mut module.funcs.get_mut(parent).kind else {
+        unreachable!("candidates come from local functions");
+    };
+    let (holder, at) =
+        find_loop(func, func.entry_block(), c.seq).expect("the candidate loop is in its function");
+    let loc = func.block(holder).instrs[at].1;
+    let mut with: Vec<Instr> = c
+        .used
+        .iter()
+        .map(|l| Instr::LocalGet(LocalGet { local: *l }))
+        .collect();
+    with.push(Instr::Call(Call { func: outlined }));
+    with.push(Instr::LocalSet(LocalSet { local: code }));
+    with.extend(
+        c.written
+            .iter()
+            .rev()
+            .map(|l| Instr::LocalSet(LocalSet { local: *l })),
+    );
+    for (k, target) in c.exits.iter().enumerate() {
+        with.push(Instr::LocalGet(LocalGet { local: code }));
+        with.push(Instr::Const(Const {
+            value: Value::I32(k as i32 + 1),
+        }));
+        with.push(Instr::Binop(Binop {
+            op: BinaryOp::I32Eq,
+        }));
+        with.push(Instr::BrIf(BrIf { block: *target }));
+    }
+    let with: Vec<(Instr, InstrLocId)> = with.into_iter().map(|i| (i, loc)).collect();
+    func.block_mut(holder).instrs.splice(at..=at, with);
+}
+
+/// The sequence holding `loop_seq`'s `loop` instruction, and its index.
+fn find_loop(
+    func: &LocalFunction,
+    seq: InstrSeqId,
+    loop_seq: InstrSeqId,
+) -> Option<(InstrSeqId, usize)> {
+    for (i, (instr, _)) in func.block(seq).instrs.iter().enumerate() {
+        if matches!(instr, Instr::Loop(l) if l.seq == loop_seq) {
+            return Some((seq, i));
+        }
+        for child in children(instr) {
+            if let Some(found) = find_loop(func, child, loop_seq) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}
