@@ -67,14 +67,20 @@ struct Candidate {
     exits: Vec<InstrSeqId>,
 }
 
-/// Outline every eligible innermost loop of every large function. Returns
-/// how many loops moved.
+/// Outline the eligible loops of every large function, and again inside
+/// the new functions while they are large. Returns how many loops moved.
 pub(crate) fn outline_loops(module: &mut Module) -> Result<u32, PrepareError> {
-    let parents: Vec<FunctionId> = module.funcs.iter_local().map(|(id, _)| id).collect();
+    // (function, where to look): the whole body, or inside the loop an
+    // outlined function consists of (which must not move again).
+    let mut queue: Vec<(FunctionId, Option<InstrSeqId>)> = module
+        .funcs
+        .iter_local()
+        .map(|(id, _)| (id, None))
+        .collect();
     let mut moved = 0u32;
-    for parent in parents {
+    while let Some((parent, inside)) = queue.pop() {
         let candidates = match &module.funcs.get(parent).kind {
-            FunctionKind::Local(func) => find_candidates(func),
+            FunctionKind::Local(func) => find_candidates(func, inside),
             _ => continue,
         };
         for candidate in candidates {
@@ -82,19 +88,22 @@ pub(crate) fn outline_loops(module: &mut Module) -> Result<u32, PrepareError> {
             if module.exports.iter().any(|e| e.name == name) {
                 return Err(PrepareError::ExportNameTaken { name });
             }
-            let outlined = build_function(module, parent, &candidate, moved);
+            let (outlined, body) = build_function(module, parent, &candidate, moved);
             replace_loop(module, parent, &candidate, outlined);
             module.exports.add(&name, ExportItem::Function(outlined));
+            queue.push((outlined, Some(body)));
             moved += 1;
         }
     }
     Ok(moved)
 }
 
-/// The loops of `func` that move: none if the function is small.
-fn find_candidates(func: &LocalFunction) -> Vec<Candidate> {
+/// The loops of `func` (under `inside`, else anywhere) that move: none if
+/// the function is small. A loop moves with every loop nested in it when
+/// none of them calls anything, and alone when it is innermost; otherwise
+/// its inner loops are looked at instead.
+fn find_candidates(func: &LocalFunction, inside: Option<InstrSeqId>) -> Vec<Candidate> {
     let mut locals: HashSet<LocalId> = func.args.iter().copied().collect();
-    let mut loops = Vec::new();
     walk(func, func.entry_block(), &mut |instr| match instr {
         Instr::LocalGet(i) => {
             locals.insert(i.local);
@@ -105,17 +114,32 @@ fn find_candidates(func: &LocalFunction) -> Vec<Candidate> {
         Instr::LocalTee(i) => {
             locals.insert(i.local);
         }
-        Instr::Loop(l) => loops.push(l.seq),
         _ => {}
     });
     if locals.len() < MIN_LOCALS {
         return Vec::new();
     }
-    loops
-        .into_iter()
-        .filter_map(|seq| scan(func, seq))
-        .filter(|c| c.used.len() <= MAX_PARAMS)
-        .collect()
+    let mut found = Vec::new();
+    pick(func, inside.unwrap_or(func.entry_block()), &mut found);
+    found
+}
+
+/// Push the candidates among the outermost loops under `seq`, descending
+/// into those that cannot move.
+fn pick(func: &LocalFunction, seq: InstrSeqId, found: &mut Vec<Candidate>) {
+    for (instr, _) in &func.block(seq).instrs {
+        match instr {
+            Instr::Loop(l) => match scan(func, l.seq) {
+                Some(c) if c.used.len() <= MAX_PARAMS => found.push(c),
+                _ => pick(func, l.seq, found),
+            },
+            other => {
+                for child in children(other) {
+                    pick(func, child, found);
+                }
+            }
+        }
+    }
 }
 
 /// Visit every instruction under `seq`, in order, nested ones included.
@@ -150,7 +174,7 @@ fn scan(func: &LocalFunction, seq: InstrSeqId) -> Option<Candidate> {
         written: Vec::new(),
         exits: Vec::new(),
     };
-    let mut ok = true;
+    let (mut ok, mut nested, mut calls) = (true, false, false);
     let note_target = |target: InstrSeqId, inner: &HashSet<InstrSeqId>, c: &mut Candidate| {
         if inner.contains(&target) {
             return true;
@@ -168,7 +192,15 @@ fn scan(func: &LocalFunction, seq: InstrSeqId) -> Option<Candidate> {
     };
     scan_seq(func, seq, &mut inner, &mut |instr, inner| {
         let fine = match instr {
-            Instr::Loop(_) | Instr::Return(_) | Instr::ReturnCall(_) => false,
+            Instr::Loop(_) => {
+                nested = true;
+                true
+            }
+            Instr::Call(_) | Instr::CallIndirect(_) | Instr::CallRef(_) => {
+                calls = true;
+                true
+            }
+            Instr::Return(_) | Instr::ReturnCall(_) => false,
             Instr::ReturnCallIndirect(_) | Instr::ReturnCallRef(_) => false,
             Instr::BrOnNull(_) | Instr::BrOnNonNull(_) => false,
             Instr::BrOnCast(_) | Instr::BrOnCastFail(_) => false,
@@ -199,7 +231,10 @@ fn scan(func: &LocalFunction, seq: InstrSeqId) -> Option<Candidate> {
         };
         ok &= fine;
     });
-    ok.then_some(candidate)
+    // A nest moves only without calls: a call in it is a point, or leads to
+    // one, and Asyncify would instrument the nest's outer loops in the new
+    // function just as in the old.
+    (ok && !(nested && calls)).then_some(candidate)
 }
 
 /// Like [`walk`], but keeps `inner`, the set of labels opened so far inside
@@ -232,7 +267,7 @@ fn build_function(
     parent: FunctionId,
     c: &Candidate,
     number: u32,
-) -> FunctionId {
+) -> (FunctionId, InstrSeqId) {
     let types: Vec<ValType> = c.used.iter().map(|l| module.locals.get(*l).ty()).collect();
     let mut results: Vec<ValType> = c
         .written
@@ -297,7 +332,7 @@ fn build_function(
             .collect(),
     };
     copier.copy(&mut fb, c.seq, body_loop);
-    fb.finish(params, &mut module.funcs)
+    (fb.finish(params, &mut module.funcs), body_loop)
 }
 
 /// Copies a loop's instructions into the new function, renaming locals and
@@ -338,6 +373,9 @@ impl<F: Fn(LocalId) -> Option<LocalId>> Copier<'_, F> {
             let instr = match instr {
                 Instr::Block(b) => Instr::Block(walrus::ir::Block {
                     seq: self.nested(fb, b.seq),
+                }),
+                Instr::Loop(l) => Instr::Loop(walrus::ir::Loop {
+                    seq: self.nested(fb, l.seq),
                 }),
                 Instr::IfElse(i) => Instr::IfElse(walrus::ir::IfElse {
                     consequent: self.nested(fb, i.consequent),
