@@ -1,31 +1,38 @@
-//! Move the innermost loops of large functions into functions of their own.
+//! Move the loops of large functions into functions of their own.
 //!
 //! C compilers inline aggressively: in most of the suite, `main` holds every
 //! loop nest of the program, with 30–60 locals. Asyncify then instruments
 //! that one function, and every migration point in it is a call that may
-//! unwind, around which every local is saved. Cranelift's register
-//! allocator, faced with all of those values live across the whole
-//! function, keeps even the innermost loop's pointer and counter in stack
-//! slots, loaded and stored on every iteration. Removing the save code by
-//! hand does not fix it (docs/prepare.md, "Outlined loops"): the function
-//! is simply too large for the allocator once Asyncify has added its
-//! guards.
+//! unwind. Cranelift's register allocator, faced with that function, keeps
+//! even the innermost loop's pointer, counter and loop-invariant factor in
+//! stack slots, loaded and stored on every iteration. Removing Asyncify's
+//! save and restore code by hand does not fix it (docs/prepare.md,
+//! "Outlined loops"): the function is too large for the allocator once
+//! Asyncify has added its guards.
 //!
-//! The innermost loop in a function of its own, with only the locals it
-//! uses as parameters, is allocated on its own and runs like the
-//! unprepared loop, plus the flag check of its migration point. This pass
-//! does that on the input module, before points are placed, so the loop
-//! gets its point in the new function exactly as it would have in place,
-//! and the time to reach a point is unchanged.
+//! A loop in a function of its own, with only the locals it uses as
+//! parameters, is allocated on its own and runs like the unprepared loop,
+//! plus the flag check of its migration point. This pass does that on the
+//! input module, before points are placed, so each loop gets its point in
+//! the new function exactly as it would have in place, and the time to
+//! reach a point is unchanged.
+//!
+//! What moves, in a function with at least [`MIN_LOCALS`] locals: a loop
+//! nest in which nothing calls (one call per run of the whole nest), or
+//! else an innermost loop (one call per run of that loop). A new function
+//! that is itself large is looked at again, inside its loop. Moving an
+//! innermost loop costs a call each time the loop starts, which shows for
+//! loops of a few iterations (`kmeans`, docs/prepare.md), so nests go
+//! whole where they can.
 //!
 //! The new function takes every local the loop reads or writes, and
 //! returns every local it writes plus an exit code: 0 when the loop ends
 //! by falling through, `k` when it branches to the `k`-th label outside
 //! itself. The caller stores the results back into its own locals and
-//! takes that branch. A loop is left in place when that cannot be said in
-//! this shape: it contains another loop (only innermost loops move), a
-//! `return`, a branch that carries values out of it, or a block type with
-//! parameters.
+//! takes that branch. A loop stays in place when that cannot be said in
+//! this shape: it contains a `return`, a branch that carries values out of
+//! it, or has a block type other than `[] -> []`, or it uses more than
+//! [`MAX_PARAMS`] locals.
 //!
 //! `wasm-opt` would inline a function with one caller straight back, so
 //! every new function is exported (`roam.loop.<n>`), which Binaryen's
@@ -462,3 +469,7 @@ fn find_loop(
     }
     None
 }
+
+#[cfg(test)]
+#[path = "outline_tests.rs"]
+mod tests;

@@ -1,0 +1,171 @@
+//! Outlined loops, run: each module is outlined, validated and executed on
+//! wasmtime against the original for a range of inputs.
+
+use wasmtime::{Engine, Instance, Module as WasmModule, Store};
+
+use super::{outline_loops, LOOP_EXPORT_PREFIX, MIN_LOCALS};
+
+/// A module with one exported `f: i32 -> i32` whose body is `body`, after
+/// `MIN_LOCALS` extra locals that are set from the argument before it and
+/// added to the result after it, so the function is large enough to be
+/// outlined and every extra local is live across the loops.
+fn module(locals: &str, body: &str, extra: usize) -> String {
+    let decls: String = (0..extra).map(|k| format!("(local $d{k} i32)")).collect();
+    let set: String = (0..extra)
+        .map(|k| format!("(local.set $d{k} (i32.add (local.get $n) (i32.const {k})))"))
+        .collect();
+    let sum: String = (0..extra)
+        .map(|k| format!("(local.set $acc (i32.add (local.get $acc) (local.get $d{k})))"))
+        .collect();
+    format!(
+        r#"(module
+  (func $id (param i32) (result i32) (local.get 0))
+  (func (export "f") (param $n i32) (result i32) {locals} {decls}
+    {set}
+    {body}
+    {sum}
+    (local.get $acc)))"#
+    )
+}
+
+/// Outline `wat`; returns the original and outlined bytes and the count.
+fn outline(wat: &str) -> (Vec<u8>, Vec<u8>, u32) {
+    let original = wat::parse_str(wat).unwrap();
+    let mut module = walrus::Module::from_buffer(&original).unwrap();
+    let moved = outline_loops(&mut module).unwrap();
+    let outlined = module.emit_wasm();
+    wasmparser::Validator::new()
+        .validate_all(&outlined)
+        .expect("outlined module validates");
+    let exports = wasmparser::Parser::new(0)
+        .parse_all(&outlined)
+        .filter_map(|p| match p.unwrap() {
+            wasmparser::Payload::ExportSection(r) => Some(
+                r.into_iter()
+                    .filter(|e| e.as_ref().unwrap().name.starts_with(LOOP_EXPORT_PREFIX))
+                    .count(),
+            ),
+            _ => None,
+        })
+        .sum::<usize>();
+    assert_eq!(exports, moved as usize, "one export per outlined loop");
+    (original, outlined, moved)
+}
+
+fn run(engine: &Engine, wasm: &[u8], n: i32) -> i32 {
+    let module = WasmModule::new(engine, wasm).unwrap();
+    let mut store = Store::new(engine, ());
+    let instance = Instance::new(&mut store, &module, &[]).unwrap();
+    let f = instance
+        .get_typed_func::<i32, i32>(&mut store, "f")
+        .unwrap();
+    f.call(&mut store, n).unwrap()
+}
+
+/// Outline `wat`, expect `moved` loops to move, and compare runs.
+fn check(wat: &str, moved: u32) {
+    let (original, outlined, count) = outline(wat);
+    assert_eq!(count, moved, "loops moved");
+    let engine = Engine::default();
+    for n in [0, 1, 2, 3, 7, 8, 9, 15, 40, 200] {
+        assert_eq!(
+            run(&engine, &outlined, n),
+            run(&engine, &original, n),
+            "f({n}) after outlining"
+        );
+    }
+}
+
+/// A nest that calls nothing moves whole: its exits are a `br_if` and a
+/// `br_table` to the block round it, and the inner loop breaks to a block
+/// inside the outer loop.
+#[test]
+fn a_nest_without_calls_moves_whole() {
+    let body = r#"
+    (block $done
+      (loop $outer
+        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $j (i32.const 0))
+        (block $skip
+          (loop $inner
+            (br_if $skip (i32.eq (local.get $j) (i32.const 7)))
+            (local.set $acc (i32.add (local.get $acc) (i32.mul (local.get $i) (local.get $j))))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br_if $inner (i32.lt_u (local.get $j) (local.get $i)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_table $outer $done (i32.gt_u (local.get $acc) (i32.const 2000)))))"#;
+    let locals = "(local $i i32) (local $j i32) (local $acc i32)";
+    check(&module(locals, body, MIN_LOCALS), 1);
+}
+
+/// With a call in the outer loop only the inner loop moves. It leaves in
+/// three ways: to the end of everything, back to the outer loop's header,
+/// and by falling through.
+#[test]
+fn an_inner_loop_moves_out_of_a_loop_that_calls() {
+    let body = r#"
+    (block $all
+      (loop $outer
+        (local.set $acc (call $id (local.get $acc)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_if $all (i32.gt_u (local.get $i) (local.get $n)))
+        (local.set $j (i32.const 0))
+        (loop $inner
+          (local.set $j (i32.add (local.get $j) (i32.const 1)))
+          (local.set $acc (i32.add (local.get $acc) (local.get $j)))
+          (br_if $all (i32.gt_u (local.get $acc) (i32.const 5000)))
+          (br_if $outer (i32.eq (local.get $j) (i32.const 30)))
+          (br_if $inner (i32.lt_u (local.get $j) (local.get $i))))
+        (local.set $acc (i32.xor (local.get $acc) (i32.const 1)))
+        (br $outer)))"#;
+    let locals = "(local $i i32) (local $j i32) (local $acc i32)";
+    check(&module(locals, body, MIN_LOCALS), 1);
+}
+
+/// A loop that returns, or branches out with a value, stays; so do the
+/// loops of a small function.
+#[test]
+fn loops_that_cannot_be_said_as_a_call_stay() {
+    let locals = "(local $i i32) (local $acc i32)";
+    let returns = r#"
+    (loop $l
+      (if (i32.gt_u (local.get $i) (i32.const 5)) (then (return (local.get $i))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $l (i32.lt_u (local.get $i) (local.get $n))))"#;
+    check(&module(locals, returns, MIN_LOCALS), 0);
+    let carries = r#"
+    (local.set $acc
+      (block $b (result i32)
+        (loop $l
+          (drop (br_if $b (local.get $i) (i32.gt_u (local.get $i) (i32.const 5))))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br_if $l (i32.lt_u (local.get $i) (local.get $n))))
+        (i32.const 99)))"#;
+    check(&module(locals, carries, MIN_LOCALS), 0);
+    let plain = r#"
+    (loop $l
+      (local.set $acc (i32.add (local.get $acc) (local.get $i)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $l (i32.lt_u (local.get $i) (local.get $n))))"#;
+    check(&module(locals, plain, 2), 0);
+    check(&module(locals, plain, MIN_LOCALS), 1);
+}
+
+/// The same input gives the same bytes.
+#[test]
+fn outlining_is_deterministic() {
+    let body = r#"
+    (loop $a
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $a (i32.lt_u (local.get $i) (local.get $n))))
+    (loop $b
+      (local.set $acc (i32.add (local.get $acc) (local.get $i)))
+      (local.set $i (i32.sub (local.get $i) (i32.const 1)))
+      (br_if $b (i32.gt_s (local.get $i) (i32.const 0))))"#;
+    let wat = module("(local $i i32) (local $acc i32)", body, MIN_LOCALS);
+    let (_, first, moved) = outline(&wat);
+    let (_, second, _) = outline(&wat);
+    assert_eq!(moved, 2);
+    assert_eq!(first, second);
+    check(&wat, 2);
+}
