@@ -120,10 +120,10 @@ pub struct PrepareArgs {
     /// leaves it) [default: spilled].
     #[arg(long, value_name = "FORM", help_heading = "Ablation and tuning")]
     pub point_calls: Option<roam_prepare::PointCalls>,
-    /// Innermost loops of functions with many locals move into functions of
-    /// their own, which the register allocator handles far better once
-    /// Asyncify has instrumented the large function: `leaf` or `off`
-    /// [default: leaf].
+    /// Loops of functions with many locals move into functions of their
+    /// own, which the register allocator handles far better than the large
+    /// function once Asyncify has instrumented it: `on` or `off`
+    /// [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub outline_loops: Option<roam_prepare::Outline>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os

@@ -27,6 +27,7 @@ use walrus::{
 };
 
 use crate::callgraph::{is_local, CallGraph};
+use crate::outline::{outline_loops, Stage};
 use crate::pipeline::PrepareError;
 use crate::{
     AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, Outline, PointPolicy, PointStats,
@@ -68,12 +69,13 @@ pub(crate) fn instrument(
         .map_err(|e| PrepareError::Rewrite(e.into()))?;
 
     export_state(&mut module, info)?;
-    // Before any point: an outlined loop gets its point in its new function,
-    // exactly as it would have in place.
-    let outlined = match opts.outline {
-        Outline::Leaf => crate::outline::outline_loops(&mut module)?,
-        Outline::Off => 0,
-    };
+    // Nests before any point, so each gets its points in its new function
+    // exactly as in place; innermost loops after (see `outline.rs`).
+    let outline = opts.outline == Outline::On;
+    let mut outlined = 0;
+    if outline {
+        outlined += outline_loops(&mut module, Stage::Nests)?;
+    }
     let point = point_import(&mut module);
     let flag = module.globals.add_local(
         ValType::I32,
@@ -98,6 +100,9 @@ pub(crate) fn instrument(
         if loop_points > 0 || entry_point || manual > 0 {
             stats.functions += 1;
         }
+    }
+    if outline {
+        outlined += outline_loops(&mut module, Stage::Leaves)?;
     }
     let only = by_name.then(|| asyncify_only(&mut module));
     Ok(Instrumented {

@@ -329,13 +329,14 @@ impl FromStr for PointCalls {
     }
 }
 
-/// Whether the innermost loops of large functions move into functions of
-/// their own before points are placed (see `outline.rs`).
+/// Whether loops of large functions move into functions of their own (see
+/// `outline.rs`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Outline {
-    /// Innermost loops of functions with many locals move (default).
+    /// Loop nests that call nothing, and innermost loops that call nothing
+    /// once points are placed, of functions with many locals (default).
     #[default]
-    Leaf,
+    On,
     /// Every loop stays where it is.
     Off,
 }
@@ -344,7 +345,7 @@ impl Outline {
     /// The name used on the command line and in the canonical text.
     pub fn as_str(self) -> &'static str {
         match self {
-            Outline::Leaf => "leaf",
+            Outline::On => "on",
             Outline::Off => "off",
         }
     }
@@ -355,12 +356,12 @@ impl FromStr for Outline {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
-            "leaf" => Ok(Outline::Leaf),
+            "on" => Ok(Outline::On),
             "off" => Ok(Outline::Off),
             other => Err(ParseOptionError {
                 what: "loop outlining",
                 found: other.to_string(),
-                choices: "leaf, off",
+                choices: "on, off",
             }),
         }
     }
@@ -390,13 +391,13 @@ pub struct PrepareOptions {
     /// [`PointCalls::Spilled`].
     pub point_calls: PointCalls,
     /// Which loops move into functions of their own. Default:
-    /// [`Outline::Leaf`].
+    /// [`Outline::On`].
     pub outline: Outline,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=leaf`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
@@ -446,7 +447,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=leaf"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -457,7 +458,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=leaf"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=on"
         );
     }
 }

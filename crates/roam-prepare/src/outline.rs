@@ -17,13 +17,17 @@
 //! the new function exactly as it would have in place, and the time to
 //! reach a point is unchanged.
 //!
-//! What moves, in a function with at least [`MIN_LOCALS`] locals: a loop
-//! nest in which nothing calls (one call per run of the whole nest), or
-//! else an innermost loop (one call per run of that loop). A new function
-//! that is itself large is looked at again, inside its loop. Moving an
-//! innermost loop costs a call each time the loop starts, which shows for
-//! loops of a few iterations (`kmeans`, docs/prepare.md), so nests go
-//! whole where they can.
+//! Two stages, each in functions with at least [`MIN_LOCALS`] locals
+//! ([`Stage`]): before points are placed, loop nests in which nothing calls
+//! move whole (one call per run of the nest), and a new function that is
+//! itself large is looked at again inside its loop; after points are
+//! placed, innermost loops that call nothing move. Their hoisted point
+//! leaves only a flag check in the loop, so the new function calls
+//! nothing and Asyncify does not instrument it: the call costs what
+//! passing the locals costs. Innermost loops are not moved before points
+//! are placed because their point's call would move with them, and the
+//! new function would pay Asyncify's entry and exit code on every call,
+//! which loops of a few iterations (`kmeans`, `dhrystone`) do not earn back.
 //!
 //! The new function takes every local the loop reads or writes, and
 //! returns every local it writes plus an exit code: 0 when the loop ends
@@ -61,6 +65,21 @@ const MIN_LOCALS: usize = 16;
 /// out on every entry would cost more than it saves.
 const MAX_PARAMS: usize = 32;
 
+/// Which loops a run of the pass moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Before points are placed: loop nests in which nothing calls, each
+    /// with its inner loops. Each new function gets its points as the nest
+    /// would have had them, and is looked at again while it is large.
+    Nests,
+    /// After points are placed: innermost loops that call nothing. A
+    /// hoisted loop point (`hoist.rs`) checks the flag inside the loop and
+    /// calls the point from outside it, so the loop moves without its
+    /// point's call: the new function calls nothing, Asyncify leaves it
+    /// alone, and the call costs no more than passing the locals.
+    Leaves,
+}
+
 /// One loop that can move.
 struct Candidate {
     /// The loop's body.
@@ -72,11 +91,26 @@ struct Candidate {
     /// Labels outside the loop that it branches to, in order of first
     /// branch: exit `k` is `exits[k - 1]`.
     exits: Vec<InstrSeqId>,
+    /// It holds another loop.
+    nested: bool,
+    /// Something in it calls.
+    calls: bool,
+}
+
+impl Stage {
+    fn takes(self, c: &Candidate) -> bool {
+        !c.calls
+            && c.used.len() <= MAX_PARAMS
+            && match self {
+                Stage::Nests => c.nested,
+                Stage::Leaves => !c.nested,
+            }
+    }
 }
 
 /// Outline the eligible loops of every large function, and again inside
 /// the new functions while they are large. Returns how many loops moved.
-pub(crate) fn outline_loops(module: &mut Module) -> Result<u32, PrepareError> {
+pub(crate) fn outline_loops(module: &mut Module, stage: Stage) -> Result<u32, PrepareError> {
     // (function, where to look): the whole body, or inside the loop an
     // outlined function consists of (which must not move again).
     let mut queue: Vec<(FunctionId, Option<InstrSeqId>)> = module
@@ -84,21 +118,30 @@ pub(crate) fn outline_loops(module: &mut Module) -> Result<u32, PrepareError> {
         .iter_local()
         .map(|(id, _)| (id, None))
         .collect();
+    // Numbers go on from an earlier stage's.
+    let first = module
+        .exports
+        .iter()
+        .filter(|e| e.name.starts_with(LOOP_EXPORT_PREFIX))
+        .count() as u32;
     let mut moved = 0u32;
     while let Some((parent, inside)) = queue.pop() {
         let candidates = match &module.funcs.get(parent).kind {
-            FunctionKind::Local(func) => find_candidates(func, inside),
+            FunctionKind::Local(func) => find_candidates(func, inside, stage),
             _ => continue,
         };
         for candidate in candidates {
-            let name = format!("{LOOP_EXPORT_PREFIX}{moved}");
+            let number = first + moved;
+            let name = format!("{LOOP_EXPORT_PREFIX}{number}");
             if module.exports.iter().any(|e| e.name == name) {
                 return Err(PrepareError::ExportNameTaken { name });
             }
-            let (outlined, body) = build_function(module, parent, &candidate, moved);
+            let (outlined, body) = build_function(module, parent, &candidate, number);
             replace_loop(module, parent, &candidate, outlined);
             module.exports.add(&name, ExportItem::Function(outlined));
-            queue.push((outlined, Some(body)));
+            if stage == Stage::Nests {
+                queue.push((outlined, Some(body)));
+            }
             moved += 1;
         }
     }
@@ -109,7 +152,11 @@ pub(crate) fn outline_loops(module: &mut Module) -> Result<u32, PrepareError> {
 /// the function is small. A loop moves with every loop nested in it when
 /// none of them calls anything, and alone when it is innermost; otherwise
 /// its inner loops are looked at instead.
-fn find_candidates(func: &LocalFunction, inside: Option<InstrSeqId>) -> Vec<Candidate> {
+fn find_candidates(
+    func: &LocalFunction,
+    inside: Option<InstrSeqId>,
+    stage: Stage,
+) -> Vec<Candidate> {
     let mut locals: HashSet<LocalId> = func.args.iter().copied().collect();
     walk(func, func.entry_block(), &mut |instr| match instr {
         Instr::LocalGet(i) => {
@@ -127,22 +174,27 @@ fn find_candidates(func: &LocalFunction, inside: Option<InstrSeqId>) -> Vec<Cand
         return Vec::new();
     }
     let mut found = Vec::new();
-    pick(func, inside.unwrap_or(func.entry_block()), &mut found);
+    pick(
+        func,
+        inside.unwrap_or(func.entry_block()),
+        stage,
+        &mut found,
+    );
     found
 }
 
 /// Push the candidates among the outermost loops under `seq`, descending
 /// into those that cannot move.
-fn pick(func: &LocalFunction, seq: InstrSeqId, found: &mut Vec<Candidate>) {
+fn pick(func: &LocalFunction, seq: InstrSeqId, stage: Stage, found: &mut Vec<Candidate>) {
     for (instr, _) in &func.block(seq).instrs {
         match instr {
             Instr::Loop(l) => match scan(func, l.seq) {
-                Some(c) if c.used.len() <= MAX_PARAMS => found.push(c),
-                _ => pick(func, l.seq, found),
+                Some(c) if stage.takes(&c) => found.push(c),
+                _ => pick(func, l.seq, stage, found),
             },
             other => {
                 for child in children(other) {
-                    pick(func, child, found);
+                    pick(func, child, stage, found);
                 }
             }
         }
@@ -180,8 +232,10 @@ fn scan(func: &LocalFunction, seq: InstrSeqId) -> Option<Candidate> {
         used: Vec::new(),
         written: Vec::new(),
         exits: Vec::new(),
+        nested: false,
+        calls: false,
     };
-    let (mut ok, mut nested, mut calls) = (true, false, false);
+    let mut ok = true;
     let note_target = |target: InstrSeqId, inner: &HashSet<InstrSeqId>, c: &mut Candidate| {
         if inner.contains(&target) {
             return true;
@@ -200,11 +254,11 @@ fn scan(func: &LocalFunction, seq: InstrSeqId) -> Option<Candidate> {
     scan_seq(func, seq, &mut inner, &mut |instr, inner| {
         let fine = match instr {
             Instr::Loop(_) => {
-                nested = true;
+                candidate.nested = true;
                 true
             }
             Instr::Call(_) | Instr::CallIndirect(_) | Instr::CallRef(_) => {
-                calls = true;
+                candidate.calls = true;
                 true
             }
             Instr::Return(_) | Instr::ReturnCall(_) => false,
@@ -238,10 +292,7 @@ fn scan(func: &LocalFunction, seq: InstrSeqId) -> Option<Candidate> {
         };
         ok &= fine;
     });
-    // A nest moves only without calls: a call in it is a point, or leads to
-    // one, and Asyncify would instrument the nest's outer loops in the new
-    // function just as in the old.
-    (ok && !(nested && calls)).then_some(candidate)
+    ok.then_some(candidate)
 }
 
 /// Like [`walk`], but keeps `inner`, the set of labels opened so far inside

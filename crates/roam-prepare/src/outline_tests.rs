@@ -3,7 +3,7 @@
 
 use wasmtime::{Engine, Instance, Module as WasmModule, Store};
 
-use super::{outline_loops, LOOP_EXPORT_PREFIX, MIN_LOCALS};
+use super::{outline_loops, Stage, LOOP_EXPORT_PREFIX, MIN_LOCALS};
 
 /// A module with one exported `f: i32 -> i32` whose body is `body`, after
 /// `MIN_LOCALS` extra locals that are set from the argument before it and
@@ -29,10 +29,10 @@ fn module(locals: &str, body: &str, extra: usize) -> String {
 }
 
 /// Outline `wat`; returns the original and outlined bytes and the count.
-fn outline(wat: &str) -> (Vec<u8>, Vec<u8>, u32) {
+fn outline(wat: &str, stage: Stage) -> (Vec<u8>, Vec<u8>, u32) {
     let original = wat::parse_str(wat).unwrap();
     let mut module = walrus::Module::from_buffer(&original).unwrap();
-    let moved = outline_loops(&mut module).unwrap();
+    let moved = outline_loops(&mut module, stage).unwrap();
     let outlined = module.emit_wasm();
     wasmparser::Validator::new()
         .validate_all(&outlined)
@@ -63,8 +63,8 @@ fn run(engine: &Engine, wasm: &[u8], n: i32) -> i32 {
 }
 
 /// Outline `wat`, expect `moved` loops to move, and compare runs.
-fn check(wat: &str, moved: u32) {
-    let (original, outlined, count) = outline(wat);
+fn check(wat: &str, stage: Stage, moved: u32) {
+    let (original, outlined, count) = outline(wat, stage);
     assert_eq!(count, moved, "loops moved");
     let engine = Engine::default();
     for n in [0, 1, 2, 3, 7, 8, 9, 15, 40, 200] {
@@ -95,7 +95,10 @@ fn a_nest_without_calls_moves_whole() {
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br_table $outer $done (i32.gt_u (local.get $acc) (i32.const 2000)))))"#;
     let locals = "(local $i i32) (local $j i32) (local $acc i32)";
-    check(&module(locals, body, MIN_LOCALS), 1);
+    let wat = module(locals, body, MIN_LOCALS);
+    check(&wat, Stage::Nests, 1);
+    // Once points are placed, only its inner loop would move.
+    check(&wat, Stage::Leaves, 1);
 }
 
 /// With a call in the outer loop only the inner loop moves. It leaves in
@@ -119,7 +122,9 @@ fn an_inner_loop_moves_out_of_a_loop_that_calls() {
         (local.set $acc (i32.xor (local.get $acc) (i32.const 1)))
         (br $outer)))"#;
     let locals = "(local $i i32) (local $j i32) (local $acc i32)";
-    check(&module(locals, body, MIN_LOCALS), 1);
+    let wat = module(locals, body, MIN_LOCALS);
+    check(&wat, Stage::Leaves, 1);
+    check(&wat, Stage::Nests, 0);
 }
 
 /// A loop that returns, or branches out with a value, stays; so do the
@@ -132,7 +137,6 @@ fn loops_that_cannot_be_said_as_a_call_stay() {
       (if (i32.gt_u (local.get $i) (i32.const 5)) (then (return (local.get $i))))
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br_if $l (i32.lt_u (local.get $i) (local.get $n))))"#;
-    check(&module(locals, returns, MIN_LOCALS), 0);
     let carries = r#"
     (local.set $acc
       (block $b (result i32)
@@ -141,14 +145,18 @@ fn loops_that_cannot_be_said_as_a_call_stay() {
           (local.set $i (i32.add (local.get $i) (i32.const 1)))
           (br_if $l (i32.lt_u (local.get $i) (local.get $n))))
         (i32.const 99)))"#;
-    check(&module(locals, carries, MIN_LOCALS), 0);
+    for stage in [Stage::Nests, Stage::Leaves] {
+        check(&module(locals, returns, MIN_LOCALS), stage, 0);
+        check(&module(locals, carries, MIN_LOCALS), stage, 0);
+    }
     let plain = r#"
     (loop $l
       (local.set $acc (i32.add (local.get $acc) (local.get $i)))
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br_if $l (i32.lt_u (local.get $i) (local.get $n))))"#;
-    check(&module(locals, plain, 2), 0);
-    check(&module(locals, plain, MIN_LOCALS), 1);
+    check(&module(locals, plain, 2), Stage::Leaves, 0);
+    check(&module(locals, plain, MIN_LOCALS), Stage::Leaves, 1);
+    check(&module(locals, plain, MIN_LOCALS), Stage::Nests, 0);
 }
 
 /// The same input gives the same bytes.
@@ -163,9 +171,9 @@ fn outlining_is_deterministic() {
       (local.set $i (i32.sub (local.get $i) (i32.const 1)))
       (br_if $b (i32.gt_s (local.get $i) (i32.const 0))))"#;
     let wat = module("(local $i i32) (local $acc i32)", body, MIN_LOCALS);
-    let (_, first, moved) = outline(&wat);
-    let (_, second, _) = outline(&wat);
+    let (_, first, moved) = outline(&wat, Stage::Leaves);
+    let (_, second, _) = outline(&wat, Stage::Leaves);
     assert_eq!(moved, 2);
     assert_eq!(first, second);
-    check(&wat, 2);
+    check(&wat, Stage::Leaves, 2);
 }
