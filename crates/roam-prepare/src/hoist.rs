@@ -40,23 +40,28 @@
 use walrus::ir::{Br, BrIf, BrTable, GlobalGet, IfElse, Instr, InstrSeqId, InstrSeqType, Loop};
 use walrus::{FunctionId, GlobalId, LocalFunction};
 
-/// Whether loop `seq` can be hoisted: no call anywhere inside it, no
-/// parameters, and no `br_table` that may branch to it.
-pub(crate) fn hoistable(func: &LocalFunction, seq: InstrSeqId) -> bool {
+use crate::quiet::Quiet;
+
+/// Whether loop `seq` can be hoisted: no call that may unwind anywhere
+/// inside it (calls of [`Quiet`] functions are fine), no parameters, and
+/// no `br_table` that may branch to it.
+pub(crate) fn hoistable(func: &LocalFunction, seq: InstrSeqId, quiet: &Quiet) -> bool {
     let simple = matches!(func.block(seq).ty, InstrSeqType::Simple(_));
-    simple && clean(func, seq, seq)
+    simple && clean(func, seq, seq, quiet)
 }
 
-/// No call inside `seq`, and no `br_table` naming `target`.
-fn clean(func: &LocalFunction, seq: InstrSeqId, target: InstrSeqId) -> bool {
+/// No call that may unwind inside `seq`, and no `br_table` naming `target`.
+fn clean(func: &LocalFunction, seq: InstrSeqId, target: InstrSeqId, quiet: &Quiet) -> bool {
     func.block(seq).instrs.iter().all(|(instr, _)| match instr {
-        Instr::Call(_) | Instr::CallIndirect(_) => false,
+        i if quiet.may_unwind(i) => false,
         Instr::BrTable(BrTable { blocks, default }) => {
             *default != target && !blocks.contains(&target)
         }
-        Instr::Block(b) => clean(func, b.seq, target),
-        Instr::Loop(l) => clean(func, l.seq, target),
-        Instr::IfElse(i) => clean(func, i.consequent, target) && clean(func, i.alternative, target),
+        Instr::Block(b) => clean(func, b.seq, target, quiet),
+        Instr::Loop(l) => clean(func, l.seq, target, quiet),
+        Instr::IfElse(i) => {
+            clean(func, i.consequent, target, quiet) && clean(func, i.alternative, target, quiet)
+        }
         _ => true,
     })
 }

@@ -17,7 +17,10 @@ use crate::{validate, LoopPoints, PrepareOptions, FLAG_GLOBAL_EXPORT};
 /// calls, and a loop a `br_table` targets.
 const WAT: &str = r#"(module
   (memory (export "memory") 1)
-  (func $id (param i32) (result i32) (local.get 0))
+  ;; `$id` has a loop, so it gets a point and a call of it may unwind;
+  ;; `$inc` has none and calls nothing, so a call of it cannot.
+  (func $id (param i32) (result i32) (loop $spin) (local.get 0))
+  (func $inc (param i32) (result i32) (i32.add (local.get 0) (i32.const 1)))
   ;; sum over i < n of (sum over j < i of j)
   (func (export "nest") (param $n i32) (result i64)
     (local $i i32) (local $j i32) (local $acc i64)
@@ -35,6 +38,12 @@ const WAT: &str = r#"(module
   (func (export "calls") (param $n i32) (result i32) (local $acc i32)
     (loop $l
       (local.set $acc (i32.add (local.get $acc) (call $id (local.get $n))))
+      (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+      (br_if $l (local.get $n)))
+    (local.get $acc))
+  (func (export "quiet") (param $n i32) (result i32) (local $acc i32)
+    (loop $l
+      (local.set $acc (i32.add (local.get $acc) (call $inc (local.get $n))))
       (local.set $n (i32.sub (local.get $n) (i32.const 1)))
       (br_if $l (local.get $n)))
     (local.get $acc))
@@ -116,7 +125,7 @@ fn hoisted_points_compute_the_same_and_are_called_as_often_as_inline_ones() {
     let plain = wat::parse_str(WAT).unwrap();
     let hoisted = prepared(LoopPoints::Hoisted);
     let inline = prepared(LoopPoints::Inline);
-    for (name, arg) in [("nest", 40), ("calls", 25), ("table", 9)] {
+    for (name, arg) in [("nest", 40), ("calls", 25), ("quiet", 25), ("table", 9)] {
         // The uninstrumented module needs no import.
         let engine = Engine::default();
         let m = Module::new(&engine, &plain).unwrap();
@@ -234,8 +243,10 @@ fn a_call_free_loop_is_left_without_a_call_and_others_keep_theirs_inline() {
     let inline = prepared(LoopPoints::Inline);
     assert!(work_in_a_call_free_loop(&body(&hoisted, "nest")));
     assert!(!work_in_a_call_free_loop(&body(&inline, "nest")));
-    // A loop that calls, or that a `br_table` targets, is not rewritten.
+    // A loop that makes a call that may unwind, or that a `br_table`
+    // targets, is not rewritten; one whose only call cannot unwind is.
     for name in ["calls", "table"] {
         assert_eq!(body(&hoisted, name), body(&inline, name), "{name}");
     }
+    assert_ne!(body(&hoisted, "quiet"), body(&inline, "quiet"));
 }

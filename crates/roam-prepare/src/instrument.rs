@@ -29,6 +29,7 @@ use walrus::{
 use crate::callgraph::{is_local, CallGraph};
 use crate::outline::{outline_loops, Stage};
 use crate::pipeline::PrepareError;
+use crate::quiet::Quiet;
 use crate::{
     AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, Outline, PointPolicy, PointStats,
     PrepareOptions, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
@@ -69,13 +70,6 @@ pub(crate) fn instrument(
         .map_err(|e| PrepareError::Rewrite(e.into()))?;
 
     export_state(&mut module, info)?;
-    // Nests before any point, so each gets its points in its new function
-    // exactly as in place; innermost loops after (see `outline.rs`).
-    let outline = opts.outline == Outline::On;
-    let mut outlined = 0;
-    if outline {
-        outlined += outline_loops(&mut module, Stage::Nests)?;
-    }
     let point = point_import(&mut module);
     let flag = module.globals.add_local(
         ValType::I32,
@@ -85,15 +79,36 @@ pub(crate) fn instrument(
     );
     add_export(&mut module, FLAG_GLOBAL_EXPORT, flag.into())?;
 
-    let cycles = match opts.entry_points {
-        EntryPoints::Cycles => Some(CallGraph::new(&module).on_cycle()),
+    let cycles_of = |module: &Module| match opts.entry_points {
+        EntryPoints::Cycles => Some(CallGraph::new(module).on_cycle()),
         EntryPoints::All => None,
     };
+    let quiet_of = |module: &Module| {
+        let cycles = cycles_of(module);
+        let quiet = Quiet::new(module, policy, opts.entry_points, cycles.as_ref());
+        (cycles, quiet)
+    };
+    // Nests before any point, so each gets its points in its new function
+    // exactly as in place; innermost loops after (see `outline.rs`).
+    let outline = opts.outline == Outline::On;
+    let mut outlined = 0;
+    if outline {
+        let (_, quiet) = quiet_of(&module);
+        outlined += outline_loops(&mut module, Stage::Nests, &quiet)?;
+    }
+    let (cycles, quiet) = quiet_of(&module);
     let mut stats = PointStats::default();
     for (id, func) in module.funcs.iter_local_mut() {
         let entry_allowed = cycles.as_ref().is_none_or(|c| c.contains(&id));
-        let (loop_points, entry_point, manual) =
-            instrument_function(func, point, flag, policy, opts.loop_points, entry_allowed);
+        let (loop_points, entry_point, manual) = instrument_function(
+            func,
+            point,
+            flag,
+            policy,
+            opts.loop_points,
+            entry_allowed,
+            &quiet,
+        );
         stats.loop_points += loop_points;
         stats.function_points += u32::from(entry_point);
         stats.manual_points += manual;
@@ -102,7 +117,7 @@ pub(crate) fn instrument(
         }
     }
     if outline {
-        outlined += outline_loops(&mut module, Stage::Leaves)?;
+        outlined += outline_loops(&mut module, Stage::Leaves, &quiet)?;
     }
     let only = by_name.then(|| asyncify_only(&mut module));
     Ok(Instrumented {
@@ -206,6 +221,7 @@ fn instrument_function(
     policy: PointPolicy,
     loop_points: LoopPoints,
     entry_allowed: bool,
+    quiet: &Quiet,
 ) -> (u32, bool, u32) {
     let mut walk = Walk {
         point,
@@ -231,7 +247,7 @@ fn instrument_function(
     // an inline point.
     let mut inline = Vec::new();
     for l in loops.iter().rev() {
-        if loop_points == LoopPoints::Hoisted && crate::hoist::hoistable(func, l.seq) {
+        if loop_points == LoopPoints::Hoisted && crate::hoist::hoistable(func, l.seq, quiet) {
             crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag);
         } else {
             inline.push(l.seq);

@@ -33,6 +33,7 @@ mod ops;
 mod options;
 mod outline;
 mod pipeline;
+mod quiet;
 mod section;
 mod spill;
 mod validate;

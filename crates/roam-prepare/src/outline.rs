@@ -53,6 +53,7 @@ use walrus::{
 };
 
 use crate::pipeline::PrepareError;
+use crate::quiet::Quiet;
 
 /// Export-name prefix of an outlined loop, followed by a counter.
 pub const LOOP_EXPORT_PREFIX: &str = "roam.loop.";
@@ -93,7 +94,7 @@ struct Candidate {
     exits: Vec<InstrSeqId>,
     /// It holds another loop.
     nested: bool,
-    /// Something in it calls.
+    /// Something in it makes a call that may unwind.
     calls: bool,
 }
 
@@ -110,7 +111,11 @@ impl Stage {
 
 /// Outline the eligible loops of every large function, and again inside
 /// the new functions while they are large. Returns how many loops moved.
-pub(crate) fn outline_loops(module: &mut Module, stage: Stage) -> Result<u32, PrepareError> {
+pub(crate) fn outline_loops(
+    module: &mut Module,
+    stage: Stage,
+    quiet: &Quiet,
+) -> Result<u32, PrepareError> {
     // (function, where to look): the whole body, or inside the loop an
     // outlined function consists of (which must not move again).
     let mut queue: Vec<(FunctionId, Option<InstrSeqId>)> = module
@@ -127,7 +132,7 @@ pub(crate) fn outline_loops(module: &mut Module, stage: Stage) -> Result<u32, Pr
     let mut moved = 0u32;
     while let Some((parent, inside)) = queue.pop() {
         let candidates = match &module.funcs.get(parent).kind {
-            FunctionKind::Local(func) => find_candidates(func, inside, stage),
+            FunctionKind::Local(func) => find_candidates(func, inside, stage, quiet),
             _ => continue,
         };
         for candidate in candidates {
@@ -156,6 +161,7 @@ fn find_candidates(
     func: &LocalFunction,
     inside: Option<InstrSeqId>,
     stage: Stage,
+    quiet: &Quiet,
 ) -> Vec<Candidate> {
     let mut locals: HashSet<LocalId> = func.args.iter().copied().collect();
     walk(func, func.entry_block(), &mut |instr| match instr {
@@ -178,6 +184,7 @@ fn find_candidates(
         func,
         inside.unwrap_or(func.entry_block()),
         stage,
+        quiet,
         &mut found,
     );
     found
@@ -185,16 +192,22 @@ fn find_candidates(
 
 /// Push the candidates among the outermost loops under `seq`, descending
 /// into those that cannot move.
-fn pick(func: &LocalFunction, seq: InstrSeqId, stage: Stage, found: &mut Vec<Candidate>) {
+fn pick(
+    func: &LocalFunction,
+    seq: InstrSeqId,
+    stage: Stage,
+    quiet: &Quiet,
+    found: &mut Vec<Candidate>,
+) {
     for (instr, _) in &func.block(seq).instrs {
         match instr {
-            Instr::Loop(l) => match scan(func, l.seq) {
+            Instr::Loop(l) => match scan(func, l.seq, quiet) {
                 Some(c) if stage.takes(&c) => found.push(c),
-                _ => pick(func, l.seq, stage, found),
+                _ => pick(func, l.seq, stage, quiet, found),
             },
             other => {
                 for child in children(other) {
-                    pick(func, child, stage, found);
+                    pick(func, child, stage, quiet, found);
                 }
             }
         }
@@ -222,7 +235,7 @@ fn children(instr: &Instr) -> Vec<InstrSeqId> {
 }
 
 /// The loop at `seq` as a candidate, or `None` if it cannot move.
-fn scan(func: &LocalFunction, seq: InstrSeqId) -> Option<Candidate> {
+fn scan(func: &LocalFunction, seq: InstrSeqId, quiet: &Quiet) -> Option<Candidate> {
     if func.block(seq).ty != InstrSeqType::Simple(None) {
         return None;
     }
@@ -257,7 +270,7 @@ fn scan(func: &LocalFunction, seq: InstrSeqId) -> Option<Candidate> {
                 candidate.nested = true;
                 true
             }
-            Instr::Call(_) | Instr::CallIndirect(_) | Instr::CallRef(_) => {
+            i if quiet.may_unwind(i) => {
                 candidate.calls = true;
                 true
             }
