@@ -108,10 +108,10 @@ pub struct PrepareArgs {
     /// [default: cycles].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub entry_points: Option<roam_prepare::EntryPoints>,
-    /// How loop points are placed: `hoisted` (a loop that calls nothing
-    /// checks the flag at its back-edges and calls the point from outside
-    /// itself, so Asyncify leaves its body alone) or `inline` (a call at the
-    /// top of every loop body) [default: hoisted].
+    /// How loop points are placed: `hoisted` (a loop that makes no call that
+    /// may unwind checks the flag at its back-edges and calls the point from
+    /// outside itself, so Asyncify leaves its body alone) or `inline` (a
+    /// call at the top of every loop body) [default: hoisted].
     #[arg(long, value_name = "HOW", help_heading = "Ablation and tuning")]
     pub loop_points: Option<roam_prepare::LoopPoints>,
     /// What a migration point's call does with the function's values:

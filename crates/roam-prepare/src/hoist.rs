@@ -1,5 +1,7 @@
-//! Hoisted loop points: a migration point for a call-free loop whose call
-//! sits *outside* the loop.
+//! Hoisted loop points: a migration point for a loop that makes no call
+//! that may unwind, whose own call sits *outside* the loop. (A call of a
+//! function that can reach no point and no blocking import cannot unwind:
+//! `quiet.rs`.)
 //!
 //! Why: Asyncify instruments whole structures. A loop that contains a call
 //! that may unwind is instrumented inside: every stretch of its body is

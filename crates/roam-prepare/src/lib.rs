@@ -52,6 +52,15 @@ pub use spill::SPILL_EXPORT_PREFIX;
 pub use validate::{validate, ModuleInfo, ValidateError};
 pub use verify::{check_prepared, CheckError};
 
+/// Revision of what [`prepare`] emits for a given input and options. It is
+/// part of the key under which prepared modules are cached, so that a node
+/// whose cache holds modules prepared by an earlier roam prepares them
+/// again instead of serving the old output: otherwise two nodes may hold
+/// different prepared modules for the same program and options, and a
+/// checkpoint kept on one cannot be restored on the other. Bump it with
+/// every change to the output (2: loops outlined, `outline.rs`).
+pub const OUTPUT_REVISION: u32 = 2;
+
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.
 pub const FLAG_GLOBAL_EXPORT: &str = "roam.flag";

@@ -255,9 +255,9 @@ impl FromStr for EntryPoints {
 /// How a loop's migration point is placed (see `hoist.rs`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LoopPoints {
-    /// A loop that calls nothing checks the flag at its back-edges and
-    /// calls the point from a wrapper outside it, so Asyncify leaves its
-    /// body alone (default). Other loops get an inline point.
+    /// A loop that makes no call that may unwind checks the flag at its
+    /// back-edges and calls the point from a wrapper outside it, so Asyncify
+    /// leaves its body alone (default). Other loops get an inline point.
     #[default]
     Hoisted,
     /// `if flag { call point }` at the top of every loop body.

@@ -18,16 +18,17 @@
 //! reach a point is unchanged.
 //!
 //! Two stages, each in functions with at least [`MIN_LOCALS`] locals
-//! ([`Stage`]): before points are placed, loop nests in which nothing calls
-//! move whole (one call per run of the nest), and a new function that is
-//! itself large is looked at again inside its loop; after points are
-//! placed, innermost loops that call nothing move. Their hoisted point
-//! leaves only a flag check in the loop, so the new function calls
-//! nothing and Asyncify does not instrument it: the call costs what
-//! passing the locals costs. Innermost loops are not moved before points
-//! are placed because their point's call would move with them, and the
-//! new function would pay Asyncify's entry and exit code on every call,
-//! which loops of a few iterations (`kmeans`, `dhrystone`) do not earn back.
+//! ([`Stage`]): before points are placed, loop nests in which no call may
+//! unwind (calls of quiet functions are fine, `quiet.rs`) move whole (one
+//! call per run of the nest), and a new function that is itself large is
+//! looked at again inside its loop; after points are placed, innermost
+//! loops without such a call move. Their hoisted point leaves only a flag
+//! check in the loop, so the new function cannot unwind and Asyncify does
+//! not instrument it: the call costs what passing the locals costs.
+//! Innermost loops are not moved before points are placed because their
+//! point's call would move with them, and the new function would pay
+//! Asyncify's entry and exit code on every call, which loops of a few
+//! iterations (`kmeans`, `dhrystone`) do not earn back.
 //!
 //! The new function takes every local the loop reads or writes, and
 //! returns every local it writes plus an exit code: 0 when the loop ends
@@ -69,15 +70,15 @@ const MAX_PARAMS: usize = 32;
 /// Which loops a run of the pass moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
-    /// Before points are placed: loop nests in which nothing calls, each
-    /// with its inner loops. Each new function gets its points as the nest
+    /// Before points are placed: loop nests in which no call may unwind,
+    /// each with its inner loops. Each new function gets its points as the nest
     /// would have had them, and is looked at again while it is large.
     Nests,
-    /// After points are placed: innermost loops that call nothing. A
-    /// hoisted loop point (`hoist.rs`) checks the flag inside the loop and
-    /// calls the point from outside it, so the loop moves without its
-    /// point's call: the new function calls nothing, Asyncify leaves it
-    /// alone, and the call costs no more than passing the locals.
+    /// After points are placed: innermost loops in which no call may
+    /// unwind. A hoisted loop point (`hoist.rs`) checks the flag inside
+    /// the loop and calls the point from outside it, so the loop moves
+    /// without its point's call: Asyncify leaves the new function alone,
+    /// and the call costs no more than passing the locals.
     Leaves,
 }
 

@@ -171,9 +171,12 @@ impl Runtime {
 
     fn prepare_cached(&self, source: &[u8]) -> Result<Vec<u8>, LoadError> {
         let src_hash = *blake3::hash(source).as_bytes();
-        let path = self
-            .cache
-            .prepared_path(&src_hash, &self.prepare.canonical());
+        let key = format!(
+            "{};revision={}",
+            self.prepare.canonical(),
+            roam_prepare::OUTPUT_REVISION
+        );
+        let path = self.cache.prepared_path(&src_hash, &key);
         if let Some(bytes) = self.cache.get(&path) {
             if roam_prepare::read_section(&bytes).ok().flatten().is_some() {
                 tracing::debug!(path = %path.display(), "prepared module from cache");
