@@ -8,7 +8,10 @@
 //!    (threads, exceptions, memory64, multi-memory, run-time table mutation);
 //! 2. **instrument** — insert cheap *migration points* (a flag test and a
 //!    call to the `roam.migration_point` import) so a running program reaches
-//!    a place where it can unwind within bounded time;
+//!    a place where it can unwind within bounded time; before and after,
+//!    move hot loops of large functions into functions of their own, which
+//!    the register allocator handles far better once Asyncify has
+//!    instrumented the large one (`outline.rs`);
 //! 3. **export** all mutable state (globals, memory, tables) under stable
 //!    names, so the host can read and restore it on any architecture;
 //! 4. **Asyncify** with Binaryen's `wasm-opt`, which lets the stack unwind

@@ -71,8 +71,8 @@ const MAX_PARAMS: usize = 32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
     /// Before points are placed: loop nests in which no call may unwind,
-    /// each with its inner loops. Each new function gets its points as the nest
-    /// would have had them, and is looked at again while it is large.
+    /// each with its inner loops. Each new function gets its points as the
+    /// nest would have had them, and is looked at again while it is large.
     Nests,
     /// After points are placed: innermost loops in which no call may
     /// unwind. A hoisted loop point (`hoist.rs`) checks the flag inside
@@ -154,10 +154,9 @@ pub(crate) fn outline_loops(
     Ok(moved)
 }
 
-/// The loops of `func` (under `inside`, else anywhere) that move: none if
-/// the function is small. A loop moves with every loop nested in it when
-/// none of them calls anything, and alone when it is innermost; otherwise
-/// its inner loops are looked at instead.
+/// The loops of `func` (under `inside`, else anywhere) that `stage` moves:
+/// none if the function is small. A loop that does not move has its inner
+/// loops looked at instead.
 fn find_candidates(
     func: &LocalFunction,
     inside: Option<InstrSeqId>,
@@ -271,12 +270,12 @@ fn scan(func: &LocalFunction, seq: InstrSeqId, quiet: &Quiet) -> Option<Candidat
                 candidate.nested = true;
                 true
             }
+            Instr::Return(_) | Instr::ReturnCall(_) => false,
+            Instr::ReturnCallIndirect(_) | Instr::ReturnCallRef(_) => false,
             i if quiet.may_unwind(i) => {
                 candidate.calls = true;
                 true
             }
-            Instr::Return(_) | Instr::ReturnCall(_) => false,
-            Instr::ReturnCallIndirect(_) | Instr::ReturnCallRef(_) => false,
             Instr::BrOnNull(_) | Instr::BrOnNonNull(_) => false,
             Instr::BrOnCast(_) | Instr::BrOnCastFail(_) => false,
             Instr::TryTable(_) | Instr::Try(_) | Instr::Throw(_) => false,
