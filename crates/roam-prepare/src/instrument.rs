@@ -79,13 +79,14 @@ pub(crate) fn instrument(
     );
     add_export(&mut module, FLAG_GLOBAL_EXPORT, flag.into())?;
 
-    let cycles_of = |module: &Module| match opts.entry_points {
-        EntryPoints::Cycles => Some(CallGraph::new(module).on_cycle()),
-        EntryPoints::All => None,
-    };
+    // One call graph serves the entry points and the quiet calls.
     let quiet_of = |module: &Module| {
-        let cycles = cycles_of(module);
-        let quiet = Quiet::new(module, policy, opts.entry_points, cycles.as_ref());
+        let graph = CallGraph::new(module);
+        let cycles = match opts.entry_points {
+            EntryPoints::Cycles => Some(graph.on_cycle()),
+            EntryPoints::All => None,
+        };
+        let quiet = Quiet::new(module, &graph, policy, opts.entry_points, cycles.as_ref());
         (cycles, quiet)
     };
     // Nests before any point, so each gets its points in its new function

@@ -215,7 +215,7 @@ fn pick(
 }
 
 /// Visit every instruction under `seq`, in order, nested ones included.
-fn walk(func: &LocalFunction, seq: InstrSeqId, visit: &mut impl FnMut(&Instr)) {
+pub(crate) fn walk(func: &LocalFunction, seq: InstrSeqId, visit: &mut impl FnMut(&Instr)) {
     for (instr, _) in &func.block(seq).instrs {
         visit(instr);
         for child in children(instr) {

@@ -38,9 +38,11 @@ fn outline_with(wat: &str, stage: Stage, quiet: bool) -> (Vec<u8>, Vec<u8>, u32)
     let original = wat::parse_str(wat).unwrap();
     let mut module = walrus::Module::from_buffer(&original).unwrap();
     let quiet = if quiet {
-        let cycles = CallGraph::new(&module).on_cycle();
+        let graph = CallGraph::new(&module);
+        let cycles = graph.on_cycle();
         Quiet::new(
             &module,
+            &graph,
             PointPolicy::Loops,
             EntryPoints::Cycles,
             Some(&cycles),

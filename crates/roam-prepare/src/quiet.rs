@@ -29,6 +29,7 @@ use walrus::ir::Instr;
 use walrus::{FunctionId, FunctionKind, ImportKind, LocalFunction, Module};
 
 use crate::callgraph::CallGraph;
+use crate::outline::walk;
 use crate::{EntryPoints, PointPolicy, ASYNC_IMPORTS, POINT_FUNC, POINT_MODULE};
 
 /// The functions a call to which cannot unwind.
@@ -36,11 +37,12 @@ use crate::{EntryPoints, PointPolicy, ASYNC_IMPORTS, POINT_FUNC, POINT_MODULE};
 pub(crate) struct Quiet(HashSet<FunctionId>);
 
 impl Quiet {
-    /// Compute the quiet functions of `module` under `policy`; `cycles` is
-    /// the set of functions on a call cycle when only those get entry
-    /// points ([`EntryPoints::Cycles`]).
+    /// Compute the quiet functions of `module`, whose call graph is
+    /// `graph`, under `policy`; `cycles` is the set of functions on a call
+    /// cycle when only those get entry points ([`EntryPoints::Cycles`]).
     pub(crate) fn new(
         module: &Module,
+        graph: &CallGraph,
         policy: PointPolicy,
         entries: EntryPoints,
         cycles: Option<&HashSet<FunctionId>>,
@@ -66,7 +68,7 @@ impl Quiet {
             }
             _ => false,
         };
-        let loud = CallGraph::new(module).reaching(|f| unwinding.contains(&f) || pointed(f));
+        let loud = graph.reaching(|f| unwinding.contains(&f) || pointed(f));
         Quiet(
             module
                 .funcs
@@ -91,21 +93,11 @@ impl Quiet {
 /// Whether `func` has a loop, and whether it calls.
 fn shape(func: &LocalFunction) -> (bool, bool) {
     let (mut loops, mut calls) = (false, false);
-    let mut stack = vec![func.entry_block()];
-    while let Some(seq) = stack.pop() {
-        for (instr, _) in &func.block(seq).instrs {
-            match instr {
-                Instr::Block(b) => stack.push(b.seq),
-                Instr::Loop(l) => {
-                    loops = true;
-                    stack.push(l.seq);
-                }
-                Instr::IfElse(i) => stack.extend([i.consequent, i.alternative]),
-                Instr::Call(_) | Instr::CallIndirect(_) | Instr::CallRef(_) => calls = true,
-                _ => {}
-            }
-        }
-    }
+    walk(func, func.entry_block(), &mut |instr| match instr {
+        Instr::Loop(_) => loops = true,
+        Instr::Call(_) | Instr::CallIndirect(_) | Instr::CallRef(_) => calls = true,
+        _ => {}
+    });
     (loops, calls)
 }
 
@@ -131,8 +123,9 @@ mod tests {
 
     fn quiet(policy: PointPolicy) -> (Module, Quiet) {
         let module = Module::from_buffer(&wat::parse_str(WAT).unwrap()).unwrap();
-        let cycles = CallGraph::new(&module).on_cycle();
-        let quiet = Quiet::new(&module, policy, EntryPoints::Cycles, Some(&cycles));
+        let graph = CallGraph::new(&module);
+        let cycles = graph.on_cycle();
+        let quiet = Quiet::new(&module, &graph, policy, EntryPoints::Cycles, Some(&cycles));
         (module, quiet)
     }
 
@@ -168,7 +161,8 @@ mod tests {
           (elem (i32.const 0) $leaf)
           (func (export "f") (result i32) (call_indirect (type $t) (i32.const 1) (i32.const 0))))"#;
         let module = Module::from_buffer(&wat::parse_str(wat).unwrap()).unwrap();
-        let q = Quiet::new(&module, PointPolicy::Loops, EntryPoints::All, None);
+        let graph = CallGraph::new(&module);
+        let q = Quiet::new(&module, &graph, PointPolicy::Loops, EntryPoints::All, None);
         let f = module.exports.get_func("f").unwrap();
         let FunctionKind::Local(func) = &module.funcs.get(f).kind else {
             panic!("f is local")
