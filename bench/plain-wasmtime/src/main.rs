@@ -91,6 +91,15 @@ fn load(engine: &Engine, path: &Path) -> anyhow::Result<Module> {
 fn run(a: Args) -> anyhow::Result<i32> {
     let mut config = Config::new();
     config.cranelift_opt_level(OptLevel::Speed);
+    // A prepared module's frames are larger (Asyncify's locals); deep
+    // recursion in one run here for profiling needs the stack roam gives.
+    if let Some(bytes) = std::env::var("PLAIN_WASMTIME_MAX_STACK")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        config.max_wasm_stack(bytes);
+        config.async_stack_size(bytes + (1 << 20));
+    }
     let engine = Engine::new(&config)?;
     let module = load(&engine, &a.module)?;
     let mut linker: Linker<WasiP1Ctx> = Linker::new(&engine);

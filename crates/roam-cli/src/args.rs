@@ -110,8 +110,10 @@ pub struct PrepareArgs {
     pub entry_points: Option<roam_prepare::EntryPoints>,
     /// How loop points are placed: `hoisted` (a loop that makes no call that
     /// may unwind checks the flag at its back-edges and calls the point from
-    /// outside itself, so Asyncify leaves its body alone) or `inline` (a
-    /// call at the top of every loop body) [default: hoisted].
+    /// outside itself, so Asyncify leaves its body alone), `versioned` (such
+    /// a loop runs as a fast copy that hands over to a slow copy with an
+    /// inline point when the flag is up) or `inline` (a call at the top of
+    /// every loop body) [default: hoisted].
     #[arg(long, value_name = "HOW", help_heading = "Ablation and tuning")]
     pub loop_points: Option<roam_prepare::LoopPoints>,
     /// What a migration point's call does with the function's values:

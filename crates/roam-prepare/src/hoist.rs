@@ -39,7 +39,9 @@
 //! Only loops without calls, without parameters and without `br_table`
 //! entries that target them are hoisted; the others keep the inline point.
 
-use walrus::ir::{Br, BrIf, BrTable, GlobalGet, IfElse, Instr, InstrSeqId, InstrSeqType, Loop};
+use walrus::ir::{
+    Block, Br, BrIf, BrTable, GlobalGet, IfElse, Instr, InstrSeqId, InstrSeqType, Loop,
+};
 use walrus::{FunctionId, GlobalId, LocalFunction};
 
 use crate::quiet::Quiet;
@@ -158,6 +160,129 @@ fn back_edges(
         }
     }
     func.block_mut(seq).instrs = new;
+}
+
+/// Version the loop `looped`, found at `parent.instrs[index]`: a fast copy
+/// that only checks the flag, and a slow copy with an inline point that
+/// the fast one hands over to when the flag is up:
+///
+/// ```wasm
+/// block $done                  ;; same block type as $L
+///   block $slow
+///     global.get $flag
+///     br_if $slow              ;; the point on entry
+///     loop $L                  ;; fast: every back-edge `br $L` becomes
+///       ...                    ;;   global.get $flag  br_if $slow  br $L
+///     end
+///     br $done
+///   end
+///   loop $S                    ;; slow: a copy of $L's body
+///     global.get $flag
+///     if  call $point  end
+///     ...
+///   end
+/// end
+/// ```
+///
+/// A back-edge taken while the flag is up leaves the fast loop for the top
+/// of the slow one, which is where it was going, with every local as it
+/// was; the slow copy runs the rest of that run of the loop. Unlike
+/// [`hoist`], the fast loop is not inside a loop that calls: nothing around
+/// it merges with the point's call.
+pub(crate) fn version(
+    func: &mut LocalFunction,
+    parent: InstrSeqId,
+    index: usize,
+    looped: InstrSeqId,
+    point: FunctionId,
+    flag: GlobalId,
+) {
+    let ty = func.block(looped).ty;
+    let slow = duplicate(func, looped, &mut vec![]);
+    let call = {
+        let mut then = func.builder_mut().dangling_instr_seq(None);
+        then.call(point);
+        then.id()
+    };
+    let empty = func.builder_mut().dangling_instr_seq(None).id();
+    let head = [
+        (GlobalGet { global: flag }.into(), Default::default()),
+        (
+            IfElse {
+                consequent: call,
+                alternative: empty,
+            }
+            .into(),
+            Default::default(),
+        ),
+    ];
+    func.block_mut(slow).instrs.splice(0..0, head);
+    let done = func.builder_mut().dangling_instr_seq(ty).id();
+    let handover = func.builder_mut().dangling_instr_seq(None).id();
+    {
+        let mut b = func.builder_mut().instr_seq(handover);
+        b.global_get(flag);
+        b.instr(BrIf { block: handover });
+        b.instr(Loop { seq: looped });
+        b.instr(Br { block: done });
+    }
+    {
+        let mut b = func.builder_mut().instr_seq(done);
+        b.instr(Block { seq: handover });
+        b.instr(Loop { seq: slow });
+    }
+    let slot = &mut func.block_mut(parent).instrs[index].0;
+    debug_assert!(matches!(slot, Instr::Loop(Loop { seq }) if *seq == looped));
+    *slot = Instr::Block(Block { seq: done });
+    back_edges(func, looped, looped, handover, flag);
+}
+
+/// A copy of `seq` and everything in it, with labels inside it renamed
+/// (`renamed` holds source → copy for the labels opened so far).
+fn duplicate(
+    func: &mut LocalFunction,
+    seq: InstrSeqId,
+    renamed: &mut Vec<(InstrSeqId, InstrSeqId)>,
+) -> InstrSeqId {
+    let ty = func.block(seq).ty;
+    let to = func.builder_mut().dangling_instr_seq(ty).id();
+    renamed.push((seq, to));
+    let label = |renamed: &[(InstrSeqId, InstrSeqId)], l: InstrSeqId| {
+        renamed
+            .iter()
+            .find(|(from, _)| *from == l)
+            .map_or(l, |(_, copy)| *copy)
+    };
+    let instrs = func.block(seq).instrs.clone();
+    let mut out = Vec::with_capacity(instrs.len());
+    for (instr, loc) in instrs {
+        let instr = match instr {
+            Instr::Block(b) => Instr::Block(Block {
+                seq: duplicate(func, b.seq, renamed),
+            }),
+            Instr::Loop(l) => Instr::Loop(Loop {
+                seq: duplicate(func, l.seq, renamed),
+            }),
+            Instr::IfElse(i) => Instr::IfElse(IfElse {
+                consequent: duplicate(func, i.consequent, renamed),
+                alternative: duplicate(func, i.alternative, renamed),
+            }),
+            Instr::Br(b) => Instr::Br(Br {
+                block: label(renamed, b.block),
+            }),
+            Instr::BrIf(b) => Instr::BrIf(BrIf {
+                block: label(renamed, b.block),
+            }),
+            Instr::BrTable(t) => Instr::BrTable(BrTable {
+                blocks: t.blocks.iter().map(|b| label(renamed, *b)).collect(),
+                default: label(renamed, t.default),
+            }),
+            other => other,
+        };
+        out.push((instr, loc));
+    }
+    func.block_mut(to).instrs = out;
+    to
 }
 
 #[cfg(test)]

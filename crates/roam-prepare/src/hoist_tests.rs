@@ -123,48 +123,53 @@ fn same(a: Val, b: Val) -> bool {
 #[test]
 fn hoisted_points_compute_the_same_and_are_called_as_often_as_inline_ones() {
     let plain = wat::parse_str(WAT).unwrap();
-    let hoisted = prepared(LoopPoints::Hoisted);
     let inline = prepared(LoopPoints::Inline);
-    for (name, arg) in [("nest", 40), ("calls", 25), ("quiet", 25), ("table", 9)] {
-        // The uninstrumented module needs no import.
-        let engine = Engine::default();
-        let m = Module::new(&engine, &plain).unwrap();
-        let mut store = Store::new(&engine, ());
-        let i = Instance::new(&mut store, &m, &[]).unwrap();
-        let mut want = [Val::I32(0)];
-        i.get_func(&mut store, name)
-            .unwrap()
-            .call(&mut store, &[Val::I32(arg)], &mut want)
-            .unwrap();
-        for (raise, host) in [
-            (false, Host::Lower),
-            (true, Host::Lower),
-            (true, Host::Hold),
-        ] {
-            let (h, h_calls) = call(&hoisted, name, arg, raise, host);
-            let (i, i_calls) = call(&inline, name, arg, raise, host);
-            assert!(
-                same(h, want[0]),
-                "{name}: hoisted gave {h:?}, want {:?}",
-                want[0]
-            );
-            assert!(
-                same(i, want[0]),
-                "{name}: inline gave {i:?}, want {:?}",
-                want[0]
-            );
-            match (raise, host) {
-                (false, _) => assert_eq!(h_calls, 0, "{name}: flag down"),
-                (true, Host::Lower) => assert_eq!(h_calls, 1, "{name}: one request"),
-                // Held up: one call per iteration of every loop, as inline.
-                (true, Host::Hold) => assert_eq!(h_calls, i_calls, "{name}: held up"),
+    // Both forms that keep the point's call out of the loop.
+    for form in [LoopPoints::Hoisted, LoopPoints::Versioned] {
+        let hoisted = prepared(form);
+        for (name, arg) in [("nest", 40), ("calls", 25), ("quiet", 25), ("table", 9)] {
+            // The uninstrumented module needs no import.
+            let engine = Engine::default();
+            let m = Module::new(&engine, &plain).unwrap();
+            let mut store = Store::new(&engine, ());
+            let i = Instance::new(&mut store, &m, &[]).unwrap();
+            let mut want = [Val::I32(0)];
+            i.get_func(&mut store, name)
+                .unwrap()
+                .call(&mut store, &[Val::I32(arg)], &mut want)
+                .unwrap();
+            for (raise, host) in [
+                (false, Host::Lower),
+                (true, Host::Lower),
+                (true, Host::Hold),
+            ] {
+                let (h, h_calls) = call(&hoisted, name, arg, raise, host);
+                let (i, i_calls) = call(&inline, name, arg, raise, host);
+                assert!(
+                    same(h, want[0]),
+                    "{name}: {form:?} gave {h:?}, want {:?}",
+                    want[0]
+                );
+                assert!(
+                    same(i, want[0]),
+                    "{name}: inline gave {i:?}, want {:?}",
+                    want[0]
+                );
+                match (raise, host) {
+                    (false, _) => assert_eq!(h_calls, 0, "{name}: flag down"),
+                    (true, Host::Lower) => assert_eq!(h_calls, 1, "{name}: one request"),
+                    // Held up: one call per iteration of every loop, as inline.
+                    (true, Host::Hold) => assert_eq!(h_calls, i_calls, "{name}: held up"),
+                }
             }
         }
     }
     // nest(40): 40 + 1 outer iterations, and 1 + 0 + 1 + ... + 39 inner
     // ones (a do-while runs at least once).
-    let (_, held) = call(&hoisted, "nest", 40, true, Host::Hold);
-    assert_eq!(held, 41 + 1 + (1..40).sum::<u32>());
+    for form in [LoopPoints::Hoisted, LoopPoints::Versioned] {
+        let (_, held) = call(&prepared(form), "nest", 40, true, Host::Hold);
+        assert_eq!(held, 41 + 1 + (1..40).sum::<u32>(), "{form:?}");
+    }
 }
 
 /// Operators of the body of exported function `name`.
@@ -241,6 +246,8 @@ fn work_in_a_call_free_loop(ops: &[Operator]) -> bool {
 fn a_call_free_loop_is_left_without_a_call_and_others_keep_theirs_inline() {
     let hoisted = prepared(LoopPoints::Hoisted);
     let inline = prepared(LoopPoints::Inline);
+    let versioned = prepared(LoopPoints::Versioned);
+    assert!(work_in_a_call_free_loop(&body(&versioned, "nest")));
     assert!(work_in_a_call_free_loop(&body(&hoisted, "nest")));
     assert!(!work_in_a_call_free_loop(&body(&inline, "nest")));
     // A loop that makes a call that may unwind, or that a `br_table`

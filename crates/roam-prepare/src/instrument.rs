@@ -91,7 +91,7 @@ pub(crate) fn instrument(
     };
     // Nests before any point, so each gets its points in its new function
     // exactly as in place; innermost loops after (see `outline.rs`).
-    let outline = opts.outline == Outline::On;
+    let outline = opts.outline != Outline::Off;
     let mut outlined = 0;
     if outline {
         let (_, quiet) = quiet_of(&module);
@@ -109,6 +109,7 @@ pub(crate) fn instrument(
             opts.loop_points,
             entry_allowed,
             &quiet,
+            outline,
         );
         stats.loop_points += loop_points;
         stats.function_points += u32::from(entry_point);
@@ -223,11 +224,13 @@ fn instrument_function(
     loop_points: LoopPoints,
     entry_allowed: bool,
     quiet: &Quiet,
+    outline: bool,
 ) -> (u32, bool, u32) {
     let mut walk = Walk {
         point,
         loops: Vec::new(),
         has_call: false,
+        call_outside_loops: false,
         manual: 0,
     };
     walk.visit(func, func.entry_block(), 0);
@@ -240,16 +243,31 @@ fn instrument_function(
             .collect(),
         PointPolicy::Functions | PointPolicy::Manual => Vec::new(),
     };
-    let entry = walk.has_call && entry_allowed && policy != PointPolicy::Manual;
+    // Under `loops` and `outer` every loop that calls has a point, so when
+    // every call is inside a loop, each run of the function passes a point
+    // before it calls anything: its entry point would add nothing to the
+    // bound on the time to the next point, even down a recursion
+    // (`ackermann`, whose tail call became a loop).
+    let loops_bound_calls =
+        matches!(policy, PointPolicy::Loops | PointPolicy::Outer) && !walk.call_outside_loops;
+    let entry =
+        walk.has_call && entry_allowed && policy != PointPolicy::Manual && !loops_bound_calls;
     // Hoisting first, innermost loops first (the walk lists loops in
     // pre-order): a hoist replaces its loop in place and rewrites only code
     // inside it, so every position still to be used stays valid. A loop
     // whose inner loop was hoisted now contains that point's call and gets
     // an inline point.
+    // Versioning doubles a loop; an innermost loop that will move
+    // (`outline.rs`, stage `Leaves`) needs only the hoisted form, whose
+    // flag check becomes an exit of its new function.
+    let leaves_move = outline && crate::outline::is_large(func);
     let mut inline = Vec::new();
     for l in loops.iter().rev() {
-        if loop_points == LoopPoints::Hoisted && crate::hoist::hoistable(func, l.seq, quiet) {
+        let can = loop_points != LoopPoints::Inline && crate::hoist::hoistable(func, l.seq, quiet);
+        if can && (loop_points == LoopPoints::Hoisted || leaves_move) {
             crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag);
+        } else if can {
+            crate::hoist::version(func, l.parent, l.index, l.seq, point, flag);
         } else {
             inline.push(l.seq);
         }
@@ -279,6 +297,8 @@ struct Walk {
     point: FunctionId,
     loops: Vec<LoopInfo>,
     has_call: bool,
+    /// Some call is not inside any loop.
+    call_outside_loops: bool,
     manual: u32,
 }
 
@@ -308,6 +328,7 @@ impl Walk {
                 }
                 Instr::Call(Call { func: callee }) => {
                     self.has_call = true;
+                    self.call_outside_loops |= depth == 0;
                     busy = true;
                     if *callee == self.point {
                         self.manual += 1;
@@ -315,6 +336,7 @@ impl Walk {
                 }
                 Instr::CallIndirect(CallIndirect { .. }) => {
                     self.has_call = true;
+                    self.call_outside_loops |= depth == 0;
                     busy = true;
                 }
                 _ => {}

@@ -208,16 +208,63 @@ fn reuses_the_programs_own_migration_point_import() {
     assert_eq!(imports, 1, "the import must be reused, not duplicated");
 
     let (_, stats) = run(wat, PointPolicy::Loops);
-    // $work: loop point + entry point (it calls $mp); $_start: entry point.
+    // $work: a loop point, and no entry point: its only call is inside the
+    // loop, so every run passes the loop's point before calling.
+    // $_start: an entry point.
     assert_eq!(
         stats,
         PointStats {
             loop_points: 1,
-            function_points: 2,
+            function_points: 1,
             manual_points: 1,
             functions: 2
         }
     );
+}
+
+/// A recursive function whose every call is inside a loop (a tail call the
+/// compiler turned into a loop) needs no entry point: each of its frames
+/// passes the loop's point before it calls. `fib`, which calls outside any
+/// loop, keeps its entry point; under the `functions` policy there are no
+/// loop points, so both keep theirs.
+#[test]
+fn a_function_whose_calls_are_all_in_loops_needs_no_entry_point() {
+    let wat = r#"(module
+        (memory 1)
+        (func $ack (param $m i32) (param $n i32) (result i32)
+          (block $done
+            (loop $again
+              (br_if $done (i32.eqz (local.get $m)))
+              (local.set $n
+                (if (result i32) (i32.eqz (local.get $n))
+                  (then (i32.const 1))
+                  (else (call $ack (local.get $m) (i32.sub (local.get $n) (i32.const 1))))))
+              (local.set $m (i32.sub (local.get $m) (i32.const 1)))
+              (br $again)))
+          (i32.add (local.get $n) (i32.const 1)))
+        (func $fib (param $n i32) (result i32)
+          (if (result i32) (i32.lt_u (local.get $n) (i32.const 2))
+            (then (local.get $n))
+            (else (i32.add (call $fib (i32.sub (local.get $n) (i32.const 1)))
+                           (call $fib (i32.sub (local.get $n) (i32.const 2)))))))
+        (func $_start (export "_start")
+          (drop (i32.add (call $ack (i32.const 2) (i32.const 3)) (call $fib (i32.const 5))))))"#;
+    let cycles = PrepareOptions {
+        entry_points: EntryPoints::Cycles,
+        ..opts(PointPolicy::Loops)
+    };
+    let (_, stats) = run_with(wat, &cycles);
+    assert_eq!(
+        (stats.loop_points, stats.function_points),
+        (1, 1),
+        "fib only"
+    );
+    let functions = PrepareOptions {
+        entry_points: EntryPoints::Cycles,
+        ..opts(PointPolicy::Functions)
+    };
+    let (_, stats) = run_with(wat, &functions);
+    assert_eq!((stats.loop_points, stats.function_points), (0, 2));
 }
 
 #[test]

@@ -260,6 +260,11 @@ pub enum LoopPoints {
     /// leaves its body alone (default). Other loops get an inline point.
     #[default]
     Hoisted,
+    /// A loop that makes no call that may unwind runs as a fast copy that
+    /// checks the flag at its back-edges and hands over to a slow copy with
+    /// an inline point when it is up (`hoist::version`). Other loops get an
+    /// inline point.
+    Versioned,
     /// `if flag { call point }` at the top of every loop body.
     Inline,
 }
@@ -269,6 +274,7 @@ impl LoopPoints {
     pub fn as_str(self) -> &'static str {
         match self {
             LoopPoints::Hoisted => "hoisted",
+            LoopPoints::Versioned => "versioned",
             LoopPoints::Inline => "inline",
         }
     }
@@ -280,11 +286,12 @@ impl FromStr for LoopPoints {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "hoisted" => Ok(LoopPoints::Hoisted),
+            "versioned" => Ok(LoopPoints::Versioned),
             "inline" => Ok(LoopPoints::Inline),
             other => Err(ParseOptionError {
                 what: "loop-point placement",
                 found: other.to_string(),
-                choices: "hoisted, inline",
+                choices: "hoisted, versioned, inline",
             }),
         }
     }

@@ -163,6 +163,23 @@ fn find_candidates(
     stage: Stage,
     quiet: &Quiet,
 ) -> Vec<Candidate> {
+    if !is_large(func) {
+        return Vec::new();
+    }
+    let mut found = Vec::new();
+    pick(
+        func,
+        inside.unwrap_or(func.entry_block()),
+        stage,
+        quiet,
+        &mut found,
+    );
+    found
+}
+
+/// Whether `func` has enough locals (parameters and the locals its code
+/// uses) for its loops to move.
+pub(crate) fn is_large(func: &LocalFunction) -> bool {
     let mut locals: HashSet<LocalId> = func.args.iter().copied().collect();
     walk(func, func.entry_block(), &mut |instr| match instr {
         Instr::LocalGet(i) => {
@@ -176,18 +193,7 @@ fn find_candidates(
         }
         _ => {}
     });
-    if locals.len() < MIN_LOCALS {
-        return Vec::new();
-    }
-    let mut found = Vec::new();
-    pick(
-        func,
-        inside.unwrap_or(func.entry_block()),
-        stage,
-        quiet,
-        &mut found,
-    );
-    found
+    locals.len() >= MIN_LOCALS
 }
 
 /// Push the candidates among the outermost loops under `seq`, descending
