@@ -101,16 +101,8 @@ pub(crate) fn instrument(
     let mut stats = PointStats::default();
     for (id, func) in module.funcs.iter_local_mut() {
         let entry_allowed = cycles.as_ref().is_none_or(|c| c.contains(&id));
-        let (loop_points, entry_point, manual) = instrument_function(
-            func,
-            point,
-            flag,
-            policy,
-            opts.loop_points,
-            entry_allowed,
-            &quiet,
-            outline,
-        );
+        let (loop_points, entry_point, manual) =
+            instrument_function(func, point, flag, opts, entry_allowed, &quiet);
         stats.loop_points += loop_points;
         stats.function_points += u32::from(entry_point);
         stats.manual_points += manual;
@@ -220,12 +212,11 @@ fn instrument_function(
     func: &mut LocalFunction,
     point: FunctionId,
     flag: GlobalId,
-    policy: PointPolicy,
-    loop_points: LoopPoints,
+    opts: &PrepareOptions,
     entry_allowed: bool,
     quiet: &Quiet,
-    outline: bool,
 ) -> (u32, bool, u32) {
+    let (policy, loop_points) = (opts.points, opts.loop_points);
     let mut walk = Walk {
         point,
         loops: Vec::new(),
@@ -260,7 +251,7 @@ fn instrument_function(
     // Versioning doubles a loop; an innermost loop that will move
     // (`outline.rs`, stage `Leaves`) needs only the hoisted form, whose
     // flag check becomes an exit of its new function.
-    let leaves_move = outline && crate::outline::is_large(func);
+    let leaves_move = opts.outline != Outline::Off && crate::outline::is_large(func);
     let mut inline = Vec::new();
     for l in loops.iter().rev() {
         let can = loop_points != LoopPoints::Inline && crate::hoist::hoistable(func, l.seq, quiet);
