@@ -93,10 +93,31 @@ pub(crate) fn hoist(
         b.instr(Loop { seq: looped });
         b.id()
     };
+    install(
+        func,
+        (parent, index),
+        looped,
+        Loop { seq: outer }.into(),
+        flag,
+        outer,
+    );
+}
+
+/// Put `with` where loop `looped` was, at `parent.instrs[index]`, and route
+/// the loop's back-edges through a check of the flag that branches to
+/// `exit` when it is up.
+fn install(
+    func: &mut LocalFunction,
+    (parent, index): (InstrSeqId, usize),
+    looped: InstrSeqId,
+    with: Instr,
+    flag: GlobalId,
+    exit: InstrSeqId,
+) {
     let slot = &mut func.block_mut(parent).instrs[index].0;
     debug_assert!(matches!(slot, Instr::Loop(Loop { seq }) if *seq == looped));
-    *slot = Instr::Loop(Loop { seq: outer });
-    back_edges(func, looped, looped, outer, flag);
+    *slot = with;
+    back_edges(func, looped, looped, exit, flag);
 }
 
 /// Route every back-edge to `target` found in `seq` (and the structures
@@ -199,24 +220,7 @@ pub(crate) fn version(
 ) {
     let ty = func.block(looped).ty;
     let slow = duplicate(func, looped, &mut vec![]);
-    let call = {
-        let mut then = func.builder_mut().dangling_instr_seq(None);
-        then.call(point);
-        then.id()
-    };
-    let empty = func.builder_mut().dangling_instr_seq(None).id();
-    let head = [
-        (GlobalGet { global: flag }.into(), Default::default()),
-        (
-            IfElse {
-                consequent: call,
-                alternative: empty,
-            }
-            .into(),
-            Default::default(),
-        ),
-    ];
-    func.block_mut(slow).instrs.splice(0..0, head);
+    crate::instrument::insert_point(func, slow, point, flag);
     let done = func.builder_mut().dangling_instr_seq(ty).id();
     let handover = func.builder_mut().dangling_instr_seq(None).id();
     {
@@ -231,10 +235,14 @@ pub(crate) fn version(
         b.instr(Block { seq: handover });
         b.instr(Loop { seq: slow });
     }
-    let slot = &mut func.block_mut(parent).instrs[index].0;
-    debug_assert!(matches!(slot, Instr::Loop(Loop { seq }) if *seq == looped));
-    *slot = Instr::Block(Block { seq: done });
-    back_edges(func, looped, looped, handover, flag);
+    install(
+        func,
+        (parent, index),
+        looped,
+        Block { seq: done }.into(),
+        flag,
+        handover,
+    );
 }
 
 /// A copy of `seq` and everything in it, with labels inside it renamed

@@ -338,7 +338,12 @@ impl Walk {
 }
 
 /// Prepend `global.get $flag; if; call $point; end` to `seq`.
-fn insert_point(func: &mut LocalFunction, seq: InstrSeqId, point: FunctionId, flag: GlobalId) {
+pub(crate) fn insert_point(
+    func: &mut LocalFunction,
+    seq: InstrSeqId,
+    point: FunctionId,
+    flag: GlobalId,
+) {
     let mut body = func.builder_mut().instr_seq(seq);
     body.if_else_at(
         0,
