@@ -82,17 +82,10 @@ pub(crate) fn hoist(
     let ty = func.block(looped).ty;
     let outer = {
         let mut b = func.builder_mut().dangling_instr_seq(ty);
-        b.global_get(flag);
-        b.if_else(
-            None,
-            |then| {
-                then.call(point);
-            },
-            |_| {},
-        );
         b.instr(Loop { seq: looped });
         b.id()
     };
+    crate::instrument::insert_point(func, outer, point, flag);
     install(
         func,
         (parent, index),
