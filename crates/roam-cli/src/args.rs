@@ -108,12 +108,15 @@ pub struct PrepareArgs {
     /// [default: cycles].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub entry_points: Option<roam_prepare::EntryPoints>,
-    /// How loop points are placed: `hoisted` (a loop that makes no call that
-    /// may unwind checks the flag at its back-edges and calls the point from
-    /// outside itself, so Asyncify leaves its body alone), `versioned` (such
-    /// a loop runs as a fast copy that hands over to a slow copy with an
-    /// inline point when the flag is up) or `inline` (a call at the top of
-    /// every loop body) [default: hoisted].
+    /// How loop points are placed: `rerun` (as `hoisted`, and an inner loop
+    /// at the top of its outer loop's body that only computes leaves to the
+    /// outer loop's point, which runs that iteration again), `hoisted` (a
+    /// loop that makes no call that may unwind checks the flag at its
+    /// back-edges and calls the point from outside itself, so Asyncify
+    /// leaves its body alone), `versioned` (such a loop runs as a fast copy
+    /// that hands over to a slow copy with an inline point when the flag is
+    /// up) or `inline` (a call at the top of every loop body)
+    /// [default: rerun].
     #[arg(long, value_name = "HOW", help_heading = "Ablation and tuning")]
     pub loop_points: Option<roam_prepare::LoopPoints>,
     /// What a migration point's call does with the function's values:

@@ -96,6 +96,111 @@ pub(crate) fn hoist(
     );
 }
 
+/// Hoist the point of loop `looped`, found at `parent.instrs[index]`, for
+/// it and for the loops of `owned` inside it, which leave to it when the
+/// flag is up (`rerun.rs`). After the point, the iteration runs once in a
+/// slow copy of the body with an inline point in every owned loop, so a
+/// half-done iteration is run again at most once:
+///
+/// ```wasm
+/// block $done                  ;; same block type as $L
+///   loop $R
+///     global.get $flag
+///     if
+///       call $point
+///       block                  ;; slow: $L's body once; `br $L` is `br $R`
+///         ...                  ;;   every owned loop starts with its point
+///       end
+///       br $done
+///     end
+///     loop $L                  ;; fast: back-edges of $L and of the owned
+///       ...                    ;;   loops go `global.get $flag  br_if $R`
+///     end
+///   end
+/// end
+/// ```
+pub(crate) fn hoist_rerun(
+    func: &mut LocalFunction,
+    (parent, index): (InstrSeqId, usize),
+    looped: InstrSeqId,
+    owned: &[InstrSeqId],
+    point: FunctionId,
+    flag: GlobalId,
+) {
+    let ty = func.block(looped).ty;
+    let mut renamed = Vec::new();
+    let slow = duplicate(func, looped, &mut renamed);
+    for inner in owned {
+        let copy = renamed
+            .iter()
+            .find(|(from, _)| from == inner)
+            .map(|(_, copy)| *copy)
+            .expect("an owned loop is inside its owner");
+        crate::instrument::insert_point(func, copy, point, flag);
+    }
+    let done = func.builder_mut().dangling_instr_seq(ty).id();
+    let rerun = func.builder_mut().dangling_instr_seq(ty).id();
+    retarget(func, slow, slow, rerun);
+    let taken = {
+        let mut b = func.builder_mut().dangling_instr_seq(None);
+        b.call(point);
+        b.instr(Block { seq: slow });
+        b.instr(Br { block: done });
+        b.id()
+    };
+    let empty = func.builder_mut().dangling_instr_seq(None).id();
+    {
+        let mut b = func.builder_mut().instr_seq(rerun);
+        b.global_get(flag);
+        b.instr(IfElse {
+            consequent: taken,
+            alternative: empty,
+        });
+        b.instr(Loop { seq: looped });
+    }
+    func.builder_mut()
+        .instr_seq(done)
+        .instr(Loop { seq: rerun });
+    install(
+        func,
+        (parent, index),
+        looped,
+        Block { seq: done }.into(),
+        flag,
+        rerun,
+    );
+    for inner in owned {
+        back_edges(func, looped, *inner, rerun, flag);
+    }
+}
+
+/// Make every branch to `from` found in `seq` (and the structures inside
+/// it) a branch to `to`.
+fn retarget(func: &mut LocalFunction, seq: InstrSeqId, from: InstrSeqId, to: InstrSeqId) {
+    let children: Vec<InstrSeqId> = func
+        .block(seq)
+        .instrs
+        .iter()
+        .flat_map(|(instr, _)| match instr {
+            Instr::Block(b) => vec![b.seq],
+            Instr::Loop(l) => vec![l.seq],
+            Instr::IfElse(i) => vec![i.consequent, i.alternative],
+            _ => Vec::new(),
+        })
+        .collect();
+    for child in children {
+        retarget(func, child, from, to);
+    }
+    for (instr, _) in &mut func.block_mut(seq).instrs {
+        match instr {
+            Instr::Br(Br { block }) | Instr::BrIf(BrIf { block }) if *block == from => {
+                *block = to;
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Put `with` where loop `looped` was, at `parent.instrs[index]`, and route
 /// the loop's back-edges through a check of the flag that branches to
 /// `exit` when it is up.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use wasmparser::{Operator, Parser, Payload};
-use wasmtime::{Engine, Instance, Linker, Module, Store, Val};
+use wasmtime::{Config, Engine, Instance, Linker, Module, Store, UpdateDeadline, Val};
 
 use crate::instrument::instrument;
 use crate::{validate, LoopPoints, PrepareOptions, FLAG_GLOBAL_EXPORT};
@@ -17,6 +17,7 @@ use crate::{validate, LoopPoints, PrepareOptions, FLAG_GLOBAL_EXPORT};
 /// calls, and a loop a `br_table` targets.
 const WAT: &str = r#"(module
   (memory (export "memory") 1)
+  (data (i32.const 0) "\05\00\00\00\07\00\00\00\0b\00\00\00\0d\00\00\00")
   ;; `$id` has a loop, so it gets a point and a call of it may unwind;
   ;; `$inc` has none and calls nothing, so a call of it cannot.
   (func $id (param i32) (result i32) (loop $spin) (local.get 0))
@@ -32,6 +33,46 @@ const WAT: &str = r#"(module
           (local.set $acc (i64.add (local.get $acc) (i64.extend_i32_u (local.get $j))))
           (local.set $j (i32.add (local.get $j) (i32.const 1)))
           (br_if $inner (i32.lt_u (local.get $j) (local.get $i))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $outer)))
+    (local.get $acc))
+;; sum over i < n of 3^(n-1-i) * (sum over j < i of i*j + mem[4j]): the
+  ;; inner loop and the stores to $s and $j before it can run again from
+  ;; the top of the outer body, so the outer loop's point serves both.
+  (func (export "rerun") (param $n i32) (result i64)
+    (local $i i32) (local $j i32) (local $s i64) (local $acc i64)
+    (block $done
+      (loop $outer
+        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $s (i64.const 0))
+        (local.set $j (i32.const 0))
+        (loop $inner
+          (local.set $s (i64.add (local.get $s)
+            (i64.extend_i32_u (i32.add (i32.mul (local.get $j) (local.get $i))
+              (i32.load (i32.shl (local.get $j) (i32.const 2)))))))
+          (local.set $j (i32.add (local.get $j) (i32.const 1)))
+          (br_if $inner (i32.lt_u (local.get $j) (local.get $i))))
+        (local.set $acc (i64.mul (i64.add (local.get $acc) (local.get $s)) (i64.const 3)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $outer)))
+    (local.get $acc))
+  ;; The same, but the inner loop also stores: running it again is not the
+  ;; same as finishing it.
+  (func (export "stores") (param $n i32) (result i64)
+    (local $i i32) (local $j i32) (local $s i64) (local $acc i64)
+    (block $done
+      (loop $outer
+        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $s (i64.const 0))
+        (local.set $j (i32.const 0))
+        (loop $inner
+          (i32.store (i32.shl (local.get $j) (i32.const 2))
+            (i32.add (i32.load (i32.shl (local.get $j) (i32.const 2))) (i32.const 1)))
+          (local.set $s (i64.add (local.get $s)
+            (i64.extend_i32_u (i32.load (i32.shl (local.get $j) (i32.const 2))))))
+          (local.set $j (i32.add (local.get $j) (i32.const 1)))
+          (br_if $inner (i32.lt_u (local.get $j) (local.get $i))))
+        (local.set $acc (i64.mul (i64.add (local.get $acc) (local.get $s)) (i64.const 3)))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $outer)))
     (local.get $acc))
@@ -54,6 +95,16 @@ const WAT: &str = r#"(module
         (br_table $l $out (i32.eqz (local.get $n)))))
     (local.get $n))
   (func (export "_start")))"#;
+
+/// The exports run, with their argument.
+const EXPORTS: [(&str, i32); 6] = [
+    ("nest", 40),
+    ("rerun", 30),
+    ("stores", 30),
+    ("calls", 25),
+    ("quiet", 25),
+    ("table", 9),
+];
 
 fn prepared(loops: LoopPoints) -> Vec<u8> {
     let wasm = wat::parse_str(WAT).unwrap();
@@ -124,10 +175,14 @@ fn same(a: Val, b: Val) -> bool {
 fn hoisted_points_compute_the_same_and_are_called_as_often_as_inline_ones() {
     let plain = wat::parse_str(WAT).unwrap();
     let inline = prepared(LoopPoints::Inline);
-    // Both forms that keep the point's call out of the loop.
-    for form in [LoopPoints::Hoisted, LoopPoints::Versioned] {
+    // The forms that keep the point's call out of the loop.
+    for form in [
+        LoopPoints::Hoisted,
+        LoopPoints::Versioned,
+        LoopPoints::Rerun,
+    ] {
         let hoisted = prepared(form);
-        for (name, arg) in [("nest", 40), ("calls", 25), ("quiet", 25), ("table", 9)] {
+        for (name, arg) in EXPORTS {
             // The uninstrumented module needs no import.
             let engine = Engine::default();
             let m = Module::new(&engine, &plain).unwrap();
@@ -166,7 +221,11 @@ fn hoisted_points_compute_the_same_and_are_called_as_often_as_inline_ones() {
     }
     // nest(40): 40 + 1 outer iterations, and 1 + 0 + 1 + ... + 39 inner
     // ones (a do-while runs at least once).
-    for form in [LoopPoints::Hoisted, LoopPoints::Versioned] {
+    for form in [
+        LoopPoints::Hoisted,
+        LoopPoints::Versioned,
+        LoopPoints::Rerun,
+    ] {
         let (_, held) = call(&prepared(form), "nest", 40, true, Host::Hold);
         assert_eq!(held, 41 + 1 + (1..40).sum::<u32>(), "{form:?}");
     }
@@ -205,9 +264,18 @@ fn body<'a>(wasm: &'a [u8], name: &str) -> Vec<Operator<'a>> {
     panic!("no function {name}");
 }
 
-/// Whether some `loop` whose body holds no call contains `i64.add`: the
-/// hot work runs in a loop Asyncify can guard as one stretch.
-fn work_in_a_call_free_loop(ops: &[Operator]) -> bool {
+fn is_add(op: &Operator) -> bool {
+    matches!(op, Operator::I64Add)
+}
+
+fn is_mul(op: &Operator) -> bool {
+    matches!(op, Operator::I64Mul)
+}
+
+/// Whether some `loop` whose body holds no call contains an operator
+/// `work` accepts: the work runs in a loop Asyncify can guard as one
+/// stretch.
+fn work_in_a_call_free_loop(ops: &[Operator], work: fn(&Operator) -> bool) -> bool {
     // Each open structure: (is a loop, saw a call inside).
     let mut open: Vec<(bool, bool)> = Vec::new();
     let mut found = false;
@@ -229,7 +297,7 @@ fn work_in_a_call_free_loop(ops: &[Operator]) -> bool {
                     o.1 = true;
                 }
             }
-            Operator::I64Add => {
+            op if work(op) => {
                 // The innermost loop around it: has it called so far? The
                 // call, if any, precedes the work (the point is first).
                 if let Some(&(_, called)) = open.iter().rev().find(|o| o.0) {
@@ -247,13 +315,110 @@ fn a_call_free_loop_is_left_without_a_call_and_others_keep_theirs_inline() {
     let hoisted = prepared(LoopPoints::Hoisted);
     let inline = prepared(LoopPoints::Inline);
     let versioned = prepared(LoopPoints::Versioned);
-    assert!(work_in_a_call_free_loop(&body(&versioned, "nest")));
-    assert!(work_in_a_call_free_loop(&body(&hoisted, "nest")));
-    assert!(!work_in_a_call_free_loop(&body(&inline, "nest")));
+    assert!(work_in_a_call_free_loop(&body(&versioned, "nest"), is_add));
+    assert!(work_in_a_call_free_loop(&body(&hoisted, "nest"), is_add));
+    assert!(!work_in_a_call_free_loop(&body(&inline, "nest"), is_add));
     // A loop that makes a call that may unwind, or that a `br_table`
     // targets, is not rewritten; one whose only call cannot unwind is.
     for name in ["calls", "table"] {
         assert_eq!(body(&hoisted, name), body(&inline, name), "{name}");
     }
     assert_ne!(body(&hoisted, "quiet"), body(&inline, "quiet"));
+}
+
+/// The uninstrumented module's result for export `name`.
+fn plain(name: &str, arg: i32) -> Val {
+    let engine = Engine::default();
+    let m = Module::new(&engine, wat::parse_str(WAT).unwrap()).unwrap();
+    let mut store = Store::new(&engine, ());
+    let i = Instance::new(&mut store, &m, &[]).unwrap();
+    let mut want = [Val::I32(0)];
+    i.get_func(&mut store, name)
+        .unwrap()
+        .call(&mut store, &[Val::I32(arg)], &mut want)
+        .unwrap();
+    want[0]
+}
+
+/// Call export `name` with the flag raised at every `every`-th loop header
+/// or function entry (wasmtime's epoch checks), and lowered by each call of
+/// the point: requests that land anywhere, also halfway through an
+/// iteration that must then run again. Returns the result and the calls.
+fn call_interrupted(wasm: &[u8], name: &str, arg: i32, every: u32) -> (Val, u32) {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    let engine = Engine::new(&config).unwrap();
+    let module = Module::new(&engine, wasm).unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut linker: Linker<()> = Linker::new(&engine);
+    let counter = calls.clone();
+    linker
+        .func_wrap(
+            "roam",
+            "migration_point",
+            move |mut caller: wasmtime::Caller<'_, ()>| {
+                counter.fetch_add(1, Ordering::Relaxed);
+                let flag = caller.get_export(FLAG_GLOBAL_EXPORT).unwrap();
+                let flag = flag.into_global().unwrap();
+                flag.set(&mut caller, Val::I32(0)).unwrap();
+            },
+        )
+        .unwrap();
+    let mut store = Store::new(&engine, ());
+    let instance: Instance = linker.instantiate(&mut store, &module).unwrap();
+    let flag = instance.get_global(&mut store, FLAG_GLOBAL_EXPORT).unwrap();
+    let mut ticks = 0u32;
+    store.set_epoch_deadline(0);
+    store.epoch_deadline_callback(move |mut ctx| {
+        ticks += 1;
+        if ticks.is_multiple_of(every) {
+            flag.set(&mut ctx, Val::I32(1))?;
+        }
+        // Due again at the next check.
+        Ok(UpdateDeadline::Continue(0))
+    });
+    let f = instance.get_func(&mut store, name).unwrap();
+    let mut out = [Val::I32(0)];
+    f.call(&mut store, &[Val::I32(arg)], &mut out).unwrap();
+    (out[0], calls.load(Ordering::Relaxed))
+}
+
+#[test]
+fn requests_that_land_anywhere_leave_every_result_unchanged() {
+    for form in [
+        LoopPoints::Inline,
+        LoopPoints::Hoisted,
+        LoopPoints::Versioned,
+        LoopPoints::Rerun,
+    ] {
+        let wasm = prepared(form);
+        for (name, arg) in EXPORTS {
+            let want = plain(name, arg);
+            for every in [1, 2, 3, 5, 8, 13, 40] {
+                let (got, calls) = call_interrupted(&wasm, name, arg, every);
+                assert!(
+                    same(got, want),
+                    "{name}: {form:?}, flag up every {every} checks: {got:?}, want {want:?}"
+                );
+                // `table`'s loop is short; the others run long enough.
+                if name != "table" {
+                    assert!(calls > 0, "{name}: {form:?}, every {every}: no point taken");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rerun_serves_a_nest_that_can_run_again_from_the_outer_loop_alone() {
+    let rerun = prepared(LoopPoints::Rerun);
+    let hoisted = prepared(LoopPoints::Hoisted);
+    // The outer body's work (`i64.mul`) runs in a loop without a call only
+    // when the inner loop leaves to the outer loop's point.
+    assert!(work_in_a_call_free_loop(&body(&rerun, "rerun"), is_mul));
+    assert!(!work_in_a_call_free_loop(&body(&hoisted, "rerun"), is_mul));
+    // Not where running again would differ: the inner loop stores, or
+    // reads a local (`$acc`) before setting it.
+    assert_eq!(body(&rerun, "stores"), body(&hoisted, "stores"));
+    assert_eq!(body(&rerun, "nest"), body(&hoisted, "nest"));
 }

@@ -18,7 +18,7 @@
 //! by name, so every function gets a unique name `wasm-opt` reads back
 //! verbatim.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use walrus::ir::{Call, CallIndirect, Instr, InstrSeqId, Loop};
 use walrus::{
@@ -30,6 +30,7 @@ use crate::callgraph::{is_local, CallGraph};
 use crate::outline::{outline_loops, Stage};
 use crate::pipeline::PrepareError;
 use crate::quiet::Quiet;
+use crate::rerun::Nested;
 use crate::{
     AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, Outline, PointPolicy, PointStats,
     PrepareOptions, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
@@ -224,7 +225,7 @@ fn instrument_function(
         call_outside_loops: false,
         manual: 0,
     };
-    walk.visit(func, func.entry_block(), 0);
+    walk.visit(func, func.entry_block(), 0, None);
     let loops: Vec<&LoopInfo> = match policy {
         PointPolicy::Loops => walk.loops.iter().collect(),
         PointPolicy::Outer => walk
@@ -252,10 +253,37 @@ fn instrument_function(
     // (`outline.rs`, stage `Leaves`) needs only the hoisted form, whose
     // flag check becomes an exit of its new function.
     let leaves_move = opts.outline != Outline::Off && crate::outline::is_large(func);
+    // Loops that leave to an enclosing loop's point, by owner (`rerun.rs`).
+    let owner = if loop_points == LoopPoints::Rerun && policy == PointPolicy::Loops {
+        let nested: Vec<Nested> = walk
+            .loops
+            .iter()
+            .map(|l| Nested {
+                seq: l.seq,
+                enclosing: l.enclosing,
+            })
+            .collect();
+        crate::rerun::owners(func, &nested, quiet)
+    } else {
+        HashMap::new()
+    };
     let mut inline = Vec::new();
     for l in loops.iter().rev() {
+        if owner.contains_key(&l.seq) {
+            continue;
+        }
+        let owned: Vec<InstrSeqId> = loops
+            .iter()
+            .filter(|o| owner.get(&o.seq) == Some(&l.seq))
+            .map(|o| o.seq)
+            .collect();
+        if !owned.is_empty() {
+            crate::hoist::hoist_rerun(func, (l.parent, l.index), l.seq, &owned, point, flag);
+            continue;
+        }
         let can = loop_points != LoopPoints::Inline && crate::hoist::hoistable(func, l.seq, quiet);
-        if can && (loop_points == LoopPoints::Hoisted || leaves_move) {
+        let hoisted = matches!(loop_points, LoopPoints::Hoisted | LoopPoints::Rerun);
+        if can && (hoisted || leaves_move) {
             crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag);
         } else if can {
             crate::hoist::version(func, l.parent, l.index, l.seq, point, flag);
@@ -282,6 +310,8 @@ struct LoopInfo {
     leaf: bool,
     /// Number of loops around it.
     depth: u32,
+    /// Index in [`Walk::loops`] of the closest loop around it.
+    enclosing: Option<usize>,
 }
 
 struct Walk {
@@ -294,13 +324,19 @@ struct Walk {
 }
 
 impl Walk {
-    /// Visit `seq` at loop depth `depth`; returns whether it contains a loop
-    /// or a call.
-    fn visit(&mut self, func: &LocalFunction, seq: InstrSeqId, depth: u32) -> bool {
+    /// Visit `seq` at loop depth `depth`, inside loop `enclosing` (an index
+    /// in `loops`); returns whether it contains a loop or a call.
+    fn visit(
+        &mut self,
+        func: &LocalFunction,
+        seq: InstrSeqId,
+        depth: u32,
+        enclosing: Option<usize>,
+    ) -> bool {
         let mut busy = false;
         for (index, (instr, _)) in func.block(seq).instrs.iter().enumerate() {
             match instr {
-                Instr::Block(b) => busy |= self.visit(func, b.seq, depth),
+                Instr::Block(b) => busy |= self.visit(func, b.seq, depth, enclosing),
                 Instr::Loop(Loop { seq: body }) => {
                     let slot = self.loops.len();
                     self.loops.push(LoopInfo {
@@ -309,13 +345,14 @@ impl Walk {
                         index,
                         leaf: true,
                         depth,
+                        enclosing,
                     });
-                    self.loops[slot].leaf = !self.visit(func, *body, depth + 1);
+                    self.loops[slot].leaf = !self.visit(func, *body, depth + 1, Some(slot));
                     busy = true;
                 }
                 Instr::IfElse(i) => {
-                    busy |= self.visit(func, i.consequent, depth);
-                    busy |= self.visit(func, i.alternative, depth);
+                    busy |= self.visit(func, i.consequent, depth, enclosing);
+                    busy |= self.visit(func, i.alternative, depth, enclosing);
                 }
                 Instr::Call(Call { func: callee }) => {
                     self.has_call = true;

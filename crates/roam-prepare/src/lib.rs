@@ -37,6 +37,7 @@ mod options;
 mod outline;
 mod pipeline;
 mod quiet;
+mod rerun;
 mod section;
 mod spill;
 mod validate;
@@ -62,8 +63,9 @@ pub use verify::{check_prepared, CheckError};
 /// different prepared modules for the same program and options, and a
 /// checkpoint kept on one cannot be restored on the other. Bump it with
 /// every change to the output (2: loops outlined, `outline.rs`; 3: no
-/// entry point in a function whose every call is inside a loop).
-pub const OUTPUT_REVISION: u32 = 3;
+/// entry point in a function whose every call is inside a loop; 4: inner
+/// loops leave to their outer loop's point, `rerun.rs`).
+pub const OUTPUT_REVISION: u32 = 4;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

@@ -257,8 +257,7 @@ impl FromStr for EntryPoints {
 pub enum LoopPoints {
     /// A loop that makes no call that may unwind checks the flag at its
     /// back-edges and calls the point from a wrapper outside it, so Asyncify
-    /// leaves its body alone (default). Other loops get an inline point.
-    #[default]
+    /// leaves its body alone. Other loops get an inline point.
     Hoisted,
     /// A loop that makes no call that may unwind runs as a fast copy that
     /// checks the flag at its back-edges and hands over to a slow copy with
@@ -267,6 +266,12 @@ pub enum LoopPoints {
     Versioned,
     /// `if flag { call point }` at the top of every loop body.
     Inline,
+    /// As [`LoopPoints::Hoisted`], and an inner loop in a stretch of its
+    /// enclosing loop's body that can be run again from the top leaves to
+    /// that loop's point when the flag is up, and the iteration runs again
+    /// (`rerun.rs`), so the whole nest makes no call (default).
+    #[default]
+    Rerun,
 }
 
 impl LoopPoints {
@@ -276,6 +281,7 @@ impl LoopPoints {
             LoopPoints::Hoisted => "hoisted",
             LoopPoints::Versioned => "versioned",
             LoopPoints::Inline => "inline",
+            LoopPoints::Rerun => "rerun",
         }
     }
 }
@@ -288,10 +294,11 @@ impl FromStr for LoopPoints {
             "hoisted" => Ok(LoopPoints::Hoisted),
             "versioned" => Ok(LoopPoints::Versioned),
             "inline" => Ok(LoopPoints::Inline),
+            "rerun" => Ok(LoopPoints::Rerun),
             other => Err(ParseOptionError {
                 what: "loop-point placement",
                 found: other.to_string(),
-                choices: "hoisted, versioned, inline",
+                choices: "hoisted, versioned, inline, rerun",
             }),
         }
     }
@@ -392,7 +399,7 @@ pub struct PrepareOptions {
     /// Which function entries get a migration point. Default:
     /// [`EntryPoints::Cycles`].
     pub entry_points: EntryPoints,
-    /// How loop points are placed. Default: [`LoopPoints::Hoisted`].
+    /// How loop points are placed. Default: [`LoopPoints::Rerun`].
     pub loop_points: LoopPoints,
     /// What a point's call does with live values. Default:
     /// [`PointCalls::Spilled`].
@@ -404,7 +411,7 @@ pub struct PrepareOptions {
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
@@ -454,7 +461,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -465,7 +472,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=hoisted;calls=spilled;outline=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on"
         );
     }
 }
