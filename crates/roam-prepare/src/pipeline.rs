@@ -88,6 +88,9 @@ pub enum PrepareError {
         "wasm-opt produced an invalid module: {0}; try another Binaryen version via ROAM_WASM_OPT"
     )]
     OutputInvalid(#[source] wasmparser::BinaryReaderError),
+    /// The thread `prepare` works on could not be started.
+    #[error("cannot start a thread to prepare the module on: {0}")]
+    Thread(#[source] std::io::Error),
     /// An export the runtime relies on is missing from the output.
     #[error("the prepared module lacks the export `{name}`; the wasm-opt in use may not support Asyncify, try another via ROAM_WASM_OPT")]
     MissingExport {
@@ -96,6 +99,13 @@ pub enum PrepareError {
     },
 }
 
+/// Stack of the thread [`prepare`] works on. walrus and the passes here
+/// walk a function's blocks recursively, a few hundred bytes per level, and
+/// [`validate`] lets them nest [`crate::MAX_NESTING`] deep (more after
+/// Asyncify's rewrite): more than a caller's thread may have (tokio gives
+/// blocking work 2 MiB). Only the pages touched are ever used.
+const PREPARE_STACK: usize = 64 << 20;
+
 /// Prepare `input` for migration (see the crate docs for the steps).
 ///
 /// Deterministic: the same input and options give the same bytes. An input
@@ -103,7 +113,23 @@ pub enum PrepareError {
 /// [`check_prepared`] accepts it, and refused otherwise: a forged section is
 /// never believed, and the module is not re-prepared around it either (its
 /// author should prepare the original).
+///
+/// Runs on a thread of its own with a known stack ([`PREPARE_STACK`]), so
+/// the caller's stack does not decide which modules can be prepared.
 pub fn prepare(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, PrepareError> {
+    std::thread::scope(|scope| {
+        let worker = std::thread::Builder::new()
+            .name("roam-prepare".into())
+            .stack_size(PREPARE_STACK)
+            .spawn_scoped(scope, || prepare_here(input, opts))
+            .map_err(PrepareError::Thread)?;
+        worker
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, PrepareError> {
     if read_section(input)?.is_some() {
         let section = check_prepared(input)?;
         return Ok(Prepared {
@@ -201,4 +227,4 @@ fn check_output(bytes: &[u8]) -> Result<(), PrepareError> {
 
 #[cfg(test)]
 #[path = "pipeline_tests.rs"]
-mod tests;
+pub(crate) mod tests;

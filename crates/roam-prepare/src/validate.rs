@@ -20,6 +20,15 @@ use crate::{POINT_FUNC, POINT_MODULE};
 /// WebAssembly 2.0 set that current clang and rustc emit by default.
 pub(crate) const SUPPORTED_FEATURES: WasmFeatures = WasmFeatures::WASM2;
 
+/// How deep blocks, loops and `if`s may nest in one function. `prepare`
+/// walks that structure recursively (walrus, and its own passes), so a
+/// hostile module nested a few hundred thousand deep would overflow the
+/// stack and abort the process: a node preparing an upload would go down.
+/// Compilers nest one block per `switch` target, a few hundred deep at
+/// most. `prepare` works on a thread whose stack holds this many levels
+/// with room to spare (`pipeline.rs`), whatever its caller's stack.
+pub const MAX_NESTING: u32 = 10_000;
+
 /// Facts about a module that passed [`validate`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ModuleInfo {
@@ -79,6 +88,14 @@ pub enum ValidateError {
         /// Import name.
         name: String,
     },
+    /// Structure nested deeper than [`MAX_NESTING`].
+    #[error("{function} nests blocks, loops and ifs more than {limit} deep; roam refuses it, since preparing it would need an unbounded stack")]
+    TooDeep {
+        /// Index and name of the function.
+        function: String,
+        /// [`MAX_NESTING`].
+        limit: u32,
+    },
     /// No linear memory at all.
     #[error("the module has no linear memory; roam runs WASI commands, which always define one")]
     NoMemory,
@@ -116,6 +133,13 @@ pub fn validate(input: &[u8]) -> Result<ModuleInfo, ValidateError> {
             feature: refusal.feature,
         });
     }
+    if let Some(index) = scan.too_deep {
+        let names = function_names(input);
+        return Err(ValidateError::TooDeep {
+            function: describe_function(index, names.get(&index).map(String::as_str)),
+            limit: MAX_NESTING,
+        });
+    }
     if !scan.has_start {
         return Err(ValidateError::NoStart);
     }
@@ -134,6 +158,8 @@ struct Scan {
     memories: u32,
     has_start: bool,
     refusal: Option<(u32, Refusal)>,
+    /// The first function nested deeper than [`MAX_NESTING`].
+    too_deep: Option<u32>,
 }
 
 fn unsupported(what: impl Into<String>) -> ValidateError {
@@ -264,8 +290,24 @@ fn scan(input: &[u8]) -> Result<Scan, ValidateError> {
                 let mut ops = body
                     .get_operators_reader()
                     .map_err(ValidateError::Invalid)?;
+                let mut depth = 0u32;
                 while !ops.eof() {
                     let op = ops.read().map_err(ValidateError::Invalid)?;
+                    match op {
+                        Operator::Block { .. }
+                        | Operator::Loop { .. }
+                        | Operator::If { .. }
+                        | Operator::Try { .. }
+                        | Operator::TryTable { .. } => {
+                            depth += 1;
+                            if depth > MAX_NESTING && scan.too_deep.is_none() {
+                                scan.too_deep = Some(index);
+                            }
+                        }
+                        // The function's own `end` closes no structure.
+                        Operator::End => depth = depth.saturating_sub(1),
+                        _ => {}
+                    }
                     if let Operator::Call { function_index } = op {
                         if Some(function_index) == scan.info.migration_point_import {
                             scan.info.manual_points += 1;

@@ -174,3 +174,44 @@ fn catch_all_refuses_features_outside_wasm2() {
     let msg = refusal(r#"(global i32 (i32.add (i32.const 1) (i32.const 2)))"#);
     assert!(msg.contains("does not support"), "{msg}");
 }
+
+/// A command whose function `$deep` nests `depth` blocks inside a loop.
+fn nested(depth: u32) -> Vec<u8> {
+    let d = depth as usize;
+    wat::parse_str(format!(
+        r#"(module (memory 1)
+             (func $deep (loop $l (br_if $l (i32.const 0)) {}(nop){}))
+             (func $_start (export "_start") (call $deep)))"#,
+        "(block ".repeat(d - 1),
+        ")".repeat(d - 1),
+    ))
+    .unwrap()
+}
+
+#[test]
+fn nesting_past_the_limit_is_refused_and_names_the_function() {
+    let err = validate(&nested(MAX_NESTING + 1)).unwrap_err();
+    assert!(matches!(err, ValidateError::TooDeep { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("`deep`"), "{text}");
+    assert!(text.contains("10000 deep"), "{text}");
+}
+
+#[test]
+fn nesting_at_the_limit_is_prepared_from_a_small_stack() {
+    let wasm = nested(MAX_NESTING);
+    validate(&wasm).unwrap();
+    // Tokio's blocking threads, where a node prepares uploads, have 2 MiB.
+    let out = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            let opts = crate::PrepareOptions::default();
+            crate::pipeline::tests::prepare_or_skip(&wasm, &opts).map(|p| p.bytes.len())
+        })
+        .unwrap()
+        .join()
+        .expect("preparing must not overflow the caller's 2 MiB stack");
+    if let Some(len) = out {
+        assert!(len > 0);
+    }
+}
