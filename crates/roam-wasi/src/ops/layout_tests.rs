@@ -112,3 +112,36 @@ fn context_can_move_between_threads() {
     fn send<T: Send>() {}
     send::<crate::WasiCtx>();
 }
+
+#[test]
+fn a_sleep_asked_for_is_a_block_even_if_it_ran_out_before_it_was_looked_at() {
+    let interrupt = crate::interrupt::Interrupt::new();
+    let cfg = crate::ctx::WasiConfig {
+        args: vec!["t".into()],
+        env: vec![],
+        preopens: vec![],
+        listeners: vec![],
+    };
+    let mut c = crate::ctx::WasiCtx::new(cfg, interrupt.clone()).unwrap();
+    let mut buf = vec![0u8; 512];
+    let mut m = Mem(&mut buf);
+    // One relative clock subscription (monotonic) of `ns`.
+    let mut sleep = |c: &mut crate::ctx::WasiCtx, ns: u64| {
+        m.put_u64(0, 9).unwrap();
+        m.write(8, &[0]).unwrap();
+        m.put_u32(16, 1).unwrap();
+        m.put_u64(24, ns).unwrap();
+        m.put_u64(32, 0).unwrap();
+        m.write(40, &[0, 0]).unwrap();
+        c.poll_oneoff(&mut m, 0, 200, 1, 300)
+    };
+    interrupt.set_on_block(true);
+    // 1 ns has run out before the call looks at its deadline; it still
+    // asked to wait, so a checkpoint on block takes it.
+    assert_eq!(sleep(&mut c, 1), Outcome::Suspend);
+    assert_eq!(sleep(&mut c, 1_000_000), Outcome::Suspend);
+    // A zero timeout asks for no wait.
+    assert_eq!(sleep(&mut c, 0), Outcome::Done(Errno::SUCCESS));
+    interrupt.set_on_block(false);
+    assert_eq!(sleep(&mut c, 1_000_000), Outcome::Done(Errno::SUCCESS));
+}

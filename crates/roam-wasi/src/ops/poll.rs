@@ -174,6 +174,15 @@ impl WasiCtx {
                 Err(p) => pending.push(p),
             }
         }
+        // Whether the call blocks is decided by what it asked for: a sleep
+        // that has already run out by the time it is looked at below (a
+        // loaded machine, an emulated one) still asked to block.
+        let asked_to_wait = pending
+            .iter()
+            .any(|p| !matches!(p, Pending::Clock { deadline, .. } if *deadline <= now));
+        if events.is_empty() && asked_to_wait && self.interrupt.on_block() {
+            return Ok(Outcome::Suspend);
+        }
         let mut first = true;
         loop {
             let now = Instant::now();
