@@ -296,6 +296,17 @@ impl LazyMemory {
         (page as usize) < self.0.kinds.len() && self.0.is_present(page)
     }
 
+    /// Whether the cell still waits for pages from the source: some data
+    /// page is missing and the cell is still there. A cell that ended
+    /// before every page arrived (a short program, or one that exited while
+    /// post-copy was still pushing) needs none; one whose source was given
+    /// up ([`LazyMemory::fail`]) still lacks them.
+    pub fn needs_pages(&self) -> bool {
+        let s = &self.0;
+        let gone = s.stop.load(Ordering::Acquire) && s.lost.get().is_none();
+        s.missing() > 0 && !gone
+    }
+
     /// Whether nobody needs more pages: every data page is present, the
     /// source was given up ([`LazyMemory::fail`]), or the cell is gone.
     /// A background reader stops then.

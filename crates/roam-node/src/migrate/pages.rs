@@ -235,7 +235,10 @@ impl PostCopyPages {
         for (i, data) in early {
             lazy.install(i, &data).map_err(|e| e.to_string())?;
         }
-        while !lazy.is_complete() {
+        // Until every page is here, or the cell ended without them: a
+        // program may finish on this node before post-copy has pushed its
+        // last pages, and then the pages still coming are not needed.
+        while lazy.needs_pages() {
             // A healthy source pushes pages without pause until `PagesDone`;
             // a silent one is gone (or cut off), and the copy here must stop
             // by itself: the source may resume the cell from its paused
@@ -272,12 +275,12 @@ impl PostCopyPages {
                     // Requested pages may still be on their way into memory
                     // through the fault handler.
                     for _ in 0..500 {
-                        if lazy.is_complete() {
+                        if !lazy.needs_pages() {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
-                    if !lazy.is_complete() {
+                    if lazy.needs_pages() {
                         return Err(
                             "the source finished sending, but pages are still missing".into()
                         );

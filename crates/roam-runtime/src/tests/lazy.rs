@@ -175,6 +175,24 @@ fn fail_stops_a_cell_waiting_for_a_slow_source() {
         other => panic!("expected PagesLost, got {other:?}"),
     }
     assert!(!lazy.is_complete());
+    drop(cell);
+    assert!(
+        lazy.needs_pages(),
+        "a cell whose source was given up still lacks its pages"
+    );
+}
+
+#[test]
+fn a_cell_that_ended_needs_no_more_pages() {
+    let Some(s) = setup() else { return };
+    let (src, _calls) = source(&s, None, 0);
+    let (cell, lazy) = lazy_cell(&s, src, 1);
+    assert!(lazy.needs_pages());
+    // A program that exits on the destination before post-copy has pushed
+    // every page: the pages still coming are not needed.
+    drop(cell);
+    assert!(!lazy.is_complete());
+    assert!(!lazy.needs_pages());
 }
 
 #[test]
