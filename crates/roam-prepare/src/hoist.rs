@@ -44,6 +44,7 @@ use walrus::ir::{
 };
 use walrus::{FunctionId, GlobalId, LocalFunction};
 
+use crate::outline::children;
 use crate::quiet::Quiet;
 
 /// Whether loop `seq` can be hoisted: no call that may unwind anywhere
@@ -174,21 +175,16 @@ pub(crate) fn hoist_rerun(
     }
 }
 
+/// The sequences the instructions of `seq` open.
+fn nested(func: &LocalFunction, seq: InstrSeqId) -> Vec<InstrSeqId> {
+    let instrs = &func.block(seq).instrs;
+    instrs.iter().flat_map(|(i, _)| children(i)).collect()
+}
+
 /// Make every branch to `from` found in `seq` (and the structures inside
 /// it) a branch to `to`.
 fn retarget(func: &mut LocalFunction, seq: InstrSeqId, from: InstrSeqId, to: InstrSeqId) {
-    let children: Vec<InstrSeqId> = func
-        .block(seq)
-        .instrs
-        .iter()
-        .flat_map(|(instr, _)| match instr {
-            Instr::Block(b) => vec![b.seq],
-            Instr::Loop(l) => vec![l.seq],
-            Instr::IfElse(i) => vec![i.consequent, i.alternative],
-            _ => Vec::new(),
-        })
-        .collect();
-    for child in children {
+    for child in nested(func, seq) {
         retarget(func, child, from, to);
     }
     for (instr, _) in &mut func.block_mut(seq).instrs {
@@ -227,18 +223,7 @@ fn back_edges(
     outer: InstrSeqId,
     flag: GlobalId,
 ) {
-    let children: Vec<InstrSeqId> = func
-        .block(seq)
-        .instrs
-        .iter()
-        .flat_map(|(instr, _)| match instr {
-            Instr::Block(b) => vec![b.seq],
-            Instr::Loop(l) => vec![l.seq],
-            Instr::IfElse(i) => vec![i.consequent, i.alternative],
-            _ => Vec::new(),
-        })
-        .collect();
-    for child in children {
+    for child in nested(func, seq) {
         back_edges(func, child, target, outer, flag);
     }
     let edges = func.block(seq).instrs.iter().any(|(instr, _)| {

@@ -129,13 +129,12 @@ enum Host {
     Hold,
 }
 
-/// Call export `name` with `arg`, the flag raised first if `raise`; the
-/// result and how many times the point was called.
-fn call(wasm: &[u8], name: &str, arg: i32, raise: bool, host: Host) -> (Val, u32) {
-    let engine = Engine::default();
-    let module = Module::new(&engine, wasm).unwrap();
+/// Instantiate `wasm` on `engine` with a point import that counts its
+/// calls and, if `host` says so, lowers the flag.
+fn instantiate(engine: &Engine, wasm: &[u8], host: Host) -> (Store<()>, Instance, Arc<AtomicU32>) {
+    let module = Module::new(engine, wasm).unwrap();
     let calls = Arc::new(AtomicU32::new(0));
-    let mut linker: Linker<()> = Linker::new(&engine);
+    let mut linker: Linker<()> = Linker::new(engine);
     let counter = calls.clone();
     linker
         .func_wrap(
@@ -151,16 +150,35 @@ fn call(wasm: &[u8], name: &str, arg: i32, raise: bool, host: Host) -> (Val, u32
             },
         )
         .unwrap();
-    let mut store = Store::new(&engine, ());
-    let instance: Instance = linker.instantiate(&mut store, &module).unwrap();
-    if raise {
-        let flag = instance.get_global(&mut store, FLAG_GLOBAL_EXPORT).unwrap();
-        flag.set(&mut store, Val::I32(1)).unwrap();
-    }
+    let mut store = Store::new(engine, ());
+    let instance = linker.instantiate(&mut store, &module).unwrap();
+    (store, instance, calls)
+}
+
+/// Run export `name` with `arg`: the result and the point's calls.
+fn run(
+    mut store: Store<()>,
+    instance: Instance,
+    calls: &AtomicU32,
+    name: &str,
+    arg: i32,
+) -> (Val, u32) {
     let f = instance.get_func(&mut store, name).unwrap();
     let mut out = [Val::I32(0)];
     f.call(&mut store, &[Val::I32(arg)], &mut out).unwrap();
     (out[0], calls.load(Ordering::Relaxed))
+}
+
+/// Call export `name` with `arg`, the flag raised first if `raise`; the
+/// result and how many times the point was called.
+fn call(wasm: &[u8], name: &str, arg: i32, raise: bool, host: Host) -> (Val, u32) {
+    let engine = Engine::default();
+    let (mut store, instance, calls) = instantiate(&engine, wasm, host);
+    if raise {
+        let flag = instance.get_global(&mut store, FLAG_GLOBAL_EXPORT).unwrap();
+        flag.set(&mut store, Val::I32(1)).unwrap();
+    }
+    run(store, instance, &calls, name, arg)
 }
 
 fn same(a: Val, b: Val) -> bool {
@@ -348,24 +366,7 @@ fn call_interrupted(wasm: &[u8], name: &str, arg: i32, every: u32) -> (Val, u32)
     let mut config = Config::new();
     config.epoch_interruption(true);
     let engine = Engine::new(&config).unwrap();
-    let module = Module::new(&engine, wasm).unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
-    let mut linker: Linker<()> = Linker::new(&engine);
-    let counter = calls.clone();
-    linker
-        .func_wrap(
-            "roam",
-            "migration_point",
-            move |mut caller: wasmtime::Caller<'_, ()>| {
-                counter.fetch_add(1, Ordering::Relaxed);
-                let flag = caller.get_export(FLAG_GLOBAL_EXPORT).unwrap();
-                let flag = flag.into_global().unwrap();
-                flag.set(&mut caller, Val::I32(0)).unwrap();
-            },
-        )
-        .unwrap();
-    let mut store = Store::new(&engine, ());
-    let instance: Instance = linker.instantiate(&mut store, &module).unwrap();
+    let (mut store, instance, calls) = instantiate(&engine, wasm, Host::Lower);
     let flag = instance.get_global(&mut store, FLAG_GLOBAL_EXPORT).unwrap();
     let mut ticks = 0u32;
     store.set_epoch_deadline(0);
@@ -377,10 +378,7 @@ fn call_interrupted(wasm: &[u8], name: &str, arg: i32, every: u32) -> (Val, u32)
         // Due again at the next check.
         Ok(UpdateDeadline::Continue(0))
     });
-    let f = instance.get_func(&mut store, name).unwrap();
-    let mut out = [Val::I32(0)];
-    f.call(&mut store, &[Val::I32(arg)], &mut out).unwrap();
-    (out[0], calls.load(Ordering::Relaxed))
+    run(store, instance, &calls, name, arg)
 }
 
 #[test]

@@ -231,7 +231,7 @@ pub(crate) fn walk(func: &LocalFunction, seq: InstrSeqId, visit: &mut impl FnMut
 }
 
 /// The sequences an instruction opens.
-fn children(instr: &Instr) -> Vec<InstrSeqId> {
+pub(crate) fn children(instr: &Instr) -> Vec<InstrSeqId> {
     match instr {
         Instr::Block(b) => vec![b.seq],
         Instr::Loop(l) => vec![l.seq],

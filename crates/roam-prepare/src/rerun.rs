@@ -43,7 +43,7 @@ use std::collections::{HashMap, HashSet};
 use walrus::ir::{Br, BrIf, BrTable, Instr, InstrSeqId, LocalGet, LocalSet, LocalTee};
 use walrus::{LocalFunction, LocalId};
 
-use crate::outline::walk;
+use crate::outline::{children, walk};
 use crate::quiet::Quiet;
 
 /// A loop of the function, as `instrument.rs`'s walk lists them (pre-order).
@@ -96,7 +96,7 @@ fn owns_all(func: &LocalFunction, body: InstrSeqId, kids: &[InstrSeqId]) -> bool
         let mut found = false;
         let mut look = |i: &Instr| found |= matches!(i, Instr::Loop(l) if l.seq == kid);
         look(instr);
-        for child in opened(instr) {
+        for child in children(instr) {
             walk(func, child, &mut look);
         }
         found
@@ -121,7 +121,7 @@ fn owns_all(func: &LocalFunction, body: InstrSeqId, kids: &[InstrSeqId]) -> bool
             }
         };
         note(instr);
-        for child in opened(instr) {
+        for child in children(instr) {
             walk(func, child, &mut note);
         }
         if !pure {
@@ -130,7 +130,7 @@ fn owns_all(func: &LocalFunction, body: InstrSeqId, kids: &[InstrSeqId]) -> bool
     }
     let mut inside = HashSet::new();
     inside.insert(body);
-    walk(func, body, &mut |i| inside.extend(opened(i)));
+    walk(func, body, &mut |i| inside.extend(children(i)));
     // Where the loop is left, only the locals read after it matter.
     let mut read_in_loop = HashMap::new();
     walk(func, body, &mut |i| {
@@ -187,16 +187,6 @@ fn computes(instr: &Instr) -> bool {
             | Instr::Unreachable(_)
             | Instr::Return(_)
     )
-}
-
-/// The sequences an instruction opens.
-fn opened(instr: &Instr) -> Vec<InstrSeqId> {
-    match instr {
-        Instr::Block(b) => vec![b.seq],
-        Instr::Loop(l) => vec![l.seq],
-        Instr::IfElse(i) => vec![i.consequent, i.alternative],
-        _ => Vec::new(),
-    }
 }
 
 /// Definite assignment of the `written` locals through a loop body: each
