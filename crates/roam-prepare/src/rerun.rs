@@ -60,18 +60,18 @@ pub(crate) fn owners(
     loops: &[Nested],
     quiet: &Quiet,
 ) -> HashMap<InstrSeqId, InstrSeqId> {
-    let children = |i: usize| {
-        loops
-            .iter()
-            .filter(move |l| l.enclosing == Some(i))
-            .map(|l| l.seq)
-    };
+    let mut kids: Vec<HashSet<InstrSeqId>> = vec![HashSet::new(); loops.len()];
+    for l in loops {
+        if let Some(p) = l.enclosing {
+            kids[p].insert(l.seq);
+        }
+    }
+    let reads = reads_in(func, func.entry_block());
     let owns: Vec<bool> = (0..loops.len())
         .map(|i| {
-            let kids: Vec<InstrSeqId> = children(i).collect();
-            !kids.is_empty()
+            !kids[i].is_empty()
                 && crate::hoist::hoistable(func, loops[i].seq, quiet)
-                && owns_all(func, loops[i].seq, &kids)
+                && owns_all(func, loops[i].seq, &kids[i], &reads)
         })
         .collect();
     // Pre-order: a loop's enclosing loop is resolved before it.
@@ -88,23 +88,36 @@ pub(crate) fn owners(
         .collect()
 }
 
+/// How many times each local is read under `seq`.
+fn reads_in(func: &LocalFunction, seq: InstrSeqId) -> HashMap<LocalId, usize> {
+    let mut reads = HashMap::new();
+    walk(func, seq, &mut |i| {
+        if let Instr::LocalGet(LocalGet { local }) = i {
+            *reads.entry(*local).or_insert(0usize) += 1;
+        }
+    });
+    reads
+}
+
 /// Whether every loop of `kids` lies in the stretch of loop `body` that can
-/// be run again from its top.
-fn owns_all(func: &LocalFunction, body: InstrSeqId, kids: &[InstrSeqId]) -> bool {
+/// be run again from its top; `reads` counts the function's local reads.
+fn owns_all(
+    func: &LocalFunction,
+    body: InstrSeqId,
+    kids: &HashSet<InstrSeqId>,
+    reads: &HashMap<LocalId, usize>,
+) -> bool {
     let stmts = &func.block(body).instrs;
-    let holds = |instr: &Instr, kid: InstrSeqId| {
+    let holds = |instr: &Instr| {
         let mut found = false;
-        let mut look = |i: &Instr| found |= matches!(i, Instr::Loop(l) if l.seq == kid);
+        let mut look = |i: &Instr| found |= matches!(i, Instr::Loop(l) if kids.contains(&l.seq));
         look(instr);
         for child in children(instr) {
             walk(func, child, &mut look);
         }
         found
     };
-    let Some(last) = (0..stmts.len())
-        .rev()
-        .find(|&k| kids.iter().any(|&kid| holds(&stmts[k].0, kid)))
-    else {
+    let Some(last) = (0..stmts.len()).rev().find(|&k| holds(&stmts[k].0)) else {
         return false;
     };
     // Everything a kid could be in is up to `last`; each kid is somewhere.
@@ -130,30 +143,32 @@ fn owns_all(func: &LocalFunction, body: InstrSeqId, kids: &[InstrSeqId]) -> bool
     }
     let mut inside = HashSet::new();
     inside.insert(body);
-    walk(func, body, &mut |i| inside.extend(children(i)));
-    // Where the loop is left, only the locals read after it matter.
-    let mut read_in_loop = HashMap::new();
+    let mut branched = HashSet::new();
     walk(func, body, &mut |i| {
-        if let Instr::LocalGet(LocalGet { local }) = i {
-            *read_in_loop.entry(*local).or_insert(0usize) += 1;
+        inside.extend(children(i));
+        match i {
+            Instr::Br(Br { block }) | Instr::BrIf(BrIf { block }) => {
+                branched.insert(*block);
+            }
+            Instr::BrTable(BrTable { blocks, default }) => {
+                branched.extend(blocks.iter().chain([default]).copied());
+            }
+            _ => {}
         }
     });
-    let mut read_anywhere = HashMap::new();
-    walk(func, func.entry_block(), &mut |i| {
-        if let Instr::LocalGet(LocalGet { local }) = i {
-            *read_anywhere.entry(*local).or_insert(0usize) += 1;
-        }
-    });
+    // Where the loop is left, only the locals read after it matter.
+    let read_in_loop = reads_in(func, body);
     let outlive: HashSet<LocalId> = written
         .iter()
         .copied()
-        .filter(|w| read_anywhere.get(w) != read_in_loop.get(w))
+        .filter(|w| reads.get(w) != read_in_loop.get(w))
         .collect();
     let mut check = Assigned {
         func,
         written: &written,
         outlive: &outlive,
         inside: &inside,
+        branched: &branched,
         ok: true,
     };
     let mut set = HashSet::new();
@@ -200,6 +215,8 @@ struct Assigned<'a> {
     written: &'a HashSet<LocalId>,
     outlive: &'a HashSet<LocalId>,
     inside: &'a HashSet<InstrSeqId>,
+    /// Every label some branch in the loop names.
+    branched: &'a HashSet<InstrSeqId>,
     ok: bool,
 }
 
@@ -252,22 +269,10 @@ impl Assigned<'_> {
         }
     }
 
-    /// Whether some branch inside `seqs` names one of them (the two arms of
-    /// an `if` are one label).
+    /// Whether some branch names one of `seqs` (the two arms of an `if`
+    /// are one label).
     fn targeted(&self, seqs: &[InstrSeqId]) -> bool {
-        let mut found = false;
-        for &seq in seqs {
-            walk(self.func, seq, &mut |i| {
-                found |= match i {
-                    Instr::Br(Br { block }) | Instr::BrIf(BrIf { block }) => seqs.contains(block),
-                    Instr::BrTable(BrTable { blocks, default }) => {
-                        seqs.contains(default) || blocks.iter().any(|b| seqs.contains(b))
-                    }
-                    _ => false,
-                }
-            });
-        }
-        found
+        seqs.iter().any(|s| self.branched.contains(s))
     }
 }
 
