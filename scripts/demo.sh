@@ -43,7 +43,7 @@ fi
 
 echo
 echo "== 4. live migration between two nodes (x86-64 -> aarch64, pre-copy)"
-scripts/demo-live.sh "$W" M pre-copy
+scripts/demo-live.sh "$W" L pre-copy
 
 echo
 echo "== 5. a cluster: planner, three named nodes, a move, a drain and a killed node"
