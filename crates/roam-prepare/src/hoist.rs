@@ -142,21 +142,18 @@ pub(crate) fn hoist_rerun(
     let done = func.builder_mut().dangling_instr_seq(ty).id();
     let rerun = func.builder_mut().dangling_instr_seq(ty).id();
     retarget(func, slow, slow, rerun);
-    let taken = {
-        let mut b = func.builder_mut().dangling_instr_seq(None);
-        b.call(point);
-        b.instr(Block { seq: slow });
-        b.instr(Br { block: done });
-        b.id()
-    };
-    let empty = func.builder_mut().dangling_instr_seq(None).id();
     {
         let mut b = func.builder_mut().instr_seq(rerun);
         b.global_get(flag);
-        b.instr(IfElse {
-            consequent: taken,
-            alternative: empty,
-        });
+        b.if_else(
+            None,
+            |taken| {
+                taken.call(point);
+                taken.instr(Block { seq: slow });
+                taken.instr(Br { block: done });
+            },
+            |_| {},
+        );
         b.instr(Loop { seq: looped });
     }
     func.builder_mut()

@@ -36,7 +36,7 @@ const WAT: &str = r#"(module
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $outer)))
     (local.get $acc))
-;; sum over i < n of 3^(n-1-i) * (sum over j < i of i*j + mem[4j]): the
+  ;; sum over i < n of 3^(n-1-i) * (sum over j < i of i*j + mem[4j]): the
   ;; inner loop and the stores to $s and $j before it can run again from
   ;; the top of the outer body, so the outer loop's point serves both.
   (func (export "rerun") (param $n i32) (result i64)

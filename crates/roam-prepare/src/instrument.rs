@@ -267,18 +267,19 @@ fn instrument_function(
     } else {
         HashMap::new()
     };
+    let mut owned: HashMap<InstrSeqId, Vec<InstrSeqId>> = HashMap::new();
+    for l in &loops {
+        if let Some(o) = owner.get(&l.seq) {
+            owned.entry(*o).or_default().push(l.seq);
+        }
+    }
     let mut inline = Vec::new();
     for l in loops.iter().rev() {
         if owner.contains_key(&l.seq) {
             continue;
         }
-        let owned: Vec<InstrSeqId> = loops
-            .iter()
-            .filter(|o| owner.get(&o.seq) == Some(&l.seq))
-            .map(|o| o.seq)
-            .collect();
-        if !owned.is_empty() {
-            crate::hoist::hoist_rerun(func, (l.parent, l.index), l.seq, &owned, point, flag);
+        if let Some(owned) = owned.get(&l.seq) {
+            crate::hoist::hoist_rerun(func, (l.parent, l.index), l.seq, owned, point, flag);
             continue;
         }
         let can = loop_points != LoopPoints::Inline && crate::hoist::hoistable(func, l.seq, quiet);

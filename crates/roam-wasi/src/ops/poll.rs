@@ -174,9 +174,10 @@ impl WasiCtx {
                 Err(p) => pending.push(p),
             }
         }
-        // Whether the call blocks is decided by what it asked for: a sleep
-        // that has already run out by the time it is looked at below (a
-        // loaded machine, an emulated one) still asked to block.
+        // Whether the call blocks is decided by what it asked for, before
+        // any waiting: a sleep that has already run out by the time the loop
+        // below looks at it (a loaded machine, an emulated one) still asked
+        // to block.
         let asked_to_wait = pending
             .iter()
             .any(|p| !matches!(p, Pending::Clock { deadline, .. } if *deadline <= now));
@@ -206,7 +207,7 @@ impl WasiCtx {
             if !events.is_empty() {
                 break;
             }
-            if self.interrupt.is_requested() || (first && self.interrupt.on_block()) {
+            if self.interrupt.is_requested() {
                 return Ok(Outcome::Suspend);
             }
             first = false;
