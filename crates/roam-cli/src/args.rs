@@ -131,6 +131,11 @@ pub struct PrepareArgs {
     /// [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub outline_loops: Option<roam_prepare::Outline>,
+    /// Pure functions (they write nothing but their own locals) that reach a
+    /// point run without Asyncify: at a point they give up, and the point in
+    /// their caller runs the call again: `on` or `off` [default: on].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub rerun_calls: Option<roam_prepare::RerunCalls>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

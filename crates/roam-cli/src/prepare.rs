@@ -16,6 +16,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         loop_points: a.loop_points.unwrap_or(defaults.loop_points),
         point_calls: a.point_calls.unwrap_or(defaults.point_calls),
         outline: a.outline_loops.unwrap_or(defaults.outline),
+        rerun_calls: a.rerun_calls.unwrap_or(defaults.rerun_calls),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };

@@ -37,6 +37,8 @@ pub(crate) struct CallGraph {
     callees: Vec<Vec<usize>>,
     /// The node makes an indirect call whose targets are unknown.
     unknown: Vec<bool>,
+    /// Function → node.
+    index: HashMap<FunctionId, usize>,
 }
 
 impl CallGraph {
@@ -67,7 +69,15 @@ impl CallGraph {
             ids,
             callees,
             unknown,
+            index,
         }
+    }
+
+    /// The functions `f` may call (indirect calls resolved by signature), or
+    /// `None` when it makes an indirect call whose targets are unknown.
+    pub(crate) fn callees(&self, f: FunctionId) -> Option<Vec<FunctionId>> {
+        let node = *self.index.get(&f)?;
+        (!self.unknown[node]).then(|| self.callees[node].iter().map(|&n| self.ids[n]).collect())
     }
 
     /// The functions that can (transitively) call one for which `target`

@@ -31,10 +31,11 @@ use crate::outline::{outline_loops, Stage};
 use crate::pipeline::PrepareError;
 use crate::quiet::Quiet;
 use crate::rerun::Nested;
+use crate::wasm_opt::AsyncifyList;
 use crate::{
     AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, Outline, PointPolicy, PointStats,
-    PrepareOptions, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
-    POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
+    PrepareOptions, RerunCalls, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX,
+    MEMORY_EXPORT, POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
 
 /// The instrumented module, ready for `wasm-opt`.
@@ -46,8 +47,9 @@ pub(crate) struct Instrumented {
     /// Loops moved into functions of their own (`outline.rs`).
     pub outlined: u32,
     /// Names of the functions Asyncify must instrument
-    /// ([`AsyncifyScope::Reachable`]), or `None` for Asyncify's own analysis.
-    pub only: Option<Vec<String>>,
+    /// ([`AsyncifyScope::Reachable`]), or must leave alone (the fast forms of
+    /// `pure.rs`), or `None` for Asyncify's own analysis alone.
+    pub list: Option<AsyncifyList>,
 }
 
 /// Rewrite `input` (already validated as `info`) as `opts` say: points,
@@ -61,10 +63,11 @@ pub(crate) fn instrument(
 ) -> Result<Instrumented, PrepareError> {
     let policy = opts.points;
     let by_name = opts.asyncify_scope == AsyncifyScope::Reachable;
+    let rerun_calls = opts.rerun_calls == RerunCalls::On && policy != PointPolicy::Manual;
     let mut config = ModuleConfig::new();
     config
         .generate_dwarf(false)
-        .generate_name_section(!opts.strip_names || by_name)
+        .generate_name_section(!opts.strip_names || by_name || rerun_calls)
         .generate_producers_section(true);
     let mut module = config
         .parse(input)
@@ -88,22 +91,57 @@ pub(crate) fn instrument(
             EntryPoints::All => None,
         };
         let quiet = Quiet::new(module, &graph, policy, opts.entry_points, cycles.as_ref());
-        (cycles, quiet)
+        (graph, cycles, quiet)
     };
     // Nests before any point, so each gets its points in its new function
     // exactly as in place; innermost loops after (see `outline.rs`).
     let outline = opts.outline != Outline::Off;
     let mut outlined = 0;
     if outline {
-        let (_, quiet) = quiet_of(&module);
+        let (_, _, quiet) = quiet_of(&module);
         outlined += outline_loops(&mut module, Stage::Nests, &quiet)?;
     }
-    let (cycles, quiet) = quiet_of(&module);
+    // Pure functions that reach a point give up instead of unwinding.
+    let split = if rerun_calls {
+        let (graph, _, quiet) = quiet_of(&module);
+        let fast = crate::pure::abortable(&module, &graph, &quiet);
+        match fast.is_empty() {
+            true => None,
+            false => Some(crate::pure::split(&mut module, fast, point)?),
+        }
+    } else {
+        None
+    };
+    let results: HashMap<FunctionId, Vec<ValType>> = split
+        .iter()
+        .flat_map(|s| &s.fast)
+        .map(|f| {
+            let ty = module.types.get(module.funcs.get(*f).ty());
+            (*f, ty.results().to_vec())
+        })
+        .collect();
+    let (_, cycles, quiet) = quiet_of(&module);
     let mut stats = PointStats::default();
     for (id, func) in module.funcs.iter_local_mut() {
         let entry_allowed = cycles.as_ref().is_none_or(|c| c.contains(&id));
-        let (loop_points, entry_point, manual) =
-            instrument_function(func, point, flag, opts, entry_allowed, &quiet);
+        let (loop_points, entry_point, manual) = match &split {
+            // A wrapper's call of the point is where a fast form's check
+            // lands, already counted there; it has no loop and is on no
+            // cycle.
+            Some(s) if s.wrappers.contains(&id) => continue,
+            Some(s) if s.fast.contains(&id) => {
+                let (loops, entry, _) = placement(func, point, policy, entry_allowed);
+                let mut at: Vec<InstrSeqId> = loops.iter().map(|l| l.seq).collect();
+                at.extend(entry.then(|| func.entry_block()));
+                crate::pure::give_up_checks(func, &at, &results[&id], &s.fast, flag, s.abort);
+                (loops.len() as u32, entry, 0)
+            }
+            _ => instrument_function(func, point, flag, opts, entry_allowed, &quiet),
+        };
+        // A slow copy repeats its fast form's points.
+        if split.as_ref().is_some_and(|s| s.slow.contains(&id)) {
+            continue;
+        }
         stats.loop_points += loop_points;
         stats.function_points += u32::from(entry_point);
         stats.manual_points += manual;
@@ -114,12 +152,23 @@ pub(crate) fn instrument(
     if outline {
         outlined += outline_loops(&mut module, Stage::Leaves, &quiet)?;
     }
-    let only = by_name.then(|| asyncify_only(&mut module));
+    let list = if by_name {
+        Some(AsyncifyList::Only(asyncify_only(&mut module)))
+    } else if let Some(s) = &split {
+        crate::names::make_names_listable(&mut module);
+        let names = s
+            .fast
+            .iter()
+            .filter_map(|f| module.funcs.get(*f).name.clone());
+        Some(AsyncifyList::Remove(names.collect()))
+    } else {
+        None
+    };
     Ok(Instrumented {
         bytes: module.emit_wasm(),
         stats,
         outlined,
-        only,
+        list,
     })
 }
 
@@ -160,7 +209,11 @@ fn asyncify_only(module: &mut Module) -> Vec<String> {
     only
 }
 
-fn add_export(module: &mut Module, name: &str, item: ExportItem) -> Result<(), PrepareError> {
+pub(crate) fn add_export(
+    module: &mut Module,
+    name: &str,
+    item: ExportItem,
+) -> Result<(), PrepareError> {
     if module.exports.iter().any(|e| e.name == name) {
         return Err(PrepareError::ExportNameTaken {
             name: name.to_string(),
@@ -218,32 +271,7 @@ fn instrument_function(
     quiet: &Quiet,
 ) -> (u32, bool, u32) {
     let (policy, loop_points) = (opts.points, opts.loop_points);
-    let mut walk = Walk {
-        point,
-        loops: Vec::new(),
-        has_call: false,
-        call_outside_loops: false,
-        manual: 0,
-    };
-    walk.visit(func, func.entry_block(), 0, None);
-    let loops: Vec<&LoopInfo> = match policy {
-        PointPolicy::Loops => walk.loops.iter().collect(),
-        PointPolicy::Outer => walk
-            .loops
-            .iter()
-            .filter(|l| !(l.leaf && l.depth > 0))
-            .collect(),
-        PointPolicy::Functions | PointPolicy::Manual => Vec::new(),
-    };
-    // Under `loops` and `outer` every loop that calls has a point, so when
-    // every call is inside a loop, each run of the function passes a point
-    // before it calls anything: its entry point would add nothing to the
-    // bound on the time to the next point, even down a recursion
-    // (`ackermann`, whose tail call became a loop).
-    let loops_bound_calls =
-        matches!(policy, PointPolicy::Loops | PointPolicy::Outer) && !walk.call_outside_loops;
-    let entry =
-        walk.has_call && entry_allowed && policy != PointPolicy::Manual && !loops_bound_calls;
+    let (loops, entry, manual) = placement(func, point, policy, entry_allowed);
     // Hoisting first, innermost loops first (the walk lists loops in
     // pre-order): a hoist replaces its loop in place and rewrites only code
     // inside it, so every position still to be used stays valid. A loop
@@ -255,8 +283,7 @@ fn instrument_function(
     let leaves_move = opts.outline != Outline::Off && crate::outline::is_large(func);
     // Loops that leave to an enclosing loop's point, by owner (`rerun.rs`).
     let owner = if loop_points == LoopPoints::Rerun && policy == PointPolicy::Loops {
-        let nested: Vec<Nested> = walk
-            .loops
+        let nested: Vec<Nested> = loops
             .iter()
             .map(|l| Nested {
                 seq: l.seq,
@@ -298,7 +325,47 @@ fn instrument_function(
     if entry {
         insert_point(func, func.entry_block(), point, flag);
     }
-    (loops.len() as u32, entry, walk.manual)
+    (loops.len() as u32, entry, manual)
+}
+
+/// The loops of `func` that get a point under `policy` (in the walk's
+/// pre-order), whether its entry gets one, and how many point calls the
+/// program made itself.
+fn placement(
+    func: &LocalFunction,
+    point: FunctionId,
+    policy: PointPolicy,
+    entry_allowed: bool,
+) -> (Vec<LoopInfo>, bool, u32) {
+    let mut walk = Walk {
+        point,
+        loops: Vec::new(),
+        has_call: false,
+        call_outside_loops: false,
+        manual: 0,
+    };
+    walk.visit(func, func.entry_block(), 0, None);
+    // Under `loops` and `outer` every loop that calls has a point, so when
+    // every call is inside a loop, each run of the function passes a point
+    // before it calls anything: its entry point would add nothing to the
+    // bound on the time to the next point, even down a recursion
+    // (`ackermann`, whose tail call became a loop).
+    let loops_bound_calls =
+        matches!(policy, PointPolicy::Loops | PointPolicy::Outer) && !walk.call_outside_loops;
+    let entry =
+        walk.has_call && entry_allowed && policy != PointPolicy::Manual && !loops_bound_calls;
+    let loops = match policy {
+        PointPolicy::Loops => walk.loops,
+        // `enclosing` indexes the full list; only `rerun.rs` reads it, and
+        // only under `loops`.
+        PointPolicy::Outer => walk
+            .loops
+            .into_iter()
+            .filter(|l| !(l.leaf && l.depth > 0))
+            .collect(),
+        PointPolicy::Functions | PointPolicy::Manual => Vec::new(),
+    };
+    (loops, entry, walk.manual)
 }
 
 /// A loop found by [`Walk`].

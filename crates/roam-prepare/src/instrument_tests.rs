@@ -382,11 +382,22 @@ fn reachable_scope_lists_exactly_the_callers_of_unwinding_imports() {
     };
     let out = instrument(&wasm, &info, &manual).unwrap();
     assert_eq!(
-        out.only.unwrap(),
-        ["reads", "via_table", "_start"],
+        out.list.unwrap(),
+        AsyncifyList::Only(vec!["reads".into(), "via_table".into(), "_start".into()]),
         "$pure, $leaf and $calc_only cannot reach fd_read"
     );
-    // With points at every loop and entry, the leaf stays out: it has none.
+    // Scope `all` leaves the choice to Asyncify, but for the fast forms of
+    // `pure.rs`: with an entry point in every function that calls,
+    // $calc_only has one, and it writes nothing.
     let out = instrument(&wasm, &info, &opts(PointPolicy::Loops)).unwrap();
-    assert_eq!(out.only, None, "scope `all` leaves the choice to Asyncify");
+    assert_eq!(
+        out.list,
+        Some(AsyncifyList::Remove(vec!["calc_only".into()]))
+    );
+    let off = PrepareOptions {
+        rerun_calls: crate::RerunCalls::Off,
+        ..opts(PointPolicy::Loops)
+    };
+    let out = instrument(&wasm, &info, &off).unwrap();
+    assert_eq!(out.list, None, "scope `all` leaves the choice to Asyncify");
 }

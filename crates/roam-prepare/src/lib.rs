@@ -36,6 +36,7 @@ mod ops;
 mod options;
 mod outline;
 mod pipeline;
+mod pure;
 mod quiet;
 mod rerun;
 mod section;
@@ -47,10 +48,11 @@ mod wasm_opt;
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
     AsyncifyScope, EntryPoints, LoopPoints, OptLevel, Outline, ParseOptionError, ParsePolicyError,
-    PointCalls, PointPolicy, PrepareOptions,
+    PointCalls, PointPolicy, PrepareOptions, RerunCalls,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
+pub use pure::ABORT_GLOBAL_EXPORT;
 pub use section::{read_section, RoamSection, SectionError};
 pub use spill::SPILL_EXPORT_PREFIX;
 pub use validate::{validate, ModuleInfo, ValidateError};
@@ -64,8 +66,9 @@ pub use verify::{check_prepared, CheckError};
 /// checkpoint kept on one cannot be restored on the other. Bump it with
 /// every change to the output (2: loops outlined, `outline.rs`; 3: no
 /// entry point in a function whose every call is inside a loop; 4: inner
-/// loops leave to their outer loop's point, `rerun.rs`).
-pub const OUTPUT_REVISION: u32 = 4;
+/// loops leave to their outer loop's point, `rerun.rs`; 5: pure recursion
+/// gives up and runs again, `pure.rs`).
+pub const OUTPUT_REVISION: u32 = 5;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

@@ -381,6 +381,45 @@ impl FromStr for Outline {
     }
 }
 
+/// Whether pure functions that reach a point give up and run again
+/// instead of unwinding (see `pure.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RerunCalls {
+    /// A function that writes nothing but its locals and calls only such
+    /// functions runs without Asyncify; at a point it gives up, and its
+    /// caller's point runs the call again (default).
+    #[default]
+    On,
+    /// Every function that reaches a point unwinds through Asyncify.
+    Off,
+}
+
+impl RerunCalls {
+    /// The name used on the command line and in the canonical text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RerunCalls::On => "on",
+            RerunCalls::Off => "off",
+        }
+    }
+}
+
+impl FromStr for RerunCalls {
+    type Err = ParseOptionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "on" => Ok(RerunCalls::On),
+            "off" => Ok(RerunCalls::Off),
+            other => Err(ParseOptionError {
+                what: "rerun calls",
+                found: other.to_string(),
+                choices: "on, off",
+            }),
+        }
+    }
+}
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -407,16 +446,19 @@ pub struct PrepareOptions {
     /// Which loops move into functions of their own. Default:
     /// [`Outline::On`].
     pub outline: Outline,
+    /// Whether pure recursion gives up and runs again instead of unwinding.
+    /// Default: [`RerunCalls::On`].
+    pub rerun_calls: RerunCalls,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={};outline={}",
+             ;entries={};loops={};calls={};outline={};rerun-calls={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -425,6 +467,7 @@ impl PrepareOptions {
             self.loop_points.as_str(),
             self.point_calls.as_str(),
             self.outline.as_str(),
+            self.rerun_calls.as_str(),
         )
     }
 }
@@ -461,7 +504,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -472,7 +515,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on"
         );
     }
 }

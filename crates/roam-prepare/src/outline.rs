@@ -412,6 +412,19 @@ fn build_function(
     (fb.finish(params, &mut module.funcs), body_loop)
 }
 
+/// Copy the whole body of `src` into `body` of `fb`, labels renamed and
+/// locals kept (walrus numbers locals per function when it writes).
+pub(crate) fn copy_body(src: &LocalFunction, fb: &mut FunctionBuilder, body: InstrSeqId) {
+    let same = |l: LocalId| Some(l);
+    let mut copier = Copier {
+        src,
+        locals: &same,
+        seqs: vec![(src.entry_block(), body)],
+        exits: Vec::new(),
+    };
+    copier.copy(fb, src.entry_block(), body);
+}
+
 /// Copies a loop's instructions into the new function, renaming locals and
 /// labels.
 struct Copier<'a, F: Fn(LocalId) -> Option<LocalId>> {

@@ -145,20 +145,20 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     let instrumented = instrument::instrument(input, &info, opts)?;
     let stats = instrumented.stats;
     let outlined_loops = instrumented.outlined;
-    let only = instrumented.only.as_deref();
+    let list = instrumented.list.as_ref();
     let mut bytes = match opts.point_calls {
         PointCalls::Plain => wasm_opt::run(
             &tool,
             &instrumented.bytes,
             |f| wasm_opt::asyncify_arguments(opts, f, true),
-            only,
+            list,
         )?,
         PointCalls::Spilled => {
             let asyncified = wasm_opt::run(
                 &tool,
                 &instrumented.bytes,
                 |f| wasm_opt::asyncify_arguments(opts, f, false),
-                only,
+                list,
             )?;
             let (spilled, _) = spill::spill(&asyncified, !opts.strip_names)?;
             // `O0`: nothing to optimise, so no third run.

@@ -79,6 +79,11 @@ impl Quiet {
         )
     }
 
+    /// Whether a call of `f` can never unwind.
+    pub(crate) fn contains(&self, f: FunctionId) -> bool {
+        self.0.contains(&f)
+    }
+
     /// Whether `instr` is a call that may unwind.
     pub(crate) fn may_unwind(&self, instr: &Instr) -> bool {
         match instr {

@@ -178,7 +178,7 @@ fn owns_all(
 
 /// Whether `instr` only computes: it may read memory and locals, write
 /// locals and branch, but not call or write memory, globals or tables.
-fn computes(instr: &Instr) -> bool {
+pub(crate) fn computes(instr: &Instr) -> bool {
     matches!(
         instr,
         Instr::Block(_)

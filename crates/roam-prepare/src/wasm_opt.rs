@@ -79,15 +79,45 @@ pub(crate) fn asyncify_imports() -> String {
     format!("--pass-arg=asyncify-imports@{}", list.join(","))
 }
 
+/// Functions named for Asyncify.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AsyncifyList {
+    /// Instrument these and no others (`asyncify-onlylist`).
+    Only(Vec<String>),
+    /// Instrument what Asyncify's own analysis picks, except these, and
+    /// take calls of these as never unwinding (`asyncify-removelist`).
+    Remove(Vec<String>),
+}
+
+impl AsyncifyList {
+    fn names(&self) -> &[String] {
+        match self {
+            AsyncifyList::Only(n) | AsyncifyList::Remove(n) => n,
+        }
+    }
+
+    /// The `--pass-arg` naming the list in `file`. `@@file`: the list is
+    /// read from the file (a response file), so a program with thousands of
+    /// functions does not hit the limit on the length of a command line.
+    /// Binaryen 108 splits it on commas only.
+    pub(crate) fn pass_arg(&self, file: &Path) -> String {
+        let which = match self {
+            AsyncifyList::Only(_) => "onlylist",
+            AsyncifyList::Remove(_) => "removelist",
+        };
+        format!("--pass-arg=asyncify-{which}@@{}", file.display())
+    }
+}
+
 /// Arguments after the input file name, up to but excluding `-o <out>`,
-/// for the run that applies Asyncify. `only` is the file listing the
-/// functions Asyncify instruments, if any. With `optimise`, the optimiser
+/// for the run that applies Asyncify. `list` is the `--pass-arg` naming the
+/// functions Asyncify instruments or leaves alone, if any. With `optimise`, the optimiser
 /// runs in the same invocation; without, it runs later
 /// ([`optimise_arguments`]) and this run only tells Asyncify the level, so
 /// that Asyncify still simplifies its own code as it would.
 pub(crate) fn asyncify_arguments(
     opts: &PrepareOptions,
-    only: Option<&Path>,
+    list: Option<String>,
     optimise: bool,
 ) -> Vec<String> {
     let mut args: Vec<String> = FEATURE_FLAGS.iter().map(|s| s.to_string()).collect();
@@ -101,12 +131,7 @@ pub(crate) fn asyncify_arguments(
     args.push("--vacuum".into());
     args.push("--asyncify".into());
     args.push(asyncify_imports());
-    if let Some(only) = only {
-        // `@@file`: the list is read from the file (a response file), so a
-        // program with thousands of functions does not hit the limit on the
-        // length of a command line. Binaryen 108 splits it on commas only.
-        args.push(format!("--pass-arg=asyncify-onlylist@@{}", only.display()));
-    }
+    args.extend(list);
     if optimise {
         if let Some(flag) = opts.opt_level.flag() {
             args.push(flag.into());
@@ -138,13 +163,13 @@ pub(crate) fn optimise_arguments(opts: &PrepareOptions) -> Vec<String> {
     args
 }
 
-/// Run `wasm-opt` on `module` with `args(only)`, where `only` is the path of
-/// a file holding `only_list` (comma-separated), if one is given.
+/// Run `wasm-opt` on `module` with `args(list)`, where `list` is the
+/// argument naming a file that holds `names` (comma-separated), if given.
 pub(crate) fn run(
     tool: &WasmOpt,
     module: &[u8],
-    args: impl FnOnce(Option<&Path>) -> Vec<String>,
-    only_list: Option<&[String]>,
+    args: impl FnOnce(Option<String>) -> Vec<String>,
+    names: Option<&AsyncifyList>,
 ) -> Result<Vec<u8>, PrepareError> {
     let dir = tempfile::Builder::new()
         .prefix("roam-prepare-")
@@ -153,17 +178,17 @@ pub(crate) fn run(
     let input = dir.path().join("in.wasm");
     let output = dir.path().join("out.wasm");
     std::fs::write(&input, module).map_err(PrepareError::TempFile)?;
-    let only_file = match only_list {
-        Some(names) => {
-            let path = dir.path().join("asyncify-only.txt");
-            std::fs::write(&path, names.join(",")).map_err(PrepareError::TempFile)?;
-            Some(path)
+    let list = match names {
+        Some(list) => {
+            let path = dir.path().join("asyncify-list.txt");
+            std::fs::write(&path, list.names().join(",")).map_err(PrepareError::TempFile)?;
+            Some(list.pass_arg(&path))
         }
         None => None,
     };
     let result = Command::new(&tool.path)
         .arg(&input)
-        .args(args(only_file.as_deref()))
+        .args(args(list))
         .arg("-o")
         .arg(&output)
         .output()
@@ -244,10 +269,16 @@ mod tests {
 
     #[test]
     fn onlylist_is_passed_as_a_response_file() {
+        let list = AsyncifyList::Only(vec!["f".into()]);
         let args = asyncify_arguments(
             &PrepareOptions::default(),
-            Some(Path::new("/tmp/x/asyncify-only.txt")),
+            Some(list.pass_arg(Path::new("/tmp/x/asyncify-only.txt"))),
             true,
+        );
+        let remove = AsyncifyList::Remove(vec!["f".into()]);
+        assert_eq!(
+            remove.pass_arg(Path::new("/tmp/r")),
+            "--pass-arg=asyncify-removelist@@/tmp/r"
         );
         assert!(
             args.contains(&"--pass-arg=asyncify-onlylist@@/tmp/x/asyncify-only.txt".to_string()),

@@ -1,0 +1,396 @@
+//! Pure recursion that leaves to its caller's point.
+//!
+//! A recursive function needs a migration point on every trip round its
+//! cycle, and Asyncify must then instrument it: after every recursive call
+//! it checks whether the stack is unwinding, and around the code between
+//! calls it adds guards for rewinding. For a small function such as
+//! Ackermann's, whose plain body is a few instructions and a call, that
+//! doubles the cost of every call (`recurse` ran 2.5× slower in
+//! `ackermann` than unprepared).
+//!
+//! Many such functions are *pure*: they read memory and globals, but write
+//! nothing except their own locals, and call only functions of the same
+//! kind. A run of one can be abandoned at any moment and started again from
+//! its arguments with the same result, because nothing it read has changed.
+//! So their frames never need to be captured. Such a function (the *fast*
+//! form) gets no Asyncify code at all. Where it would have a migration
+//! point, it checks the flag and, when the flag is up, sets `roam.abort` and
+//! returns at once; after each call of another fast function, it returns at
+//! once when `roam.abort` is set. The whole recursion falls back to its
+//! caller in as many returns as it is deep, with no state saved.
+//!
+//! Callers outside the pure set call a *wrapper* instead. It calls the fast
+//! form; if that was abandoned, it clears `roam.abort`, calls the migration
+//! point (which takes the checkpoint, or returns at once if the request is
+//! gone), and then runs the call again in the *slow* form: a copy of the
+//! function, and of every pure function it calls, with ordinary migration
+//! points under Asyncify. The slow form is never abandoned, so the program
+//! makes progress even when every point is asked to stop (as
+//! `--checkpoint-every-points` does). Only that one call runs slowly; the
+//! next call from outside is fast again.
+//!
+//! The bound on the time to the next point is unchanged: the fast form
+//! checks the flag exactly where the ordinary form has a point, and giving
+//! up costs one return per frame. A migration costs at most one outer call
+//! done twice (once abandoned, once slowly).
+//!
+//! What makes a function pure here is checked conservatively on the
+//! instructions: no store, no `global.set`, no memory or table change, no
+//! import call, no call through a table whose contents are unknown, and
+//! every callee pure. A function that the host or a table can reach
+//! directly (an export, an element segment, `ref.func`) keeps its ordinary
+//! form, since a wrapper can only be put in front of calls roam sees.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use walrus::ir::{Call, Const, GlobalSet, Instr, InstrSeqId, Return, ReturnCall, Value};
+use walrus::{
+    ConstExpr, ElementItems, ExportItem, FunctionBuilder, FunctionId, FunctionKind, LocalFunction,
+    Module, ValType,
+};
+
+use crate::callgraph::CallGraph;
+use crate::outline::{children, walk, LOOP_EXPORT_PREFIX};
+use crate::quiet::Quiet;
+
+/// Export name of the global the fast forms set when they give up. It is 0
+/// at every migration point, so it holds nothing a snapshot must keep.
+pub const ABORT_GLOBAL_EXPORT: &str = "roam.abort";
+
+/// The functions whose fast form gives up instead of unwinding: pure,
+/// reaching a point, not reachable from outside the module's own direct
+/// calls, and calling no function that may unwind other than each other.
+pub(crate) fn abortable(module: &Module, graph: &CallGraph, quiet: &Quiet) -> BTreeSet<FunctionId> {
+    let escaped = escaped(module);
+    let mut pure: BTreeSet<FunctionId> = module
+        .funcs
+        .iter_local()
+        .filter(|(_, f)| writes_nothing(f))
+        .map(|(id, _)| id)
+        .filter(|id| graph.callees(*id).is_some())
+        .collect();
+    shrink(&mut pure, |f, set| {
+        graph
+            .callees(f)
+            .is_some_and(|c| c.iter().all(|g| set.contains(g)))
+    });
+    let mut fast: BTreeSet<FunctionId> = pure
+        .into_iter()
+        .filter(|f| !quiet.contains(*f) && !escaped.contains(f) && zeroable(module, *f))
+        .collect();
+    shrink(&mut fast, |f, set| {
+        graph
+            .callees(f)
+            .is_some_and(|c| c.iter().all(|g| set.contains(g) || quiet.contains(*g)))
+    });
+    fast
+}
+
+/// Remove from `set` every member for which `keep` fails, until none does.
+fn shrink(
+    set: &mut BTreeSet<FunctionId>,
+    keep: impl Fn(FunctionId, &BTreeSet<FunctionId>) -> bool,
+) {
+    loop {
+        let gone: Vec<FunctionId> = set.iter().copied().filter(|f| !keep(*f, set)).collect();
+        if gone.is_empty() {
+            return;
+        }
+        for f in gone {
+            set.remove(&f);
+        }
+    }
+}
+
+/// Functions something other than a direct call may start: exports (but
+/// not roam's own outlined loops, which are exported only to keep
+/// `wasm-opt` from inlining them), table elements and `ref.func` targets.
+fn escaped(module: &Module) -> HashSet<FunctionId> {
+    let mut out = HashSet::new();
+    for e in module.exports.iter() {
+        if let ExportItem::Function(f) = e.item {
+            if !e.name.starts_with(LOOP_EXPORT_PREFIX) {
+                out.insert(f);
+            }
+        }
+    }
+    for e in module.elements.iter() {
+        match &e.items {
+            ElementItems::Functions(fs) => out.extend(fs.iter().copied()),
+            ElementItems::Expressions(_, exprs) => {
+                out.extend(exprs.iter().filter_map(|x| match x {
+                    ConstExpr::RefFunc(f) => Some(*f),
+                    _ => None,
+                }))
+            }
+        }
+    }
+    for g in module.globals.iter() {
+        if let walrus::GlobalKind::Local(ConstExpr::RefFunc(f)) = g.kind {
+            out.insert(f);
+        }
+    }
+    for (_, func) in module.funcs.iter_local() {
+        walk(func, func.entry_block(), &mut |i| {
+            if let Instr::RefFunc(r) = i {
+                out.insert(r.func);
+            }
+        });
+    }
+    out
+}
+
+/// Whether every result of `f` has a zero value a fast form can return.
+fn zeroable(module: &Module, f: FunctionId) -> bool {
+    let ty = module.types.get(module.funcs.get(f).ty());
+    ty.results().iter().all(|t| zero(*t).is_some())
+}
+
+fn zero(ty: ValType) -> Option<Value> {
+    match ty {
+        ValType::I32 => Some(Value::I32(0)),
+        ValType::I64 => Some(Value::I64(0)),
+        ValType::F32 => Some(Value::F32(0.0)),
+        ValType::F64 => Some(Value::F64(0.0)),
+        ValType::V128 => Some(Value::V128(0)),
+        ValType::Ref(_) => None,
+    }
+}
+
+/// Whether `func` writes nothing but its own locals: a whitelist, so an
+/// instruction not named here (a store, `global.set`, `memory.grow`, a
+/// table or atomic operation, a tail call) makes it impure.
+fn writes_nothing(func: &LocalFunction) -> bool {
+    let mut ok = true;
+    walk(func, func.entry_block(), &mut |i| {
+        ok &= matches!(i, Instr::Call(_) | Instr::CallIndirect(_)) || crate::rerun::computes(i);
+    });
+    ok
+}
+
+/// The module after [`split`]: which functions are fast, and the global
+/// they raise when they give up.
+pub(crate) struct Split {
+    /// The fast functions (the original ids, so every call among them
+    /// stays as it was).
+    pub fast: BTreeSet<FunctionId>,
+    /// The slow copies, run after a fast form gave up.
+    pub slow: BTreeSet<FunctionId>,
+    /// The wrappers in front of calls from outside.
+    pub wrappers: BTreeSet<FunctionId>,
+    /// `roam.abort`.
+    pub abort: walrus::GlobalId,
+}
+
+/// Give every function of `fast` a slow copy, put a wrapper in front of
+/// every call from outside the set, and add `roam.abort`. The fast forms
+/// themselves get their checks from [`give_up_checks`] once the other
+/// functions have their points.
+pub(crate) fn split(
+    module: &mut Module,
+    fast: BTreeSet<FunctionId>,
+    point: FunctionId,
+) -> Result<Split, crate::pipeline::PrepareError> {
+    let abort =
+        module
+            .globals
+            .add_local(ValType::I32, true, false, ConstExpr::Value(Value::I32(0)));
+    crate::instrument::add_export(module, ABORT_GLOBAL_EXPORT, abort.into())?;
+    let slow: BTreeMap<FunctionId, FunctionId> = fast
+        .iter()
+        .map(|f| (*f, copy_function(module, *f)))
+        .collect();
+    for s in slow.values() {
+        retarget(module, *s, &slow);
+    }
+    let outside: Vec<FunctionId> = module
+        .funcs
+        .iter_local()
+        .map(|(id, _)| id)
+        .filter(|id| !fast.contains(id) && !slow.values().any(|s| s == id))
+        .collect();
+    let called: BTreeSet<FunctionId> = outside
+        .iter()
+        .flat_map(|id| direct_callees(module, *id))
+        .filter(|g| fast.contains(g))
+        .collect();
+    let wrappers: BTreeMap<FunctionId, FunctionId> = called
+        .iter()
+        .map(|f| (*f, wrapper(module, *f, slow[f], abort, point)))
+        .collect();
+    for id in outside {
+        retarget(module, id, &wrappers);
+    }
+    Ok(Split {
+        fast,
+        slow: slow.into_values().collect(),
+        wrappers: wrappers.into_values().collect(),
+        abort,
+    })
+}
+
+/// The functions `id` calls directly.
+fn direct_callees(module: &Module, id: FunctionId) -> Vec<FunctionId> {
+    let FunctionKind::Local(func) = &module.funcs.get(id).kind else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    walk(func, func.entry_block(), &mut |i| match i {
+        Instr::Call(Call { func }) | Instr::ReturnCall(ReturnCall { func }) => out.push(*func),
+        _ => {}
+    });
+    out
+}
+
+/// Point the direct calls of `id` at `to[callee]` where there is one.
+fn retarget(module: &mut Module, id: FunctionId, to: &BTreeMap<FunctionId, FunctionId>) {
+    let FunctionKind::Local(func) = &mut module.funcs.get_mut(id).kind else {
+        return;
+    };
+    let mut seqs = vec![func.entry_block()];
+    while let Some(seq) = seqs.pop() {
+        for (instr, _) in func.block_mut(seq).instrs.iter_mut() {
+            match instr {
+                Instr::Call(Call { func }) | Instr::ReturnCall(ReturnCall { func }) => {
+                    if let Some(t) = to.get(func) {
+                        *func = *t;
+                    }
+                }
+                other => seqs.extend(children(other)),
+            }
+        }
+    }
+}
+
+/// A copy of `f` under the name `<name>.roam_slow`, sharing its locals
+/// (walrus numbers locals per function when it writes the module).
+fn copy_function(module: &mut Module, f: FunctionId) -> FunctionId {
+    let ty = module.types.get(module.funcs.get(f).ty()).clone();
+    let name = module.funcs.get(f).name.clone();
+    let FunctionKind::Local(src) = &module.funcs.get(f).kind else {
+        unreachable!("fast functions are local");
+    };
+    let args = src.args.clone();
+    let mut fb = FunctionBuilder::new(&mut module.types, ty.params(), ty.results());
+    if let Some(n) = name {
+        fb.name(format!("{n}.roam_slow"));
+    }
+    let body = fb.func_body_id();
+    crate::outline::copy_body(src, &mut fb, body);
+    fb.finish(args, &mut module.funcs)
+}
+
+/// `f`'s wrapper: call the fast form; if it gave up, clear `abort`, call the
+/// point and run the call again in the slow form.
+fn wrapper(
+    module: &mut Module,
+    f: FunctionId,
+    slow: FunctionId,
+    abort: walrus::GlobalId,
+    point: FunctionId,
+) -> FunctionId {
+    let ty = module.types.get(module.funcs.get(f).ty()).clone();
+    let name = module.funcs.get(f).name.clone();
+    let args: Vec<_> = ty.params().iter().map(|t| module.locals.add(*t)).collect();
+    let results: Vec<_> = ty.results().iter().map(|t| module.locals.add(*t)).collect();
+    let mut fb = FunctionBuilder::new(&mut module.types, ty.params(), ty.results());
+    if let Some(n) = name {
+        fb.name(format!("{n}.roam_rerun"));
+    }
+    let mut b = fb.func_body();
+    let run = |b: &mut walrus::InstrSeqBuilder<'_>, callee: FunctionId| {
+        for a in &args {
+            b.local_get(*a);
+        }
+        b.call(callee);
+        for r in results.iter().rev() {
+            b.local_set(*r);
+        }
+    };
+    run(&mut b, f);
+    b.global_get(abort);
+    b.if_else(
+        None,
+        |then| {
+            then.i32_const(0)
+                .instr(GlobalSet { global: abort })
+                .call(point);
+            run(then, slow);
+        },
+        |_| {},
+    );
+    for r in &results {
+        b.local_get(*r);
+    }
+    fb.finish(args.clone(), &mut module.funcs)
+}
+
+/// Turn the fast form `func` (results `results`) into one that gives up:
+/// each of `points` (the sequences where the ordinary form would have a
+/// point) starts with `if flag { abort = 1; return zeros }`, and each call
+/// of a function in `fast` is followed by `if abort { return zeros }`.
+pub(crate) fn give_up_checks(
+    func: &mut LocalFunction,
+    points: &[InstrSeqId],
+    results: &[ValType],
+    fast: &BTreeSet<FunctionId>,
+    flag: walrus::GlobalId,
+    abort: walrus::GlobalId,
+) {
+    let zeros: Vec<Value> = results
+        .iter()
+        .map(|t| zero(*t).expect("fast functions have zeroable results"))
+        .collect();
+    let give_up = |then: &mut walrus::InstrSeqBuilder<'_>| {
+        for z in &zeros {
+            then.instr(Const { value: *z });
+        }
+        then.instr(Return {});
+    };
+    // After calls first: the checks added at the points contain no call.
+    let mut seqs = vec![func.entry_block()];
+    while let Some(seq) = seqs.pop() {
+        let instrs = std::mem::take(&mut func.block_mut(seq).instrs);
+        let mut out = Vec::with_capacity(instrs.len());
+        for (instr, loc) in instrs {
+            seqs.extend(children(&instr));
+            let calls_fast = matches!(&instr, Instr::Call(Call { func }) if fast.contains(func));
+            out.push((instr, loc));
+            if calls_fast {
+                let then = {
+                    let mut b = func.builder_mut().dangling_instr_seq(None);
+                    give_up(&mut b);
+                    b.id()
+                };
+                let alternative = func.builder_mut().dangling_instr_seq(None).id();
+                out.push((walrus::ir::GlobalGet { global: abort }.into(), loc));
+                out.push((
+                    walrus::ir::IfElse {
+                        consequent: then,
+                        alternative,
+                    }
+                    .into(),
+                    loc,
+                ));
+            }
+        }
+        func.block_mut(seq).instrs = out;
+    }
+    for seq in points {
+        let mut body = func.builder_mut().instr_seq(*seq);
+        body.if_else_at(
+            0,
+            None,
+            |then| {
+                then.i32_const(1).instr(GlobalSet { global: abort });
+                give_up(then);
+            },
+            |_| {},
+        );
+        body.instr_at(0, walrus::ir::GlobalGet { global: flag });
+    }
+}
+
+#[cfg(test)]
+#[path = "pure_tests.rs"]
+mod tests;
