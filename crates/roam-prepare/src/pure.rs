@@ -38,8 +38,9 @@
 //! instructions: no store, no `global.set`, no memory or table change, no
 //! import call, no call through a table whose contents are unknown, and
 //! every callee pure. A function that the host or a table can reach
-//! directly (an export, an element segment, `ref.func`) keeps its ordinary
-//! form, since a wrapper can only be put in front of calls roam sees.
+//! directly (the start function, an export, an element segment,
+//! `ref.func`) keeps its ordinary form, since a wrapper can only be put in
+//! front of calls roam sees.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -102,11 +103,12 @@ fn shrink(
     }
 }
 
-/// Functions something other than a direct call may start: exports (but
-/// not roam's own outlined loops, which are exported only to keep
-/// `wasm-opt` from inlining them), table elements and `ref.func` targets.
+/// Functions something other than a direct call may start: the start
+/// function, exports (but not roam's own outlined loops, which are
+/// exported only to keep `wasm-opt` from inlining them), table elements
+/// and `ref.func` targets.
 fn escaped(module: &Module) -> HashSet<FunctionId> {
-    let mut out = HashSet::new();
+    let mut out: HashSet<FunctionId> = module.start.into_iter().collect();
     for e in module.exports.iter() {
         if let ExportItem::Function(f) = e.item {
             if !e.name.starts_with(LOOP_EXPORT_PREFIX) {

@@ -12,8 +12,8 @@ use crate::pipeline::tests::prepare_or_skip;
 use crate::{validate, PrepareOptions, RerunCalls, ABORT_GLOBAL_EXPORT, FLAG_GLOBAL_EXPORT};
 
 /// Two pure recursions (Ackermann with its tail call as a loop, and a
-/// tree fold through a table of combiners), and recursions that do not
-/// qualify, each for one reason.
+/// tree fold through a table of combiners), and functions that reach a
+/// point but do not qualify, each for one reason.
 const WAT: &str = r#"(module
   (type $bin (func (param i64 i64 i64) (result i64)))
   (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
@@ -46,6 +46,13 @@ const WAT: &str = r#"(module
                     (i32.sub (local.get $depth) (i32.const 1)))
         (local.get $id)
         (i32.load (i32.shl (i32.wrap_i64 (i64.and (local.get $id) (i64.const 1))) (i32.const 2)))))))
+  ;; Pure and never 0, so a caller that went on with the 0 of a call that
+  ;; gave up would divide by zero.
+  (func $ratio (param $n i32) (result i32)
+    (if (result i32) (i32.eqz (local.get $n))
+      (then (i32.const 1))
+      (else (i32.add (i32.const 1)
+        (i32.div_u (i32.const 1000000) (call $ratio (i32.sub (local.get $n) (i32.const 1))))))))
   ;; Not pure: a store, a global, an import.
   (func $stores (param $n i32) (result i32)
     (i32.store (i32.const 64) (local.get $n))
@@ -71,9 +78,14 @@ const WAT: &str = r#"(module
     (if (result i32) (local.get $n)
       (then (call $calls_exported (i32.sub (local.get $n) (call $exported (i32.const 1)))))
       (else (i32.const 7))))
+  ;; Pure, with a loop, but the host runs it when it instantiates.
+  (func $spin (local $i i32)
+    (loop $l (br_if $l (i32.lt_u (local.tee $i (i32.add (local.get $i) (i32.const 1))) (i32.const 3)))))
+  (start $spin)
   (func (export "ack") (param $n i32) (result i64)
     (i64.add (call $ack (i64.const 2) (i64.extend_i32_u (local.get $n)))
              (call $ack (i64.const 3) (i64.const 3))))
+  (func (export "ratio") (param $n i32) (result i32) (call $ratio (local.get $n)))
   (func (export "fold") (param $depth i32) (result i64)
     (call $fold (i64.const 1) (local.get $depth)))
   (func (export "stores") (param $n i32) (result i32) (call $stores (local.get $n)))
@@ -82,9 +94,10 @@ const WAT: &str = r#"(module
   (func (export "_start")))"#;
 
 /// The exports run by the behaviour tests, with their argument.
-const EXPORTS: [(&str, i32); 4] = [
+const EXPORTS: [(&str, i32); 5] = [
     ("ack", 60),
     ("fold", 10),
+    ("ratio", 200),
     ("stores", 50),
     ("calls_exported", 40),
 ];
@@ -117,8 +130,11 @@ fn fast(wasm: &[u8]) -> Vec<String> {
 }
 
 #[test]
-fn only_pure_recursion_no_one_else_can_enter_gets_a_fast_form() {
-    assert_eq!(fast(&instrumented(RerunCalls::On)), ["ack", "fold"]);
+fn only_pure_functions_no_one_else_can_enter_get_a_fast_form() {
+    assert_eq!(
+        fast(&instrumented(RerunCalls::On)),
+        ["ack", "fold", "ratio"]
+    );
     assert!(fast(&instrumented(RerunCalls::Off)).is_empty());
 }
 
@@ -167,6 +183,8 @@ fn run(wasm: &[u8], name: &str, arg: i32, every: Option<u32>, hold: bool) -> (Va
         )
         .unwrap();
     let mut store = Store::new(&engine, ());
+    // The start function runs before the callback is installed.
+    store.set_epoch_deadline(u64::MAX / 2);
     let instance = linker.instantiate(&mut store, &module).unwrap();
     let flag = instance.get_global(&mut store, FLAG_GLOBAL_EXPORT);
     if let (Some(every), Some(flag)) = (every, flag) {
