@@ -375,4 +375,4 @@ fn duplicate(
 
 #[cfg(test)]
 #[path = "hoist_tests.rs"]
-mod tests;
+pub(crate) mod tests;

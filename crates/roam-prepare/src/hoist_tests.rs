@@ -181,7 +181,7 @@ fn call(wasm: &[u8], name: &str, arg: i32, raise: bool, host: Host) -> (Val, u32
     run(store, instance, &calls, name, arg)
 }
 
-fn same(a: Val, b: Val) -> bool {
+pub(crate) fn same(a: Val, b: Val) -> bool {
     match (a, b) {
         (Val::I32(x), Val::I32(y)) => x == y,
         (Val::I64(x), Val::I64(y)) => x == y,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use wasmtime::{Config, Engine, Linker, Module, Store, UpdateDeadline, Val};
 
+use crate::hoist::tests::same;
 use crate::instrument::instrument;
 use crate::names::function_names;
 use crate::pipeline::tests::prepare_or_skip;
@@ -204,14 +205,6 @@ fn run(wasm: &[u8], name: &str, arg: i32, every: Option<u32>, hold: bool) -> (Va
     let mut out = [Val::I32(0)];
     f.call(&mut store, &[Val::I32(arg)], &mut out).unwrap();
     (out[0], calls)
-}
-
-fn same(a: Val, b: Val) -> bool {
-    match (a, b) {
-        (Val::I32(x), Val::I32(y)) => x == y,
-        (Val::I64(x), Val::I64(y)) => x == y,
-        _ => false,
-    }
 }
 
 #[test]
