@@ -136,6 +136,11 @@ pub struct PrepareArgs {
     /// their caller runs the call again: `on` or `off` [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub rerun_calls: Option<roam_prepare::RerunCalls>,
+    /// Indirect calls whose every possible callee (by table and type)
+    /// reaches no point and no blocking import go through a helper Asyncify
+    /// is told cannot unwind: `on` or `off` [default: on].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub quiet_indirect: Option<roam_prepare::QuietIndirect>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

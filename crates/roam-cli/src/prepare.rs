@@ -17,6 +17,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         point_calls: a.point_calls.unwrap_or(defaults.point_calls),
         outline: a.outline_loops.unwrap_or(defaults.outline),
         rerun_calls: a.rerun_calls.unwrap_or(defaults.rerun_calls),
+        quiet_indirect: a.quiet_indirect.unwrap_or(defaults.quiet_indirect),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };
@@ -32,7 +33,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
     } else {
         let s = &out.stats;
         eprintln!(
-            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points; {} loops outlined)",
+            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points; {} loops outlined; {} pure functions run again instead of unwinding)",
             a.input.display(),
             a.output.display(),
             input.len(),
@@ -40,7 +41,8 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
             s.loop_points,
             s.function_points,
             s.manual_points,
-            out.outlined_loops
+            out.outlined_loops,
+            out.rerun_functions
         );
     }
     Ok(0)

@@ -127,14 +127,14 @@ impl CallGraph {
 }
 
 /// What each table can hold: the functions of its active element segments.
-struct TableTargets {
+pub(crate) struct TableTargets {
     /// `None` for a table whose contents are not known (imported, or filled
     /// from a global).
     contents: HashMap<TableId, Option<Vec<FunctionId>>>,
 }
 
 impl TableTargets {
-    fn new(module: &Module) -> Self {
+    pub(crate) fn new(module: &Module) -> Self {
         let mut contents: HashMap<TableId, Option<Vec<FunctionId>>> = module
             .tables
             .iter()
@@ -175,7 +175,12 @@ impl TableTargets {
 
     /// The functions in `table` whose signature is `ty`, or `None` when the
     /// table's contents are unknown.
-    fn targets(&self, module: &Module, table: TableId, ty: TypeId) -> Option<Vec<FunctionId>> {
+    pub(crate) fn targets(
+        &self,
+        module: &Module,
+        table: TableId,
+        ty: TypeId,
+    ) -> Option<Vec<FunctionId>> {
         let list = self.contents.get(&table)?.as_ref()?;
         let want = module.types.get(ty);
         Some(

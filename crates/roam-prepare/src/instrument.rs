@@ -34,8 +34,8 @@ use crate::rerun::Nested;
 use crate::wasm_opt::AsyncifyList;
 use crate::{
     AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, Outline, PointPolicy, PointStats,
-    PrepareOptions, RerunCalls, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX,
-    MEMORY_EXPORT, POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
+    PrepareOptions, QuietIndirect, RerunCalls, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT,
+    GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
 
 /// The instrumented module, ready for `wasm-opt`.
@@ -46,6 +46,8 @@ pub(crate) struct Instrumented {
     pub stats: PointStats,
     /// Loops moved into functions of their own (`outline.rs`).
     pub outlined: u32,
+    /// Functions with a fast form that gives up (`pure.rs`).
+    pub rerun: u32,
     /// Names of the functions Asyncify must instrument
     /// ([`AsyncifyScope::Reachable`]), or must leave alone (the fast forms of
     /// `pure.rs`), or `None` for Asyncify's own analysis alone.
@@ -64,10 +66,16 @@ pub(crate) fn instrument(
     let policy = opts.points;
     let by_name = opts.asyncify_scope == AsyncifyScope::Reachable;
     let rerun_calls = opts.rerun_calls == RerunCalls::On && policy != PointPolicy::Manual;
+    // Under `--entry-points all` every function that calls gets a point,
+    // the helpers of `indirect.rs` included, so they could unwind; under
+    // `cycles` a helper is on no cycle (its callees are quiet, so none of
+    // them can reach it again), and under `manual` nothing gets a point.
+    let quiet_indirect = opts.quiet_indirect == QuietIndirect::On
+        && (opts.entry_points == EntryPoints::Cycles || policy == PointPolicy::Manual);
     let mut config = ModuleConfig::new();
     config
         .generate_dwarf(false)
-        .generate_name_section(!opts.strip_names || by_name || rerun_calls)
+        .generate_name_section(!opts.strip_names || by_name || rerun_calls || quiet_indirect)
         .generate_producers_section(true);
     let mut module = config
         .parse(input)
@@ -92,6 +100,14 @@ pub(crate) fn instrument(
         };
         let quiet = Quiet::new(module, &graph, policy, opts.entry_points, cycles.as_ref());
         (graph, cycles, quiet)
+    };
+    // First, so that the passes below see those calls as quiet.
+    let helpers = match quiet_indirect {
+        true => {
+            let (_, _, quiet) = quiet_of(&module);
+            crate::indirect::route_quiet(&mut module, &quiet)
+        }
+        false => Vec::new(),
     };
     // Nests before any point, so each gets its points in its new function
     // exactly as in place; innermost loops after (see `outline.rs`).
@@ -129,11 +145,13 @@ pub(crate) fn instrument(
             // lands, already counted there; it has no loop and is on no
             // cycle.
             Some(s) if s.wrappers.contains(&id) => continue,
+            // A helper's one call is quiet, and it is on no cycle.
+            _ if helpers.contains(&id) => continue,
             Some(s) if s.fast.contains(&id) => {
                 let (loops, entry, _) = placement(func, point, policy, entry_allowed);
                 let mut at: Vec<InstrSeqId> = loops.iter().map(|l| l.seq).collect();
                 at.extend(entry.then(|| func.entry_block()));
-                crate::pure::give_up_checks(func, &at, &results[&id], &s.fast, flag, s.abort);
+                crate::pure::give_up_checks(func, &at, &results[&id], &s.fast, flag, s.globals);
                 (loops.len() as u32, entry, 0)
             }
             _ => instrument_function(func, point, flag, opts, entry_allowed, &quiet),
@@ -152,12 +170,18 @@ pub(crate) fn instrument(
     if outline {
         outlined += outline_loops(&mut module, Stage::Leaves, &quiet)?;
     }
+    // Functions Asyncify's own analysis would take as able to unwind, but
+    // which cannot: the fast forms, and the helpers of quiet indirect calls.
+    let never: std::collections::BTreeSet<FunctionId> = split
+        .iter()
+        .flat_map(|s| s.fast.iter().copied())
+        .chain(helpers.iter().copied())
+        .collect();
     let list = if by_name {
         Some(AsyncifyList::Only(asyncify_only(&mut module)))
-    } else if let Some(s) = &split {
+    } else if !never.is_empty() {
         crate::names::make_names_listable(&mut module);
-        let names = s
-            .fast
+        let names = never
             .iter()
             .filter_map(|f| module.funcs.get(*f).name.clone());
         Some(AsyncifyList::Remove(names.collect()))
@@ -168,6 +192,7 @@ pub(crate) fn instrument(
         bytes: module.emit_wasm(),
         stats,
         outlined,
+        rerun: split.map_or(0, |s| s.fast.len() as u32),
         list,
     })
 }

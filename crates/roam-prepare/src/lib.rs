@@ -29,6 +29,7 @@
 
 mod callgraph;
 mod hoist;
+mod indirect;
 mod instrument;
 mod memory;
 mod names;
@@ -48,11 +49,11 @@ mod wasm_opt;
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
     AsyncifyScope, EntryPoints, LoopPoints, OptLevel, Outline, ParseOptionError, ParsePolicyError,
-    PointCalls, PointPolicy, PrepareOptions, RerunCalls,
+    PointCalls, PointPolicy, PrepareOptions, QuietIndirect, RerunCalls,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
-pub use pure::ABORT_GLOBAL_EXPORT;
+pub use pure::{ABORT_GLOBAL_EXPORT, BUDGET_GLOBAL_EXPORT, FAST_BUDGET};
 pub use section::{read_section, RoamSection, SectionError};
 pub use spill::SPILL_EXPORT_PREFIX;
 pub use validate::{validate, ModuleInfo, ValidateError};
@@ -67,7 +68,8 @@ pub use verify::{check_prepared, CheckError};
 /// every change to the output (2: loops outlined, `outline.rs`; 3: no
 /// entry point in a function whose every call is inside a loop; 4: inner
 /// loops leave to their outer loop's point, `rerun.rs`; 5: pure recursion
-/// gives up and runs again, `pure.rs`).
+/// gives up and runs again, `pure.rs`; indirect calls that reach only quiet
+/// functions go through helpers Asyncify leaves alone, `indirect.rs`).
 pub const OUTPUT_REVISION: u32 = 5;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask

@@ -343,82 +343,73 @@ impl FromStr for PointCalls {
     }
 }
 
-/// Whether loops of large functions move into functions of their own (see
-/// `outline.rs`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Outline {
-    /// Loop nests that call nothing, and innermost loops that call nothing
-    /// once points are placed, of functions with many locals (default).
-    #[default]
-    On,
-    /// Every loop stays where it is.
-    Off,
-}
-
-impl Outline {
-    /// The name used on the command line and in the canonical text.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outline::On => "on",
-            Outline::Off => "off",
+/// An option that is either `on` or `off`: the enum, its text and parsing.
+macro_rules! on_off {
+    ($(#[$doc:meta])* $name:ident, $what:literal, on: $on:literal, off: $off:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            #[doc = $on]
+            #[default]
+            On,
+            #[doc = $off]
+            Off,
         }
-    }
-}
 
-impl FromStr for Outline {
-    type Err = ParseOptionError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "on" => Ok(Outline::On),
-            "off" => Ok(Outline::Off),
-            other => Err(ParseOptionError {
-                what: "loop outlining",
-                found: other.to_string(),
-                choices: "on, off",
-            }),
+        impl $name {
+            /// The name used on the command line and in the canonical text.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $name::On => "on",
+                    $name::Off => "off",
+                }
+            }
         }
-    }
-}
 
-/// Whether pure functions that reach a point give up and run again
-/// instead of unwinding (see `pure.rs`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum RerunCalls {
-    /// A function that writes nothing but its locals and calls only such
-    /// functions runs without Asyncify; at a point it gives up, and its
-    /// caller's point runs the call again (default).
-    #[default]
-    On,
-    /// Every function that reaches a point unwinds through Asyncify.
-    Off,
-}
+        impl FromStr for $name {
+            type Err = ParseOptionError;
 
-impl RerunCalls {
-    /// The name used on the command line and in the canonical text.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RerunCalls::On => "on",
-            RerunCalls::Off => "off",
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    "on" => Ok($name::On),
+                    "off" => Ok($name::Off),
+                    other => Err(ParseOptionError {
+                        what: $what,
+                        found: other.to_string(),
+                        choices: "on, off",
+                    }),
+                }
+            }
         }
-    }
+    };
 }
 
-impl FromStr for RerunCalls {
-    type Err = ParseOptionError;
+on_off!(
+    /// Whether loops of large functions move into functions of their own
+    /// (see `outline.rs`).
+    Outline,
+    "loop outlining",
+    on: "Loop nests that call nothing, and innermost loops that call nothing once points are placed, of functions with many locals (default).",
+    off: "Every loop stays where it is."
+);
 
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "on" => Ok(RerunCalls::On),
-            "off" => Ok(RerunCalls::Off),
-            other => Err(ParseOptionError {
-                what: "rerun calls",
-                found: other.to_string(),
-                choices: "on, off",
-            }),
-        }
-    }
-}
+on_off!(
+    /// Whether pure functions that reach a point give up and run again
+    /// instead of unwinding (see `pure.rs`).
+    RerunCalls,
+    "rerun calls",
+    on: "A function that writes nothing but its locals and calls only such functions runs without Asyncify; at a point it gives up, and its caller's point runs the call again (default).",
+    off: "Every function that reaches a point unwinds through Asyncify."
+);
+
+on_off!(
+    /// Whether indirect calls that can only reach quiet functions become
+    /// direct calls Asyncify leaves alone (see `indirect.rs`).
+    QuietIndirect,
+    "quiet indirect calls",
+    on: "An indirect call whose every possible callee (by table and type) reaches no point and no blocking import calls a helper that Asyncify is told cannot unwind (default).",
+    off: "Asyncify assumes every indirect call may unwind."
+);
 
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -449,16 +440,19 @@ pub struct PrepareOptions {
     /// Whether pure recursion gives up and runs again instead of unwinding.
     /// Default: [`RerunCalls::On`].
     pub rerun_calls: RerunCalls,
+    /// Whether indirect calls that reach only quiet functions are taken as
+    /// unable to unwind. Default: [`QuietIndirect::On`].
+    pub quiet_indirect: QuietIndirect,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={};outline={};rerun-calls={}",
+             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -468,6 +462,7 @@ impl PrepareOptions {
             self.point_calls.as_str(),
             self.outline.as_str(),
             self.rerun_calls.as_str(),
+            self.quiet_indirect.as_str(),
         )
     }
 }
@@ -504,7 +499,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -515,7 +510,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on"
         );
     }
 }

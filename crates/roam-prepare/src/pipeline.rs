@@ -32,6 +32,9 @@ pub struct Prepared {
     /// Loops moved into functions of their own; 0 for a module that was
     /// already prepared (not recorded in the section).
     pub outlined_loops: u32,
+    /// Pure functions that give up and run again instead of unwinding
+    /// (`pure.rs`); 0 for a module that was already prepared.
+    pub rerun_functions: u32,
 }
 
 /// Why `prepare` failed.
@@ -138,6 +141,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
             stats: section.stats,
             section,
             outlined_loops: 0,
+            rerun_functions: 0,
         });
     }
     let info = validate(input)?;
@@ -145,6 +149,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     let instrumented = instrument::instrument(input, &info, opts)?;
     let stats = instrumented.stats;
     let outlined_loops = instrumented.outlined;
+    let rerun_functions = instrumented.rerun;
     let list = instrumented.list.as_ref();
     let mut bytes = match opts.point_calls {
         PointCalls::Plain => wasm_opt::run(
@@ -191,6 +196,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         section,
         stats,
         outlined_loops,
+        rerun_functions,
     })
 }
 

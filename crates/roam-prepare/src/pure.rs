@@ -57,50 +57,88 @@ use crate::quiet::Quiet;
 /// Export name of the global the fast forms set when they give up. It is 0
 /// at every migration point, so it holds nothing a snapshot must keep.
 pub const ABORT_GLOBAL_EXPORT: &str = "roam.abort";
+/// Export name of the fast forms' budget: checks left before the running
+/// call gives up and runs in the slow form. Set by the wrapper before every
+/// fast call, so its value at a point is never used again.
+pub const BUDGET_GLOBAL_EXPORT: &str = "roam.budget";
+
+/// Checks (function entries and loop iterations where the ordinary form has
+/// a point) a fast call may pass before it gives up and runs again in the
+/// slow form: 2^24, some tens of milliseconds. It bounds what a migration
+/// can throw away, and keeps a long pure computation (a deep recursion that
+/// runs for minutes) from being run twice.
+pub const FAST_BUDGET: i32 = 1 << 24;
+
+#[cfg(test)]
+thread_local! {
+    /// A smaller budget for the tests on this thread.
+    pub(crate) static TEST_BUDGET: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// [`FAST_BUDGET`], or the tests' own.
+fn budget() -> i32 {
+    #[cfg(test)]
+    if let Some(b) = TEST_BUDGET.with(|b| b.get()) {
+        return b;
+    }
+    FAST_BUDGET
+}
+
+/// The globals the fast forms and wrappers share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Globals {
+    /// `roam.abort`: raised by a fast form that gives up.
+    pub abort: walrus::GlobalId,
+    /// `roam.budget`: checks left for the running fast call.
+    pub budget: walrus::GlobalId,
+}
 
 /// The functions whose fast form gives up instead of unwinding: pure,
 /// reaching a point, not reachable from outside the module's own direct
 /// calls, and calling no function that may unwind other than each other.
 pub(crate) fn abortable(module: &Module, graph: &CallGraph, quiet: &Quiet) -> BTreeSet<FunctionId> {
     let escaped = escaped(module);
-    let mut pure: BTreeSet<FunctionId> = module
+    let callees: BTreeMap<FunctionId, Vec<FunctionId>> = module
         .funcs
         .iter_local()
         .filter(|(_, f)| writes_nothing(f))
-        .map(|(id, _)| id)
-        .filter(|id| graph.callees(*id).is_some())
+        .filter_map(|(id, _)| Some((id, graph.callees(id)?)))
         .collect();
-    shrink(&mut pure, |f, set| {
-        graph
-            .callees(f)
-            .is_some_and(|c| c.iter().all(|g| set.contains(g)))
-    });
-    let mut fast: BTreeSet<FunctionId> = pure
-        .into_iter()
+    let pure = shrink(&callees, callees.keys().copied().collect(), |_| false);
+    let fast = pure
+        .iter()
+        .copied()
         .filter(|f| !quiet.contains(*f) && !escaped.contains(f) && zeroable(module, *f))
         .collect();
-    shrink(&mut fast, |f, set| {
-        graph
-            .callees(f)
-            .is_some_and(|c| c.iter().all(|g| set.contains(g) || quiet.contains(*g)))
-    });
-    fast
+    shrink(&callees, fast, |g| quiet.contains(g))
 }
 
-/// Remove from `set` every member for which `keep` fails, until none does.
+/// The largest subset of `set` whose every member calls only members or
+/// functions `outside_ok` accepts (`callees` lists the calls of every
+/// member). A worklist: when a function leaves, only its callers are looked
+/// at again, so a long chain costs its length, not its square.
 fn shrink(
-    set: &mut BTreeSet<FunctionId>,
-    keep: impl Fn(FunctionId, &BTreeSet<FunctionId>) -> bool,
-) {
-    loop {
-        let gone: Vec<FunctionId> = set.iter().copied().filter(|f| !keep(*f, set)).collect();
-        if gone.is_empty() {
-            return;
-        }
-        for f in gone {
-            set.remove(&f);
+    callees: &BTreeMap<FunctionId, Vec<FunctionId>>,
+    mut set: BTreeSet<FunctionId>,
+    outside_ok: impl Fn(FunctionId) -> bool,
+) -> BTreeSet<FunctionId> {
+    let mut callers: BTreeMap<FunctionId, Vec<FunctionId>> = BTreeMap::new();
+    for f in &set {
+        for g in &callees[f] {
+            callers.entry(*g).or_default().push(*f);
         }
     }
+    let mut work: Vec<FunctionId> = set.iter().copied().collect();
+    while let Some(f) = work.pop() {
+        let keep = set.contains(&f)
+            && callees[&f]
+                .iter()
+                .all(|g| set.contains(g) || outside_ok(*g));
+        if !keep && set.remove(&f) {
+            work.extend(callers.get(&f).into_iter().flatten().copied());
+        }
+    }
+    set
 }
 
 /// Functions something other than a direct call may start: the start
@@ -180,8 +218,8 @@ pub(crate) struct Split {
     pub slow: BTreeSet<FunctionId>,
     /// The wrappers in front of calls from outside.
     pub wrappers: BTreeSet<FunctionId>,
-    /// `roam.abort`.
-    pub abort: walrus::GlobalId,
+    /// `roam.abort` and `roam.budget`.
+    pub globals: Globals,
 }
 
 /// Give every function of `fast` a slow copy, put a wrapper in front of
@@ -193,11 +231,17 @@ pub(crate) fn split(
     fast: BTreeSet<FunctionId>,
     point: FunctionId,
 ) -> Result<Split, crate::pipeline::PrepareError> {
-    let abort =
-        module
-            .globals
-            .add_local(ValType::I32, true, false, ConstExpr::Value(Value::I32(0)));
-    crate::instrument::add_export(module, ABORT_GLOBAL_EXPORT, abort.into())?;
+    let mut global = |name: &str| {
+        let g =
+            module
+                .globals
+                .add_local(ValType::I32, true, false, ConstExpr::Value(Value::I32(0)));
+        crate::instrument::add_export(module, name, g.into()).map(|_| g)
+    };
+    let globals = Globals {
+        abort: global(ABORT_GLOBAL_EXPORT)?,
+        budget: global(BUDGET_GLOBAL_EXPORT)?,
+    };
     let slow: BTreeMap<FunctionId, FunctionId> = fast
         .iter()
         .map(|f| (*f, copy_function(module, *f)))
@@ -218,7 +262,7 @@ pub(crate) fn split(
         .collect();
     let wrappers: BTreeMap<FunctionId, FunctionId> = called
         .iter()
-        .map(|f| (*f, wrapper(module, *f, slow[f], abort, point)))
+        .map(|f| (*f, wrapper(module, *f, slow[f], globals, point)))
         .collect();
     for id in outside {
         retarget(module, id, &wrappers);
@@ -227,7 +271,7 @@ pub(crate) fn split(
         fast,
         slow: slow.into_values().collect(),
         wrappers: wrappers.into_values().collect(),
-        abort,
+        globals,
     })
 }
 
@@ -282,13 +326,15 @@ fn copy_function(module: &mut Module, f: FunctionId) -> FunctionId {
     fb.finish(args, &mut module.funcs)
 }
 
-/// `f`'s wrapper: call the fast form; if it gave up, clear `abort`, call the
-/// point and run the call again in the slow form.
+/// `f`'s wrapper: give the fast form its budget and call it; if it gave up,
+/// clear `abort`, call the point (which returns at once if nothing was
+/// asked, as when the budget ran out) and run the call again in the slow
+/// form.
 fn wrapper(
     module: &mut Module,
     f: FunctionId,
     slow: FunctionId,
-    abort: walrus::GlobalId,
+    Globals { abort, budget }: Globals,
     point: FunctionId,
 ) -> FunctionId {
     let ty = module.types.get(module.funcs.get(f).ty()).clone();
@@ -309,6 +355,8 @@ fn wrapper(
             b.local_set(*r);
         }
     };
+    b.i32_const(self::budget())
+        .instr(GlobalSet { global: budget });
     run(&mut b, f);
     b.global_get(abort);
     b.if_else(
@@ -329,15 +377,16 @@ fn wrapper(
 
 /// Turn the fast form `func` (results `results`) into one that gives up:
 /// each of `points` (the sequences where the ordinary form would have a
-/// point) starts with `if flag { abort = 1; return zeros }`, and each call
-/// of a function in `fast` is followed by `if abort { return zeros }`.
+/// point) starts with `budget -= 1; if flag | budget == 0 { abort = 1;
+/// return zeros }`, and each call of a function in `fast` is followed by
+/// `if abort { return zeros }`.
 pub(crate) fn give_up_checks(
     func: &mut LocalFunction,
     points: &[InstrSeqId],
     results: &[ValType],
     fast: &BTreeSet<FunctionId>,
     flag: walrus::GlobalId,
-    abort: walrus::GlobalId,
+    Globals { abort, budget }: Globals,
 ) {
     let zeros: Vec<Value> = results
         .iter()
@@ -379,20 +428,45 @@ pub(crate) fn give_up_checks(
         func.block_mut(seq).instrs = out;
     }
     for seq in points {
-        let mut body = func.builder_mut().instr_seq(*seq);
-        body.if_else_at(
-            0,
-            None,
-            |then| {
-                then.i32_const(1).instr(GlobalSet { global: abort });
-                give_up(then);
-            },
-            |_| {},
-        );
-        body.instr_at(0, walrus::ir::GlobalGet { global: flag });
+        let then = {
+            let mut b = func.builder_mut().dangling_instr_seq(None);
+            b.i32_const(1).instr(GlobalSet { global: abort });
+            give_up(&mut b);
+            b.id()
+        };
+        let alternative = func.builder_mut().dangling_instr_seq(None).id();
+        let check: Vec<Instr> = vec![
+            walrus::ir::GlobalGet { global: budget }.into(),
+            Const {
+                value: Value::I32(1),
+            }
+            .into(),
+            walrus::ir::Binop {
+                op: walrus::ir::BinaryOp::I32Sub,
+            }
+            .into(),
+            GlobalSet { global: budget }.into(),
+            walrus::ir::GlobalGet { global: budget }.into(),
+            walrus::ir::Unop {
+                op: walrus::ir::UnaryOp::I32Eqz,
+            }
+            .into(),
+            walrus::ir::GlobalGet { global: flag }.into(),
+            walrus::ir::Binop {
+                op: walrus::ir::BinaryOp::I32Or,
+            }
+            .into(),
+            walrus::ir::IfElse {
+                consequent: then,
+                alternative,
+            }
+            .into(),
+        ];
+        let instrs = &mut func.block_mut(*seq).instrs;
+        instrs.splice(0..0, check.into_iter().map(|i| (i, Default::default())));
     }
 }
 
 #[cfg(test)]
 #[path = "pure_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -141,7 +141,7 @@ fn only_pure_functions_no_one_else_can_enter_get_a_fast_form() {
 
 /// Point calls, and point calls that found `roam.abort` set (must be none).
 #[derive(Default)]
-struct Calls {
+pub(crate) struct Calls {
     points: AtomicU32,
     abort_set: AtomicU32,
 }
@@ -149,7 +149,13 @@ struct Calls {
 /// Run export `name` with `arg` on `wasm`. The flag goes up at every
 /// `every`-th loop header or function entry (wasmtime's epoch checks;
 /// `None`: never), and each call of the point lowers it unless `hold`.
-fn run(wasm: &[u8], name: &str, arg: i32, every: Option<u32>, hold: bool) -> (Val, Arc<Calls>) {
+pub(crate) fn run(
+    wasm: &[u8],
+    name: &str,
+    arg: i32,
+    every: Option<u32>,
+    hold: bool,
+) -> (Val, Arc<Calls>) {
     let mut config = Config::new();
     config.epoch_interruption(every.is_some());
     let engine = Engine::new(&config).unwrap();
@@ -234,6 +240,33 @@ fn requests_that_land_anywhere_in_a_recursion_leave_every_result_unchanged() {
         let (got, calls) = run(&fast, name, arg, None, true);
         assert!(same(got, want), "{name} held: {got:?}, want {want:?}");
         assert_eq!(calls.abort_set.load(Ordering::Relaxed), 0, "{name}");
+    }
+}
+
+#[test]
+fn a_call_that_runs_out_of_budget_finishes_in_the_slow_form() {
+    let plain = wat::parse_str(WAT).unwrap();
+    for budget in [1, 2, 7, 100] {
+        crate::pure::TEST_BUDGET.with(|b| b.set(Some(budget)));
+        let fast = instrumented(RerunCalls::On);
+        crate::pure::TEST_BUDGET.with(|b| b.set(None));
+        for (name, arg) in EXPORTS {
+            let (want, _) = run(&plain, name, arg, None, false);
+            // The flag stays down: only the budget makes a call give up.
+            let (got, calls) = run(&fast, name, arg, None, false);
+            assert!(
+                same(got, want),
+                "{name}, budget {budget}: {got:?}, want {want:?}"
+            );
+            assert_eq!(calls.abort_set.load(Ordering::Relaxed), 0, "{name}");
+            if ["ack", "fold", "ratio"].contains(&name) {
+                assert!(calls.points.load(Ordering::Relaxed) > 0, "{name}: {budget}");
+            }
+            for every in [1, 5] {
+                let (got, _) = run(&fast, name, arg, Some(every), false);
+                assert!(same(got, want), "{name}, budget {budget}, every {every}");
+            }
+        }
     }
 }
 

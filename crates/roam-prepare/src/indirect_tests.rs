@@ -1,0 +1,157 @@
+//! Quiet indirect calls: which are routed through a helper, that Asyncify
+//! then leaves their callers alone, and that results do not change.
+
+use wasmparser::{Operator, Parser, Payload};
+use wasmtime::Val;
+
+use crate::hoist::tests::same;
+use crate::instrument::instrument;
+use crate::names::function_names;
+use crate::pipeline::tests::prepare_or_skip;
+use crate::pure::tests::run;
+use crate::{validate, PrepareOptions, QuietIndirect};
+
+/// A table with two leaf combiners of one type, and a function of another
+/// type that has a loop (so it gets a point and may unwind). `$fold` calls
+/// through the first type in a loop, `$walk` through the second; `$once`
+/// and `$once_loud` call through each once.
+const WAT: &str = r#"(module
+  (type $bin (func (param i64 i64) (result i64)))
+  (type $un (func (param i64) (result i64)))
+  (memory (export "memory") 1)
+  (table 3 3 funcref)
+  (elem (i32.const 0) $add $xor $spin)
+  (func $add (type $bin) (i64.add (local.get 0) (local.get 1)))
+  (func $xor (type $bin) (i64.mul (i64.xor (local.get 0) (local.get 1)) (i64.const 3)))
+  (func $spin (type $un) (local $i i64)
+    (loop $l
+      (br_if $l (i64.lt_u (local.tee $i (i64.add (local.get $i) (i64.const 1))) (local.get 0))))
+    (local.get $i))
+  (func $fold (export "fold") (param $n i32) (result i64) (local $acc i64) (local $i i32)
+    (loop $l
+      (local.set $acc (call_indirect (type $bin) (local.get $acc) (i64.extend_i32_u (local.get $i))
+        (i32.and (local.get $i) (i32.const 1))))
+      (br_if $l (i32.lt_u (local.tee $i (i32.add (local.get $i) (i32.const 1))) (local.get $n))))
+    (local.get $acc))
+  (func $walk (export "walk") (param $n i32) (result i64) (local $acc i64) (local $i i32)
+    (loop $l
+      (local.set $acc (i64.add (local.get $acc)
+        (call_indirect (type $un) (i64.extend_i32_u (local.get $i)) (i32.const 2))))
+      (br_if $l (i32.lt_u (local.tee $i (i32.add (local.get $i) (i32.const 1))) (local.get $n))))
+    (local.get $acc))
+  ;; One call each, no loop: no point of their own.
+  (func $once (export "once") (param i64) (result i64)
+    (call_indirect (type $bin) (local.get 0) (i64.const 5) (i32.const 1)))
+  (func $once_loud (export "once_loud") (param i64) (result i64)
+    (call_indirect (type $un) (local.get 0) (i32.const 2)))
+  (func (export "_start")))"#;
+
+fn opts(on: QuietIndirect) -> PrepareOptions {
+    PrepareOptions {
+        quiet_indirect: on,
+        ..PrepareOptions::default()
+    }
+}
+
+fn instrumented(on: QuietIndirect) -> Vec<u8> {
+    let wasm = wat::parse_str(WAT).unwrap();
+    let out = instrument(&wasm, &validate(&wasm).unwrap(), &opts(on)).unwrap();
+    wasmparser::Validator::new()
+        .validate_all(&out.bytes)
+        .unwrap();
+    out.bytes
+}
+
+/// The operators of the function named `name`.
+fn body<'a>(wasm: &'a [u8], name: &str) -> Vec<Operator<'a>> {
+    let index = function_names(wasm)
+        .into_iter()
+        .find(|(_, n)| n == name)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("no function {name}"));
+    let (mut imports, mut n) = (0, 0);
+    for payload in Parser::new(0).parse_all(wasm) {
+        match payload.unwrap() {
+            Payload::ImportSection(r) => imports = r.count(),
+            Payload::CodeSectionEntry(b) => {
+                if imports + n == index {
+                    let mut ops = b.get_operators_reader().unwrap();
+                    let mut out = Vec::new();
+                    while !ops.eof() {
+                        out.push(ops.read().unwrap());
+                    }
+                    return out;
+                }
+                n += 1;
+            }
+            _ => {}
+        }
+    }
+    panic!("no body for {name}");
+}
+
+fn indirect(ops: &[Operator]) -> usize {
+    ops.iter()
+        .filter(|o| matches!(o, Operator::CallIndirect { .. }))
+        .count()
+}
+
+fn stores(ops: &[Operator]) -> bool {
+    ops.iter().any(|o| {
+        matches!(
+            o,
+            Operator::I32Store { .. } | Operator::I64Store { .. } | Operator::F64Store { .. }
+        )
+    })
+}
+
+#[test]
+fn only_calls_that_can_reach_nothing_but_quiet_functions_go_through_a_helper() {
+    let on = instrumented(QuietIndirect::On);
+    assert_eq!(indirect(&body(&on, "fold")), 0, "$add and $xor are quiet");
+    assert_eq!(indirect(&body(&on, "walk")), 1, "$spin has a loop");
+    assert_eq!(indirect(&body(&on, "roam_quiet_indirect_0")), 1);
+    let off = instrumented(QuietIndirect::Off);
+    assert_eq!(indirect(&body(&off, "fold")), 1);
+    assert!(!function_names(&off)
+        .values()
+        .any(|n| n.starts_with("roam_quiet_indirect")));
+}
+
+#[test]
+fn results_are_unchanged_with_requests_anywhere() {
+    let plain = wat::parse_str(WAT).unwrap();
+    let on = instrumented(QuietIndirect::On);
+    for (name, arg) in [("fold", 300), ("walk", 40)] {
+        // (`once` and `once_loud` take an i64; these two take an i32.)
+        let (want, _) = run(&plain, name, arg, None, false);
+        assert!(matches!(want, Val::I64(_)));
+        for every in [None, Some(1), Some(3), Some(17)] {
+            let (got, _) = run(&on, name, arg, every, false);
+            assert!(
+                same(got, want),
+                "{name}, every {every:?}: {got:?}, want {want:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn asyncify_leaves_a_function_whose_only_indirect_call_is_quiet_alone() {
+    let wasm = wat::parse_str(WAT).unwrap();
+    let Some(on) = prepare_or_skip(&wasm, &opts(QuietIndirect::On)) else {
+        return;
+    };
+    let off = prepare_or_skip(&wasm, &opts(QuietIndirect::Off)).unwrap();
+    // `$once` stores nothing itself; Asyncify saves its locals by storing.
+    assert!(
+        !stores(&body(&on.bytes, "once")),
+        "instrumented with the option"
+    );
+    assert!(
+        stores(&body(&off.bytes, "once")),
+        "not instrumented without it"
+    );
+    // `$once_loud` may really unwind, through `$spin`'s point.
+    assert!(stores(&body(&on.bytes, "once_loud")));
+}
