@@ -241,22 +241,40 @@ fn hoisted_points_compute_the_same_and_are_called_as_often_as_inline_ones() {
 
 /// Operators of the body of exported function `name`.
 fn body<'a>(wasm: &'a [u8], name: &str) -> Vec<Operator<'a>> {
-    let mut index = None;
+    let index = Parser::new(0)
+        .parse_all(wasm)
+        .find_map(|payload| match payload.unwrap() {
+            Payload::ExportSection(r) => r
+                .into_iter()
+                .map(|e| e.unwrap())
+                .find(|e| e.name == name)
+                .map(|e| e.index),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no export {name}"));
+    body_at(wasm, index)
+}
+
+/// Operators of the body of the function named `name` (name section).
+pub(crate) fn named_body<'a>(wasm: &'a [u8], name: &str) -> Vec<Operator<'a>> {
+    let index = crate::names::function_names(wasm)
+        .into_iter()
+        .find(|(_, n)| n == name)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("no function {name}"));
+    body_at(wasm, index)
+}
+
+/// Operators of the body of function `index` (a module whose imports are
+/// all functions).
+fn body_at(wasm: &[u8], index: u32) -> Vec<Operator<'_>> {
     let mut imports = 0;
     let mut n = 0;
     for payload in Parser::new(0).parse_all(wasm) {
         match payload.unwrap() {
             Payload::ImportSection(r) => imports = r.count(),
-            Payload::ExportSection(r) => {
-                for e in r {
-                    let e = e.unwrap();
-                    if e.name == name {
-                        index = Some(e.index);
-                    }
-                }
-            }
             Payload::CodeSectionEntry(b) => {
-                if Some(imports + n) == index {
+                if imports + n == index {
                     let mut ops = b.get_operators_reader().unwrap();
                     let mut out = Vec::new();
                     while !ops.eof() {
@@ -269,7 +287,7 @@ fn body<'a>(wasm: &'a [u8], name: &str) -> Vec<Operator<'a>> {
             _ => {}
         }
     }
-    panic!("no function {name}");
+    panic!("no function {index}");
 }
 
 fn is_add(op: &Operator) -> bool {

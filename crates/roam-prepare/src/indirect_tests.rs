@@ -1,10 +1,10 @@
 //! Quiet indirect calls: which are routed through a helper, that Asyncify
 //! then leaves their callers alone, and that results do not change.
 
-use wasmparser::{Operator, Parser, Payload};
+use wasmparser::Operator;
 use wasmtime::Val;
 
-use crate::hoist::tests::same;
+use crate::hoist::tests::{named_body as body, same};
 use crate::instrument::instrument;
 use crate::names::function_names;
 use crate::pipeline::tests::prepare_or_skip;
@@ -60,34 +60,6 @@ fn instrumented(on: QuietIndirect) -> Vec<u8> {
         .validate_all(&out.bytes)
         .unwrap();
     out.bytes
-}
-
-/// The operators of the function named `name`.
-fn body<'a>(wasm: &'a [u8], name: &str) -> Vec<Operator<'a>> {
-    let index = function_names(wasm)
-        .into_iter()
-        .find(|(_, n)| n == name)
-        .map(|(i, _)| i)
-        .unwrap_or_else(|| panic!("no function {name}"));
-    let (mut imports, mut n) = (0, 0);
-    for payload in Parser::new(0).parse_all(wasm) {
-        match payload.unwrap() {
-            Payload::ImportSection(r) => imports = r.count(),
-            Payload::CodeSectionEntry(b) => {
-                if imports + n == index {
-                    let mut ops = b.get_operators_reader().unwrap();
-                    let mut out = Vec::new();
-                    while !ops.eof() {
-                        out.push(ops.read().unwrap());
-                    }
-                    return out;
-                }
-                n += 1;
-            }
-            _ => {}
-        }
-    }
-    panic!("no body for {name}");
 }
 
 fn indirect(ops: &[Operator]) -> usize {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use wasmtime::{Config, Engine, Linker, Module, Store, UpdateDeadline, Val};
 
-use crate::hoist::tests::same;
+use crate::hoist::tests::{named_body, same};
 use crate::instrument::instrument;
 use crate::names::function_names;
 use crate::pipeline::tests::prepare_or_skip;
@@ -272,36 +272,12 @@ fn a_call_that_runs_out_of_budget_finishes_in_the_slow_form() {
 
 /// Whether the body of the function named `name` in `wasm` stores to memory.
 fn stores(wasm: &[u8], name: &str) -> bool {
-    let index = function_names(wasm)
-        .into_iter()
-        .find(|(_, n)| n == name)
-        .map(|(i, _)| i)
-        .unwrap_or_else(|| panic!("no function {name}"));
-    let mut imports = 0;
-    let mut n = 0;
-    for payload in wasmparser::Parser::new(0).parse_all(wasm) {
-        match payload.unwrap() {
-            wasmparser::Payload::ImportSection(r) => imports = r.count(),
-            wasmparser::Payload::CodeSectionEntry(b) => {
-                if imports + n == index {
-                    let mut ops = b.get_operators_reader().unwrap();
-                    while !ops.eof() {
-                        if matches!(
-                            ops.read().unwrap(),
-                            wasmparser::Operator::I32Store { .. }
-                                | wasmparser::Operator::I64Store { .. }
-                        ) {
-                            return true;
-                        }
-                    }
-                    return false;
-                }
-                n += 1;
-            }
-            _ => {}
-        }
-    }
-    panic!("no body for {name}");
+    named_body(wasm, name).iter().any(|op| {
+        matches!(
+            op,
+            wasmparser::Operator::I32Store { .. } | wasmparser::Operator::I64Store { .. }
+        )
+    })
 }
 
 #[test]
