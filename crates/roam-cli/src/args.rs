@@ -138,7 +138,7 @@ pub struct PrepareArgs {
     pub rerun_calls: Option<roam_prepare::RerunCalls>,
     /// Indirect calls whose every possible callee (by table and type)
     /// reaches no point and no blocking import go through a helper Asyncify
-    /// is told cannot unwind: `on` or `off` [default: on].
+    /// is told cannot unwind: `on` or `off` [default: off].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub quiet_indirect: Option<roam_prepare::QuietIndirect>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os

@@ -345,15 +345,20 @@ impl FromStr for PointCalls {
 
 /// An option that is either `on` or `off`: the enum, its text and parsing.
 macro_rules! on_off {
-    ($(#[$doc:meta])* $name:ident, $what:literal, on: $on:literal, off: $off:literal) => {
+    ($(#[$doc:meta])* $name:ident, $what:literal, default: $default:ident, on: $on:literal, off: $off:literal) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
         pub enum $name {
             #[doc = $on]
-            #[default]
             On,
             #[doc = $off]
             Off,
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name::$default
+            }
         }
 
         impl $name {
@@ -389,6 +394,7 @@ on_off!(
     /// (see `outline.rs`).
     Outline,
     "loop outlining",
+    default: On,
     on: "Loop nests that call nothing, and innermost loops that call nothing once points are placed, of functions with many locals (default).",
     off: "Every loop stays where it is."
 );
@@ -398,6 +404,7 @@ on_off!(
     /// instead of unwinding (see `pure.rs`).
     RerunCalls,
     "rerun calls",
+    default: On,
     on: "A function that writes nothing but its locals and calls only such functions runs without Asyncify; at a point it gives up, and its caller's point runs the call again (default).",
     off: "Every function that reaches a point unwinds through Asyncify."
 );
@@ -407,8 +414,9 @@ on_off!(
     /// direct calls Asyncify leaves alone (see `indirect.rs`).
     QuietIndirect,
     "quiet indirect calls",
-    on: "An indirect call whose every possible callee (by table and type) reaches no point and no blocking import calls a helper that Asyncify is told cannot unwind (default).",
-    off: "Asyncify assumes every indirect call may unwind."
+    default: Off,
+    on: "An indirect call whose every possible callee (by table and type) reaches no point and no blocking import calls a helper that Asyncify is told cannot unwind.",
+    off: "Asyncify assumes every indirect call may unwind (default: `on` measured slower on `matmul` and `recurse`, docs/prepare.md)."
 );
 
 /// How to prepare a module.
@@ -441,13 +449,13 @@ pub struct PrepareOptions {
     /// Default: [`RerunCalls::On`].
     pub rerun_calls: RerunCalls,
     /// Whether indirect calls that reach only quiet functions are taken as
-    /// unable to unwind. Default: [`QuietIndirect::On`].
+    /// unable to unwind. Default: [`QuietIndirect::Off`].
     pub quiet_indirect: QuietIndirect,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
@@ -499,7 +507,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -510,7 +518,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off"
         );
     }
 }
