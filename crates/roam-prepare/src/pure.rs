@@ -211,8 +211,8 @@ fn writes_nothing(func: &LocalFunction) -> bool {
     ok
 }
 
-/// The module after [`split`]: which functions are fast, and the global
-/// they raise when they give up.
+/// The module after [`split`]: which functions are fast, their slow copies
+/// and wrappers, and the globals they share.
 pub(crate) struct Split {
     /// The fast functions (the original ids, so every call among them
     /// stays as it was).
@@ -226,7 +226,8 @@ pub(crate) struct Split {
 }
 
 /// Give every function of `fast` a slow copy, put a wrapper in front of
-/// every call from outside the set, and add `roam.abort`. The fast forms
+/// every call from outside the set, and add `roam.abort` and
+/// `roam.budget`. The fast forms
 /// themselves get their checks from [`give_up_checks`] once the other
 /// functions have their points.
 pub(crate) fn split(
@@ -249,14 +250,15 @@ pub(crate) fn split(
         .iter()
         .map(|f| (*f, copy_function(module, *f)))
         .collect();
-    for s in slow.values() {
+    let copies: BTreeSet<FunctionId> = slow.values().copied().collect();
+    for s in &copies {
         retarget(module, *s, &slow);
     }
     let outside: Vec<FunctionId> = module
         .funcs
         .iter_local()
         .map(|(id, _)| id)
-        .filter(|id| !fast.contains(id) && !slow.values().any(|s| s == id))
+        .filter(|id| !fast.contains(id) && !copies.contains(id))
         .collect();
     let called: BTreeSet<FunctionId> = outside
         .iter()
@@ -272,7 +274,7 @@ pub(crate) fn split(
     }
     Ok(Split {
         fast,
-        slow: slow.into_values().collect(),
+        slow: copies,
         wrappers: wrappers.into_values().collect(),
         globals,
     })
