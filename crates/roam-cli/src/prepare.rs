@@ -18,6 +18,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         outline: a.outline_loops.unwrap_or(defaults.outline),
         rerun_calls: a.rerun_calls.unwrap_or(defaults.rerun_calls),
         quiet_indirect: a.quiet_indirect.unwrap_or(defaults.quiet_indirect),
+        unroll_checks: a.unroll_checks.unwrap_or(defaults.unroll_checks),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };

@@ -79,6 +79,7 @@ pub(crate) fn hoist(
     looped: InstrSeqId,
     point: FunctionId,
     flag: GlobalId,
+    unroll: bool,
 ) {
     let ty = func.block(looped).ty;
     let outer = {
@@ -92,8 +93,8 @@ pub(crate) fn hoist(
         (parent, index),
         looped,
         Loop { seq: outer }.into(),
-        flag,
-        outer,
+        (flag, outer),
+        unroll,
     );
 }
 
@@ -127,6 +128,7 @@ pub(crate) fn hoist_rerun(
     owned: &[InstrSeqId],
     point: FunctionId,
     flag: GlobalId,
+    unroll: bool,
 ) {
     let ty = func.block(looped).ty;
     let mut renamed = Vec::new();
@@ -164,10 +166,13 @@ pub(crate) fn hoist_rerun(
         (parent, index),
         looped,
         Block { seq: done }.into(),
-        flag,
-        rerun,
+        (flag, rerun),
+        unroll,
     );
     for inner in owned {
+        if unroll {
+            crate::unroll::unroll(func, *inner);
+        }
         back_edges(func, looped, *inner, rerun, flag);
     }
 }
@@ -196,18 +201,22 @@ fn retarget(func: &mut LocalFunction, seq: InstrSeqId, from: InstrSeqId, to: Ins
 
 /// Put `with` where loop `looped` was, at `parent.instrs[index]`, and route
 /// the loop's back-edges through a check of the flag that branches to
-/// `exit` when it is up.
+/// `exit` when it is up; with `unroll`, at every other back-edge of a
+/// short innermost loop (`unroll.rs`).
 fn install(
     func: &mut LocalFunction,
     (parent, index): (InstrSeqId, usize),
     looped: InstrSeqId,
     with: Instr,
-    flag: GlobalId,
-    exit: InstrSeqId,
+    (flag, exit): (GlobalId, InstrSeqId),
+    unroll: bool,
 ) {
     let slot = &mut func.block_mut(parent).instrs[index].0;
     debug_assert!(matches!(slot, Instr::Loop(Loop { seq }) if *seq == looped));
     *slot = with;
+    if unroll {
+        crate::unroll::unroll(func, looped);
+    }
     back_edges(func, looped, looped, exit, flag);
 }
 
@@ -320,14 +329,14 @@ pub(crate) fn version(
         (parent, index),
         looped,
         Block { seq: done }.into(),
-        flag,
-        handover,
+        (flag, handover),
+        false,
     );
 }
 
 /// A copy of `seq` and everything in it, with labels inside it renamed
 /// (`renamed` holds source → copy for the labels opened so far).
-fn duplicate(
+pub(crate) fn duplicate(
     func: &mut LocalFunction,
     seq: InstrSeqId,
     renamed: &mut Vec<(InstrSeqId, InstrSeqId)>,

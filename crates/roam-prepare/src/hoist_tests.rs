@@ -10,12 +10,12 @@ use wasmparser::{Operator, Parser, Payload};
 use wasmtime::{Config, Engine, Instance, Linker, Module, Store, UpdateDeadline, Val};
 
 use crate::instrument::instrument;
-use crate::{validate, LoopPoints, PrepareOptions, FLAG_GLOBAL_EXPORT};
+use crate::{validate, LoopPoints, PrepareOptions, UnrollChecks, FLAG_GLOBAL_EXPORT};
 
 /// A `while` loop (exit by `br_if` to an outer block, back-edge by `br`),
 /// a `do … while` loop (back-edge by `br_if`) nested in it, a loop that
 /// calls, and a loop a `br_table` targets.
-const WAT: &str = r#"(module
+pub(crate) const WAT: &str = r#"(module
   (memory (export "memory") 1)
   (data (i32.const 0) "\05\00\00\00\07\00\00\00\0b\00\00\00\0d\00\00\00")
   ;; `$id` has a loop, so it gets a point and a call of it may unwind;
@@ -102,15 +102,26 @@ const EXPORTS: [(&str, i32); 6] = [
     ("rerun", 30),
     ("stores", 30),
     ("calls", 25),
-    ("quiet", 25),
+    ("quiet", 40),
     ("table", 9),
 ];
 
 fn prepared(loops: LoopPoints) -> Vec<u8> {
-    let wasm = wat::parse_str(WAT).unwrap();
+    prepared_with(loops, UnrollChecks::default())
+}
+
+fn prepared_with(loops: LoopPoints, unroll_checks: UnrollChecks) -> Vec<u8> {
+    prepare_wat(WAT, loops, unroll_checks)
+}
+
+/// `wat` instrumented (not yet through Asyncify) with the loop form and
+/// unrolled checks given, the other options at their defaults.
+pub(crate) fn prepare_wat(wat: &str, loops: LoopPoints, unroll_checks: UnrollChecks) -> Vec<u8> {
+    let wasm = wat::parse_str(wat).unwrap();
     let info = validate(&wasm).unwrap();
     let opts = PrepareOptions {
         loop_points: loops,
+        unroll_checks,
         ..PrepareOptions::default()
     };
     let out = instrument(&wasm, &info, &opts).unwrap();
@@ -122,7 +133,7 @@ fn prepared(loops: LoopPoints) -> Vec<u8> {
 
 /// What the point import does when called.
 #[derive(Clone, Copy)]
-enum Host {
+pub(crate) enum Host {
     /// Lower the flag: a request served.
     Lower,
     /// Leave it up: every point calls in (counting modes).
@@ -171,7 +182,7 @@ fn run(
 
 /// Call export `name` with `arg`, the flag raised first if `raise`; the
 /// result and how many times the point was called.
-fn call(wasm: &[u8], name: &str, arg: i32, raise: bool, host: Host) -> (Val, u32) {
+pub(crate) fn call(wasm: &[u8], name: &str, arg: i32, raise: bool, host: Host) -> (Val, u32) {
     let engine = Engine::default();
     let (mut store, instance, calls) = instantiate(&engine, wasm, host);
     if raise {
@@ -192,13 +203,14 @@ pub(crate) fn same(a: Val, b: Val) -> bool {
 #[test]
 fn hoisted_points_compute_the_same_and_are_called_as_often_as_inline_ones() {
     let inline = prepared(LoopPoints::Inline);
-    // The forms that keep the point's call out of the loop.
+    // The forms that keep the point's call out of the loop, checking the
+    // flag at every back-edge (`unroll_tests` has the other case).
     for form in [
         LoopPoints::Hoisted,
         LoopPoints::Versioned,
         LoopPoints::Rerun,
     ] {
-        let hoisted = prepared(form);
+        let hoisted = prepared_with(form, UnrollChecks::Off);
         for (name, arg) in EXPORTS {
             let want = [plain(name, arg)];
             for (raise, host) in [
@@ -234,13 +246,14 @@ fn hoisted_points_compute_the_same_and_are_called_as_often_as_inline_ones() {
         LoopPoints::Versioned,
         LoopPoints::Rerun,
     ] {
-        let (_, held) = call(&prepared(form), "nest", 40, true, Host::Hold);
+        let wasm = prepared_with(form, UnrollChecks::Off);
+        let (_, held) = call(&wasm, "nest", 40, true, Host::Hold);
         assert_eq!(held, 41 + 1 + (1..40).sum::<u32>(), "{form:?}");
     }
 }
 
 /// Operators of the body of exported function `name`.
-fn body<'a>(wasm: &'a [u8], name: &str) -> Vec<Operator<'a>> {
+pub(crate) fn body<'a>(wasm: &'a [u8], name: &str) -> Vec<Operator<'a>> {
     let index = Parser::new(0)
         .parse_all(wasm)
         .find_map(|payload| match payload.unwrap() {
@@ -354,8 +367,13 @@ fn a_call_free_loop_is_left_without_a_call_and_others_keep_theirs_inline() {
 
 /// The uninstrumented module's result for export `name`.
 fn plain(name: &str, arg: i32) -> Val {
+    plain_of(WAT, name, arg)
+}
+
+/// The result of export `name` of module `wat`, uninstrumented.
+pub(crate) fn plain_of(wat: &str, name: &str, arg: i32) -> Val {
     let engine = Engine::default();
-    let m = Module::new(&engine, wat::parse_str(WAT).unwrap()).unwrap();
+    let m = Module::new(&engine, wat::parse_str(wat).unwrap()).unwrap();
     let mut store = Store::new(&engine, ());
     let i = Instance::new(&mut store, &m, &[]).unwrap();
     let mut want = [Val::I32(0)];
@@ -370,7 +388,7 @@ fn plain(name: &str, arg: i32) -> Val {
 /// or function entry (wasmtime's epoch checks), and lowered by each call of
 /// the point: requests that land anywhere, also halfway through an
 /// iteration that must then run again. Returns the result and the calls.
-fn call_interrupted(wasm: &[u8], name: &str, arg: i32, every: u32) -> (Val, u32) {
+pub(crate) fn call_interrupted(wasm: &[u8], name: &str, arg: i32, every: u32) -> (Val, u32) {
     let mut config = Config::new();
     config.epoch_interruption(true);
     let engine = Engine::new(&config).unwrap();

@@ -100,4 +100,4 @@ fn helper(module: &mut Module, (ty, table): (TypeId, TableId), n: usize) -> Func
 
 #[cfg(test)]
 #[path = "indirect_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -15,7 +15,7 @@ use crate::{validate, PrepareOptions, QuietIndirect};
 /// type that has a loop (so it gets a point and may unwind). `$fold` calls
 /// through the first type in a loop, `$walk` through the second; `$once`
 /// and `$once_loud` call through each once.
-const WAT: &str = r#"(module
+pub(crate) const WAT: &str = r#"(module
   (type $bin (func (param i64 i64) (result i64)))
   (type $un (func (param i64) (result i64)))
   (memory (export "memory") 1)

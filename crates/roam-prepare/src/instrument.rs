@@ -34,7 +34,7 @@ use crate::rerun::Nested;
 use crate::wasm_opt::AsyncifyList;
 use crate::{
     AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, Outline, PointPolicy, PointStats,
-    PrepareOptions, QuietIndirect, RerunCalls, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT,
+    PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT,
     GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
 
@@ -306,6 +306,7 @@ fn instrument_function(
     // (`outline.rs`, stage `Leaves`) needs only the hoisted form, whose
     // flag check becomes an exit of its new function.
     let leaves_move = opts.outline != Outline::Off && crate::outline::is_large(func);
+    let unroll = opts.unroll_checks == UnrollChecks::On;
     // Loops that leave to an enclosing loop's point, by owner (`rerun.rs`).
     let owner = if loop_points == LoopPoints::Rerun && policy == PointPolicy::Loops {
         let nested: Vec<Nested> = loops
@@ -331,13 +332,17 @@ fn instrument_function(
             continue;
         }
         if let Some(owned) = owned.get(&l.seq) {
-            crate::hoist::hoist_rerun(func, (l.parent, l.index), l.seq, owned, point, flag);
+            crate::hoist::hoist_rerun(func, (l.parent, l.index), l.seq, owned, point, flag, unroll);
             continue;
         }
         let can = loop_points != LoopPoints::Inline && crate::hoist::hoistable(func, l.seq, quiet);
         let hoisted = matches!(loop_points, LoopPoints::Hoisted | LoopPoints::Rerun);
         if can && (hoisted || leaves_move) {
-            crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag);
+            // A loop that stays beside its point's call (`$R`) got slower
+            // unrolled (`cg`, 1.3x); one that moves, or that leaves to an
+            // outer loop's point, faster (docs/prepare.md).
+            let unroll = unroll && leaves_move;
+            crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag, unroll);
         } else if can {
             crate::hoist::version(func, l.parent, l.index, l.seq, point, flag);
         } else {

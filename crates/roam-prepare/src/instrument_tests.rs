@@ -311,7 +311,7 @@ fn drops_dwarf_but_keeps_names() {
 
 /// An outer loop around a leaf inner loop (no loop, no call inside), next to
 /// a top-level leaf loop.
-const NESTED_WAT: &str = r#"(module
+pub(crate) const NESTED_WAT: &str = r#"(module
   (memory (export "memory") 1)
   (func $_start (export "_start") (local $i i32) (local $j i32)
     (loop $outer

@@ -42,14 +42,18 @@ mod quiet;
 mod rerun;
 mod section;
 mod spill;
+mod unroll;
 mod validate;
 mod verify;
 mod wasm_opt;
 
+#[cfg(test)]
+mod revision_tests;
+
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
     AsyncifyScope, EntryPoints, LoopPoints, OptLevel, Outline, ParseOptionError, ParsePolicyError,
-    PointCalls, PointPolicy, PrepareOptions, QuietIndirect, RerunCalls,
+    PointCalls, PointPolicy, PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
@@ -69,8 +73,10 @@ pub use verify::{check_prepared, CheckError};
 /// entry point in a function whose every call is inside a loop; 4: inner
 /// loops leave to their outer loop's point, `rerun.rs`; 5: pure recursion
 /// gives up and runs again, `pure.rs`; indirect calls that reach only quiet
-/// functions go through helpers Asyncify leaves alone, `indirect.rs`).
-pub const OUTPUT_REVISION: u32 = 5;
+/// functions go through helpers Asyncify leaves alone, `indirect.rs`; 6:
+/// short innermost loops check the flag at every other back-edge,
+/// `hoist::unroll`).
+pub const OUTPUT_REVISION: u32 = 6;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

@@ -419,6 +419,16 @@ on_off!(
     off: "Asyncify assumes every indirect call may unwind (default: `on` measured slower on `matmul` and `recurse`, docs/prepare.md)."
 );
 
+on_off!(
+    /// Whether short innermost loops check the flag at every other
+    /// back-edge, their body run twice per trip (see `hoist::unroll`).
+    UnrollChecks,
+    "unrolled checks",
+    default: On,
+    on: "An innermost loop of a few instructions that calls nothing runs its body twice per trip and checks the flag once, at the second back-edge (default).",
+    off: "Every back-edge of a loop with a hoisted point checks the flag."
+);
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -451,16 +461,19 @@ pub struct PrepareOptions {
     /// Whether indirect calls that reach only quiet functions are taken as
     /// unable to unwind. Default: [`QuietIndirect::Off`].
     pub quiet_indirect: QuietIndirect,
+    /// Whether short innermost loops check the flag at every other
+    /// back-edge. Default: [`UnrollChecks::On`].
+    pub unroll_checks: UnrollChecks,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={}",
+             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -471,6 +484,7 @@ impl PrepareOptions {
             self.outline.as_str(),
             self.rerun_calls.as_str(),
             self.quiet_indirect.as_str(),
+            self.unroll_checks.as_str(),
         )
     }
 }
@@ -507,7 +521,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -518,7 +532,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on"
         );
     }
 }

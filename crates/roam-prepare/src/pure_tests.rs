@@ -15,7 +15,7 @@ use crate::{validate, PrepareOptions, RerunCalls, ABORT_GLOBAL_EXPORT, FLAG_GLOB
 /// Two pure recursions (Ackermann with its tail call as a loop, and a
 /// tree fold through a table of combiners), and functions that reach a
 /// point but do not qualify, each for one reason.
-const WAT: &str = r#"(module
+pub(crate) const WAT: &str = r#"(module
   (type $bin (func (param i64 i64 i64) (result i64)))
   (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
   (memory (export "memory") 1)

@@ -90,7 +90,7 @@ pub(crate) enum AsyncifyList {
 }
 
 impl AsyncifyList {
-    fn names(&self) -> &[String] {
+    pub(crate) fn names(&self) -> &[String] {
         match self {
             AsyncifyList::Only(n) | AsyncifyList::Remove(n) => n,
         }

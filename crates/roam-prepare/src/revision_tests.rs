@@ -1,0 +1,110 @@
+//! A guard on [`OUTPUT_REVISION`]: prepared modules are cached under it, so
+//! a change to what `prepare` emits without a new revision lets two nodes
+//! hold different modules for the same program, and a checkpoint of one
+//! cannot be restored from the other.
+//!
+//! The guard fingerprints what roam itself decides: the instrumented
+//! modules of the test fixtures under several option sets, the lists
+//! handed to Asyncify, and every `wasm-opt` argument. It does not run
+//! `wasm-opt`, whose output depends on its own version (recorded in the
+//! `roam` section and checked apart), nor `spill.rs`, which works on that
+//! output.
+
+use std::path::Path;
+
+use crate::instrument::instrument;
+use crate::wasm_opt::{asyncify_arguments, optimise_arguments};
+use crate::{
+    validate, AsyncifyScope, LoopPoints, PointPolicy, PrepareOptions, QuietIndirect,
+    OUTPUT_REVISION,
+};
+
+/// Every revision with its fingerprint, oldest first. When the test fails,
+/// bump `OUTPUT_REVISION` (lib.rs, with a word on what changed) and add a
+/// line here; never edit an old one.
+const HISTORY: &[(u32, &str)] = &[(
+    6,
+    "5210430f21a4c05a2c00a5d204a38ccef4b289668ddc34bdc4f64fe2baa7c1ec",
+)];
+
+fn option_sets() -> Vec<PrepareOptions> {
+    let d = PrepareOptions::default;
+    vec![
+        d(),
+        PrepareOptions {
+            points: PointPolicy::Outer,
+            ..d()
+        },
+        PrepareOptions {
+            loop_points: LoopPoints::Versioned,
+            ..d()
+        },
+        PrepareOptions {
+            asyncify_scope: AsyncifyScope::Reachable,
+            ..d()
+        },
+        PrepareOptions {
+            quiet_indirect: QuietIndirect::On,
+            ..d()
+        },
+    ]
+}
+
+fn fingerprint() -> String {
+    let fixtures = [
+        crate::instrument::tests::LOOPS_WAT,
+        crate::instrument::tests::NESTED_WAT,
+        crate::hoist::tests::WAT,
+        crate::indirect::tests::WAT,
+        crate::pure::tests::WAT,
+        crate::unroll::tests::WAT,
+    ];
+    let mut h = blake3::Hasher::new();
+    let mut put = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    for opts in option_sets() {
+        put(opts.canonical().as_bytes());
+        for wat in fixtures {
+            let wasm = wat::parse_str(wat).unwrap();
+            let info = validate(&wasm).unwrap();
+            let out = instrument(&wasm, &info, &opts).unwrap();
+            put(&out.bytes);
+            let list = out.list.as_ref();
+            let arg = list.map(|l| l.pass_arg(Path::new("LIST")));
+            put(list
+                .map_or(String::new(), |l| l.names().join(","))
+                .as_bytes());
+            for a in asyncify_arguments(&opts, arg.clone(), true)
+                .into_iter()
+                .chain(asyncify_arguments(&opts, arg, false))
+                .chain(optimise_arguments(&opts))
+            {
+                put(a.as_bytes());
+            }
+        }
+    }
+    h.finalize().to_hex().to_string()
+}
+
+#[test]
+fn a_change_of_the_output_comes_with_a_new_revision() {
+    let now = fingerprint();
+    let &(revision, pinned) = HISTORY.last().unwrap();
+    assert!(
+        HISTORY.windows(2).all(|w| w[0].0 < w[1].0),
+        "revisions in HISTORY must increase"
+    );
+    assert_eq!(
+        revision, OUTPUT_REVISION,
+        "OUTPUT_REVISION is {OUTPUT_REVISION} but the last line of HISTORY is for {revision}: add ({OUTPUT_REVISION}, \"{now}\")"
+    );
+    assert_eq!(
+        pinned, now,
+        "what prepare emits has changed: bump OUTPUT_REVISION (lib.rs) and add ({}, \"{now}\") to HISTORY",
+        OUTPUT_REVISION + 1
+    );
+    // Same input, same fingerprint: the guard itself is deterministic.
+    assert_eq!(fingerprint(), now);
+}
