@@ -141,9 +141,9 @@ pub struct PrepareArgs {
     /// is told cannot unwind: `on` or `off` [default: off].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub quiet_indirect: Option<roam_prepare::QuietIndirect>,
-    /// Short innermost loops that call nothing run their body twice per
-    /// trip and check the flag once, at every other back-edge: `on` or
-    /// `off` [default: on].
+    /// Short innermost loops that call nothing and move into a function of
+    /// their own run their body twice per trip and check the flag once, at
+    /// every other back-edge: `on` or `off` [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub unroll_checks: Option<roam_prepare::UnrollChecks>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os

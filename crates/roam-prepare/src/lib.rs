@@ -75,7 +75,7 @@ pub use verify::{check_prepared, CheckError};
 /// gives up and runs again, `pure.rs`; indirect calls that reach only quiet
 /// functions go through helpers Asyncify leaves alone, `indirect.rs`; 6:
 /// short innermost loops check the flag at every other back-edge,
-/// `hoist::unroll`).
+/// `unroll.rs`).
 pub const OUTPUT_REVISION: u32 = 6;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask

@@ -421,11 +421,11 @@ on_off!(
 
 on_off!(
     /// Whether short innermost loops check the flag at every other
-    /// back-edge, their body run twice per trip (see `hoist::unroll`).
+    /// back-edge, their body run twice per trip (`unroll.rs`).
     UnrollChecks,
     "unrolled checks",
     default: On,
-    on: "An innermost loop of a few instructions that calls nothing runs its body twice per trip and checks the flag once, at the second back-edge (default).",
+    on: "A short innermost loop that calls nothing and moves into a function of its own (or leaves to an outer loop's point) runs its body twice per trip and checks the flag once, at the second back-edge (default).",
     off: "Every back-edge of a loop with a hoisted point checks the flag."
 );
 
