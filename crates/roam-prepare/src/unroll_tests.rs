@@ -66,13 +66,11 @@ fn a_short_moved_inner_loop_runs_its_body_more_than_once_and_checks_once() {
     let other = prepared(UnrollChecks::On);
     let stores = |op: &Operator| matches!(op, Operator::I32Store { .. });
     let flag = |op: &Operator| matches!(op, Operator::GlobalGet { .. });
-    assert_eq!(count(&named_body(&every, MOVED), stores), 1);
-    assert_eq!(count(&named_body(&other, MOVED), stores), 1 + COPIES);
+    let (every, other) = (named_body(&every, MOVED), named_body(&other, MOVED));
+    assert_eq!(count(&every, stores), 1);
+    assert_eq!(count(&other, stores), 1 + COPIES);
     // The copies read no flag.
-    assert_eq!(
-        count(&named_body(&every, MOVED), flag),
-        count(&named_body(&other, MOVED), flag)
-    );
+    assert_eq!(count(&every, flag), count(&other, flag));
     // A small function's loops stay as they were (they do not move).
     let small = r#"(module
       (memory 1)
@@ -116,12 +114,12 @@ fn unrolled_loops_compute_the_same_and_serve_every_request() {
         }
     }
     // Requests that land anywhere, also between the copies.
-    for every in [1, 2, 3, 5, 8, 13, 40] {
-        let (got, calls) = call_interrupted(&other, "big", n, every);
+    for k in [1, 2, 3, 5, 8, 13, 40] {
+        let (got, calls) = call_interrupted(&other, "big", n, k);
         assert!(
             same(got, want),
-            "flag up every {every} checks: {got:?}, want {want:?}"
+            "flag up every {k} checks: {got:?}, want {want:?}"
         );
-        assert!(calls > 0, "every {every}: no point taken");
+        assert!(calls > 0, "every {k}: no point taken");
     }
 }
