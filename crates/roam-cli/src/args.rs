@@ -146,6 +146,12 @@ pub struct PrepareArgs {
     /// every other back-edge: `on` or `off` [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub unroll_checks: Option<roam_prepare::UnrollChecks>,
+    /// Loops that make a call that may unwind check the flag at their
+    /// back-edges and call their point from outside themselves, as loops
+    /// that call nothing do, instead of at the top of their body: `on` or
+    /// `off` [default: on].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub hoist_calls: Option<roam_prepare::HoistCalls>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

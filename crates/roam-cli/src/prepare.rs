@@ -19,6 +19,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         rerun_calls: a.rerun_calls.unwrap_or(defaults.rerun_calls),
         quiet_indirect: a.quiet_indirect.unwrap_or(defaults.quiet_indirect),
         unroll_checks: a.unroll_checks.unwrap_or(defaults.unroll_checks),
+        hoist_calls: a.hoist_calls.unwrap_or(defaults.hoist_calls),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };

@@ -38,6 +38,17 @@
 //!
 //! Only loops without calls, without parameters and without `br_table`
 //! entries that target them are hoisted; the others keep the inline point.
+//!
+//! With `--hoist-calls on` (the default), loops that *do* make a call that
+//! may unwind are hoisted too ([`hoistable_with_calls`]). Asyncify then
+//! guards their body anyway, for the call, but the point's call no longer
+//! sits at the loop's head, where its path merged with every back-edge:
+//! with that merge, the dispatch loop of an interpreter kept its
+//! instruction pointer in a stack slot and tested Asyncify's state once
+//! more per trip, and ran 15 % slower than with the call outside
+//! (docs/prepare.md, "Hoisted calling loops"). The sequence of the point's
+//! calls is the same as with the inline form: on entry, and at every
+//! back-edge taken while the flag is up.
 
 use walrus::ir::{
     Block, Br, BrIf, BrTable, GlobalGet, IfElse, Instr, InstrSeqId, InstrSeqType, Loop,
@@ -52,13 +63,22 @@ use crate::quiet::Quiet;
 /// no `br_table` that may branch to it.
 pub(crate) fn hoistable(func: &LocalFunction, seq: InstrSeqId, quiet: &Quiet) -> bool {
     let simple = matches!(func.block(seq).ty, InstrSeqType::Simple(_));
-    simple && clean(func, seq, seq, quiet)
+    simple && clean(func, seq, seq, Some(quiet))
 }
 
-/// No call that may unwind inside `seq`, and no `br_table` naming `target`.
-fn clean(func: &LocalFunction, seq: InstrSeqId, target: InstrSeqId, quiet: &Quiet) -> bool {
+/// Whether loop `seq` can be hoisted when calls that may unwind are
+/// allowed inside it: no parameters, and no `br_table` that may branch to
+/// it (only `br` and `br_if` back-edges can be routed through the flag).
+pub(crate) fn hoistable_with_calls(func: &LocalFunction, seq: InstrSeqId) -> bool {
+    let simple = matches!(func.block(seq).ty, InstrSeqType::Simple(_));
+    simple && clean(func, seq, seq, None)
+}
+
+/// No `br_table` naming `target` inside `seq`, and with `quiet`, no call
+/// that may unwind.
+fn clean(func: &LocalFunction, seq: InstrSeqId, target: InstrSeqId, quiet: Option<&Quiet>) -> bool {
     func.block(seq).instrs.iter().all(|(instr, _)| match instr {
-        i if quiet.may_unwind(i) => false,
+        i if quiet.is_some_and(|q| q.may_unwind(i)) => false,
         Instr::BrTable(BrTable { blocks, default }) => {
             *default != target && !blocks.contains(&target)
         }

@@ -10,7 +10,7 @@ use wasmparser::{Operator, Parser, Payload};
 use wasmtime::{Config, Engine, Instance, Linker, Module, Store, UpdateDeadline, Val};
 
 use crate::instrument::instrument;
-use crate::{validate, LoopPoints, PrepareOptions, UnrollChecks, FLAG_GLOBAL_EXPORT};
+use crate::{validate, HoistCalls, LoopPoints, PrepareOptions, UnrollChecks, FLAG_GLOBAL_EXPORT};
 
 /// A `while` loop (exit by `br_if` to an outer block, back-edge by `br`),
 /// a `do … while` loop (back-edge by `br_if`) nested in it, a loop that
@@ -117,14 +117,19 @@ fn prepared_with(loops: LoopPoints, unroll_checks: UnrollChecks) -> Vec<u8> {
 /// `wat` instrumented (not yet through Asyncify) with the loop form and
 /// unrolled checks given, the other options at their defaults.
 pub(crate) fn prepare_wat(wat: &str, loops: LoopPoints, unroll_checks: UnrollChecks) -> Vec<u8> {
-    let wasm = wat::parse_str(wat).unwrap();
-    let info = validate(&wasm).unwrap();
     let opts = PrepareOptions {
         loop_points: loops,
         unroll_checks,
         ..PrepareOptions::default()
     };
-    let out = instrument(&wasm, &info, &opts).unwrap();
+    prepare_wat_with(wat, &opts)
+}
+
+/// `wat` instrumented (not yet through Asyncify) with `opts`.
+pub(crate) fn prepare_wat_with(wat: &str, opts: &PrepareOptions) -> Vec<u8> {
+    let wasm = wat::parse_str(wat).unwrap();
+    let info = validate(&wasm).unwrap();
+    let out = instrument(&wasm, &info, opts).unwrap();
     wasmparser::Validator::new()
         .validate_all(&out.bytes)
         .unwrap();
@@ -349,20 +354,83 @@ fn work_in_a_call_free_loop(ops: &[Operator], work: fn(&Operator) -> bool) -> bo
     found
 }
 
+/// `WAT` instrumented with loop form `loops` and hoisted calling loops
+/// `hoist_calls`.
+fn prepared_calls(loops: LoopPoints, hoist_calls: HoistCalls) -> Vec<u8> {
+    let opts = PrepareOptions {
+        loop_points: loops,
+        hoist_calls,
+        ..PrepareOptions::default()
+    };
+    prepare_wat_with(WAT, &opts)
+}
+
+/// For each loop of `ops`, in the order they close, how many calls it
+/// holds (those of the loops inside it included).
+fn calls_per_loop(ops: &[Operator]) -> Vec<usize> {
+    // Each open structure: (is a loop, calls inside so far).
+    let mut open: Vec<(bool, usize)> = Vec::new();
+    let mut out = Vec::new();
+    for op in ops {
+        match op {
+            Operator::Loop { .. } => open.push((true, 0)),
+            Operator::Block { .. } | Operator::If { .. } => open.push((false, 0)),
+            Operator::End => {
+                if let Some((is_loop, calls)) = open.pop() {
+                    if is_loop {
+                        out.push(calls);
+                    }
+                }
+            }
+            Operator::Call { .. } | Operator::CallIndirect { .. } => {
+                for o in open.iter_mut() {
+                    o.1 += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 #[test]
 fn a_call_free_loop_is_left_without_a_call_and_others_keep_theirs_inline() {
-    let hoisted = prepared(LoopPoints::Hoisted);
+    let hoisted = prepared_calls(LoopPoints::Hoisted, HoistCalls::Off);
     let inline = prepared(LoopPoints::Inline);
     let versioned = prepared(LoopPoints::Versioned);
     assert!(work_in_a_call_free_loop(&body(&versioned, "nest"), is_add));
     assert!(work_in_a_call_free_loop(&body(&hoisted, "nest"), is_add));
     assert!(!work_in_a_call_free_loop(&body(&inline, "nest"), is_add));
-    // A loop that makes a call that may unwind, or that a `br_table`
-    // targets, is not rewritten; one whose only call cannot unwind is.
+    // Without hoisted calling loops, a loop that makes a call that may
+    // unwind, or that a `br_table` targets, is not rewritten; one whose
+    // only call cannot unwind is.
     for name in ["calls", "table"] {
         assert_eq!(body(&hoisted, name), body(&inline, name), "{name}");
     }
     assert_ne!(body(&hoisted, "quiet"), body(&inline, "quiet"));
+}
+
+#[test]
+fn a_loop_that_calls_gets_its_point_outside_it_with_hoisted_calling_loops() {
+    let inline = prepared(LoopPoints::Inline);
+    // Inline: the one loop of `calls` holds both the call of `$id` and
+    // the point's.
+    assert_eq!(calls_per_loop(&body(&inline, "calls")), [2]);
+    for form in [LoopPoints::Hoisted, LoopPoints::Rerun] {
+        let hoisted = prepared_calls(form, HoistCalls::On);
+        // The loop holds only its own call; the point's is in the loop
+        // wrapped round it.
+        assert_eq!(calls_per_loop(&body(&hoisted, "calls")), [1, 2], "{form:?}");
+        // A loop a `br_table` targets still keeps its point inline.
+        assert_eq!(body(&hoisted, "table"), body(&inline, "table"), "{form:?}");
+    }
+    // The option is the default, and acts only with the hoisted forms.
+    assert_eq!(
+        prepared(LoopPoints::Rerun),
+        prepared_calls(LoopPoints::Rerun, HoistCalls::On)
+    );
+    let versioned = prepared_calls(LoopPoints::Versioned, HoistCalls::On);
+    assert_eq!(body(&versioned, "calls"), body(&inline, "calls"));
 }
 
 /// The uninstrumented module's result for export `name`.
@@ -409,24 +477,29 @@ pub(crate) fn call_interrupted(wasm: &[u8], name: &str, arg: i32, every: u32) ->
 
 #[test]
 fn requests_that_land_anywhere_leave_every_result_unchanged() {
-    for form in [
-        LoopPoints::Inline,
-        LoopPoints::Hoisted,
-        LoopPoints::Versioned,
-        LoopPoints::Rerun,
+    for (form, hoist_calls) in [
+        (LoopPoints::Inline, HoistCalls::On),
+        (LoopPoints::Hoisted, HoistCalls::On),
+        (LoopPoints::Hoisted, HoistCalls::Off),
+        (LoopPoints::Versioned, HoistCalls::On),
+        (LoopPoints::Rerun, HoistCalls::On),
+        (LoopPoints::Rerun, HoistCalls::Off),
     ] {
-        let wasm = prepared(form);
+        let wasm = prepared_calls(form, hoist_calls);
         for (name, arg) in EXPORTS {
             let want = plain(name, arg);
             for every in [1, 2, 3, 5, 8, 13, 40] {
                 let (got, calls) = call_interrupted(&wasm, name, arg, every);
                 assert!(
                     same(got, want),
-                    "{name}: {form:?}, flag up every {every} checks: {got:?}, want {want:?}"
+                    "{name}: {form:?} {hoist_calls:?}, flag up every {every} checks: {got:?}, want {want:?}"
                 );
                 // `table`'s loop is short; the others run long enough.
                 if name != "table" {
-                    assert!(calls > 0, "{name}: {form:?}, every {every}: no point taken");
+                    assert!(
+                        calls > 0,
+                        "{name}: {form:?} {hoist_calls:?}, every {every}: no point taken"
+                    );
                 }
             }
         }

@@ -33,9 +33,10 @@ use crate::quiet::Quiet;
 use crate::rerun::Nested;
 use crate::wasm_opt::AsyncifyList;
 use crate::{
-    AsyncifyScope, EntryPoints, LoopPoints, ModuleInfo, Outline, PointPolicy, PointStats,
-    PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT,
-    GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
+    AsyncifyScope, EntryPoints, HoistCalls, LoopPoints, ModuleInfo, Outline, PointPolicy,
+    PointStats, PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks, ASYNC_IMPORTS,
+    FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC, POINT_MODULE,
+    TABLE_EXPORT_PREFIX,
 };
 
 /// The instrumented module, ready for `wasm-opt`.
@@ -307,6 +308,7 @@ fn instrument_function(
     // flag check becomes an exit of its new function.
     let leaves_move = opts.outline != Outline::Off && crate::outline::is_large(func);
     let unroll = opts.unroll_checks == UnrollChecks::On;
+    let hoist_calls = opts.hoist_calls == HoistCalls::On;
     // Loops that leave to an enclosing loop's point, by owner (`rerun.rs`).
     let owner = if loop_points == LoopPoints::Rerun && policy == PointPolicy::Loops {
         let nested: Vec<Nested> = loops
@@ -345,6 +347,11 @@ fn instrument_function(
             crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag, unroll);
         } else if can {
             crate::hoist::version(func, l.parent, l.index, l.seq, point, flag);
+        } else if hoisted && hoist_calls && crate::hoist::hoistable_with_calls(func, l.seq) {
+            // A loop that calls: Asyncify guards its body either way, but
+            // the point's call leaves its head (`hoist.rs`). Not unrolled:
+            // its body is not short and call-free.
+            crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag, false);
         } else {
             inline.push(l.seq);
         }

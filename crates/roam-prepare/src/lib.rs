@@ -52,8 +52,9 @@ mod revision_tests;
 
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
-    AsyncifyScope, EntryPoints, LoopPoints, OptLevel, Outline, ParseOptionError, ParsePolicyError,
-    PointCalls, PointPolicy, PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks,
+    AsyncifyScope, EntryPoints, HoistCalls, LoopPoints, OptLevel, Outline, ParseOptionError,
+    ParsePolicyError, PointCalls, PointPolicy, PrepareOptions, QuietIndirect, RerunCalls,
+    UnrollChecks,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
@@ -75,8 +76,9 @@ pub use verify::{check_prepared, CheckError};
 /// gives up and runs again, `pure.rs`; indirect calls that reach only quiet
 /// functions go through helpers Asyncify leaves alone, `indirect.rs`; 6:
 /// short innermost loops check the flag at every other back-edge,
-/// `unroll.rs`).
-pub const OUTPUT_REVISION: u32 = 6;
+/// `unroll.rs`; 7: loops that make calls that may unwind get hoisted
+/// points too, `hoist.rs`).
+pub const OUTPUT_REVISION: u32 = 7;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

@@ -429,6 +429,16 @@ on_off!(
     off: "Every back-edge of a loop with a hoisted point checks the flag."
 );
 
+on_off!(
+    /// Whether loops that make a call that may unwind get a hoisted point
+    /// too (`hoist.rs`), instead of an inline one at the top of their body.
+    HoistCalls,
+    "hoisted calling loops",
+    default: On,
+    on: "A loop that makes a call that may unwind checks the flag at its back-edges and calls its point from outside itself, as a loop that calls nothing does, with `--loop-points hoisted` or `rerun` (default).",
+    off: "Such a loop calls its point at the top of its body."
+);
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -464,16 +474,19 @@ pub struct PrepareOptions {
     /// Whether short innermost loops check the flag at every other
     /// back-edge. Default: [`UnrollChecks::On`].
     pub unroll_checks: UnrollChecks,
+    /// Whether loops that make a call that may unwind get a hoisted point.
+    /// Default: [`HoistCalls::On`].
+    pub hoist_calls: HoistCalls,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={}",
+             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -485,6 +498,7 @@ impl PrepareOptions {
             self.rerun_calls.as_str(),
             self.quiet_indirect.as_str(),
             self.unroll_checks.as_str(),
+            self.hoist_calls.as_str(),
         )
     }
 }
@@ -521,7 +535,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -532,7 +546,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on"
         );
     }
 }
