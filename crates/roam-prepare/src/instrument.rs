@@ -301,8 +301,9 @@ fn instrument_function(
     // Hoisting first, innermost loops first (the walk lists loops in
     // pre-order): a hoist replaces its loop in place and rewrites only code
     // inside it, so every position still to be used stays valid. A loop
-    // whose inner loop was hoisted now contains that point's call and gets
-    // an inline point.
+    // whose inner loop was hoisted now contains that point's call: it is
+    // hoisted as a loop that calls (`--hoist-calls on`) or gets an inline
+    // point.
     // Versioning doubles a loop; an innermost loop that will move
     // (`outline.rs`, stage `Leaves`) needs only the hoisted form, whose
     // flag check becomes an exit of its new function.
