@@ -42,12 +42,12 @@
 //! With `--hoist-calls on` (the default), loops that *do* make a call that
 //! may unwind are hoisted too ([`hoistable_with_calls`]). Asyncify then
 //! guards their body anyway, for the call, but the point's call no longer
-//! sits at the loop's head, where its path merged with every back-edge:
-//! with that merge, the dispatch loop of an interpreter kept its
-//! instruction pointer in a stack slot and tested Asyncify's state once
-//! more per trip, and ran about a fifth slower than with the call outside
-//! (1.74× against 1.43× the unprepared time at size L; docs/prepare.md,
-//! "Hoisted calling loops"). The sequence of the point's
+//! sits at the loop's head, where its path merged with every back-edge and
+//! where Asyncify turned the point's `if` into a choice between the flag
+//! and a saved value, made on every trip. An interpreter's dispatch loop
+//! ran about a fifth slower that way than with the call outside (1.74×
+//! against 1.43× the unprepared time at size L; docs/prepare.md, "Hoisted
+//! calling loops"). The sequence of the point's
 //! calls is the same as with the inline form: on entry, and at every
 //! back-edge taken while the flag is up.
 
