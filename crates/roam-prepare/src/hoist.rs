@@ -37,7 +37,8 @@
 //! and resumes from it into `L`.
 //!
 //! Only loops without calls, without parameters and without `br_table`
-//! entries that target them are hoisted; the others keep the inline point.
+//! entries that target them are hoisted; the others keep the inline point,
+//! unless `--hoist-calls` (below) hoists a loop that calls.
 //!
 //! With `--hoist-calls on` (the default), loops that *do* make a call that
 //! may unwind are hoisted too ([`hoistable_with_calls`]). Asyncify then

@@ -257,7 +257,9 @@ impl FromStr for EntryPoints {
 pub enum LoopPoints {
     /// A loop that makes no call that may unwind checks the flag at its
     /// back-edges and calls the point from a wrapper outside it, so Asyncify
-    /// leaves its body alone. Other loops get an inline point.
+    /// leaves its body alone. Other loops get an inline point, or, with
+    /// [`HoistCalls::On`], the same form when only `br` and `br_if` branch
+    /// back to them.
     Hoisted,
     /// A loop that makes no call that may unwind runs as a fast copy that
     /// checks the flag at its back-edges and hands over to a slow copy with

@@ -14,7 +14,8 @@ pub(crate) const WAT: &str = r#"(module
   (func $id (param i32) (result i32) (loop $spin) (local.get 0))
   ;; A function with more than sixteen locals, so that its call-free inner
   ;; loop moves into a function of its own once its point is hoisted; the
-  ;; outer loop calls `$id` and keeps an inline point. The inner loop
+  ;; outer loop calls `$id` and gets a hoisted point of its own
+  ;; (`--hoist-calls`), or an inline one with that option off. The inner loop
   ;; stores, so it cannot run again from the outer loop's point.
   (func (export "big") (param $n i32) (result i64)
     (local $i i32) (local $j i32) (local $s i64) (local $acc i64)
