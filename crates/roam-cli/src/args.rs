@@ -152,6 +152,12 @@ pub struct PrepareArgs {
     /// `off` [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub hoist_calls: Option<roam_prepare::HoistCalls>,
+    /// Loops that count to a bound they never change, and call nothing,
+    /// test their trip count on entry: a run short enough to end within a
+    /// budget of instructions takes a copy without point or check: `on` or
+    /// `off` [default: on].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub counted_loops: Option<roam_prepare::CountedLoops>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

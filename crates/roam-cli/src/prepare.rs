@@ -20,6 +20,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         quiet_indirect: a.quiet_indirect.unwrap_or(defaults.quiet_indirect),
         unroll_checks: a.unroll_checks.unwrap_or(defaults.unroll_checks),
         hoist_calls: a.hoist_calls.unwrap_or(defaults.hoist_calls),
+        counted_loops: a.counted_loops.unwrap_or(defaults.counted_loops),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };
@@ -35,7 +36,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
     } else {
         let s = &out.stats;
         eprintln!(
-            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points; {} loops outlined; {} pure functions run again instead of unwinding)",
+            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points; {} loops outlined; {} pure functions run again instead of unwinding; {} counted loops without checks on short runs)",
             a.input.display(),
             a.output.display(),
             input.len(),
@@ -44,7 +45,8 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
             s.function_points,
             s.manual_points,
             out.outlined_loops,
-            out.rerun_functions
+            out.rerun_functions,
+            out.counted_loops
         );
     }
     Ok(0)

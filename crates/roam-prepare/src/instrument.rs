@@ -33,10 +33,10 @@ use crate::quiet::Quiet;
 use crate::rerun::Nested;
 use crate::wasm_opt::AsyncifyList;
 use crate::{
-    AsyncifyScope, EntryPoints, HoistCalls, LoopPoints, ModuleInfo, Outline, PointPolicy,
-    PointStats, PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks, ASYNC_IMPORTS,
-    FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC, POINT_MODULE,
-    TABLE_EXPORT_PREFIX,
+    AsyncifyScope, CountedLoops, EntryPoints, HoistCalls, LoopPoints, ModuleInfo, Outline,
+    PointPolicy, PointStats, PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks,
+    ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC,
+    POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
 
 /// The instrumented module, ready for `wasm-opt`.
@@ -49,6 +49,9 @@ pub(crate) struct Instrumented {
     pub outlined: u32,
     /// Functions with a fast form that gives up (`pure.rs`).
     pub rerun: u32,
+    /// Counted loops with a copy without checks for short runs
+    /// (`counted.rs`).
+    pub counted: u32,
     /// Names of the functions Asyncify must instrument
     /// ([`AsyncifyScope::Reachable`]), or must leave alone (the fast forms of
     /// `pure.rs`), or `None` for Asyncify's own analysis alone.
@@ -139,9 +142,10 @@ pub(crate) fn instrument(
         .collect();
     let (_, cycles, quiet) = quiet_of(&module);
     let mut stats = PointStats::default();
+    let mut counted = 0;
     for (id, func) in module.funcs.iter_local_mut() {
         let entry_allowed = cycles.as_ref().is_none_or(|c| c.contains(&id));
-        let (loop_points, entry_point, manual) = match &split {
+        let (loop_points, entry_point, manual, versioned) = match &split {
             // A wrapper's call of the point is where a fast form's check
             // lands, already counted there; it has no loop and is on no
             // cycle.
@@ -153,10 +157,11 @@ pub(crate) fn instrument(
                 let mut at: Vec<InstrSeqId> = loops.iter().map(|l| l.seq).collect();
                 at.extend(entry.then(|| func.entry_block()));
                 crate::pure::give_up_checks(func, &at, &results[&id], &s.fast, flag, s.globals);
-                (loops.len() as u32, entry, 0)
+                (loops.len() as u32, entry, 0, 0)
             }
             _ => instrument_function(func, point, flag, opts, entry_allowed, &quiet),
         };
+        counted += versioned;
         // A slow copy repeats its fast form's points.
         if split.as_ref().is_some_and(|s| s.slow.contains(&id)) {
             continue;
@@ -194,6 +199,7 @@ pub(crate) fn instrument(
         stats,
         outlined,
         rerun: split.map_or(0, |s| s.fast.len() as u32),
+        counted,
         list,
     })
 }
@@ -287,7 +293,8 @@ fn point_import(module: &mut Module) -> FunctionId {
     module.add_import_func(POINT_MODULE, POINT_FUNC, ty).0
 }
 
-/// Instrument one function: returns (loop points, entry point?, manual calls).
+/// Instrument one function: returns (loop points, entry point?, manual
+/// calls, counted loops given a copy for short runs, `counted.rs`).
 fn instrument_function(
     func: &mut LocalFunction,
     point: FunctionId,
@@ -295,8 +302,9 @@ fn instrument_function(
     opts: &PrepareOptions,
     entry_allowed: bool,
     quiet: &Quiet,
-) -> (u32, bool, u32) {
+) -> (u32, bool, u32, u32) {
     let (policy, loop_points) = (opts.points, opts.loop_points);
+    let mut versioned = 0;
     let (loops, entry, manual) = placement(func, point, policy, entry_allowed);
     // Hoisting first, innermost loops first (the walk lists loops in
     // pre-order): a hoist replaces its loop in place and rewrites only code
@@ -329,13 +337,30 @@ fn instrument_function(
             owned.entry(*o).or_default().push(l.seq);
         }
     }
+    let counted = opts.counted_loops == CountedLoops::On;
     let mut inline = Vec::new();
     for l in loops.iter().rev() {
+        // A short run of a counted loop takes a copy without checks; the
+        // loop itself moves into the `else` arm of the test and gets its
+        // point below as before (`counted.rs`).
+        let (parent, index) = match counted.then(|| crate::counted::recognise(func, l.seq)) {
+            Some(Some(c)) if l.leaf => {
+                let (at, copy) = crate::counted::version(func, (l.parent, l.index), l.seq, c);
+                // A copy that moves (`outline.rs`) runs faster unrolled,
+                // as the loop with checks does (`matmul`, `pca`).
+                if unroll && leaves_move {
+                    crate::unroll::unroll(func, copy);
+                }
+                versioned += 1;
+                at
+            }
+            _ => (l.parent, l.index),
+        };
         if owner.contains_key(&l.seq) {
             continue;
         }
         if let Some(owned) = owned.get(&l.seq) {
-            crate::hoist::hoist_rerun(func, (l.parent, l.index), l.seq, owned, point, flag, unroll);
+            crate::hoist::hoist_rerun(func, (parent, index), l.seq, owned, point, flag, unroll);
             continue;
         }
         let can = loop_points != LoopPoints::Inline && crate::hoist::hoistable(func, l.seq, quiet);
@@ -345,14 +370,14 @@ fn instrument_function(
             // unrolled (`cg`, 1.3x); one that moves, or that leaves to an
             // outer loop's point, faster (docs/prepare.md).
             let unroll = unroll && leaves_move;
-            crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag, unroll);
+            crate::hoist::hoist(func, parent, index, l.seq, point, flag, unroll);
         } else if can {
-            crate::hoist::version(func, l.parent, l.index, l.seq, point, flag);
+            crate::hoist::version(func, parent, index, l.seq, point, flag);
         } else if hoisted && hoist_calls && crate::hoist::hoistable_with_calls(func, l.seq) {
             // A loop that calls: Asyncify guards its body either way, but
             // the point's call leaves its head (`hoist.rs`). Not unrolled:
             // its body is not short and call-free.
-            crate::hoist::hoist(func, l.parent, l.index, l.seq, point, flag, false);
+            crate::hoist::hoist(func, parent, index, l.seq, point, flag, false);
         } else {
             inline.push(l.seq);
         }
@@ -363,7 +388,7 @@ fn instrument_function(
     if entry {
         insert_point(func, func.entry_block(), point, flag);
     }
-    (loops.len() as u32, entry, manual)
+    (loops.len() as u32, entry, manual, versioned)
 }
 
 /// The loops of `func` that get a point under `policy` (in the walk's

@@ -28,6 +28,7 @@
 #![deny(missing_docs)]
 
 mod callgraph;
+mod counted;
 mod hoist;
 mod indirect;
 mod instrument;
@@ -52,9 +53,9 @@ mod revision_tests;
 
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
-    AsyncifyScope, EntryPoints, HoistCalls, LoopPoints, OptLevel, Outline, ParseOptionError,
-    ParsePolicyError, PointCalls, PointPolicy, PrepareOptions, QuietIndirect, RerunCalls,
-    UnrollChecks,
+    AsyncifyScope, CountedLoops, EntryPoints, HoistCalls, LoopPoints, OptLevel, Outline,
+    ParseOptionError, ParsePolicyError, PointCalls, PointPolicy, PrepareOptions, QuietIndirect,
+    RerunCalls, UnrollChecks,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
@@ -77,8 +78,9 @@ pub use verify::{check_prepared, CheckError};
 /// functions go through helpers Asyncify leaves alone, `indirect.rs`; 6:
 /// short innermost loops check the flag at every other back-edge,
 /// `unroll.rs`; 7: loops that make calls that may unwind get hoisted
-/// points too, `hoist.rs`).
-pub const OUTPUT_REVISION: u32 = 7;
+/// points too, `hoist.rs`; 8: short runs of counted loops take a copy
+/// without checks, `counted.rs`).
+pub const OUTPUT_REVISION: u32 = 8;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

@@ -441,6 +441,16 @@ on_off!(
     off: "Such a loop calls its point at the top of its body."
 );
 
+on_off!(
+    /// Whether a counted loop whose run is short, by its trip count on
+    /// entry, runs as a copy without checks (`counted.rs`).
+    CountedLoops,
+    "counted loops",
+    default: On,
+    on: "A loop that counts to a bound it never changes, and calls nothing, tests its trip count on entry: a run short enough to end within a budget of instructions takes a copy of the loop without point or check (default).",
+    off: "Every run of such a loop checks the flag as its point's form says."
+);
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -479,16 +489,19 @@ pub struct PrepareOptions {
     /// Whether loops that make a call that may unwind get a hoisted point.
     /// Default: [`HoistCalls::On`].
     pub hoist_calls: HoistCalls,
+    /// Whether short runs of counted loops skip their checks. Default:
+    /// [`CountedLoops::On`].
+    pub counted_loops: CountedLoops,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={}",
+             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={};counted-loops={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -501,6 +514,7 @@ impl PrepareOptions {
             self.quiet_indirect.as_str(),
             self.unroll_checks.as_str(),
             self.hoist_calls.as_str(),
+            self.counted_loops.as_str(),
         )
     }
 }
@@ -537,7 +551,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -548,7 +562,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on"
         );
     }
 }

@@ -35,6 +35,9 @@ pub struct Prepared {
     /// Pure functions that give up and run again instead of unwinding
     /// (`pure.rs`); 0 for a module that was already prepared.
     pub rerun_functions: u32,
+    /// Counted loops whose short runs take a copy without checks
+    /// (`counted.rs`); 0 for a module that was already prepared.
+    pub counted_loops: u32,
 }
 
 /// Why `prepare` failed.
@@ -142,6 +145,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
             section,
             outlined_loops: 0,
             rerun_functions: 0,
+            counted_loops: 0,
         });
     }
     let info = validate(input)?;
@@ -150,6 +154,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     let stats = instrumented.stats;
     let outlined_loops = instrumented.outlined;
     let rerun_functions = instrumented.rerun;
+    let counted_loops = instrumented.counted;
     let list = instrumented.list.as_ref();
     let mut bytes = match opts.point_calls {
         PointCalls::Plain => wasm_opt::run(
@@ -197,6 +202,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         stats,
         outlined_loops,
         rerun_functions,
+        counted_loops,
     })
 }
 

@@ -31,6 +31,10 @@ const HISTORY: &[(u32, &str)] = &[
         7,
         "21dce38169e81bb20f9a8a04512bbb87c2c6eacaaddebadd2a6ad4cf4a551ded",
     ),
+    (
+        8,
+        "cd8e38bd5dabd666d2f0671b08f1f8b7d8070a35276fcd0d45fd64eb9d7dbef2",
+    ),
 ];
 
 fn option_sets() -> Vec<PrepareOptions> {
@@ -64,6 +68,8 @@ fn fingerprint() -> String {
         crate::indirect::tests::WAT,
         crate::pure::tests::WAT,
         crate::unroll::tests::WAT,
+        crate::counted::tests::WAT,
+        crate::counted::tests::BIG,
     ];
     let mut h = blake3::Hasher::new();
     let mut put = |bytes: &[u8]| {

@@ -1,0 +1,312 @@
+//! Counted loops: a short run of a counted loop needs no check at all.
+//!
+//! Why: a migration point only has to bound the time until the next point.
+//! A loop whose every run is short bounds it by itself, so a check on each
+//! trip buys nothing there. Most hot inner loops are *counted*: a counter
+//! moves by a constant step at the end of each trip, and the loop goes on
+//! while it differs from a bound that does not change. Their trip count is
+//! then known when the loop is entered, even though it is not known when the
+//! module is prepared: `kmeans`' distance loop runs `dim` trips (8), the
+//! blocked `matmul` kernel 64, `linpack`'s row updates at most `n`. A
+//! compiler can rarely prove such a bound (issue step "no point in loops
+//! with a provably bounded trip count"); the program states it at run time.
+//!
+//! How: such a loop `L` becomes two copies behind a test of its trip count,
+//! made once on entry from the counter's and the bound's values:
+//!
+//! ```wasm
+//! block                        ;; same block type as $L
+//!   <trips from the counter and the bound> <= limit
+//!   if                         ;; same block type
+//!     loop $F ... end          ;; a copy of $L: no point, no check
+//!   else
+//!     loop $L ... end          ;; $L, which gets its point as before
+//!   end
+//! end
+//! ```
+//!
+//! The limit is [`BUDGET`] instructions divided by the size of the body, so
+//! a run of the copy without checks executes at most about [`BUDGET`]
+//! instructions (some tens of microseconds) before the code after the loop,
+//! where the next point is: the enclosing loop's check, or the caller's.
+//! A longer run takes the original loop with its point, as before.
+//!
+//! Which loops: the last instruction of the body is the only branch back to
+//! the loop, `br_if $L`, and its condition is one of
+//!
+//! - `local.tee $x (x + s)`: go on while `x != 0`;
+//! - `(x + s, local.tee $x) != b` or `b != (x + s, local.tee $x)`, with `b`
+//!   a constant or a local the loop never writes;
+//!
+//! where `s` is a constant whose magnitude is a power of two up to
+//! [`MAX_STEP`] (`x - s` counts as `x + (-s)`), and that `local.tee` is the
+//! only write of `x` in the loop. The body has no inner loop, no call, and
+//! nothing whose time grows with an operand (`memory.grow`, `memory.fill`,
+//! `memory.copy`, table bulk operations): only the instructions of
+//! [`bounded`]. Then each trip adds `s` to `x` exactly once, and the loop
+//! ends (unless it leaves earlier) at the first trip after which `x == b`.
+//! With `e = b - x` on entry (`x - b` when `s` is negative), that is trip
+//! `e / |s|` when `e` is a non-zero multiple of `|s|`; otherwise, or when
+//! `e == 0`, the counter passes `b` and wraps round, and the test sends the
+//! loop to the copy with its point. So the test is
+//! `e - 1 < limit * |s|` (unsigned) and `e & (|s| - 1) == 0`.
+//!
+//! The copy without checks is never where a migration stops, so a point
+//! held up (the counting modes) is not called on entry to a short run:
+//! the next point after the loop is.
+
+use walrus::ir::{
+    BinaryOp, Binop, Block, BrIf, Const, IfElse, Instr, InstrSeqId, InstrSeqType, LocalGet,
+    LocalTee, Loop, Value,
+};
+use walrus::{LocalFunction, LocalId};
+
+use crate::outline::walk;
+
+/// Instructions a run of a loop without checks may execute: the trip limit
+/// is this divided by the body's size.
+pub(crate) const BUDGET: u32 = 1 << 16;
+
+/// The largest step (in magnitude) of a counter that is recognised.
+pub(crate) const MAX_STEP: u32 = 1 << 12;
+
+/// What a counted loop's back-edge compares its counter with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    Const(i32),
+    Local(LocalId),
+}
+
+/// A recognised counted loop: `x += step` once per trip, on while `x != bound`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counted {
+    x: LocalId,
+    step: i32,
+    bound: Bound,
+    /// Most trips a run without checks may make.
+    limit: u32,
+}
+
+/// Whether `instr` takes a time that does not grow with its operands and
+/// cannot call: the only instructions a counted loop's body may hold
+/// (nested blocks and `if`s are looked into).
+fn bounded(instr: &Instr) -> bool {
+    matches!(
+        instr,
+        Instr::Block(_)
+            | Instr::IfElse(_)
+            | Instr::LocalGet(_)
+            | Instr::LocalSet(_)
+            | Instr::LocalTee(_)
+            | Instr::GlobalGet(_)
+            | Instr::GlobalSet(_)
+            | Instr::Const(_)
+            | Instr::Binop(_)
+            | Instr::Unop(_)
+            | Instr::TernOp(_)
+            | Instr::Select(_)
+            | Instr::Unreachable(_)
+            | Instr::Br(_)
+            | Instr::BrIf(_)
+            | Instr::BrTable(_)
+            | Instr::Drop(_)
+            | Instr::Return(_)
+            | Instr::MemorySize(_)
+            | Instr::Load(_)
+            | Instr::Store(_)
+            | Instr::LoadSimd(_)
+    )
+}
+
+/// `x + s` as the instructions `local.get $x; i32.const c; i32.add|i32.sub`:
+/// returns `s`.
+fn step_of(get: &Instr, constant: &Instr, op: &Instr, x: LocalId) -> Option<i32> {
+    let (
+        Instr::LocalGet(LocalGet { local }),
+        Instr::Const(Const {
+            value: Value::I32(c),
+        }),
+    ) = (get, constant)
+    else {
+        return None;
+    };
+    if *local != x {
+        return None;
+    }
+    match op {
+        Instr::Binop(Binop {
+            op: BinaryOp::I32Add,
+        }) => Some(*c),
+        Instr::Binop(Binop {
+            op: BinaryOp::I32Sub,
+        }) => Some(c.wrapping_neg()),
+        _ => None,
+    }
+}
+
+fn bound_of(instr: &Instr) -> Option<Bound> {
+    match instr {
+        Instr::Const(Const {
+            value: Value::I32(c),
+        }) => Some(Bound::Const(*c)),
+        Instr::LocalGet(LocalGet { local }) => Some(Bound::Local(*local)),
+        _ => None,
+    }
+}
+
+/// The counter, step and bound of loop `seq`'s back-edge, if it has one of
+/// the recognised shapes (the rest is checked by [`recognise`]).
+fn back_edge(func: &LocalFunction, seq: InstrSeqId) -> Option<(LocalId, i32, Bound)> {
+    let instrs: Vec<&Instr> = func.block(seq).instrs.iter().map(|(i, _)| i).collect();
+    let n = instrs.len();
+    match instrs.last()? {
+        Instr::BrIf(BrIf { block }) if *block == seq => {}
+        _ => return None,
+    }
+    let tee_at = |i: usize| match instrs.get(i) {
+        Some(Instr::LocalTee(LocalTee { local })) => Some(*local),
+        _ => None,
+    };
+    // `local.get x; const; add; local.tee x` ending at index `end`.
+    let update = |end: usize| -> Option<(LocalId, i32)> {
+        let x = tee_at(end)?;
+        let s = step_of(
+            instrs[end.checked_sub(3)?],
+            instrs[end - 2],
+            instrs[end - 1],
+            x,
+        )?;
+        Some((x, s))
+    };
+    // `... local.tee x; br_if`: on while x != 0.
+    if let Some((x, s)) = n.checked_sub(2).and_then(update) {
+        return Some((x, s, Bound::Const(0)));
+    }
+    if !matches!(
+        instrs.get(n.checked_sub(2)?),
+        Some(Instr::Binop(Binop {
+            op: BinaryOp::I32Ne
+        }))
+    ) {
+        return None;
+    }
+    // `update; b; i32.ne; br_if`
+    if let Some((x, s)) = n.checked_sub(4).and_then(update) {
+        return Some((x, s, bound_of(instrs[n - 3])?));
+    }
+    // `b; update; i32.ne; br_if`
+    let (x, s) = n.checked_sub(3).and_then(update)?;
+    Some((x, s, bound_of(instrs[n.checked_sub(7)?])?))
+}
+
+/// Loop `seq` as a counted loop, or `None` (see the module docs for the
+/// conditions).
+pub(crate) fn recognise(func: &LocalFunction, seq: InstrSeqId) -> Option<Counted> {
+    if !matches!(func.block(seq).ty, InstrSeqType::Simple(_)) {
+        return None;
+    }
+    let (x, step, bound) = back_edge(func, seq)?;
+    let magnitude = step.unsigned_abs();
+    if step == 0 || !magnitude.is_power_of_two() || magnitude > MAX_STEP {
+        return None;
+    }
+    if bound == Bound::Local(x) {
+        return None;
+    }
+    let (mut size, mut ok, mut edges, mut writes_x) = (0u32, true, 0u32, 0u32);
+    walk(func, seq, &mut |instr| {
+        size = size.saturating_add(1);
+        ok &= bounded(instr);
+        match instr {
+            Instr::Br(b) if b.block == seq => edges += 1,
+            Instr::BrIf(b) if b.block == seq => edges += 1,
+            Instr::BrTable(t) if t.default == seq || t.blocks.contains(&seq) => edges += 2,
+            Instr::LocalSet(s) if s.local == x => writes_x += 1,
+            Instr::LocalTee(t) if t.local == x => writes_x += 1,
+            Instr::LocalSet(s) if Bound::Local(s.local) == bound => ok = false,
+            Instr::LocalTee(t) if Bound::Local(t.local) == bound => ok = false,
+            _ => {}
+        }
+    });
+    if !ok || edges != 1 || writes_x != 1 {
+        return None;
+    }
+    Some(Counted {
+        x,
+        step,
+        bound,
+        limit: (BUDGET / size.max(1)).max(1),
+    })
+}
+
+/// Put the two copies of counted loop `looped` (at `parent.instrs[index]`)
+/// behind the test of its trip count; returns where the original loop now
+/// is (inside the `else` arm), for its point to be placed as before, and
+/// the body of the copy without checks.
+pub(crate) fn version(
+    func: &mut LocalFunction,
+    (parent, index): (InstrSeqId, usize),
+    looped: InstrSeqId,
+    counted: Counted,
+) -> ((InstrSeqId, usize), InstrSeqId) {
+    let ty = func.block(looped).ty;
+    let fast = crate::hoist::duplicate(func, looped, &mut vec![]);
+    let magnitude = counted.step.unsigned_abs();
+    let negative = counted.step < 0;
+    let builder = func.builder_mut();
+    let (then, otherwise) = {
+        let mut t = builder.dangling_instr_seq(ty);
+        t.instr(Loop { seq: fast });
+        let t = t.id();
+        let mut e = builder.dangling_instr_seq(ty);
+        e.instr(Loop { seq: looped });
+        (t, e.id())
+    };
+    let outer = {
+        let mut b = builder.dangling_instr_seq(ty);
+        // e = b - x (x - b for a negative step), wrapping.
+        let distance = |b: &mut walrus::InstrSeqBuilder| {
+            let push_bound = |b: &mut walrus::InstrSeqBuilder| match counted.bound {
+                Bound::Const(c) => {
+                    b.i32_const(c);
+                }
+                Bound::Local(l) => {
+                    b.local_get(l);
+                }
+            };
+            if negative {
+                b.local_get(counted.x);
+                push_bound(b);
+            } else {
+                push_bound(b);
+                b.local_get(counted.x);
+            }
+            b.binop(BinaryOp::I32Sub);
+        };
+        distance(&mut b);
+        b.i32_const(1).binop(BinaryOp::I32Sub);
+        // limit * |s| <= 2^16 * 2^12: no overflow.
+        b.i32_const((counted.limit * magnitude) as i32)
+            .binop(BinaryOp::I32LtU);
+        if magnitude > 1 {
+            distance(&mut b);
+            b.i32_const((magnitude - 1) as i32)
+                .binop(BinaryOp::I32And)
+                .unop(walrus::ir::UnaryOp::I32Eqz)
+                .binop(BinaryOp::I32And);
+        }
+        b.instr(IfElse {
+            consequent: then,
+            alternative: otherwise,
+        });
+        b.id()
+    };
+    let slot = &mut func.block_mut(parent).instrs[index].0;
+    debug_assert!(matches!(slot, Instr::Loop(Loop { seq }) if *seq == looped));
+    *slot = Block { seq: outer }.into();
+    ((otherwise, 0), fast)
+}
+
+#[cfg(test)]
+#[path = "counted_tests.rs"]
+pub(crate) mod tests;

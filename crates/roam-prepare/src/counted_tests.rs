@@ -1,0 +1,276 @@
+//! Counted loops: which loops are recognised, and, run on wasmtime, that
+//! a run up to the limit takes the copy without checks, a longer one the
+//! loop with its point, and that results never change.
+
+use walrus::ir::{Instr, InstrSeqId};
+use walrus::{ExportItem, FunctionKind, Module, ModuleConfig};
+
+use super::{recognise, Bound, BUDGET};
+use crate::hoist::tests::{call, call_interrupted, plain_of, prepare_wat_with, same, Host};
+use crate::{CountedLoops, PrepareOptions};
+
+pub(crate) const WAT: &str = r#"(module
+  (memory (export "memory") 1)
+  (func $id (param i32) (result i32) (loop $spin) (local.get 0))
+  ;; Down by 1 to 0, the counter's `local.tee` the condition: n trips.
+  (func (export "down") (param $n i32) (result i64) (local $acc i64)
+    (loop $l
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 3))
+        (i64.extend_i32_u (local.get $n))))
+      (br_if $l (local.tee $n (i32.sub (local.get $n) (i32.const 1)))))
+    (local.get $acc))
+  ;; Up by 4096 from 0, compared with a local after the step: n / 4096
+  ;; trips; n = 0 wraps round (2^20 trips). An exit that is never taken
+  ;; here, so that the loop has one.
+  (func (export "up") (param $n i32) (result i64) (local $i i32) (local $acc i64)
+    (block $out
+      (loop $l
+        (br_if $out (i64.eq (local.get $acc) (i64.const -1)))
+        (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 5))
+          (i64.extend_i32_u (local.get $i))))
+        (br_if $l (i32.ne (local.tee $i (i32.add (local.get $i) (i32.const 4096)))
+          (local.get $n)))))
+    (local.get $acc))
+  ;; The bound first, a step of -2 written as `i32.add`, and stores.
+  (func (export "first") (param $n i32) (result i64) (local $acc i64)
+    (loop $l
+      (i32.store8 (i32.and (local.get $n) (i32.const 255)) (local.get $n))
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 7))
+        (i64.extend_i32_u (i32.load8_u (i32.and (local.get $n) (i32.const 255))))))
+      (br_if $l (i32.ne (i32.const 0)
+        (local.tee $n (i32.add (local.get $n) (i32.const -2))))))
+    (local.get $acc))
+  ;; Not counted loops.
+  (func (export "step3") (param $n i32) (result i32)
+    (loop $l (br_if $l (local.tee $n (i32.sub (local.get $n) (i32.const 3)))))
+    (local.get $n))
+  (func (export "twice") (param $n i32) (result i32)
+    (loop $l
+      (local.set $n (i32.or (local.get $n) (i32.const 1)))
+      (br_if $l (local.tee $n (i32.sub (local.get $n) (i32.const 1)))))
+    (local.get $n))
+  (func (export "moving") (param $n i32) (param $b i32) (result i32)
+    (loop $l
+      (local.set $b (i32.add (local.get $b) (i32.const 1)))
+      (br_if $l (i32.ne (local.tee $n (i32.add (local.get $n) (i32.const 1))) (local.get $b))))
+    (local.get $n))
+  (func (export "calls") (param $n i32) (result i32)
+    (loop $l
+      (drop (call $id (local.get $n)))
+      (br_if $l (local.tee $n (i32.sub (local.get $n) (i32.const 1)))))
+    (local.get $n))
+  (func (export "fills") (param $n i32) (result i32)
+    (loop $l
+      (memory.fill (i32.const 0) (i32.const 0) (local.get $n))
+      (br_if $l (local.tee $n (i32.sub (local.get $n) (i32.const 1)))))
+    (local.get $n))
+  (func (export "second_edge") (param $n i32) (result i32)
+    (loop $l
+      (if (i32.eq (local.get $n) (i32.const 7))
+        (then (local.set $n (i32.const 3)) (br $l)))
+      (br_if $l (local.tee $n (i32.sub (local.get $n) (i32.const 1)))))
+    (local.get $n))
+  (func (export "less") (param $n i32) (result i32) (local $i i32)
+    (loop $l
+      (br_if $l (i32.lt_u (local.tee $i (i32.add (local.get $i) (i32.const 1))) (local.get $n))))
+    (local.get $i))
+  (func (export "_start")))"#;
+
+/// The first loop of export `name` of `module`.
+fn first_loop(module: &Module, name: &str) -> (walrus::FunctionId, InstrSeqId) {
+    let id = match module.exports.iter().find(|e| e.name == name).unwrap().item {
+        ExportItem::Function(f) => f,
+        _ => unreachable!(),
+    };
+    let FunctionKind::Local(func) = &module.funcs.get(id).kind else {
+        unreachable!()
+    };
+    let mut found = None;
+    crate::outline::walk(func, func.entry_block(), &mut |i| {
+        if let (Instr::Loop(l), None) = (i, found) {
+            found = Some(l.seq);
+        }
+    });
+    (id, found.unwrap())
+}
+
+fn parsed() -> Module {
+    ModuleConfig::new()
+        .parse(&wat::parse_str(WAT).unwrap())
+        .unwrap()
+}
+
+/// The trip limit of export `name`'s loop.
+fn limit(name: &str) -> u32 {
+    let module = parsed();
+    let (f, seq) = first_loop(&module, name);
+    let FunctionKind::Local(func) = &module.funcs.get(f).kind else {
+        unreachable!()
+    };
+    recognise(func, seq).unwrap().limit
+}
+
+fn prepared(counted: CountedLoops) -> Vec<u8> {
+    let opts = PrepareOptions {
+        counted_loops: counted,
+        ..PrepareOptions::default()
+    };
+    prepare_wat_with(WAT, &opts)
+}
+
+#[test]
+fn counted_loops_are_recognised_and_others_are_not() {
+    let module = parsed();
+    let of = |name: &str| {
+        let (f, seq) = first_loop(&module, name);
+        let FunctionKind::Local(func) = &module.funcs.get(f).kind else {
+            unreachable!()
+        };
+        recognise(func, seq).map(|c| (c.step, c.bound))
+    };
+    assert_eq!(of("down"), Some((-1, Bound::Const(0))));
+    assert!(matches!(of("up"), Some((4096, Bound::Local(_)))));
+    assert_eq!(of("first"), Some((-2, Bound::Const(0))));
+    for name in [
+        "step3",
+        "twice",
+        "moving",
+        "calls",
+        "fills",
+        "second_edge",
+        "less",
+    ] {
+        assert_eq!(of(name), None, "{name}");
+    }
+    // The limit shrinks with the body: a run stays within the budget.
+    let down = limit("down");
+    assert!(down > 1 && down < BUDGET, "{down}");
+    assert!(limit("first") < down);
+}
+
+#[test]
+fn a_run_up_to_the_limit_takes_the_copy_without_checks() {
+    let wasm = prepared(CountedLoops::On);
+    let off = prepared(CountedLoops::Off);
+    let cases = [
+        ("down", limit("down") as i32, 1),
+        ("up", (limit("up") * 4096) as i32, 4096),
+        ("first", (limit("first") * 2) as i32, 2),
+    ];
+    for (name, at_limit, step) in cases {
+        // The flag held up: every point calls in. Up to the limit, the run
+        // calls none; one trip more, the loop with its point runs.
+        for arg in [step, 2 * step, at_limit - step, at_limit] {
+            let (got, calls) = call(&wasm, name, arg, true, Host::Hold);
+            assert!(same(got, plain_of(WAT, name, arg)), "{name}({arg})");
+            assert_eq!(calls, 0, "{name}({arg}) ran with checks");
+            let (_, off_calls) = call(&off, name, arg, true, Host::Hold);
+            assert!(off_calls > 0, "{name}({arg}) without the option");
+        }
+        let over = at_limit + step;
+        let (got, calls) = call(&wasm, name, over, true, Host::Hold);
+        assert!(same(got, plain_of(WAT, name, over)), "{name}({over})");
+        assert!(calls > 0, "{name}({over}) ran without checks");
+    }
+    // A counter that starts at its bound wraps round: 2^20 trips, with checks.
+    let (got, calls) = call(&wasm, "up", 0, true, Host::Hold);
+    assert!(same(got, plain_of(WAT, "up", 0)));
+    assert!(calls > 1 << 19, "{calls}");
+}
+
+#[test]
+fn results_are_unchanged_wherever_requests_land() {
+    let wasm = prepared(CountedLoops::On);
+    let runs = [
+        ("down", vec![1, 2, 7, 100, 5000, 70_000]),
+        ("up", vec![4096, 3 * 4096, 100 * 4096, 0]),
+        ("first", vec![2, 10, 600, 4000, 90_000]),
+    ];
+    for (name, args) in runs {
+        for arg in args {
+            let want = plain_of(WAT, name, arg);
+            for (raise, host) in [
+                (false, Host::Lower),
+                (true, Host::Lower),
+                (true, Host::Hold),
+            ] {
+                let (got, _) = call(&wasm, name, arg, raise, host);
+                assert!(same(got, want), "{name}({arg}) raise {raise}");
+            }
+            for every in [1, 3, 40] {
+                let (got, _) = call_interrupted(&wasm, name, arg, every);
+                assert!(same(got, want), "{name}({arg}) every {every}");
+            }
+        }
+    }
+}
+
+/// A function large enough for its inner loops to move (`outline.rs`):
+/// the copy without checks moves and is unrolled like the loop with them.
+pub(crate) const BIG: &str = r#"(module
+  (memory (export "memory") 1)
+  (func $id (param i32) (result i32) (loop $spin) (local.get 0))
+  (func (export "big") (param $n i32) (result i64)
+    (local $i i32) (local $j i32) (local $s i64) (local $acc i64)
+    (local $a0 i64) (local $a1 i64) (local $a2 i64) (local $a3 i64) (local $a4 i64) (local $a5 i64) (local $a6 i64) (local $a7 i64) (local $a8 i64) (local $a9 i64) (local $a10 i64) (local $a11 i64)
+    (local.set $a0 (i64.const 3)) (local.set $a1 (i64.const 10)) (local.set $a2 (i64.const 17))
+    (local.set $a3 (i64.const 24)) (local.set $a4 (i64.const 31)) (local.set $a5 (i64.const 38))
+    (local.set $a6 (i64.const 45)) (local.set $a7 (i64.const 52)) (local.set $a8 (i64.const 59))
+    (local.set $a9 (i64.const 66)) (local.set $a10 (i64.const 73)) (local.set $a11 (i64.const 80))
+    (block $done
+      (loop $outer
+        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $s (i64.extend_i32_u (call $id (local.get $i))))
+        ;; i * 97 + 1 trips, down to 0: short runs first, then long ones.
+        (local.set $j (i32.add (i32.mul (local.get $i) (i32.const 97)) (i32.const 1)))
+        (loop $inner
+          (i32.store (i32.shl (i32.and (local.get $j) (i32.const 15)) (i32.const 2))
+            (i32.add (i32.load (i32.shl (i32.and (local.get $j) (i32.const 15)) (i32.const 2)))
+              (local.get $j)))
+          (local.set $s (i64.add (local.get $s) (i64.extend_i32_u (local.get $j))))
+          (br_if $inner (local.tee $j (i32.sub (local.get $j) (i32.const 1)))))
+        (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 31)) (local.get $s)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $outer)))
+    (i64.add (i64.add (i64.add (i64.add (i64.add (i64.add (i64.add (i64.add (i64.add (i64.add (i64.add (i64.add (i64.add (local.get $acc) (local.get $a0)) (local.get $a1)) (local.get $a2)) (local.get $a3)) (local.get $a4)) (local.get $a5)) (local.get $a6)) (local.get $a7)) (local.get $a8)) (local.get $a9)) (local.get $a10)) (local.get $a11)) (i64.extend_i32_u (i32.load (i32.const 28)))))
+  (func (export "_start")))"#;
+
+#[test]
+fn a_copy_without_checks_moves_with_its_loop_and_computes_the_same() {
+    let opts = |counted| PrepareOptions {
+        counted_loops: counted,
+        ..PrepareOptions::default()
+    };
+    let wasm = prepare_wat_with(BIG, &opts(CountedLoops::On));
+    let off = prepare_wat_with(BIG, &opts(CountedLoops::Off));
+    let moved = |wasm: &[u8]| {
+        let module = ModuleConfig::new().parse(wasm).unwrap();
+        let names = module.exports.iter().map(|e| e.name.clone());
+        names
+            .filter(|n| n.starts_with(crate::LOOP_EXPORT_PREFIX))
+            .count()
+    };
+    // Both copies of the inner loop move.
+    assert_eq!(moved(&wasm), moved(&off) + 1);
+    // Up to i = 40: 3881 trips, past the limit of this body.
+    for n in [1, 3, 10, 40] {
+        let want = plain_of(BIG, "big", n);
+        for (raise, host) in [
+            (false, Host::Lower),
+            (true, Host::Lower),
+            (true, Host::Hold),
+        ] {
+            let (got, _) = call(&wasm, "big", n, raise, host);
+            assert!(same(got, want), "big({n}) raise {raise}");
+        }
+        for every in [1, 2, 5, 13] {
+            let (got, calls) = call_interrupted(&wasm, "big", n, every);
+            assert!(same(got, want), "big({n}) every {every}");
+            // Each call of `$id` passes a check: enough of them from n = 10.
+            assert!(
+                n < 10 || calls > 0,
+                "big({n}) every {every}: no point taken"
+            );
+        }
+    }
+}
