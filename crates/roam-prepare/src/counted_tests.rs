@@ -274,3 +274,38 @@ fn a_copy_without_checks_moves_with_its_loop_and_computes_the_same() {
         }
     }
 }
+
+/// A counter that crosses the signed boundary on its way to a constant
+/// bound: the test's arithmetic wraps as the loop's does.
+const EDGE: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "edge") (param $x i32) (result i64) (local $acc i64)
+    (loop $l
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 3))
+        (i64.extend_i32_u (local.get $x))))
+      (br_if $l (i32.ne (local.tee $x (i32.add (local.get $x) (i32.const 16)))
+        (i32.const 0x80000000))))
+    (local.get $acc))
+  (func (export "_start")))"#;
+
+#[test]
+fn the_trip_count_wraps_as_the_counter_does() {
+    let module = ModuleConfig::new()
+        .parse(&wat::parse_str(EDGE).unwrap())
+        .unwrap();
+    let (f, seq) = first_loop(&module, "edge");
+    let FunctionKind::Local(func) = &module.funcs.get(f).kind else {
+        unreachable!()
+    };
+    let c = recognise(func, seq).unwrap();
+    assert_eq!((c.step, c.bound), (16, Bound::Const(i32::MIN)));
+    let wasm = prepare_wat_with(EDGE, &PrepareOptions::default());
+    // k trips from i32::MIN - 16k, through i32::MAX to i32::MIN.
+    for (k, fast) in [(1, true), (c.limit, true), (c.limit + 1, false), (c.limit * 2, false)] {
+        let start = i32::MIN.wrapping_sub(16 * k as i32);
+        let want = plain_of(EDGE, "edge", start);
+        let (got, calls) = call(&wasm, "edge", start, true, Host::Hold);
+        assert!(same(got, want), "{k} trips");
+        assert_eq!(calls == 0, fast, "{k} trips: {calls} point calls");
+    }
+}

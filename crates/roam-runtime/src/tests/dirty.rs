@@ -90,7 +90,12 @@ fn pre_copy_rounds_then_pause_reproduce_the_program() {
     use crate::{Cell, CheckpointKind, Trigger};
     use roam_snapshot::PAGE_SIZE;
     let env = env();
-    let Some(m) = load(&env.rt, COMPUTE_WAT) else {
+    // Ten times the rounds of the shared program (some 0.4 s instead of
+    // 40 ms): the pause must come while it runs, also on a machine busy
+    // with the rest of the test suite, where the shorter one ended first.
+    let wat = COMPUTE_WAT.replace("(i32.const 200)", "(i32.const 2000)");
+    assert_ne!(wat, COMPUTE_WAT, "the program's round count moved");
+    let Some(m) = load(&env.rt, &wat) else {
         return;
     };
     let want = reference(&env.rt, &m);
