@@ -7,9 +7,9 @@
 //! while it differs from a bound that does not change. Their trip count is
 //! then known when the loop is entered, even though it is not known when the
 //! module is prepared: `kmeans`' distance loop runs `dim` trips (8), the
-//! blocked `matmul` kernel 64, `linpack`'s row updates at most `n`. A
-//! compiler can rarely prove such a bound (issue step "no point in loops
-//! with a provably bounded trip count"); the program states it at run time.
+//! blocked `matmul` kernel 64, `linpack`'s row updates at most `n`. Such a
+//! bound can rarely be proved when the module is prepared; the program
+//! states it when it runs.
 //!
 //! How: such a loop `L` becomes two copies behind a test of its trip count,
 //! made once on entry from the counter's and the bound's values:
@@ -47,8 +47,8 @@
 //! ends (unless it leaves earlier) at the first trip after which `x == b`.
 //! With `e = b - x` on entry (`x - b` when `s` is negative), that is trip
 //! `e / |s|` when `e` is a non-zero multiple of `|s|`; otherwise, or when
-//! `e == 0`, the counter passes `b` and wraps round, and the test sends the
-//! loop to the copy with its point. So the test is
+//! `e == 0`, the counter passes `b` and wraps round (or never meets it),
+//! and the test sends the run to the loop with its point. So the test is
 //! `e - 1 < limit * |s|` (unsigned) and `e & (|s| - 1) == 0`.
 //!
 //! The copy without checks is never where a migration stops, so a point

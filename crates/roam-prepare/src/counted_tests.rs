@@ -301,7 +301,12 @@ fn the_trip_count_wraps_as_the_counter_does() {
     assert_eq!((c.step, c.bound), (16, Bound::Const(i32::MIN)));
     let wasm = prepare_wat_with(EDGE, &PrepareOptions::default());
     // k trips from i32::MIN - 16k, through i32::MAX to i32::MIN.
-    for (k, fast) in [(1, true), (c.limit, true), (c.limit + 1, false), (c.limit * 2, false)] {
+    for (k, fast) in [
+        (1, true),
+        (c.limit, true),
+        (c.limit + 1, false),
+        (c.limit * 2, false),
+    ] {
         let start = i32::MIN.wrapping_sub(16 * k as i32);
         let want = plain_of(EDGE, "edge", start);
         let (got, calls) = call(&wasm, "edge", start, true, Host::Hold);

@@ -161,11 +161,11 @@ pub(crate) fn instrument(
             }
             _ => instrument_function(func, point, flag, opts, entry_allowed, &quiet),
         };
-        counted += versioned;
-        // A slow copy repeats its fast form's points.
+        // A slow copy repeats its fast form's points (and loops).
         if split.as_ref().is_some_and(|s| s.slow.contains(&id)) {
             continue;
         }
+        counted += versioned;
         stats.loop_points += loop_points;
         stats.function_points += u32::from(entry_point);
         stats.manual_points += manual;
