@@ -301,9 +301,7 @@ pub(crate) fn version(
         });
         b.id()
     };
-    let slot = &mut func.block_mut(parent).instrs[index].0;
-    debug_assert!(matches!(slot, Instr::Loop(Loop { seq }) if *seq == looped));
-    *slot = Block { seq: outer }.into();
+    crate::hoist::replace_loop(func, (parent, index), looped, Block { seq: outer }.into());
     ((otherwise, 0), fast)
 }
 

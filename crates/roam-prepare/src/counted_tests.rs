@@ -2,10 +2,10 @@
 //! a run up to the limit takes the copy without checks, a longer one the
 //! loop with its point, and that results never change.
 
-use walrus::ir::{Instr, InstrSeqId};
-use walrus::{ExportItem, FunctionKind, Module, ModuleConfig};
+use walrus::ir::Instr;
+use walrus::{ExportItem, FunctionKind, ModuleConfig};
 
-use super::{recognise, Bound, BUDGET};
+use super::{recognise, Bound, Counted, BUDGET};
 use crate::hoist::tests::{call, call_interrupted, plain_of, prepare_wat_with, same, Host};
 use crate::{CountedLoops, PrepareOptions};
 
@@ -76,8 +76,11 @@ pub(crate) const WAT: &str = r#"(module
     (local.get $i))
   (func (export "_start")))"#;
 
-/// The first loop of export `name` of `module`.
-fn first_loop(module: &Module, name: &str) -> (walrus::FunctionId, InstrSeqId) {
+/// The first loop of export `name` of module `wat`, as [`recognise`] sees it.
+fn recognised(wat: &str, name: &str) -> Option<Counted> {
+    let module = ModuleConfig::new()
+        .parse(&wat::parse_str(wat).unwrap())
+        .unwrap();
     let id = match module.exports.iter().find(|e| e.name == name).unwrap().item {
         ExportItem::Function(f) => f,
         _ => unreachable!(),
@@ -91,23 +94,12 @@ fn first_loop(module: &Module, name: &str) -> (walrus::FunctionId, InstrSeqId) {
             found = Some(l.seq);
         }
     });
-    (id, found.unwrap())
-}
-
-fn parsed() -> Module {
-    ModuleConfig::new()
-        .parse(&wat::parse_str(WAT).unwrap())
-        .unwrap()
+    recognise(func, found.unwrap())
 }
 
 /// The trip limit of export `name`'s loop.
 fn limit(name: &str) -> u32 {
-    let module = parsed();
-    let (f, seq) = first_loop(&module, name);
-    let FunctionKind::Local(func) = &module.funcs.get(f).kind else {
-        unreachable!()
-    };
-    recognise(func, seq).unwrap().limit
+    recognised(WAT, name).unwrap().limit
 }
 
 fn prepared(counted: CountedLoops) -> Vec<u8> {
@@ -120,14 +112,7 @@ fn prepared(counted: CountedLoops) -> Vec<u8> {
 
 #[test]
 fn counted_loops_are_recognised_and_others_are_not() {
-    let module = parsed();
-    let of = |name: &str| {
-        let (f, seq) = first_loop(&module, name);
-        let FunctionKind::Local(func) = &module.funcs.get(f).kind else {
-            unreachable!()
-        };
-        recognise(func, seq).map(|c| (c.step, c.bound))
-    };
+    let of = |name: &str| recognised(WAT, name).map(|c| (c.step, c.bound));
     assert_eq!(of("down"), Some((-1, Bound::Const(0))));
     assert!(matches!(of("up"), Some((4096, Bound::Local(_)))));
     assert_eq!(of("first"), Some((-2, Bound::Const(0))));
@@ -290,14 +275,7 @@ const EDGE: &str = r#"(module
 
 #[test]
 fn the_trip_count_wraps_as_the_counter_does() {
-    let module = ModuleConfig::new()
-        .parse(&wat::parse_str(EDGE).unwrap())
-        .unwrap();
-    let (f, seq) = first_loop(&module, "edge");
-    let FunctionKind::Local(func) = &module.funcs.get(f).kind else {
-        unreachable!()
-    };
-    let c = recognise(func, seq).unwrap();
+    let c = recognised(EDGE, "edge").unwrap();
     assert_eq!((c.step, c.bound), (16, Bound::Const(i32::MIN)));
     let wasm = prepare_wat_with(EDGE, &PrepareOptions::default());
     // k trips from i32::MIN - 16k, through i32::MAX to i32::MIN.

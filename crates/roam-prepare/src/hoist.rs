@@ -233,13 +233,23 @@ fn install(
     (flag, exit): (GlobalId, InstrSeqId),
     unroll: bool,
 ) {
-    let slot = &mut func.block_mut(parent).instrs[index].0;
-    debug_assert!(matches!(slot, Instr::Loop(Loop { seq }) if *seq == looped));
-    *slot = with;
+    replace_loop(func, (parent, index), looped, with);
     if unroll {
         crate::unroll::unroll(func, looped);
     }
     back_edges(func, looped, looped, exit, flag);
+}
+
+/// Put `with` where loop `looped` was, at `parent.instrs[index]`.
+pub(crate) fn replace_loop(
+    func: &mut LocalFunction,
+    (parent, index): (InstrSeqId, usize),
+    looped: InstrSeqId,
+    with: Instr,
+) {
+    let slot = &mut func.block_mut(parent).instrs[index].0;
+    debug_assert!(matches!(slot, Instr::Loop(Loop { seq }) if *seq == looped));
+    *slot = with;
 }
 
 /// Route every back-edge to `target` found in `seq` (and the structures

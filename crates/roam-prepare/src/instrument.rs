@@ -343,8 +343,11 @@ fn instrument_function(
         // A short run of a counted loop takes a copy without checks; the
         // loop itself moves into the `else` arm of the test and gets its
         // point below as before (`counted.rs`).
-        let (parent, index) = match counted.then(|| crate::counted::recognise(func, l.seq)) {
-            Some(Some(c)) if l.leaf => {
+        let c = (counted && l.leaf)
+            .then(|| crate::counted::recognise(func, l.seq))
+            .flatten();
+        let (parent, index) = match c {
+            Some(c) => {
                 let (at, copy) = crate::counted::version(func, (l.parent, l.index), l.seq, c);
                 // A copy that moves (`outline.rs`) runs faster unrolled,
                 // as the loop with checks does (`matmul`, `pca`).
