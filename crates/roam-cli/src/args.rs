@@ -158,6 +158,11 @@ pub struct PrepareArgs {
     /// `off` [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub counted_loops: Option<roam_prepare::CountedLoops>,
+    /// A counted loop that holds only counted innermost loops, and calls
+    /// nothing, runs as a copy without point or check when the whole nest
+    /// is short (needs `--counted-loops on`): `on` or `off` [default: on].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub counted_nests: Option<roam_prepare::CountedNests>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

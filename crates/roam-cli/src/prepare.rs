@@ -21,6 +21,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         unroll_checks: a.unroll_checks.unwrap_or(defaults.unroll_checks),
         hoist_calls: a.hoist_calls.unwrap_or(defaults.hoist_calls),
         counted_loops: a.counted_loops.unwrap_or(defaults.counted_loops),
+        counted_nests: a.counted_nests.unwrap_or(defaults.counted_nests),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };

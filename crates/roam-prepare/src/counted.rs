@@ -51,6 +51,14 @@
 //! and the test sends the run to the loop with its point. So the test is
 //! `e - 1 < limit * |s|` (unsigned) and `e & (|s| - 1) == 0`.
 //!
+//! One more shape counts down what is left of a slice walked in chunks
+//! whose size is known only when the program runs (Rust's
+//! `chunks_exact(dim)`, `kmeans`' loop over the centroids): the condition
+//! is `by <= (x - by, local.tee $x)` or `(x - by, local.tee $x) >= by`,
+//! unsigned, with `by` a local the loop never writes. A run then makes
+//! `x / by` trips when `x >= by >= 1` on entry, and otherwise wraps round
+//! or never moves; the test is `by != 0 && x >= by && x / by <= limit`.
+//!
 //! The copy without checks is never where a migration stops, so a point
 //! held up (the counting modes) is not called on entry to a short run:
 //! the next point after the loop is.
@@ -72,19 +80,29 @@ pub(crate) const MAX_STEP: u32 = 1 << 12;
 
 /// What a counted loop's back-edge compares its counter with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Bound {
+pub(crate) enum Bound {
     Const(i32),
     Local(LocalId),
 }
 
-/// A recognised counted loop: `x += step` once per trip, on while `x != bound`.
+/// How a counted loop's counter moves and when the loop goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// `x += step` (a constant) once per trip; on while `x != bound`.
+    Exact { step: i32, bound: Bound },
+    /// `x -= by` (a local the loop never writes) once per trip; on while
+    /// `by <= x`, unsigned: what is left of a slice walked in chunks of
+    /// `by` (Rust's `chunks_exact`).
+    Remaining { by: LocalId },
+}
+
+/// A recognised counted loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counted {
     x: LocalId,
-    step: i32,
-    bound: Bound,
+    shape: Shape,
     /// Most trips a run without checks may make.
-    limit: u32,
+    pub(crate) limit: u32,
 }
 
 /// Whether `instr` takes a time that does not grow with its operands and
@@ -154,15 +172,68 @@ fn bound_of(instr: &Instr) -> Option<Bound> {
     }
 }
 
-/// The counter, step and bound of loop `seq`'s back-edge, if it has one of
-/// the recognised shapes (the rest is checked by [`recognise`]).
-fn back_edge(func: &LocalFunction, seq: InstrSeqId) -> Option<(LocalId, i32, Bound)> {
+/// `local.get a; local.get b; i32.sub` at `at..at + 3`: `(a, b)`.
+fn gets_then(instrs: &[&Instr], at: usize) -> Option<(LocalId, LocalId)> {
+    match instrs.get(at..at + 3)? {
+        [Instr::LocalGet(a), Instr::LocalGet(b), Instr::Binop(Binop {
+            op: BinaryOp::I32Sub,
+        })] => Some((a.local, b.local)),
+        _ => None,
+    }
+}
+
+/// The [`Shape::Remaining`] back-edges: `by; x - by; local.tee x; i32.le_u`
+/// or `x - by; local.tee x; by; i32.ge_u`, then `br_if`.
+fn remaining(instrs: &[&Instr]) -> Option<(LocalId, Shape)> {
+    let n = instrs.len();
+    let tee = |i: usize| match instrs.get(i) {
+        Some(Instr::LocalTee(LocalTee { local })) => Some(*local),
+        _ => None,
+    };
+    let compare = match instrs.get(n.checked_sub(2)?) {
+        Some(Instr::Binop(Binop { op })) => op,
+        _ => return None,
+    };
+    let (x, by) = if matches!(compare, BinaryOp::I32LeU) {
+        let by = match instrs.get(n.checked_sub(7)?) {
+            Some(Instr::LocalGet(LocalGet { local })) => *local,
+            _ => return None,
+        };
+        let update = gets_then(instrs, n - 6)?;
+        (tee(n - 3).filter(|x| update == (*x, by))?, by)
+    } else if matches!(compare, BinaryOp::I32GeU) {
+        let (x, by) = gets_then(instrs, n.checked_sub(7)?)?;
+        let again = match instrs.get(n - 3) {
+            Some(Instr::LocalGet(LocalGet { local })) => *local,
+            _ => return None,
+        };
+        (tee(n - 4).filter(|t| *t == x && again == by)?, by)
+    } else {
+        return None;
+    };
+    (x != by).then_some((x, Shape::Remaining { by }))
+}
+
+/// The counter and shape of loop `seq`'s back-edge, if it has one of the
+/// recognised forms (the rest is checked by [`recognise`]).
+fn back_edge(func: &LocalFunction, seq: InstrSeqId) -> Option<(LocalId, Shape)> {
     let instrs: Vec<&Instr> = func.block(seq).instrs.iter().map(|(i, _)| i).collect();
     let n = instrs.len();
     match instrs.last()? {
         Instr::BrIf(BrIf { block }) if *block == seq => {}
         _ => return None,
     }
+    if let Some(found) = remaining(&instrs) {
+        return Some(found);
+    }
+    let exact = |x: LocalId, step: i32, bound: Bound| {
+        let magnitude = step.unsigned_abs();
+        let fine = step != 0
+            && magnitude.is_power_of_two()
+            && magnitude <= MAX_STEP
+            && bound != Bound::Local(x);
+        fine.then_some((x, Shape::Exact { step, bound }))
+    };
     let tee_at = |i: usize| match instrs.get(i) {
         Some(Instr::LocalTee(LocalTee { local })) => Some(*local),
         _ => None,
@@ -180,7 +251,7 @@ fn back_edge(func: &LocalFunction, seq: InstrSeqId) -> Option<(LocalId, i32, Bou
     };
     // `... local.tee x; br_if`: on while x != 0.
     if let Some((x, s)) = n.checked_sub(2).and_then(update) {
-        return Some((x, s, Bound::Const(0)));
+        return exact(x, s, Bound::Const(0));
     }
     if !matches!(
         instrs.get(n.checked_sub(2)?),
@@ -192,31 +263,42 @@ fn back_edge(func: &LocalFunction, seq: InstrSeqId) -> Option<(LocalId, i32, Bou
     }
     // `update; b; i32.ne; br_if`
     if let Some((x, s)) = n.checked_sub(4).and_then(update) {
-        return Some((x, s, bound_of(instrs[n - 3])?));
+        return exact(x, s, bound_of(instrs[n - 3])?);
     }
     // `b; update; i32.ne; br_if`
     let (x, s) = n.checked_sub(3).and_then(update)?;
-    Some((x, s, bound_of(instrs[n.checked_sub(7)?])?))
+    exact(x, s, bound_of(instrs[n.checked_sub(7)?])?)
 }
 
 /// Loop `seq` as a counted loop, or `None` (see the module docs for the
 /// conditions).
 pub(crate) fn recognise(func: &LocalFunction, seq: InstrSeqId) -> Option<Counted> {
+    recognise_within(func, seq, BUDGET, &[])
+}
+
+/// Loop `seq` as a counted loop whose runs without checks may execute
+/// `budget` instructions, and which may hold the loops `inner` (each
+/// checked by the caller, `nest.rs`; their instructions count towards the
+/// size).
+pub(crate) fn recognise_within(
+    func: &LocalFunction,
+    seq: InstrSeqId,
+    budget: u32,
+    inner: &[InstrSeqId],
+) -> Option<Counted> {
     if !matches!(func.block(seq).ty, InstrSeqType::Simple(_)) {
         return None;
     }
-    let (x, step, bound) = back_edge(func, seq)?;
-    let magnitude = step.unsigned_abs();
-    if step == 0 || !magnitude.is_power_of_two() || magnitude > MAX_STEP {
-        return None;
-    }
-    if bound == Bound::Local(x) {
-        return None;
-    }
+    let (x, shape) = back_edge(func, seq)?;
+    // The local the loop must not write besides the counter.
+    let bound = match shape {
+        Shape::Exact { bound, .. } => bound,
+        Shape::Remaining { by } => Bound::Local(by),
+    };
     let (mut size, mut ok, mut edges, mut writes_x) = (0u32, true, 0u32, 0u32);
     walk(func, seq, &mut |instr| {
         size = size.saturating_add(1);
-        ok &= bounded(instr);
+        ok &= bounded(instr) || matches!(instr, Instr::Loop(l) if inner.contains(&l.seq));
         match instr {
             Instr::Br(b) if b.block == seq => edges += 1,
             Instr::BrIf(b) if b.block == seq => edges += 1,
@@ -233,10 +315,81 @@ pub(crate) fn recognise(func: &LocalFunction, seq: InstrSeqId) -> Option<Counted
     }
     Some(Counted {
         x,
-        step,
-        bound,
-        limit: (BUDGET / size.max(1)).max(1),
+        shape,
+        limit: (budget / size.max(1)).max(1),
     })
+}
+
+impl Counted {
+    /// The same loop with at most `limit` trips per run without checks.
+    pub(crate) fn with_limit(self, limit: u32) -> Counted {
+        Counted { limit, ..self }
+    }
+
+    /// Push 1 if a run of the loop entered now ends within its limit of
+    /// trips, else 0 (see the module docs).
+    pub(crate) fn push_short(&self, b: &mut walrus::InstrSeqBuilder) {
+        // limit <= 2^18 (a nest's budget, `nest.rs`) and |s| <= 2^12: the
+        // product fits a positive i32.
+        debug_assert!(self.limit <= 1 << 18);
+        let (step, bound) = match self.shape {
+            Shape::Exact { step, bound } => (step, bound),
+            Shape::Remaining { by } => return self.push_short_remaining(b, by),
+        };
+        let magnitude = step.unsigned_abs();
+        // e = b - x (x - b for a negative step), wrapping.
+        let distance = |b: &mut walrus::InstrSeqBuilder| {
+            let push_bound = |b: &mut walrus::InstrSeqBuilder| match bound {
+                Bound::Const(c) => {
+                    b.i32_const(c);
+                }
+                Bound::Local(l) => {
+                    b.local_get(l);
+                }
+            };
+            if step < 0 {
+                b.local_get(self.x);
+                push_bound(b);
+            } else {
+                push_bound(b);
+                b.local_get(self.x);
+            }
+            b.binop(BinaryOp::I32Sub);
+        };
+        distance(b);
+        b.i32_const(1).binop(BinaryOp::I32Sub);
+        b.i32_const((self.limit * magnitude) as i32)
+            .binop(BinaryOp::I32LtU);
+        if magnitude > 1 {
+            distance(b);
+            b.i32_const((magnitude - 1) as i32)
+                .binop(BinaryOp::I32And)
+                .unop(walrus::ir::UnaryOp::I32Eqz)
+                .binop(BinaryOp::I32And);
+        }
+    }
+
+    /// [`Shape::Remaining`]: a run makes `x / by` trips when `x >= by >= 1`
+    /// on entry; otherwise the first trip wraps round (or `by == 0` never
+    /// moves), so the test is `by != 0 && x >= by && x / by <= limit`. The
+    /// division is by `by`, or by 1 when `by == 0`, so it cannot trap.
+    fn push_short_remaining(&self, b: &mut walrus::InstrSeqBuilder, by: LocalId) {
+        use walrus::ir::UnaryOp::I32Eqz;
+        b.local_get(by).unop(I32Eqz).unop(I32Eqz);
+        b.local_get(self.x)
+            .local_get(by)
+            .binop(BinaryOp::I32GeU)
+            .binop(BinaryOp::I32And);
+        b.local_get(self.x)
+            .local_get(by)
+            .i32_const(1)
+            .local_get(by)
+            .instr(walrus::ir::Select { ty: None })
+            .binop(BinaryOp::I32DivU)
+            .i32_const(self.limit as i32)
+            .binop(BinaryOp::I32LeU)
+            .binop(BinaryOp::I32And);
+    }
 }
 
 /// Put the two copies of counted loop `looped` (at `parent.instrs[index]`)
@@ -251,8 +404,6 @@ pub(crate) fn version(
 ) -> ((InstrSeqId, usize), InstrSeqId) {
     let ty = func.block(looped).ty;
     let fast = crate::hoist::duplicate(func, looped, &mut vec![]);
-    let magnitude = counted.step.unsigned_abs();
-    let negative = counted.step < 0;
     let builder = func.builder_mut();
     let (then, otherwise) = {
         let mut t = builder.dangling_instr_seq(ty);
@@ -264,37 +415,7 @@ pub(crate) fn version(
     };
     let outer = {
         let mut b = builder.dangling_instr_seq(ty);
-        // e = b - x (x - b for a negative step), wrapping.
-        let distance = |b: &mut walrus::InstrSeqBuilder| {
-            let push_bound = |b: &mut walrus::InstrSeqBuilder| match counted.bound {
-                Bound::Const(c) => {
-                    b.i32_const(c);
-                }
-                Bound::Local(l) => {
-                    b.local_get(l);
-                }
-            };
-            if negative {
-                b.local_get(counted.x);
-                push_bound(b);
-            } else {
-                push_bound(b);
-                b.local_get(counted.x);
-            }
-            b.binop(BinaryOp::I32Sub);
-        };
-        distance(&mut b);
-        b.i32_const(1).binop(BinaryOp::I32Sub);
-        // limit * |s| <= 2^16 * 2^12: no overflow.
-        b.i32_const((counted.limit * magnitude) as i32)
-            .binop(BinaryOp::I32LtU);
-        if magnitude > 1 {
-            distance(&mut b);
-            b.i32_const((magnitude - 1) as i32)
-                .binop(BinaryOp::I32And)
-                .unop(walrus::ir::UnaryOp::I32Eqz)
-                .binop(BinaryOp::I32And);
-        }
+        counted.push_short(&mut b);
         b.instr(IfElse {
             consequent: then,
             alternative: otherwise,

@@ -5,7 +5,7 @@
 use walrus::ir::Instr;
 use walrus::{ExportItem, FunctionKind, ModuleConfig};
 
-use super::{recognise, Bound, Counted, BUDGET};
+use super::{recognise, Bound, Counted, Shape, BUDGET};
 use crate::hoist::tests::{call, call_interrupted, plain_of, prepare_wat_with, same, Host};
 use crate::{CountedLoops, PrepareOptions};
 
@@ -74,6 +74,27 @@ pub(crate) const WAT: &str = r#"(module
     (loop $l
       (br_if $l (i32.lt_u (local.tee $i (i32.add (local.get $i) (i32.const 1))) (local.get $n))))
     (local.get $i))
+  ;; What is left of n, taken 24 at a time while 24 more are left: n / 24
+  ;; trips when n >= 24 (Rust's `chunks_exact`); with `>=` the other way
+  ;; round; and subtracting one local while comparing with another.
+  (func (export "left") (param $n i32) (result i64) (local $by i32) (local $acc i64)
+    (local.set $by (i32.const 24))
+    (loop $l
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 3))
+        (i64.extend_i32_u (local.get $n))))
+      (br_if $l (i32.le_u (local.get $by) (local.tee $n (i32.sub (local.get $n) (local.get $by))))))
+    (local.get $acc))
+  (func (export "left_ge") (param $n i32) (result i64) (local $by i32) (local $acc i64)
+    (local.set $by (i32.const 24))
+    (loop $l
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 3))
+        (i64.extend_i32_u (local.get $n))))
+      (br_if $l (i32.ge_u (local.tee $n (i32.sub (local.get $n) (local.get $by))) (local.get $by))))
+    (local.get $acc))
+  (func (export "left_other") (param $n i32) (param $by i32) (result i32) (local $m i32)
+    (loop $l
+      (br_if $l (i32.le_u (local.get $m) (local.tee $n (i32.sub (local.get $n) (local.get $by))))))
+    (local.get $n))
   (func (export "_start")))"#;
 
 /// The first loop of export `name` of module `wat`, as [`recognise`] sees it.
@@ -112,10 +133,19 @@ fn prepared(counted: CountedLoops) -> Vec<u8> {
 
 #[test]
 fn counted_loops_are_recognised_and_others_are_not() {
-    let of = |name: &str| recognised(WAT, name).map(|c| (c.step, c.bound));
-    assert_eq!(of("down"), Some((-1, Bound::Const(0))));
-    assert!(matches!(of("up"), Some((4096, Bound::Local(_)))));
-    assert_eq!(of("first"), Some((-2, Bound::Const(0))));
+    let of = |name: &str| recognised(WAT, name).map(|c| c.shape);
+    let exact = |step, bound| Some(Shape::Exact { step, bound });
+    assert_eq!(of("down"), exact(-1, Bound::Const(0)));
+    assert!(matches!(
+        of("up"),
+        Some(Shape::Exact {
+            step: 4096,
+            bound: Bound::Local(_)
+        })
+    ));
+    assert_eq!(of("first"), exact(-2, Bound::Const(0)));
+    assert!(matches!(of("left"), Some(Shape::Remaining { .. })));
+    assert!(matches!(of("left_ge"), Some(Shape::Remaining { .. })));
     for name in [
         "step3",
         "twice",
@@ -124,6 +154,7 @@ fn counted_loops_are_recognised_and_others_are_not() {
         "fills",
         "second_edge",
         "less",
+        "left_other",
     ] {
         assert_eq!(of(name), None, "{name}");
     }
@@ -157,6 +188,22 @@ fn a_run_up_to_the_limit_takes_the_copy_without_checks() {
         assert!(same(got, plain_of(WAT, name, over)), "{name}({over})");
         assert!(calls > 0, "{name}({over}) ran without checks");
     }
+    // What is left, by 24: exactly `limit` trips up to 24 * limit + 23.
+    for name in ["left", "left_ge"] {
+        let at_limit = limit(name) as i32;
+        for (arg, fast) in [
+            (24, true),
+            (47, true),
+            (24 * at_limit, true),
+            (24 * at_limit + 23, true),
+            (24 * at_limit + 24, false),
+            (24 * at_limit + 900, false),
+        ] {
+            let (got, calls) = call(&wasm, name, arg, true, Host::Hold);
+            assert!(same(got, plain_of(WAT, name, arg)), "{name}({arg})");
+            assert_eq!(calls == 0, fast, "{name}({arg}): {calls} point calls");
+        }
+    }
     // A counter that starts at its bound wraps round: 2^20 trips, with checks.
     let (got, calls) = call(&wasm, "up", 0, true, Host::Hold);
     assert!(same(got, plain_of(WAT, "up", 0)));
@@ -170,6 +217,8 @@ fn results_are_unchanged_wherever_requests_land() {
         ("down", vec![1, 2, 7, 100, 5000, 70_000]),
         ("up", vec![4096, 3 * 4096, 100 * 4096, 0]),
         ("first", vec![2, 10, 600, 4000, 90_000]),
+        ("left", vec![24, 100, 5000, 100_000]),
+        ("left_ge", vec![30, 999, 70_000]),
     ];
     for (name, args) in runs {
         for arg in args {
@@ -276,7 +325,13 @@ const EDGE: &str = r#"(module
 #[test]
 fn the_trip_count_wraps_as_the_counter_does() {
     let c = recognised(EDGE, "edge").unwrap();
-    assert_eq!((c.step, c.bound), (16, Bound::Const(i32::MIN)));
+    assert_eq!(
+        c.shape,
+        Shape::Exact {
+            step: 16,
+            bound: Bound::Const(i32::MIN)
+        }
+    );
     let wasm = prepare_wat_with(EDGE, &PrepareOptions::default());
     // k trips from i32::MIN - 16k, through i32::MAX to i32::MIN.
     for (k, fast) in [

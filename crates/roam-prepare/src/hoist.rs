@@ -53,7 +53,7 @@
 //! back-edge taken while the flag is up.
 
 use walrus::ir::{
-    Block, Br, BrIf, BrTable, GlobalGet, IfElse, Instr, InstrSeqId, InstrSeqType, Loop,
+    Block, Br, BrIf, BrTable, GlobalGet, IfElse, Instr, InstrLocId, InstrSeqId, InstrSeqType, Loop,
 };
 use walrus::{FunctionId, GlobalId, LocalFunction};
 
@@ -376,13 +376,25 @@ pub(crate) fn duplicate(
     let ty = func.block(seq).ty;
     let to = func.builder_mut().dangling_instr_seq(ty).id();
     renamed.push((seq, to));
+    let instrs = func.block(seq).instrs.clone();
+    let out = copy_instrs(func, instrs, renamed);
+    func.block_mut(to).instrs = out;
+    to
+}
+
+/// Copies of `instrs`, whose structures are duplicated as by [`duplicate`]
+/// and whose branches follow `renamed`.
+pub(crate) fn copy_instrs(
+    func: &mut LocalFunction,
+    instrs: Vec<(Instr, InstrLocId)>,
+    renamed: &mut Vec<(InstrSeqId, InstrSeqId)>,
+) -> Vec<(Instr, InstrLocId)> {
     let label = |renamed: &[(InstrSeqId, InstrSeqId)], l: InstrSeqId| {
         renamed
             .iter()
             .find(|(from, _)| *from == l)
             .map_or(l, |(_, copy)| *copy)
     };
-    let instrs = func.block(seq).instrs.clone();
     let mut out = Vec::with_capacity(instrs.len());
     for (instr, loc) in instrs {
         let instr = match instr {
@@ -410,8 +422,7 @@ pub(crate) fn duplicate(
         };
         out.push((instr, loc));
     }
-    func.block_mut(to).instrs = out;
-    to
+    out
 }
 
 #[cfg(test)]

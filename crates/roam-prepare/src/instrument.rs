@@ -33,8 +33,8 @@ use crate::quiet::Quiet;
 use crate::rerun::Nested;
 use crate::wasm_opt::AsyncifyList;
 use crate::{
-    AsyncifyScope, CountedLoops, EntryPoints, HoistCalls, LoopPoints, ModuleInfo, Outline,
-    PointPolicy, PointStats, PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks,
+    AsyncifyScope, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints, ModuleInfo,
+    Outline, PointPolicy, PointStats, PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks,
     ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC,
     POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
@@ -338,6 +338,16 @@ fn instrument_function(
         }
     }
     let counted = opts.counted_loops == CountedLoops::On;
+    // Nests first, while their inner loops are as the program wrote them:
+    // the copy without checks and its tails copy them (`nest.rs`). The
+    // original loop moves into the versioned structure and gets its point
+    // below as before.
+    let mut loops = loops;
+    // Under `outer` the list leaves out inner loops, so only `loops` says
+    // which loops a loop holds.
+    if counted && opts.counted_nests == CountedNests::On && policy == PointPolicy::Loops {
+        versioned += version_nests(func, &mut loops, (point, flag));
+    }
     let mut inline = Vec::new();
     for l in loops.iter().rev() {
         // A short run of a counted loop takes a copy without checks; the
@@ -392,6 +402,47 @@ fn instrument_function(
         insert_point(func, func.entry_block(), point, flag);
     }
     (loops.len() as u32, entry, manual, versioned)
+}
+
+/// Version every counted nest among `loops` (`nest.rs`), updating where
+/// each outer loop now is; returns how many.
+fn version_nests(
+    func: &mut LocalFunction,
+    loops: &mut [LoopInfo],
+    point: (FunctionId, GlobalId),
+) -> u32 {
+    let mut versioned = 0;
+    for k in 0..loops.len() {
+        if loops[k].leaf {
+            continue;
+        }
+        let inner: Vec<InstrSeqId> = loops
+            .iter()
+            .filter(|l| l.enclosing == Some(k))
+            .map(|l| l.seq)
+            .collect();
+        // Only a loop whose inner loops hold no loop and no call.
+        let leaves = loops
+            .iter()
+            .filter(|l| l.enclosing == Some(k))
+            .all(|l| l.leaf);
+        let Some(nest) = leaves
+            .then(|| crate::nest::recognise(func, loops[k].seq, &inner))
+            .flatten()
+        else {
+            continue;
+        };
+        let at = crate::nest::version(
+            func,
+            (loops[k].parent, loops[k].index),
+            loops[k].seq,
+            &nest,
+            point,
+        );
+        (loops[k].parent, loops[k].index) = at;
+        versioned += 1;
+    }
+    versioned
 }
 
 /// The loops of `func` that get a point under `policy` (in the walk's

@@ -34,6 +34,7 @@ mod indirect;
 mod instrument;
 mod memory;
 mod names;
+mod nest;
 mod ops;
 mod options;
 mod outline;
@@ -53,9 +54,9 @@ mod revision_tests;
 
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
-    AsyncifyScope, CountedLoops, EntryPoints, HoistCalls, LoopPoints, OptLevel, Outline,
-    ParseOptionError, ParsePolicyError, PointCalls, PointPolicy, PrepareOptions, QuietIndirect,
-    RerunCalls, UnrollChecks,
+    AsyncifyScope, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints, OptLevel,
+    Outline, ParseOptionError, ParsePolicyError, PointCalls, PointPolicy, PrepareOptions,
+    QuietIndirect, RerunCalls, UnrollChecks,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
@@ -79,8 +80,9 @@ pub use verify::{check_prepared, CheckError};
 /// short innermost loops check the flag at every other back-edge,
 /// `unroll.rs`; 7: loops that make calls that may unwind get hoisted
 /// points too, `hoist.rs`; 8: short runs of counted loops take a copy
-/// without checks, `counted.rs`).
-pub const OUTPUT_REVISION: u32 = 8;
+/// without checks, `counted.rs`; 9: so do short runs of counted nests,
+/// `nest.rs`, and loops that count down what is left of a slice).
+pub const OUTPUT_REVISION: u32 = 9;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

@@ -451,6 +451,17 @@ on_off!(
     off: "Every run of such a loop checks the flag as its point's form says."
 );
 
+on_off!(
+    /// Whether a counted loop whose inner loops are all short counted
+    /// loops runs as a copy without checks when the whole nest is short
+    /// (`nest.rs`).
+    CountedNests,
+    "counted nests",
+    default: On,
+    on: "A counted loop that holds only counted innermost loops and calls nothing tests its own trip count on entry, and each inner loop's on its entry: a nest short enough to end within a budget of instructions runs as a copy without point or check, which moves into a function of its own (default; needs `--counted-loops on`).",
+    off: "Only innermost loops get a copy without checks."
+);
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -492,16 +503,19 @@ pub struct PrepareOptions {
     /// Whether short runs of counted loops skip their checks. Default:
     /// [`CountedLoops::On`].
     pub counted_loops: CountedLoops,
+    /// Whether short runs of counted nests skip their checks. Default:
+    /// [`CountedNests::On`].
+    pub counted_nests: CountedNests,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={};counted-loops={}",
+             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={};counted-loops={};counted-nests={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -515,6 +529,7 @@ impl PrepareOptions {
             self.unroll_checks.as_str(),
             self.hoist_calls.as_str(),
             self.counted_loops.as_str(),
+            self.counted_nests.as_str(),
         )
     }
 }
@@ -551,7 +566,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -562,7 +577,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on"
         );
     }
 }

@@ -21,10 +21,12 @@
 //! ([`Stage`]): before points are placed, loop nests in which no call may
 //! unwind (calls of quiet functions are fine, `quiet.rs`) move whole (one
 //! call per run of the nest), and a new function that is itself large is
-//! looked at again inside its loop; after points are placed, innermost
-//! loops without such a call move. Their hoisted point leaves only a flag
-//! check in the loop, so the new function cannot unwind and Asyncify does
-//! not instrument it: the call costs what passing the locals costs.
+//! looked at again inside its loop; after points are placed, the outermost
+//! loops without such a call move: innermost loops, whose hoisted point
+//! leaves only a flag check in the loop, and the copies without checks of
+//! counted loops and nests (`counted.rs`, `nest.rs`). The new function
+//! cannot unwind and Asyncify does not instrument it: the call costs what
+//! passing the locals costs.
 //! Innermost loops are not moved before points are placed because their
 //! point's call would move with them, and the new function would pay
 //! Asyncify's entry and exit code on every call, which loops of a few
@@ -74,11 +76,14 @@ pub(crate) enum Stage {
     /// each with its inner loops. Each new function gets its points as the
     /// nest would have had them, and is looked at again while it is large.
     Nests,
-    /// After points are placed: innermost loops in which no call may
+    /// After points are placed: the outermost loops in which no call may
     /// unwind. A hoisted loop point (`hoist.rs`) checks the flag inside
     /// the loop and calls the point from outside it, so the loop moves
     /// without its point's call: Asyncify leaves the new function alone,
-    /// and the call costs no more than passing the locals.
+    /// and the call costs no more than passing the locals. A nest in which
+    /// nothing calls is the copy without checks of a counted nest
+    /// (`nest.rs`), or a hoisted loop whose inner loops leave to its point
+    /// (`rerun.rs`): it moves whole, one call per run.
     Leaves,
 }
 
@@ -101,12 +106,7 @@ struct Candidate {
 
 impl Stage {
     fn takes(self, c: &Candidate) -> bool {
-        !c.calls
-            && c.used.len() <= MAX_PARAMS
-            && match self {
-                Stage::Nests => c.nested,
-                Stage::Leaves => !c.nested,
-            }
+        !c.calls && c.used.len() <= MAX_PARAMS && (self == Stage::Leaves || c.nested)
     }
 }
 

@@ -35,6 +35,10 @@ const HISTORY: &[(u32, &str)] = &[
         8,
         "cd8e38bd5dabd666d2f0671b08f1f8b7d8070a35276fcd0d45fd64eb9d7dbef2",
     ),
+    (
+        9,
+        "157d6f834e292867228f22124475dbcf0f180848c8e1135e1c3af2c5d59a6c74",
+    ),
 ];
 
 fn option_sets() -> Vec<PrepareOptions> {
@@ -70,6 +74,7 @@ fn fingerprint() -> String {
         crate::unroll::tests::WAT,
         crate::counted::tests::WAT,
         crate::counted::tests::BIG,
+        crate::nest::tests::WAT,
     ];
     let mut h = blake3::Hasher::new();
     let mut put = |bytes: &[u8]| {
