@@ -102,6 +102,10 @@ pub(crate) fn recognise(
     let mut loops = Vec::with_capacity(inner.len());
     let mut own = size(func, outer);
     for &seq in inner {
+        // The guard runs it in an `if` arm that gives no value.
+        if func.block(seq).ty != InstrSeqType::Simple(None) {
+            return None;
+        }
         let counted = crate::counted::recognise_within(func, seq, INNER_BUDGET, &[])?;
         let path = path(func, outer, seq)?;
         for &(at, index) in &path {

@@ -67,7 +67,8 @@ pub(crate) const WAT: &str = concat!(
       (br_if $outer (local.tee $i (i32.sub (local.get $i) (i32.const 2)))))
     (i64.add (local.get $acc) (i64.extend_i32_u (i32.load (i32.const 28)))))
   ;; Not nests: a call in the outer loop; an inner loop that is not counted;
-  ;; a value on the stack across the inner loop.
+  ;; a value on the stack across the inner loop; an inner loop that gives a
+  ;; value.
   (func (export "calls") (param $n i32) (result i32) (local $j i32)
     (loop $outer
       (drop (call $id (local.get $n)))
@@ -87,6 +88,14 @@ pub(crate) const WAT: &str = concat!(
       (i32.const 1)
       (loop $inner (br_if $inner (local.tee $j (i32.sub (local.get $j) (i32.const 1)))))
       (drop)
+      (br_if $outer (local.tee $n (i32.sub (local.get $n) (i32.const 1)))))
+    (local.get $n))
+  (func (export "valued") (param $n i32) (result i32) (local $j i32)
+    (loop $outer
+      (local.set $j (i32.const 4))
+      (drop (loop $inner (result i32)
+        (br_if $inner (local.tee $j (i32.sub (local.get $j) (i32.const 1))))
+        (local.get $j)))
       (br_if $outer (local.tee $n (i32.sub (local.get $n) (i32.const 1)))))
     (local.get $n))
   (func (export "_start")))"#
@@ -130,7 +139,7 @@ fn nests_of_counted_loops_are_recognised_and_others_are_not() {
     // the nest within its own.
     assert!(short > 2 && short < NEST_BUDGET / INNER_BUDGET, "{short}");
     assert!(long < short, "{long} {short}");
-    for name in ["calls", "less", "stack"] {
+    for name in ["calls", "less", "stack", "valued"] {
         assert_eq!(recognised(name), None, "{name}");
     }
 }

@@ -37,7 +37,7 @@ const HISTORY: &[(u32, &str)] = &[
     ),
     (
         9,
-        "157d6f834e292867228f22124475dbcf0f180848c8e1135e1c3af2c5d59a6c74",
+        "824f869227027a757fc1b1713e2dc61edb5d53bce8007a2c89ab03382dcd32b7",
     ),
 ];
 
