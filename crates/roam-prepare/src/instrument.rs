@@ -416,17 +416,11 @@ fn version_nests(
         if loops[k].leaf {
             continue;
         }
-        let inner: Vec<InstrSeqId> = loops
-            .iter()
-            .filter(|l| l.enclosing == Some(k))
-            .map(|l| l.seq)
-            .collect();
+        let children = || loops.iter().filter(|l| l.enclosing == Some(k));
+        let inner: Vec<InstrSeqId> = children().map(|l| l.seq).collect();
         // Only a loop whose inner loops hold no loop and no call.
-        let leaves = loops
-            .iter()
-            .filter(|l| l.enclosing == Some(k))
-            .all(|l| l.leaf);
-        let Some(nest) = leaves
+        let Some(nest) = children()
+            .all(|l| l.leaf)
             .then(|| crate::nest::recognise(func, loops[k].seq, &inner))
             .flatten()
         else {

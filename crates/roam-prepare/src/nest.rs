@@ -15,8 +15,9 @@
 //! against [`INNER_BUDGET`] instructions, and a run that passes it runs
 //! without checks. A run that fails it (a long row, a wrapping counter) has
 //! to run with checks, so the copy cannot go on: it leaves to a *tail*, a
-//! copy of the rest of that iteration of `K` starting with `J` with a point,
-//! after which the rest of the run of `K` goes on in the original loop:
+//! copy of the rest of that iteration of `K`, starting with `J`, in which
+//! `J` and every inner loop after it have points; after it, the rest of
+//! the run of `K` goes on in the original loop:
 //!
 //! ```wasm
 //! block $exit
@@ -35,8 +36,8 @@
 //!       br $exit
 //!     end
 //!     loop $J'' ... end         ;; the rest of this iteration of K, from J,
-//!     ...                       ;; J'' with a hoisted point; `br $K` is
-//!     br $exit                  ;; `br $slow`
+//!     ...                       ;; J'' and the inner loops after it with
+//!     br $exit                  ;; hoisted points; `br $K` is `br $slow`
 //!   end
 //!   loop $K ... end             ;; K, with its points as before
 //! end
@@ -194,8 +195,9 @@ fn height(func: &LocalFunction, seq: InstrSeqId, upto: usize) -> Option<i32> {
 
 /// Put the copy without checks of nest `outer` (at `parent.instrs[index]`)
 /// and its tails in front of it; returns where the original loop now is,
-/// for its point to be placed as before. Each tail's first loop gets a
-/// hoisted point of its own.
+/// for its point to be placed as before. Every loop of a tail (the inner
+/// loop that left to it and any inner loop after it) gets a hoisted point
+/// of its own.
 pub(crate) fn version(
     func: &mut LocalFunction,
     (parent, index): (InstrSeqId, usize),
@@ -222,18 +224,24 @@ pub(crate) fn version(
         .instr_seq(current)
         .instr(Loop { seq: fast })
         .instr(Br { block: exit });
+    // (where to look, loop): the loops of the tails, which get points.
     let mut hoists = Vec::new();
     for j in &nest.inner {
         let (at, slot) = *j.path.last().expect("a path ends at its loop");
         guard(func, (copy_of(at), slot), copy_of(j.seq), j, current);
         let next = func.builder_mut().dangling_instr_seq(none).id();
         let mut body = vec![(Block { seq: current }.into(), Default::default())];
-        let (tail, first) = tail(func, outer, slow, j);
-        let first = first.unwrap_or((next, body.len()));
+        let (tail, renamed) = tail(func, outer, slow, j);
         body.extend(tail);
         body.push((Br { block: exit }.into(), Default::default()));
         func.block_mut(next).instrs = body;
-        hoists.push(first);
+        // The tail's copy of `j`, and of every inner loop after it.
+        hoists.extend(
+            nest.inner
+                .iter()
+                .filter_map(|k| renamed.iter().find(|(from, _)| *from == k.seq))
+                .map(|(_, copy)| (next, *copy)),
+        );
         current = next;
     }
     {
@@ -248,10 +256,10 @@ pub(crate) fn version(
         .instr(Block { seq: slow })
         .instr(Loop { seq: outer });
     replace_loop(func, (parent, index), outer, Block { seq: exit }.into());
-    for (at, slot) in hoists {
-        let Instr::Loop(Loop { seq }) = func.block(at).instrs[slot].0 else {
-            unreachable!("a tail starts with its inner loop");
-        };
+    for (root, seq) in hoists {
+        // Tails hold no loop round these (`path` does not look into loops).
+        let path = path(func, root, seq).expect("a tail holds the copies of its loops");
+        let (at, slot) = *path.last().expect("a path ends at its loop");
         crate::hoist::hoist(func, at, slot, seq, point, flag, false);
     }
     (exit, 1)
@@ -285,9 +293,9 @@ fn guard(
 
 /// The rest of an iteration of `outer` from inner loop `j` on, as
 /// instructions to run in place of a fall out of `outer`'s body: a branch
-/// back to `outer` goes to the end of `slow` instead. Also returns where
-/// the copy of `j` is, when it is inside a block of the tail (`None`: it is
-/// the first of the instructions returned).
+/// back to `outer` goes to the end of `slow` instead. Also returns which
+/// sequence copies which (for the copies of `j` and of the inner loops
+/// after it, which need points).
 #[allow(clippy::type_complexity)]
 fn tail(
     func: &mut LocalFunction,
@@ -296,7 +304,7 @@ fn tail(
     j: &Inner,
 ) -> (
     Vec<(Instr, walrus::InstrLocId)>,
-    Option<(InstrSeqId, usize)>,
+    Vec<(InstrSeqId, InstrSeqId)>,
 ) {
     let none = InstrSeqType::Simple(None);
     // Each structure on the way becomes a block that ends where the code
@@ -318,7 +326,6 @@ fn tail(
     let mut code = vec![(Loop { seq: copy }.into(), Default::default())];
     let after = rest(func, (last, slot));
     code.extend(copy_instrs(func, after, &mut renamed));
-    let first = blocks.last().map(|b| (*b, 0));
     // From the innermost structure out: its block holds the code so far,
     // and the code after the structure follows it.
     for (level, block) in blocks.iter().enumerate().rev() {
@@ -327,7 +334,7 @@ fn tail(
         code = vec![(Block { seq: *block }.into(), Default::default())];
         code.extend(copy_instrs(func, after, &mut renamed));
     }
-    (code, first)
+    (code, renamed)
 }
 
 #[cfg(test)]

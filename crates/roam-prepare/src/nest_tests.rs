@@ -66,6 +66,24 @@ pub(crate) const WAT: &str = concat!(
         (local.set $acc (i64.add (local.get $acc) (i64.extend_i32_u (local.get $i)))))
       (br_if $outer (local.tee $i (i32.sub (local.get $i) (i32.const 2)))))
     (i64.add (local.get $acc) (i64.extend_i32_u (i32.load (i32.const 28)))))
+  ;; Two outer trips: in the first, 3000 inner trips (past the inner
+  ;; limit: the tail), then n trips of a second inner loop, which in the
+  ;; tail must have its checks too.
+  (func (export "then_long") (param $n i32) (result i64) (local $i i32) (local $j i32) (local $k i32) (local $acc i64)
+    (local.set $i (i32.const 2))
+    (loop $outer
+      (local.set $j (select (i32.const 3000) (i32.const 5) (i32.eq (local.get $i) (i32.const 2))))
+      (loop $inner
+        "#,
+    inner_body!(),
+    r#"
+        (br_if $inner (local.tee $j (i32.sub (local.get $j) (i32.const 1)))))
+      (local.set $k (i32.const 0))
+      (loop $second
+        (local.set $acc (i64.add (local.get $acc) (i64.extend_i32_u (local.get $k))))
+        (br_if $second (i32.ne (local.tee $k (i32.add (local.get $k) (i32.const 1))) (local.get $n))))
+      (br_if $outer (local.tee $i (i32.sub (local.get $i) (i32.const 1)))))
+    (local.get $acc))
   ;; Not nests: a call in the outer loop; an inner loop that is not counted;
   ;; a value on the stack across the inner loop; an inner loop that gives a
   ;; value.
@@ -178,12 +196,30 @@ fn a_short_nest_runs_without_checks_and_a_long_inner_run_with_them() {
 }
 
 #[test]
+fn every_loop_of_a_tail_has_its_checks() {
+    let wasm = prepared(CountedNests::On);
+    assert!(recognised("then_long").is_some());
+    // The flag held up: every check calls the point. The first outer trip
+    // takes the tail, whose second loop then runs n trips with a check
+    // each; the second outer trip runs both inner loops as short counted
+    // loops, without checks.
+    let mut calls = Vec::new();
+    for n in [10, 5000] {
+        let (got, c) = call(&wasm, "then_long", n, true, Host::Hold);
+        assert!(same(got, plain_of(WAT, "then_long", n)), "then_long({n})");
+        calls.push(c);
+    }
+    assert!(calls[1] >= calls[0] + 4000, "{calls:?}");
+}
+
+#[test]
 fn nest_results_are_unchanged_wherever_requests_land() {
     let wasm = prepared(CountedNests::On);
     let limit = recognised("short").unwrap() as i32;
     let runs = [
         ("short", vec![1, 5, 40, limit, limit + 1, 3 * limit]),
         ("long", vec![2, 6, 40, 2 * limit, 400]),
+        ("then_long", vec![1, 10, 5000]),
     ];
     for (name, args) in runs {
         for arg in args {

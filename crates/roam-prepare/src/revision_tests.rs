@@ -37,7 +37,7 @@ const HISTORY: &[(u32, &str)] = &[
     ),
     (
         9,
-        "824f869227027a757fc1b1713e2dc61edb5d53bce8007a2c89ab03382dcd32b7",
+        "8d3c938e3c8fbd102b9503768deb4158c5db6677ed3b8f8394d7d6b6d9a4057b",
     ),
 ];
 
