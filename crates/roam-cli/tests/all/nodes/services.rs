@@ -78,14 +78,16 @@ impl Gateway {
     }
 
     /// The client whose local port is `port` connected while the service
-    /// was held: the last routing event logged before it is a hold.
+    /// was held: the last routing event logged before it is a hold. An
+    /// earlier client may have had the same local port (the kernel reuses
+    /// them), so the client is the last one logged from that port.
     fn assert_arrived_while_held(&self, port: u16) {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         let peer = format!("127.0.0.1:{port}\"");
         let at = lines
             .iter()
-            .position(|l| l.contains("client connected") && l.contains(&peer))
+            .rposition(|l| l.contains("client connected") && l.contains(&peer))
             .unwrap_or_else(|| panic!("no client from {peer}\n{}", self.log()));
         let before = lines[..at]
             .iter()
