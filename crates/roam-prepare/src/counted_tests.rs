@@ -6,7 +6,9 @@ use walrus::ir::Instr;
 use walrus::{ExportItem, FunctionKind, ModuleConfig};
 
 use super::{recognise, Bound, Counted, Shape, BUDGET};
-use crate::hoist::tests::{call, call_interrupted, plain_of, prepare_wat_with, same, Host};
+use crate::hoist::tests::{
+    assert_results_unchanged, call, call_interrupted, plain_of, prepare_wat_with, same, Host,
+};
 use crate::{CountedLoops, PrepareOptions};
 
 pub(crate) const WAT: &str = r#"(module
@@ -220,23 +222,7 @@ fn results_are_unchanged_wherever_requests_land() {
         ("left", vec![24, 100, 5000, 100_000]),
         ("left_ge", vec![30, 999, 70_000]),
     ];
-    for (name, args) in runs {
-        for arg in args {
-            let want = plain_of(WAT, name, arg);
-            for (raise, host) in [
-                (false, Host::Lower),
-                (true, Host::Lower),
-                (true, Host::Hold),
-            ] {
-                let (got, _) = call(&wasm, name, arg, raise, host);
-                assert!(same(got, want), "{name}({arg}) raise {raise}");
-            }
-            for every in [1, 3, 40] {
-                let (got, _) = call_interrupted(&wasm, name, arg, every);
-                assert!(same(got, want), "{name}({arg}) every {every}");
-            }
-        }
-    }
+    assert_results_unchanged(&wasm, WAT, &runs, &[1, 3, 40]);
 }
 
 /// A function large enough for its inner loops to move (`outline.rs`):

@@ -452,6 +452,35 @@ pub(crate) fn plain_of(wat: &str, name: &str, arg: i32) -> Val {
     want[0]
 }
 
+/// Each export of `runs`, with each of its arguments, gives the result of
+/// `wat` uninstrumented when run from `wasm` (prepared from `wat`) with the
+/// flag down, raised once, held up, and raised at every `every`-th loop
+/// head or function entry for each of `everys`.
+pub(crate) fn assert_results_unchanged(
+    wasm: &[u8],
+    wat: &str,
+    runs: &[(&str, Vec<i32>)],
+    everys: &[u32],
+) {
+    for (name, args) in runs {
+        for &arg in args {
+            let want = plain_of(wat, name, arg);
+            for (raise, host) in [
+                (false, Host::Lower),
+                (true, Host::Lower),
+                (true, Host::Hold),
+            ] {
+                let (got, _) = call(wasm, name, arg, raise, host);
+                assert!(same(got, want), "{name}({arg}) raise {raise}");
+            }
+            for &every in everys {
+                let (got, _) = call_interrupted(wasm, name, arg, every);
+                assert!(same(got, want), "{name}({arg}) every {every}");
+            }
+        }
+    }
+}
+
 /// Call export `name` with the flag raised at every `every`-th loop header
 /// or function entry (wasmtime's epoch checks), and lowered by each call of
 /// the point: requests that land anywhere, also halfway through an

@@ -6,7 +6,7 @@ use walrus::ir::{Instr, InstrSeqId};
 use walrus::{ExportItem, FunctionKind, ModuleConfig};
 
 use super::{recognise, INNER_BUDGET, NEST_BUDGET};
-use crate::hoist::tests::{call, call_interrupted, plain_of, prepare_wat_with, same, Host};
+use crate::hoist::tests::{assert_results_unchanged, call, plain_of, prepare_wat_with, same, Host};
 use crate::{CountedNests, PrepareOptions};
 
 /// The inner loop's store and sum, on `$j`.
@@ -221,21 +221,5 @@ fn nest_results_are_unchanged_wherever_requests_land() {
         ("long", vec![2, 6, 40, 2 * limit, 400]),
         ("then_long", vec![1, 10, 5000]),
     ];
-    for (name, args) in runs {
-        for arg in args {
-            let want = plain_of(WAT, name, arg);
-            for (raise, host) in [
-                (false, Host::Lower),
-                (true, Host::Lower),
-                (true, Host::Hold),
-            ] {
-                let (got, _) = call(&wasm, name, arg, raise, host);
-                assert!(same(got, want), "{name}({arg}) raise {raise}");
-            }
-            for every in [1, 3, 40, 997] {
-                let (got, _) = call_interrupted(&wasm, name, arg, every);
-                assert!(same(got, want), "{name}({arg}) every {every}");
-            }
-        }
-    }
+    assert_results_unchanged(&wasm, WAT, &runs, &[1, 3, 40, 997]);
 }
