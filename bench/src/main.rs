@@ -104,6 +104,10 @@ enum Bench {
         /// Minimum samples per workload.
         #[arg(long, default_value_t = 30)]
         samples: usize,
+        /// Wait between requests, `LO-HI` milliseconds (jittered). A short
+        /// wait, with many samples, finds rare long stretches without a point.
+        #[arg(long, default_value = "20-50")]
+        interval_ms: t3::Interval,
         /// Comma-separated workloads (default: all).
         #[arg(long)]
         only: Option<String>,
@@ -309,6 +313,7 @@ fn main() -> anyhow::Result<()> {
         Bench::T3 {
             size,
             samples,
+            interval_ms,
             only,
         } => {
             let rt = runtime(&paths)?;
@@ -320,7 +325,7 @@ fn main() -> anyhow::Result<()> {
                     continue;
                 }
                 eprintln!("t3: {name} ...");
-                match t3::measure(&rt, &paths, name, &size, samples) {
+                match t3::measure(&rt, &paths, name, &size, interval_ms, samples) {
                     Ok(s) => {
                         eprintln!(
                             "t3: {name}: {} samples in {} runs",
@@ -337,7 +342,7 @@ fn main() -> anyhow::Result<()> {
             }
             eprintln!("t3: condvar baseline ...");
             let base = t3::condvar_baseline(100);
-            let mut r = t3::report(&results, &base, &size);
+            let mut r = t3::report(&results, &base, &size, interval_ms);
             r.notes.extend(failures);
             r
         }

@@ -288,8 +288,15 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
             let rt: Runtime = crate::runtime(paths).context("cannot build the runtime")?;
             for name in &names {
                 let path = &prepared[name][i].path;
-                let s =
-                    crate::t3::measure_file(&rt, paths, name, path, &opts.t3_size, opts.t3_samples);
+                let s = crate::t3::measure_file(
+                    &rt,
+                    paths,
+                    name,
+                    path,
+                    &opts.t3_size,
+                    crate::t3::Interval::default(),
+                    opts.t3_samples,
+                );
                 let row = rows.get_mut(name).expect("row exists");
                 match s {
                     Ok(s) => {

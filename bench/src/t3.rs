@@ -51,6 +51,52 @@ impl Default for Jitter {
     }
 }
 
+/// How long the driver waits between checkpoint requests, in
+/// milliseconds: uniformly in `[lo, hi)`. The default, 20–50 ms, is a busy
+/// scheduler's pace; a short interval samples many more points of one run,
+/// which finds rare long stretches without a point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval {
+    /// Shortest wait.
+    pub lo_ms: u64,
+    /// Longest wait (exclusive).
+    pub hi_ms: u64,
+}
+
+impl Default for Interval {
+    fn default() -> Self {
+        Interval {
+            lo_ms: 20,
+            hi_ms: 50,
+        }
+    }
+}
+
+impl std::str::FromStr for Interval {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad =
+            || format!("{s:?} is not LO-HI in whole milliseconds, with 0 <= LO < HI <= 60000");
+        let (lo, hi) = s.split_once('-').ok_or_else(bad)?;
+        let lo: u64 = lo.trim().parse().map_err(|_| bad())?;
+        let hi: u64 = hi.trim().parse().map_err(|_| bad())?;
+        if lo >= hi || hi > 60_000 {
+            return Err(bad());
+        }
+        Ok(Interval {
+            lo_ms: lo,
+            hi_ms: hi,
+        })
+    }
+}
+
+impl std::fmt::Display for Interval {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}–{} ms", self.lo_ms, self.hi_ms)
+    }
+}
+
 /// Samples of one workload.
 #[derive(Debug, Default, Clone)]
 pub struct Samples {
@@ -63,11 +109,13 @@ pub struct Samples {
 }
 
 /// Run one cell to exit while another thread requests Continue checkpoints
-/// every 20–50 ms, each after the previous one was served.
+/// every `every` (20–50 ms by default), each after the previous one was
+/// served.
 fn one_run(
     rt: &Runtime,
     wasm: &Path,
     size: &str,
+    every: Interval,
     data: Option<&Path>,
     out: &mut Samples,
 ) -> anyhow::Result<()> {
@@ -99,7 +147,7 @@ fn one_run(
     let driver = std::thread::spawn(move || {
         let mut j = Jitter::new();
         'outer: while !stop2.load(Ordering::Relaxed) {
-            std::thread::sleep(j.between_ms(20, 50));
+            std::thread::sleep(j.between_ms(every.lo_ms, every.hi_ms));
             ctl.request(CheckpointKind::Continue, Trigger::Api);
             loop {
                 match rx.recv_timeout(Duration::from_millis(20)) {
@@ -135,9 +183,10 @@ pub fn measure(
     paths: &Paths,
     name: &str,
     size: &str,
+    every: Interval,
     min: usize,
 ) -> anyhow::Result<Samples> {
-    measure_file(rt, paths, name, &paths.wasm(name)?, size, min)
+    measure_file(rt, paths, name, &paths.wasm(name)?, size, every, min)
 }
 
 /// [`measure`] on a given module file of workload `name` (prepared or not).
@@ -147,6 +196,7 @@ pub fn measure_file(
     name: &str,
     wasm: &Path,
     size: &str,
+    every: Interval,
     min: usize,
 ) -> anyhow::Result<Samples> {
     let mut s = Samples::default();
@@ -157,7 +207,7 @@ pub fn measure_file(
             None
         };
         let _quiet = crate::quiet::Quiet::new()?;
-        one_run(rt, wasm, size, data.as_deref(), &mut s)?;
+        one_run(rt, wasm, size, every, data.as_deref(), &mut s)?;
     }
     Ok(s)
 }
@@ -207,7 +257,12 @@ fn row(t: &mut Table, name: &str, runs: String, xs: &[Duration], capture: &[Dura
 }
 
 /// Build the report.
-pub fn report(results: &[(String, Samples)], baseline: &[Duration], size: &str) -> Report {
+pub fn report(
+    results: &[(String, Samples)],
+    baseline: &[Duration],
+    size: &str,
+    every: Interval,
+) -> Report {
     let mut t = Table::new(&[
         "workload",
         "samples",
@@ -235,13 +290,20 @@ pub fn report(results: &[(String, Samples)], baseline: &[Duration], size: &str) 
             p99.map_or("-".into(), |x| format!("{x:.1}")),
             if p99.is_some_and(|x| x <= 1000.0) { "met" } else { "NOT met" }
         ),
-        "response: CheckpointTiming.response (request → migration point reached, unwind begins) of continue checkpoints requested every 20–50 ms (jittered), each after the previous was served; workloads rerun until ≥ the minimum sample count (max 20 runs)".into(),
+        format!("response: CheckpointTiming.response (request → migration point reached, unwind begins) of continue checkpoints requested every {every} (jittered), each after the previous was served; workloads rerun until ≥ the minimum sample count (max 20 runs)"),
         "baseline: time from setting a flag and notify_one on a condvar to the waiting thread observing it".into(),
     ];
     Report {
         name: "t3".into(),
         title: "T3: migration response time".into(),
-        setup: format!("`roam-bench t3 --size {size}`"),
+        setup: if every == Interval::default() {
+            format!("`roam-bench t3 --size {size}`")
+        } else {
+            format!(
+                "`roam-bench t3 --size {size} --interval-ms {}-{}`",
+                every.lo_ms, every.hi_ms
+            )
+        },
         table: t,
         notes,
     }
@@ -285,6 +347,7 @@ mod tests {
             &[("a".into(), fast), ("b".into(), slow)],
             &[Duration::from_micros(30)],
             "S",
+            Interval::default(),
         );
         assert_eq!(r.table.rows[0][4], "100.0");
         assert_eq!(r.table.rows[0][7], "yes");

@@ -163,6 +163,10 @@ pub struct PrepareArgs {
     /// is short (needs `--counted-loops on`): `on` or `off` [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub counted_nests: Option<roam_prepare::CountedNests>,
+    /// A `memory.fill` or `memory.copy` longer than 64 KiB runs in chunks
+    /// with a migration point between them: `on` or `off` [default: on].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub bulk_chunks: Option<roam_prepare::BulkChunks>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

@@ -22,6 +22,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         hoist_calls: a.hoist_calls.unwrap_or(defaults.hoist_calls),
         counted_loops: a.counted_loops.unwrap_or(defaults.counted_loops),
         counted_nests: a.counted_nests.unwrap_or(defaults.counted_nests),
+        bulk_chunks: a.bulk_chunks.unwrap_or(defaults.bulk_chunks),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };
@@ -37,7 +38,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
     } else {
         let s = &out.stats;
         eprintln!(
-            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points; {} loops outlined; {} pure functions run again instead of unwinding; {} counted loops without checks on short runs)",
+            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points; {} loops outlined; {} pure functions run again instead of unwinding; {} counted loops without checks on short runs; {} bulk-memory instructions split into chunks when long)",
             a.input.display(),
             a.output.display(),
             input.len(),
@@ -47,7 +48,8 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
             s.manual_points,
             out.outlined_loops,
             out.rerun_functions,
-            out.counted_loops
+            out.counted_loops,
+            out.bulk_split
         );
     }
     Ok(0)

@@ -147,7 +147,11 @@ pub(crate) enum Host {
 
 /// Instantiate `wasm` on `engine` with a point import that counts its
 /// calls and, if `host` says so, lowers the flag.
-fn instantiate(engine: &Engine, wasm: &[u8], host: Host) -> (Store<()>, Instance, Arc<AtomicU32>) {
+pub(crate) fn instantiate(
+    engine: &Engine,
+    wasm: &[u8],
+    host: Host,
+) -> (Store<()>, Instance, Arc<AtomicU32>) {
     let module = Module::new(engine, wasm).unwrap();
     let calls = Arc::new(AtomicU32::new(0));
     let mut linker: Linker<()> = Linker::new(engine);

@@ -33,10 +33,10 @@ use crate::quiet::Quiet;
 use crate::rerun::Nested;
 use crate::wasm_opt::AsyncifyList;
 use crate::{
-    AsyncifyScope, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints, ModuleInfo,
-    Outline, PointPolicy, PointStats, PrepareOptions, QuietIndirect, RerunCalls, UnrollChecks,
-    ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC,
-    POINT_MODULE, TABLE_EXPORT_PREFIX,
+    AsyncifyScope, BulkChunks, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints,
+    ModuleInfo, Outline, PointPolicy, PointStats, PrepareOptions, QuietIndirect, RerunCalls,
+    UnrollChecks, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
+    POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
 
 /// The instrumented module, ready for `wasm-opt`.
@@ -52,6 +52,8 @@ pub(crate) struct Instrumented {
     /// Counted loops with a copy without checks for short runs
     /// (`counted.rs`).
     pub counted: u32,
+    /// Bulk-memory instructions that run in chunks when long (`bulk.rs`).
+    pub bulk: u32,
     /// Names of the functions Asyncify must instrument
     /// ([`AsyncifyScope::Reachable`]), or must leave alone (the fast forms of
     /// `pure.rs`), or `None` for Asyncify's own analysis alone.
@@ -94,6 +96,13 @@ pub(crate) fn instrument(
         ConstExpr::Value(walrus::ir::Value::I32(0)),
     );
     add_export(&mut module, FLAG_GLOBAL_EXPORT, flag.into())?;
+    // Before anything reads the call graph: a long fill or copy now calls
+    // a helper whose loop gets a point like any other loop.
+    let loops_policy = matches!(policy, PointPolicy::Loops | PointPolicy::Outer);
+    let bulk = match opts.bulk_chunks == BulkChunks::On && loops_policy {
+        true => crate::bulk::chunk_bulk(&mut module),
+        false => 0,
+    };
 
     // One call graph serves the entry points and the quiet calls.
     let quiet_of = |module: &Module| {
@@ -200,6 +209,7 @@ pub(crate) fn instrument(
         outlined,
         rerun: split.map_or(0, |s| s.fast.len() as u32),
         counted,
+        bulk,
         list,
     })
 }

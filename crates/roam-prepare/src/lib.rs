@@ -27,6 +27,7 @@
 //! `docs/prepare.md` for the pipeline and cost model.
 #![deny(missing_docs)]
 
+mod bulk;
 mod callgraph;
 mod counted;
 mod hoist;
@@ -54,8 +55,8 @@ mod revision_tests;
 
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
-    AsyncifyScope, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints, OptLevel,
-    Outline, ParseOptionError, ParsePolicyError, PointCalls, PointPolicy, PrepareOptions,
+    AsyncifyScope, BulkChunks, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints,
+    OptLevel, Outline, ParseOptionError, ParsePolicyError, PointCalls, PointPolicy, PrepareOptions,
     QuietIndirect, RerunCalls, UnrollChecks,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
@@ -81,8 +82,9 @@ pub use verify::{check_prepared, CheckError};
 /// `unroll.rs`; 7: loops that make calls that may unwind get hoisted
 /// points too, `hoist.rs`; 8: short runs of counted loops take a copy
 /// without checks, `counted.rs`; 9: so do short runs of counted nests,
-/// `nest.rs`, and loops that count down what is left of a slice).
-pub const OUTPUT_REVISION: u32 = 9;
+/// `nest.rs`, and loops that count down what is left of a slice; 10: long
+/// `memory.fill` and `memory.copy` run in chunks with points, `bulk.rs`).
+pub const OUTPUT_REVISION: u32 = 10;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

@@ -462,6 +462,16 @@ on_off!(
     off: "Only innermost loops get a copy without checks."
 );
 
+on_off!(
+    /// Whether `memory.fill` and `memory.copy` longer than 64 KiB run in
+    /// chunks with a migration point between them (`bulk.rs`).
+    BulkChunks,
+    "bulk chunks",
+    default: On,
+    on: "A `memory.fill` or `memory.copy` whose length is not a constant of at most 64 KiB tests its length: a longer one runs in chunks of 64 KiB with a point between chunks (default; with `--points loops` or `outer`).",
+    off: "Each runs whole, however long."
+);
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -506,16 +516,19 @@ pub struct PrepareOptions {
     /// Whether short runs of counted nests skip their checks. Default:
     /// [`CountedNests::On`].
     pub counted_nests: CountedNests,
+    /// Whether long bulk-memory instructions run in chunks. Default:
+    /// [`BulkChunks::On`].
+    pub bulk_chunks: BulkChunks,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={};counted-loops={};counted-nests={}",
+             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={};counted-loops={};counted-nests={};bulk-chunks={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -530,6 +543,7 @@ impl PrepareOptions {
             self.hoist_calls.as_str(),
             self.counted_loops.as_str(),
             self.counted_nests.as_str(),
+            self.bulk_chunks.as_str(),
         )
     }
 }
@@ -566,7 +580,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -577,7 +591,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on"
         );
     }
 }

@@ -38,6 +38,9 @@ pub struct Prepared {
     /// Counted loops whose short runs take a copy without checks
     /// (`counted.rs`); 0 for a module that was already prepared.
     pub counted_loops: u32,
+    /// `memory.fill` and `memory.copy` instructions that run in chunks when
+    /// long (`bulk.rs`); 0 for a module that was already prepared.
+    pub bulk_split: u32,
 }
 
 /// Why `prepare` failed.
@@ -146,6 +149,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
             outlined_loops: 0,
             rerun_functions: 0,
             counted_loops: 0,
+            bulk_split: 0,
         });
     }
     let info = validate(input)?;
@@ -155,6 +159,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     let outlined_loops = instrumented.outlined;
     let rerun_functions = instrumented.rerun;
     let counted_loops = instrumented.counted;
+    let bulk_split = instrumented.bulk;
     let list = instrumented.list.as_ref();
     let mut bytes = match opts.point_calls {
         PointCalls::Plain => wasm_opt::run(
@@ -203,6 +208,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         outlined_loops,
         rerun_functions,
         counted_loops,
+        bulk_split,
     })
 }
 

@@ -39,6 +39,10 @@ const HISTORY: &[(u32, &str)] = &[
         9,
         "8d3c938e3c8fbd102b9503768deb4158c5db6677ed3b8f8394d7d6b6d9a4057b",
     ),
+    (
+        10,
+        "22330de62c76f04831a73d2fa25b1edf58a8f9f8d97828a36b89985730236571",
+    ),
 ];
 
 fn option_sets() -> Vec<PrepareOptions> {
@@ -75,6 +79,7 @@ fn fingerprint() -> String {
         crate::counted::tests::WAT,
         crate::counted::tests::BIG,
         crate::nest::tests::WAT,
+        crate::bulk::tests::WAT,
     ];
     let mut h = blake3::Hasher::new();
     let mut put = |bytes: &[u8]| {
