@@ -329,3 +329,87 @@ fn empty_memory_cannot_be_checkpointed_and_says_so() {
         text(&out.stderr)
     );
 }
+
+/// Fills and overlapping copies of 1 MiB, then the region written to
+/// stdout. Every fill and copy is longer than a chunk, so each runs in
+/// chunks with a point between them (`bulk.rs` of roam-prepare).
+const BULK_WAT: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 40)
+  (func (export "_start") (local $at i32) (local $left i32)
+    (memory.fill (i32.const 0x10000) (i32.const 0x61) (i32.const 300000))
+    (memory.fill (i32.const 310000) (i32.const 0x62) (i32.const 400000))
+    (memory.fill (i32.const 710000) (i32.const 0x63) (i32.const 400000))
+    ;; Overlapping, the destination above the source, then below it.
+    (memory.copy (i32.const 200000) (i32.const 0x10000) (i32.const 700000))
+    (memory.copy (i32.const 0x10000) (i32.const 120000) (i32.const 600000))
+    (local.set $at (i32.const 0x10000))
+    (local.set $left (i32.const 0x100000))
+    (loop $write
+      (i32.store (i32.const 0x100) (local.get $at))
+      (i32.store (i32.const 0x104) (local.get $left))
+      (drop (call $fd_write (i32.const 1) (i32.const 0x100) (i32.const 1) (i32.const 0x200)))
+      (local.set $at (i32.add (local.get $at) (i32.load (i32.const 0x200))))
+      (br_if $write (local.tee $left (i32.sub (local.get $left) (i32.load (i32.const 0x200))))))))"#;
+
+/// What `BULK_WAT` writes, computed here.
+fn bulk_reference() -> Vec<u8> {
+    let mut m = vec![0u8; 40 << 16];
+    m[0x10000..0x10000 + 300000].fill(b'a');
+    m[310000..710000].fill(b'b');
+    m[710000..1110000].fill(b'c');
+    m.copy_within(0x10000..0x10000 + 700000, 200000);
+    m.copy_within(120000..720000, 0x10000);
+    m[0x10000..0x110000].to_vec()
+}
+
+/// A checkpoint at every point of a long fill or copy, between any two of
+/// its chunks, leaves the output unchanged; so does stopping between two
+/// chunks on x86-64 and going on from there on aarch64.
+#[test]
+fn checkpoints_between_the_chunks_of_long_fills_and_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("bulk.wasm");
+    std::fs::write(&m, wat(BULK_WAT)).unwrap();
+    let want = bulk_reference();
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["run", "--checkpoint-every-points", "1", "--snapshot"])
+        .arg(dir.path().join("every.roam"))
+        .arg(&m);
+    let out = output(cmd);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        out.stdout == want,
+        "output differs with a checkpoint at every point"
+    );
+    // 1 MiB of fills and 1.3 MB of copies: about 40 chunks.
+    let taken = text(&out.stderr).matches("checkpoint (continue)").count();
+    assert!(taken >= 30, "only {taken} checkpoints were taken");
+
+    // Each run of n bytes checks its flag 1 + (n - 1) / 64 KiB times:
+    // 5 and 7 for the first fills, so the 15th point falls in the third
+    // fill, the 25th in the first copy (backwards) and the 35th in the
+    // second (forwards).
+    for at in ["15", "25", "35"] {
+        let snap = dir.path().join(format!("at-{at}.roam"));
+        let mut cmd = roam(Isa::X86_64);
+        cmd.args(["run", "--checkpoint-at-point", at, "--snapshot"])
+            .arg(&snap)
+            .arg(&m);
+        let first = output(cmd);
+        assert!(first.status.success(), "{}", text(&first.stderr));
+        assert!(
+            first.stdout.is_empty(),
+            "wrote before the stop at point {at}"
+        );
+        let mut cmd = roam(Isa::Aarch64);
+        cmd.arg("restore").arg(&snap);
+        let second = output(cmd);
+        assert!(second.status.success(), "{}", text(&second.stderr));
+        assert!(
+            second.stdout == want,
+            "output differs after a stop at point {at}"
+        );
+    }
+}
