@@ -51,6 +51,16 @@
 //! and the test sends the run to the loop with its point. So the test is
 //! `e - 1 < limit * |s|` (unsigned) and `e & (|s| - 1) == 0`.
 //!
+//! Ordered comparisons are counted too: `x op b` or `b op x` after the
+//! update, with `op` one of `i32.lt_s`, `lt_u`, `gt_s`, `gt_u`, the step
+//! moving `x` towards `b` (up for `x < b`, down for `x > b`), of any
+//! magnitude up to [`MAX_STEP`]. That is how clang leaves `for (i = 1; i <
+//! n - 1; i += 2)` when it cannot prove that `i` meets the bound exactly
+//! (`mg`'s stencils, unrolled by two). The test computes the distance in
+//! 64 bits: a run is short when `1 <= d <= limit * |s|` and the bound sits
+//! far enough from the end of the counter's range that no trip wraps it
+//! (see [`Counted::push_short`]).
+//!
 //! One more shape counts down what is left of a slice walked in chunks
 //! whose size is known only when the program runs (Rust's
 //! `chunks_exact(dim)`, `kmeans`' loop over the centroids): the condition
@@ -94,6 +104,15 @@ pub(crate) enum Shape {
     /// `by <= x`, unsigned: what is left of a slice walked in chunks of
     /// `by` (Rust's `chunks_exact`).
     Remaining { by: LocalId },
+    /// `x += step` once per trip; on while `x < bound` (a positive step)
+    /// or `x > bound` (a negative one), signed or unsigned: C's `for (i =
+    /// a; i < n; i += s)` as clang leaves it when it cannot prove the
+    /// counter meets the bound exactly.
+    Ordered {
+        step: i32,
+        bound: Bound,
+        signed: bool,
+    },
 }
 
 /// A recognised counted loop.
@@ -253,12 +272,14 @@ fn back_edge(func: &LocalFunction, seq: InstrSeqId) -> Option<(LocalId, Shape)> 
     if let Some((x, s)) = n.checked_sub(2).and_then(update) {
         return exact(x, s, Bound::Const(0));
     }
-    if !matches!(
-        instrs.get(n.checked_sub(2)?),
-        Some(Instr::Binop(Binop {
-            op: BinaryOp::I32Ne
-        }))
-    ) {
+    let op = match instrs.get(n.checked_sub(2)?) {
+        Some(Instr::Binop(Binop { op })) => *op,
+        _ => return None,
+    };
+    if let Some((less, signed)) = ordered(op) {
+        return ordered_edge(&instrs, less, signed, update);
+    }
+    if !matches!(op, BinaryOp::I32Ne) {
         return None;
     }
     // `update; b; i32.ne; br_if`
@@ -268,6 +289,48 @@ fn back_edge(func: &LocalFunction, seq: InstrSeqId) -> Option<(LocalId, Shape)> 
     // `b; update; i32.ne; br_if`
     let (x, s) = n.checked_sub(3).and_then(update)?;
     exact(x, s, bound_of(instrs[n.checked_sub(7)?])?)
+}
+
+/// `(x < b, signed)` for `x op b` when `op` is an ordered comparison that
+/// a counted loop may go on by (`x > b` gives `less == false`).
+fn ordered(op: BinaryOp) -> Option<(bool, bool)> {
+    match op {
+        BinaryOp::I32LtS => Some((true, true)),
+        BinaryOp::I32LtU => Some((true, false)),
+        BinaryOp::I32GtS => Some((false, true)),
+        BinaryOp::I32GtU => Some((false, false)),
+        _ => None,
+    }
+}
+
+/// The [`Shape::Ordered`] back-edges: `update; b; op; br_if` (on while
+/// `x op b`) or `b; update; op; br_if` (on while `b op x`, that is `x`
+/// against `b` the other way round). The step must move `x` towards the
+/// bound: up while `x < b`, down while `x > b`.
+fn ordered_edge(
+    instrs: &[&Instr],
+    less: bool,
+    signed: bool,
+    update: impl Fn(usize) -> Option<(LocalId, i32)>,
+) -> Option<(LocalId, Shape)> {
+    let n = instrs.len();
+    let (x, step, bound, less) = match n.checked_sub(4).and_then(&update) {
+        Some((x, s)) => (x, s, bound_of(instrs[n - 3])?, less),
+        None => {
+            let (x, s) = n.checked_sub(3).and_then(&update)?;
+            (x, s, bound_of(instrs[n.checked_sub(7)?])?, !less)
+        }
+    };
+    let magnitude = step.unsigned_abs();
+    let fine = (step > 0) == less && step != 0 && magnitude <= MAX_STEP && bound != Bound::Local(x);
+    fine.then_some((
+        x,
+        Shape::Ordered {
+            step,
+            bound,
+            signed,
+        },
+    ))
 }
 
 /// Loop `seq` as a counted loop, or `None` (see the module docs for the
@@ -292,7 +355,7 @@ pub(crate) fn recognise_within(
     let (x, shape) = back_edge(func, seq)?;
     // The local the loop must not write besides the counter.
     let bound = match shape {
-        Shape::Exact { bound, .. } => bound,
+        Shape::Exact { bound, .. } | Shape::Ordered { bound, .. } => bound,
         Shape::Remaining { by } => Bound::Local(by),
     };
     let (mut size, mut ok, mut edges, mut writes_x) = (0u32, true, 0u32, 0u32);
@@ -335,6 +398,11 @@ impl Counted {
         let (step, bound) = match self.shape {
             Shape::Exact { step, bound } => (step, bound),
             Shape::Remaining { by } => return self.push_short_remaining(b, by),
+            Shape::Ordered {
+                step,
+                bound,
+                signed,
+            } => return self.push_short_ordered(b, step, bound, signed),
         };
         let magnitude = step.unsigned_abs();
         // e = b - x (x - b for a negative step), wrapping.
@@ -367,6 +435,58 @@ impl Counted {
                 .unop(walrus::ir::UnaryOp::I32Eqz)
                 .binop(BinaryOp::I32And);
         }
+    }
+
+    /// [`Shape::Ordered`], in 64 bits so nothing wraps. With `d` the
+    /// distance from `x` on entry to the bound in the step's direction, a
+    /// run makes `ceil(d / |s|)` trips when `d >= 1`, and the counter
+    /// stays within `|s| - 1` past the bound. The test is `1 <= d <=
+    /// limit × |s|`, and that the bound is at least `|s| - 1` from the end
+    /// of the counter's range (signed or not), so that no trip wraps it
+    /// round.
+    /// `d <= 0` (entered past the bound) goes to the loop with its point:
+    /// one trip, unless that trip wraps.
+    fn push_short_ordered(
+        &self,
+        b: &mut walrus::InstrSeqBuilder,
+        step: i32,
+        bound: Bound,
+        signed: bool,
+    ) {
+        use walrus::ir::UnaryOp::{I64ExtendSI32, I64ExtendUI32};
+        let extend = if signed { I64ExtendSI32 } else { I64ExtendUI32 };
+        let magnitude = i64::from(step.unsigned_abs());
+        let push_bound = |b: &mut walrus::InstrSeqBuilder| {
+            match bound {
+                Bound::Const(c) => b.i32_const(c),
+                Bound::Local(l) => b.local_get(l),
+            };
+            b.unop(extend);
+        };
+        let (low, high) = match signed {
+            true => (i64::from(i32::MIN), i64::from(i32::MAX)),
+            false => (0, i64::from(u32::MAX)),
+        };
+        // d - 1 < limit * |s|, unsigned: 1 <= d <= limit * |s|.
+        if step > 0 {
+            push_bound(b);
+            b.local_get(self.x).unop(extend);
+        } else {
+            b.local_get(self.x).unop(extend);
+            push_bound(b);
+        }
+        b.binop(BinaryOp::I64Sub);
+        b.i64_const(1).binop(BinaryOp::I64Sub);
+        b.i64_const(i64::from(self.limit) * magnitude)
+            .binop(BinaryOp::I64LtU);
+        // The last trip leaves the counter at most |s| - 1 past the bound.
+        push_bound(b);
+        if step > 0 {
+            b.i64_const(high - (magnitude - 1)).binop(BinaryOp::I64LeS);
+        } else {
+            b.i64_const(low + (magnitude - 1)).binop(BinaryOp::I64GeS);
+        }
+        b.binop(BinaryOp::I32And);
     }
 
     /// [`Shape::Remaining`]: a run makes `x / by` trips when `x >= by >= 1`

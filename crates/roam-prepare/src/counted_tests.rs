@@ -72,10 +72,25 @@ pub(crate) const WAT: &str = r#"(module
         (then (local.set $n (i32.const 3)) (br $l)))
       (br_if $l (local.tee $n (i32.sub (local.get $n) (i32.const 1)))))
     (local.get $n))
-  (func (export "less") (param $n i32) (result i32) (local $i i32)
+  (func (export "away") (param $n i32) (result i32) (local $i i32)
     (loop $l
-      (br_if $l (i32.lt_u (local.tee $i (i32.add (local.get $i) (i32.const 1))) (local.get $n))))
+      (br_if $l (i32.lt_s (local.tee $i (i32.sub (local.get $i) (i32.const 1))) (local.get $n))))
     (local.get $i))
+  ;; Up by 1 from 0 while below n, unsigned: n trips for n >= 1.
+  (func (export "less") (param $n i32) (result i64) (local $i i32) (local $acc i64)
+    (loop $l
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 3))
+        (i64.extend_i32_u (local.get $i))))
+      (br_if $l (i32.lt_u (local.tee $i (i32.add (local.get $i) (i32.const 1))) (local.get $n))))
+    (local.get $acc))
+  ;; Down by 2 from n while 0 is below it, signed, the bound first:
+  ;; ceil(n / 2) trips for n >= 1.
+  (func (export "above") (param $n i32) (result i64) (local $acc i64)
+    (loop $l
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 5))
+        (i64.extend_i32_u (local.get $n))))
+      (br_if $l (i32.lt_s (i32.const 0) (local.tee $n (i32.sub (local.get $n) (i32.const 2))))))
+    (local.get $acc))
   ;; What is left of n, taken 24 at a time while 24 more are left: n / 24
   ;; trips when n >= 24 (Rust's `chunks_exact`); with `>=` the other way
   ;; round; and subtracting one local while comparing with another.
@@ -148,6 +163,22 @@ fn counted_loops_are_recognised_and_others_are_not() {
     assert_eq!(of("first"), exact(-2, Bound::Const(0)));
     assert!(matches!(of("left"), Some(Shape::Remaining { .. })));
     assert!(matches!(of("left_ge"), Some(Shape::Remaining { .. })));
+    assert!(matches!(
+        of("less"),
+        Some(Shape::Ordered {
+            step: 1,
+            bound: Bound::Local(_),
+            signed: false
+        })
+    ));
+    assert_eq!(
+        of("above"),
+        Some(Shape::Ordered {
+            step: -2,
+            bound: Bound::Const(0),
+            signed: true
+        })
+    );
     for name in [
         "step3",
         "twice",
@@ -155,7 +186,7 @@ fn counted_loops_are_recognised_and_others_are_not() {
         "calls",
         "fills",
         "second_edge",
-        "less",
+        "away",
         "left_other",
     ] {
         assert_eq!(of(name), None, "{name}");
@@ -174,6 +205,8 @@ fn a_run_up_to_the_limit_takes_the_copy_without_checks() {
         ("down", limit("down") as i32, 1),
         ("up", (limit("up") * 4096) as i32, 4096),
         ("first", (limit("first") * 2) as i32, 2),
+        ("less", limit("less") as i32, 1),
+        ("above", (limit("above") * 2) as i32, 2),
     ];
     for (name, at_limit, step) in cases {
         // The flag held up: every point calls in. Up to the limit, the run
@@ -221,6 +254,8 @@ fn results_are_unchanged_wherever_requests_land() {
         ("first", vec![2, 10, 600, 4000, 90_000]),
         ("left", vec![24, 100, 5000, 100_000]),
         ("left_ge", vec![30, 999, 70_000]),
+        ("less", vec![0, 1, 2, 50, 5000, 70_000]),
+        ("above", vec![-5, 0, 1, 2, 51, 6000, 90_000]),
     ];
     assert_results_unchanged(&wasm, WAT, &runs, &[1, 3, 40]);
 }
@@ -331,5 +366,59 @@ fn the_trip_count_wraps_as_the_counter_does() {
         let (got, calls) = call(&wasm, "edge", start, true, Host::Hold);
         assert!(same(got, want), "{k} trips");
         assert_eq!(calls == 0, fast, "{k} trips: {calls} point calls");
+    }
+}
+
+/// Ordered bounds near the end of the counter's range, with the largest
+/// step: `far`'s bound leaves room for the last step, `near`'s does not,
+/// and a counter that steps over it wraps round.
+const ORDERED_EDGE: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "far") (param $x i32) (result i64) (local $acc i64)
+    (loop $l
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 3))
+        (i64.extend_i32_u (local.get $x))))
+      (br_if $l (i32.lt_s (local.tee $x (i32.add (local.get $x) (i32.const 4096)))
+        (i32.const 0x7ffff000))))
+    (local.get $acc))
+  (func (export "near") (param $x i32) (result i64) (local $acc i64)
+    (loop $l
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 3))
+        (i64.extend_i32_u (local.get $x))))
+      (br_if $l (i32.lt_s (local.tee $x (i32.add (local.get $x) (i32.const 4096)))
+        (i32.const 0x7ffff001))))
+    (local.get $acc))
+  (func (export "_start")))"#;
+
+#[test]
+fn an_ordered_bound_is_short_only_where_no_step_can_wrap() {
+    let wasm = prepare_wat_with(ORDERED_EDGE, &PrepareOptions::default());
+    let far = recognised(ORDERED_EDGE, "far").unwrap().limit as i32;
+    let bound = 0x7fff_f000_i32;
+    // k trips of 4096 up to the bound; one byte further is one trip more.
+    for (start, fast) in [
+        (bound - 4096, true),
+        (bound - 4096 * far, true),
+        (bound - 4096 * far - 1, false),
+        (bound - 4096 * (far + 1), false),
+        // Entered at or past the bound: one trip, with its checks.
+        (bound, false),
+        (bound + 7, false),
+    ] {
+        let want = plain_of(ORDERED_EDGE, "far", start);
+        let (got, calls) = call(&wasm, "far", start, true, Host::Hold);
+        assert!(same(got, want), "far({start})");
+        assert_eq!(calls == 0, fast, "far({start}): {calls} point calls");
+    }
+    // One more: the last step may pass i32::MAX, so no run is short, not
+    // even one that would end below it. (A run that does pass it never
+    // ends: with a step of a power of two, the counter comes round to the
+    // same place below the bound again.)
+    let near = 0x7fff_f001_i32;
+    for start in [near - 4096, near - 8192, near - 4096 * 20] {
+        let want = plain_of(ORDERED_EDGE, "near", start);
+        let (got, calls) = call(&wasm, "near", start, true, Host::Hold);
+        assert!(same(got, want), "near({start})");
+        assert!(calls > 0, "near({start}) ran without checks");
     }
 }
