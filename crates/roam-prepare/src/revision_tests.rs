@@ -41,6 +41,10 @@ const HISTORY: &[(u32, &str)] = &[
     ),
     (
         10,
+        "22330de62c76f04831a73d2fa25b1edf58a8f9f8d97828a36b89985730236571",
+    ),
+    (
+        11,
         "b3ce8d3fd7ad23ea20b3b738febcbfed44ad86aaadfc1e17fe5b6c32fa3f6964",
     ),
 ];
