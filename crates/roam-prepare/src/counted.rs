@@ -95,6 +95,16 @@ pub(crate) enum Bound {
     Local(LocalId),
 }
 
+impl Bound {
+    /// Push the bound's value.
+    fn push(self, b: &mut walrus::InstrSeqBuilder) {
+        match self {
+            Bound::Const(c) => b.i32_const(c),
+            Bound::Local(l) => b.local_get(l),
+        };
+    }
+}
+
 /// How a counted loop's counter moves and when the loop goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shape {
@@ -407,19 +417,11 @@ impl Counted {
         let magnitude = step.unsigned_abs();
         // e = b - x (x - b for a negative step), wrapping.
         let distance = |b: &mut walrus::InstrSeqBuilder| {
-            let push_bound = |b: &mut walrus::InstrSeqBuilder| match bound {
-                Bound::Const(c) => {
-                    b.i32_const(c);
-                }
-                Bound::Local(l) => {
-                    b.local_get(l);
-                }
-            };
             if step < 0 {
                 b.local_get(self.x);
-                push_bound(b);
+                bound.push(b);
             } else {
-                push_bound(b);
+                bound.push(b);
                 b.local_get(self.x);
             }
             b.binop(BinaryOp::I32Sub);
@@ -457,10 +459,7 @@ impl Counted {
         let extend = if signed { I64ExtendSI32 } else { I64ExtendUI32 };
         let magnitude = i64::from(step.unsigned_abs());
         let push_bound = |b: &mut walrus::InstrSeqBuilder| {
-            match bound {
-                Bound::Const(c) => b.i32_const(c),
-                Bound::Local(l) => b.local_get(l),
-            };
+            bound.push(b);
             b.unop(extend);
         };
         let (low, high) = match signed {
