@@ -36,17 +36,7 @@ fn prepared(bulk: BulkChunks) -> Vec<u8> {
 /// A pattern no fill or copy can produce by accident.
 fn pattern() -> &'static [u8] {
     static PATTERN: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    PATTERN.get_or_init(|| {
-        let mut x = 0x9e37_79b9_u32;
-        (0..SIZE)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect()
-    })
+    PATTERN.get_or_init(|| roam_testkit::pseudo_random(SIZE as usize, 0x9e37_79b9))
 }
 
 /// Memory after `name(args)` on a patterned memory, whether it trapped,

@@ -76,6 +76,20 @@ pub const REDIS_TOOLS: Tool = Tool {
     install: "apt-get install redis-tools (or run scripts/setup.sh)",
 };
 
+/// `len` deterministic bytes from a xorshift generator seeded with
+/// `seed`: test data no operation produces by accident.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// Whether the tests run under CI: `CI` is set, non-empty, and neither
 /// `false` nor `0`.
 pub fn in_ci() -> bool {

@@ -2,6 +2,7 @@
 //! backend by [`contract_tests!`]. Each check compares what the store
 //! returns with what was written (the reference is the test's own copy).
 
+use roam_testkit::pseudo_random;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -350,18 +351,6 @@ pub async fn create_races_have_one_winner<S: ClusterStore>(a: Arc<S>, b: Arc<S>)
         let now = a.cell(&id).await.unwrap().unwrap();
         assert_eq!((now.value.owner, now.revision), winners.remove(0));
     }
-}
-
-fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn module_name(bytes: &[u8]) -> String {
