@@ -354,12 +354,13 @@ fn instrument_function(
     // below as before.
     let mut loops = loops;
     // Under `outer` the list leaves out inner loops, so only `loops` says
-    // which loops a loop holds.
+    // which loops a loop holds. The inner loops of a nest need no point.
+    let mut in_nests = HashSet::new();
     if counted && opts.counted_nests == CountedNests::On && policy == PointPolicy::Loops {
-        versioned += version_nests(func, &mut loops, (point, flag));
+        versioned += version_nests(func, &mut loops, (point, flag), &mut in_nests);
     }
     let mut inline = Vec::new();
-    for l in loops.iter().rev() {
+    for l in loops.iter().rev().filter(|l| !in_nests.contains(&l.seq)) {
         // A short run of a counted loop takes a copy without checks; the
         // loop itself moves into the `else` arm of the test and gets its
         // point below as before (`counted.rs`).
@@ -415,11 +416,13 @@ fn instrument_function(
 }
 
 /// Version every counted nest among `loops` (`nest.rs`), updating where
-/// each outer loop now is; returns how many.
+/// each outer loop now is and adding its inner loops, which need no point,
+/// to `inner`; returns how many.
 fn version_nests(
     func: &mut LocalFunction,
     loops: &mut [LoopInfo],
     point: (FunctionId, GlobalId),
+    in_nests: &mut HashSet<InstrSeqId>,
 ) -> u32 {
     let mut versioned = 0;
     for k in 0..loops.len() {
@@ -444,6 +447,7 @@ fn version_nests(
             point,
         );
         (loops[k].parent, loops[k].index) = at;
+        in_nests.extend(inner);
         versioned += 1;
     }
     versioned

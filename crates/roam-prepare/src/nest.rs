@@ -1,5 +1,6 @@
 //! Counted nests: a short run of a counted loop whose inner loops are short
-//! counted loops needs no check either.
+//! counted loops needs no check either, and a long run checks once per
+//! trip of the outer loop.
 //!
 //! Why: `counted.rs` takes only innermost loops. The loop around a short
 //! inner loop still has its point, and since a run of the inner loop with
@@ -17,38 +18,62 @@
 //! to run with checks, so the copy cannot go on: it leaves to a *tail*, a
 //! copy of the rest of that iteration of `K`, starting with `J`, in which
 //! `J` and every inner loop after it have points; after it, the rest of
-//! the run of `K` goes on in the original loop:
+//! the run of `K` starts again from the test of its trips.
+//!
+//! A run of `K` too long for the copy runs in `K` itself, with its point,
+//! hoisted as any loop's: a check at each back-edge. Its inner loops get no
+//! point of their own. Each keeps a test of its trip count against its
+//! share of [`TRIP_BUDGET`] instructions, and leaves to its tail as in the
+//! copy when a run is longer. So `K` calls nothing either: Asyncify leaves
+//! its body alone, and it moves whole into a function of its own.
 //!
 //! ```wasm
 //! block $exit
-//!   block $slow
-//!     <K's trips> <= limit
-//!     i32.eqz
-//!     br_if $slow
+//!   loop $resume
 //!     block $tail
-//!       loop $K'                ;; a copy of K: no point, no check
-//!         ...
-//!         <J's trips> <= inner limit
-//!         if  loop $J' ... end  ;; a copy of J: no point, no check
-//!         else br $tail end
-//!         ...
+//!       <K's trips> <= limit
+//!       if
+//!         loop $K'              ;; a copy of K: no point, no check
+//!           ...
+//!           <J's trips> <= inner limit
+//!           if  loop $J' ... end  ;; a copy of J: no point, no check
+//!           else br $tail end
+//!           ...
+//!         end
+//!       else
+//!         loop $K               ;; K, with its point as before
+//!           ...
+//!           <J's trips> <= trip limit
+//!           if  loop $J ... end   ;; J: no point, no check
+//!           else br $tail end
+//!           ...
+//!         end
 //!       end
 //!       br $exit
 //!     end
 //!     loop $J'' ... end         ;; the rest of this iteration of K, from J,
 //!     ...                       ;; J'' and the inner loops after it with
-//!     br $exit                  ;; hoisted points; `br $K` is `br $slow`
+//!     br $exit                  ;; hoisted points; `br $K` is `br $resume`
 //!   end
-//!   loop $K ... end             ;; K, with its points as before
 //! end
 //! ```
 //!
 //! A run of `K'` makes at most `limit` trips, each of at most its own
 //! instructions plus [`INNER_BUDGET`] per inner loop, so it executes at
 //! most [`NEST_BUDGET`] instructions before the code after the nest or the
-//! tail's point. With no point inside it, `K'` calls nothing, so its
+//! tail's point; a trip of `K` at most its own plus [`TRIP_BUDGET`] before
+//! its check. With no point inside it, `K'` calls nothing, so its
 //! function's Asyncify code stays out of it, and it moves into a function
 //! of its own like an innermost loop does (`outline.rs`, stage `Leaves`).
+//! `$resume` has no point: each of its trips after the first runs a tail,
+//! whose first loop checks the flag on entry (`hoist.rs`).
+//!
+//! Why `K` runs that way: `linpack`'s elimination updates up to `n` rows
+//! of up to `n` elements each, too long for one run of the copy. `K` ran
+//! with its inner loop's own counted copies, whose long runs have points,
+//! so `K` called, Asyncify guarded it, and the short copy of the row
+//! update moved into a function called once per row: 1.22× plain at size
+//! M, against 1.00× now (docs/prepare.md).
 //!
 //! The tail is the rest of the iteration because `J` can sit inside blocks
 //! and `if`s of `K`'s body: each of those becomes a block ending where the
@@ -57,7 +82,7 @@
 //! and no value is left on the stack across any of them (checked by
 //! [`height`]).
 
-use walrus::ir::{Block, Br, BrIf, IfElse, Instr, InstrSeqId, InstrSeqType, Loop, UnaryOp};
+use walrus::ir::{Block, Br, IfElse, Instr, InstrSeqId, InstrSeqType, Loop};
 use walrus::{FunctionId, GlobalId, LocalFunction};
 
 use crate::counted::Counted;
@@ -70,6 +95,12 @@ pub(crate) const NEST_BUDGET: u32 = 1 << 18;
 /// Instructions each run of an inner loop may execute inside a nest's run
 /// without checks.
 pub(crate) const INNER_BUDGET: u32 = 1 << 11;
+
+/// Instructions the inner loops' runs may execute together in one trip of
+/// the outer loop when it runs with its point: `linpack`'s row updates (up
+/// to 2000 elements at size L, two per trip of some fifty instructions)
+/// fit.
+pub(crate) const TRIP_BUDGET: u32 = 1 << 16;
 
 /// Instructions of an inner loop's test and branch, counted per trip of the
 /// outer loop on top of [`INNER_BUDGET`].
@@ -84,7 +115,10 @@ pub(crate) struct Nest {
 /// An inner loop of a nest.
 struct Inner {
     seq: InstrSeqId,
+    /// With its limit in a run of the outer loop without checks.
     counted: Counted,
+    /// With its limit in a trip of the outer loop with its point.
+    in_trip: Counted,
     /// From the outer loop's body down: each sequence, and the index in it
     /// of the structure that holds the next one (at the end, of the loop).
     path: Vec<(InstrSeqId, usize)>,
@@ -101,6 +135,7 @@ pub(crate) fn recognise(
         return None;
     }
     let mut loops = Vec::with_capacity(inner.len());
+    let share = TRIP_BUDGET / u32::try_from(inner.len()).ok()?;
     let mut own = size(func, outer);
     for &seq in inner {
         // The guard runs it in an `if` arm that gives no value.
@@ -119,7 +154,13 @@ pub(crate) fn recognise(
             }
         }
         own = own.saturating_sub(size(func, seq));
-        loops.push(Inner { seq, counted, path });
+        let in_trip = crate::counted::recognise_within(func, seq, share, &[])?;
+        loops.push(Inner {
+            seq,
+            counted,
+            in_trip,
+            path,
+        });
     }
     let outer_counted = crate::counted::recognise_within(func, outer, NEST_BUDGET, inner)?;
     let per_trip = own.saturating_add(inner.len() as u32 * (INNER_BUDGET + TEST_COST));
@@ -194,10 +235,11 @@ fn height(func: &LocalFunction, seq: InstrSeqId, upto: usize) -> Option<i32> {
 }
 
 /// Put the copy without checks of nest `outer` (at `parent.instrs[index]`)
-/// and its tails in front of it; returns where the original loop now is,
-/// for its point to be placed as before. Every loop of a tail (the inner
-/// loop that left to it and any inner loop after it) gets a hoisted point
-/// of its own.
+/// beside the loop itself, both behind the test of a run's trips, and the
+/// tails round them; returns where the loop now is, for its point to be
+/// placed as before. Its inner loops need no point of their own: each run
+/// of one is short, or leaves to its tail. Every loop of a tail (the inner
+/// loop that left to it and any inner loop after it) gets a hoisted point.
 pub(crate) fn version(
     func: &mut LocalFunction,
     (parent, index): (InstrSeqId, usize),
@@ -216,22 +258,42 @@ pub(crate) fn version(
             .expect("every sequence of the nest was copied")
     };
     let exit = func.builder_mut().dangling_instr_seq(none).id();
-    let slow = func.builder_mut().dangling_instr_seq(none).id();
-    // Innermost block first: the copy without checks, then one block per
-    // inner loop, after whose end that loop's tail runs.
+    let resume = func.builder_mut().dangling_instr_seq(none).id();
+    // Innermost block first: the test of the run's trips, then one block
+    // per inner loop, after whose end that loop's tail runs.
+    let (short, long) = {
+        let builder = func.builder_mut();
+        let short = builder.dangling_instr_seq(none).id();
+        builder.instr_seq(short).instr(Loop { seq: fast });
+        let long = builder.dangling_instr_seq(none).id();
+        (short, long)
+    };
     let mut current = func.builder_mut().dangling_instr_seq(none).id();
-    func.builder_mut()
-        .instr_seq(current)
-        .instr(Loop { seq: fast })
+    {
+        let mut b = func.builder_mut().instr_seq(current);
+        nest.outer.push_short(&mut b);
+        b.instr(IfElse {
+            consequent: short,
+            alternative: long,
+        })
         .instr(Br { block: exit });
+    }
     // (where to look, loop): the loops of the tails, which get points.
     let mut hoists = Vec::new();
+    let mut targets = Vec::new();
     for j in &nest.inner {
         let (at, slot) = *j.path.last().expect("a path ends at its loop");
-        guard(func, (copy_of(at), slot), copy_of(j.seq), j, current);
+        guard(
+            func,
+            (copy_of(at), slot),
+            copy_of(j.seq),
+            &j.counted,
+            current,
+        );
+        targets.push(current);
         let next = func.builder_mut().dangling_instr_seq(none).id();
         let mut body = vec![(Block { seq: current }.into(), Default::default())];
-        let (tail, renamed) = tail(func, outer, slow, j);
+        let (tail, renamed) = tail(func, outer, resume, j);
         body.extend(tail);
         body.push((Br { block: exit }.into(), Default::default()));
         func.block_mut(next).instrs = body;
@@ -244,35 +306,39 @@ pub(crate) fn version(
         );
         current = next;
     }
-    {
-        let mut b = func.builder_mut().instr_seq(slow);
-        nest.outer.push_short(&mut b);
-        b.unop(UnaryOp::I32Eqz)
-            .instr(BrIf { block: slow })
-            .instr(Block { seq: current });
+    // The tails are copies of the loop as the program wrote it; now its
+    // inner loops run only short runs too, within one trip's budget.
+    for (j, target) in nest.inner.iter().zip(targets) {
+        let (at, slot) = *j.path.last().expect("a path ends at its loop");
+        guard(func, (at, slot), j.seq, &j.in_trip, target);
     }
+    replace_loop(func, (parent, index), outer, Block { seq: exit }.into());
+    func.builder_mut()
+        .instr_seq(long)
+        .instr(Loop { seq: outer });
+    func.builder_mut()
+        .instr_seq(resume)
+        .instr(Block { seq: current });
     func.builder_mut()
         .instr_seq(exit)
-        .instr(Block { seq: slow })
-        .instr(Loop { seq: outer });
-    replace_loop(func, (parent, index), outer, Block { seq: exit }.into());
+        .instr(Loop { seq: resume });
     for (root, seq) in hoists {
         // Tails hold no loop round these (`path` does not look into loops).
         let path = path(func, root, seq).expect("a tail holds the copies of its loops");
         let (at, slot) = *path.last().expect("a path ends at its loop");
         crate::hoist::hoist(func, at, slot, seq, point, flag, false);
     }
-    (exit, 1)
+    (long, 0)
 }
 
-/// In the copy without checks, run the copy `looped` of inner loop `j` (at
-/// `parent.instrs[index]`) only when its run is short; otherwise leave to
-/// the end of block `tail`.
+/// Run inner loop `looped` (at `parent.instrs[index]`) only when its run
+/// is short by `counted`'s limit; otherwise leave to the end of block
+/// `tail`.
 fn guard(
     func: &mut LocalFunction,
     (parent, index): (InstrSeqId, usize),
     looped: InstrSeqId,
-    j: &Inner,
+    counted: &Counted,
     tail: InstrSeqId,
 ) {
     let none = InstrSeqType::Simple(None);
@@ -283,7 +349,7 @@ fn guard(
     builder.instr_seq(otherwise).instr(Br { block: tail });
     let wrapper = builder.dangling_instr_seq(none).id();
     let mut b = builder.instr_seq(wrapper);
-    j.counted.push_short(&mut b);
+    counted.push_short(&mut b);
     b.instr(IfElse {
         consequent: then,
         alternative: otherwise,
@@ -293,14 +359,14 @@ fn guard(
 
 /// The rest of an iteration of `outer` from inner loop `j` on, as
 /// instructions to run in place of a fall out of `outer`'s body: a branch
-/// back to `outer` goes to the end of `slow` instead. Also returns which
+/// back to `outer` goes to loop `resume` instead. Also returns which
 /// sequence copies which (for the copies of `j` and of the inner loops
 /// after it, which need points).
 #[allow(clippy::type_complexity)]
 fn tail(
     func: &mut LocalFunction,
     outer: InstrSeqId,
-    slow: InstrSeqId,
+    resume: InstrSeqId,
     j: &Inner,
 ) -> (
     Vec<(Instr, walrus::InstrLocId)>,
@@ -309,7 +375,7 @@ fn tail(
     let none = InstrSeqType::Simple(None);
     // Each structure on the way becomes a block that ends where the code
     // after it begins.
-    let mut renamed = vec![(outer, slow)];
+    let mut renamed = vec![(outer, resume)];
     let blocks: Vec<InstrSeqId> = j.path[1..]
         .iter()
         .map(|(seq, _)| {

@@ -43,14 +43,15 @@ pub(crate) const WAT: &str = concat!(
         (local.set $acc (i64.add (local.get $acc) (i64.extend_i32_u (local.get $i)))))
       (br_if $outer (local.tee $i (i32.sub (local.get $i) (i32.const 1)))))
     (i64.add (local.get $acc) (i64.extend_i32_u (i32.load (i32.const 28)))))
-  ;; The same with ((i * 37) & 1023) + 1 inner trips, past the inner limit
-  ;; now and then, and two inner loops, the second counting up to a bound.
+  ;; The same with ((i * 37) & 4095) + 1 inner trips, past the inner limit
+  ;; now and then (and past a long run's too), and two inner loops, the
+  ;; second counting up to a bound.
   (func (export "long") (param $n i32) (result i64) (local $i i32) (local $j i32) (local $k i32) (local $acc i64)
     (local.set $i (local.get $n))
     (loop $outer
       (block $skip
         (br_if $skip (i32.eq (i32.and (local.get $i) (i32.const 7)) (i32.const 5)))
-        (local.set $j (i32.add (i32.and (i32.mul (local.get $i) (i32.const 37)) (i32.const 1023)) (i32.const 1)))
+        (local.set $j (i32.add (i32.and (i32.mul (local.get $i) (i32.const 37)) (i32.const 4095)) (i32.const 1)))
         (if (i32.and (local.get $i) (i32.const 2))
           (then
             (loop $inner
@@ -182,7 +183,7 @@ fn a_short_nest_runs_without_checks_and_a_long_inner_run_with_them() {
     let (got, calls) = call(&wasm, "short", over, true, Host::Hold);
     assert!(same(got, plain_of(WAT, "short", over)), "short({over})");
     assert!(calls > 0, "short({over}) ran without checks");
-    // Up to 1024 inner trips: past the inner limit for some i, so those
+    // Up to 4096 inner trips: past the inner limit for some i, so those
     // runs take the tail, with its point, and the rest of the nest the
     // loop with checks.
     let n = 2 * (limit / 2);
@@ -193,6 +194,27 @@ fn a_short_nest_runs_without_checks_and_a_long_inner_run_with_them() {
     let (got, calls) = call(&wasm, "long", 2, true, Host::Hold);
     assert!(same(got, plain_of(WAT, "long", 2)), "long(2)");
     assert_eq!(calls, 0, "long(2) ran with checks");
+}
+
+#[test]
+fn a_long_run_checks_once_per_outer_trip_and_its_inner_runs_never() {
+    let wasm = prepared(CountedNests::On);
+    let limit = recognised("short").unwrap() as i32;
+    // The flag held up: past the limit, the loop runs with its hoisted
+    // point (on entry, and at each back-edge), and its inner runs, all
+    // short, without checks.
+    for n in [limit + 1, 3 * limit, 1000] {
+        let (got, calls) = call(&wasm, "short", n, true, Host::Hold);
+        assert!(same(got, plain_of(WAT, "short", n)), "short({n})");
+        assert_eq!(calls, n as u32, "short({n})");
+    }
+    // Up to 4096 inner trips in a long run: some of them too many for one
+    // trip's budget, and those leave to their tail, which checks at every
+    // inner trip; after it the run goes on from the test of its trips.
+    let n = 2 * limit + 200;
+    let (got, calls) = call(&wasm, "long", n, true, Host::Hold);
+    assert!(same(got, plain_of(WAT, "long", n)), "long({n})");
+    assert!(calls > (n / 2) as u32 + 2000, "long({n}): {calls}");
 }
 
 #[test]

@@ -47,6 +47,10 @@ const HISTORY: &[(u32, &str)] = &[
         11,
         "b3ce8d3fd7ad23ea20b3b738febcbfed44ad86aaadfc1e17fe5b6c32fa3f6964",
     ),
+    (
+        12,
+        "7e9a1b2372eef9e0d324dcaa74c2c628570e4b07878917d711025b23a3b01519",
+    ),
 ];
 
 fn option_sets() -> Vec<PrepareOptions> {
