@@ -417,7 +417,7 @@ fn instrument_function(
 
 /// Version every counted nest among `loops` (`nest.rs`), updating where
 /// each outer loop now is and adding its inner loops, which need no point,
-/// to `inner`; returns how many.
+/// to `in_nests`; returns how many.
 fn version_nests(
     func: &mut LocalFunction,
     loops: &mut [LoopInfo],
