@@ -14,15 +14,7 @@ use crate::program::Cell;
 
 /// The deterministic stream client `seed` sends.
 fn stream(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    roam_testkit::pseudo_random(len, seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 /// Send `len` bytes in `chunk`-byte writes with a pause between them, shut
