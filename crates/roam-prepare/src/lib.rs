@@ -84,9 +84,11 @@ pub use verify::{check_prepared, CheckError};
 /// without checks, `counted.rs`; 9: so do short runs of counted nests,
 /// `nest.rs`, and loops that count down what is left of a slice; 10: long
 /// `memory.fill` and `memory.copy` run in chunks with points, `bulk.rs`;
-/// 11: loops that go on while `x < b` or `x > b` are counted too; 12:
-/// counted nests run in chunks, however long, with a point between them).
-pub const OUTPUT_REVISION: u32 = 12;
+/// 11: loops that go on while `x < b` or `x > b` are counted too; 12: a
+/// long run of a counted nest runs in its outer loop, with one check per
+/// trip and none in its inner loops; 13: a short run skips that loop by a
+/// branch instead of an `if`/`else`).
+pub const OUTPUT_REVISION: u32 = 13;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

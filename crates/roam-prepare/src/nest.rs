@@ -31,8 +31,10 @@
 //! block $exit
 //!   loop $resume
 //!     block $tail
-//!       <K's trips> <= limit
-//!       if
+//!       block $long
+//!         <K's trips> <= limit
+//!         i32.eqz
+//!         br_if $long
 //!         loop $K'              ;; a copy of K: no point, no check
 //!           ...
 //!           <J's trips> <= inner limit
@@ -40,14 +42,14 @@
 //!           else br $tail end
 //!           ...
 //!         end
-//!       else
-//!         loop $K               ;; K, with its point as before
-//!           ...
-//!           <J's trips> <= trip limit
-//!           if  loop $J ... end   ;; J: no point, no check
-//!           else br $tail end
-//!           ...
-//!         end
+//!         br $exit
+//!       end
+//!       loop $K                 ;; K, with its point as before
+//!         ...
+//!         <J's trips> <= trip limit
+//!         if  loop $J ... end     ;; J: no point, no check
+//!         else br $tail end
+//!         ...
 //!       end
 //!       br $exit
 //!     end
@@ -82,7 +84,7 @@
 //! and no value is left on the stack across any of them (checked by
 //! [`height`]).
 
-use walrus::ir::{Block, Br, IfElse, Instr, InstrSeqId, InstrSeqType, Loop};
+use walrus::ir::{Block, Br, BrIf, IfElse, Instr, InstrSeqId, InstrSeqType, Loop, UnaryOp};
 use walrus::{FunctionId, GlobalId, LocalFunction};
 
 use crate::counted::Counted;
@@ -260,24 +262,26 @@ pub(crate) fn version(
     let exit = func.builder_mut().dangling_instr_seq(none).id();
     let resume = func.builder_mut().dangling_instr_seq(none).id();
     // Innermost block first: the test of the run's trips, then one block
-    // per inner loop, after whose end that loop's tail runs.
-    let (short, long) = {
-        let builder = func.builder_mut();
-        let short = builder.dangling_instr_seq(none).id();
-        builder.instr_seq(short).instr(Loop { seq: fast });
-        let long = builder.dangling_instr_seq(none).id();
-        (short, long)
-    };
-    let mut current = func.builder_mut().dangling_instr_seq(none).id();
+    // per inner loop, after whose end that loop's tail runs. A short run
+    // skips `K` by a branch, not an `if`/`else`: with the point's call in
+    // its other arm, Asyncify would keep the test's result alive across the
+    // copy to choose the arm again when rewinding, and `kmeans`' copy lost
+    // registers to it.
+    let short = func.builder_mut().dangling_instr_seq(none).id();
     {
-        let mut b = func.builder_mut().instr_seq(current);
+        let mut b = func.builder_mut().instr_seq(short);
         nest.outer.push_short(&mut b);
-        b.instr(IfElse {
-            consequent: short,
-            alternative: long,
-        })
-        .instr(Br { block: exit });
+        b.unop(UnaryOp::I32Eqz)
+            .instr(BrIf { block: short })
+            .instr(Loop { seq: fast })
+            .instr(Br { block: exit });
     }
+    let long = func.builder_mut().dangling_instr_seq(none).id();
+    func.builder_mut()
+        .instr_seq(long)
+        .instr(Block { seq: short })
+        .instr(Br { block: exit });
+    let mut current = long;
     // (where to look, loop): the loops of the tails, which get points.
     let mut hoists = Vec::new();
     let mut targets = Vec::new();
@@ -313,9 +317,9 @@ pub(crate) fn version(
         guard(func, (at, slot), j.seq, &j.in_trip, target);
     }
     replace_loop(func, (parent, index), outer, Block { seq: exit }.into());
-    func.builder_mut()
-        .instr_seq(long)
-        .instr(Loop { seq: outer });
+    func.block_mut(long)
+        .instrs
+        .insert(1, (Loop { seq: outer }.into(), Default::default()));
     func.builder_mut()
         .instr_seq(resume)
         .instr(Block { seq: current });
@@ -328,7 +332,7 @@ pub(crate) fn version(
         let (at, slot) = *path.last().expect("a path ends at its loop");
         crate::hoist::hoist(func, at, slot, seq, point, flag, false);
     }
-    (long, 0)
+    (long, 1)
 }
 
 /// Run inner loop `looped` (at `parent.instrs[index]`) only when its run

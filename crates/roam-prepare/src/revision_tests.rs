@@ -51,6 +51,10 @@ const HISTORY: &[(u32, &str)] = &[
         12,
         "7e9a1b2372eef9e0d324dcaa74c2c628570e4b07878917d711025b23a3b01519",
     ),
+    (
+        13,
+        "55450e1fb75cbf5b2b105e89fa87e495a89a456de47221f78266a29f6c8b5ffa",
+    ),
 ];
 
 fn option_sets() -> Vec<PrepareOptions> {
