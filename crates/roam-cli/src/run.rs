@@ -2,6 +2,7 @@
 //! checkpoints on signals and timers and writes them to the snapshot file.
 
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -178,7 +179,14 @@ fn install_signals() -> anyhow::Result<Signals> {
     Signals::new([SIGUSR1, SIGTERM]).context("cannot install signal handlers")
 }
 
-fn spawn_triggers(ctl: &Controller, c: &CellArgs, mut signals: Signals) -> anyhow::Result<()> {
+/// Start the threads that ask for checkpoints. Returns, for
+/// `--checkpoint-every`, where to report that a checkpoint-and-continue has
+/// been written: the next one is due a full interval after that.
+fn spawn_triggers(
+    ctl: &Controller,
+    c: &CellArgs,
+    mut signals: Signals,
+) -> anyhow::Result<Option<mpsc::Sender<()>>> {
     let s = ctl.clone();
     std::thread::spawn(move || {
         for sig in signals.forever() {
@@ -205,18 +213,49 @@ fn spawn_triggers(ctl: &Controller, c: &CellArgs, mut signals: Signals) -> anyho
             .filter(|d| !d.is_zero())
             .context("--checkpoint-every: needs a positive duration")?;
         let s = ctl.clone();
+        let (written, wait) = mpsc::channel();
+        // The interval runs from the end of the last checkpoint, not its
+        // start: a checkpoint that takes longer than the interval would
+        // otherwise find the next request already waiting, and the program
+        // would get no time to run between them.
         std::thread::spawn(move || loop {
             std::thread::sleep(d);
+            // Checkpoints asked for by signals meanwhile.
+            while wait.try_recv().is_ok() {}
             s.request(CheckpointKind::Continue, Trigger::Timer);
+            if wait.recv().is_err() {
+                return;
+            }
         });
+        if c.checkpoint_on_block {
+            ctl.stop_when_blocked(true);
+        }
+        return Ok(Some(written));
     }
     if c.checkpoint_on_block {
         ctl.stop_when_blocked(true);
     }
-    Ok(())
+    Ok(None)
 }
 
-fn write_snapshot(s: &Snapshot, path: &Path, level: i32, kind: &str) -> anyhow::Result<()> {
+/// A duration for people: milliseconds below ten seconds, else seconds.
+fn human(d: Duration) -> String {
+    if d < Duration::from_secs(10) {
+        format!("{:.1} ms", d.as_secs_f64() * 1e3)
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
+}
+
+/// Write a checkpoint to `path`; `ran` is how long the program ran since
+/// the last one (for a checkpoint-and-continue).
+fn write_snapshot(
+    s: &Snapshot,
+    path: &Path,
+    level: i32,
+    kind: &str,
+    ran: Option<Duration>,
+) -> anyhow::Result<()> {
     let t = Instant::now();
     let written = s
         .write_file_with(
@@ -227,8 +266,11 @@ fn write_snapshot(s: &Snapshot, path: &Path, level: i32, kind: &str) -> anyhow::
             },
         )
         .with_context(|| format!("cannot write snapshot {}", path.display()))?;
+    let ran = ran.map_or(String::new(), |r| {
+        format!(", after {} of running", human(r))
+    });
     eprintln!(
-        "roam: checkpoint ({kind}) written to {}: {} MiB memory, {} stored pages, {} B stack, {} B on disk, {} ms",
+        "roam: checkpoint ({kind}) written to {}: {} MiB memory, {} stored pages, {} B stack, {} B on disk, {} ms{ran}",
         path.display(),
         s.memory.byte_len() >> 20,
         s.memory.stored_pages(),
@@ -249,10 +291,33 @@ fn drive(
     signals: Signals,
     serving: Option<listen::Serving>,
 ) -> anyhow::Result<i32> {
-    spawn_triggers(&cell.controller(), c, signals)?;
+    let written = spawn_triggers(&cell.controller(), c, signals)?;
     let level = c.level;
-    let mut sink = |s: &Snapshot, _t: roam_runtime::CheckpointTiming| {
-        write_snapshot(s, path, level, "continue").map_err(|e| e.into())
+    let interval = c.checkpoint_every.map(Duration::from_secs_f64);
+    let mut ended = Instant::now();
+    let mut warned = false;
+    let mut sink = |s: &Snapshot, t: roam_runtime::CheckpointTiming| {
+        // The program ran from the end of the last checkpoint to the start
+        // of this one's unwind.
+        let ran = Instant::now()
+            .saturating_duration_since(ended)
+            .saturating_sub(t.capture);
+        let result = write_snapshot(s, path, level, "continue", Some(ran));
+        let took = ended.elapsed().saturating_sub(ran);
+        ended = Instant::now();
+        if let Some(every) = interval.filter(|every| !warned && took > *every) {
+            warned = true;
+            eprintln!(
+                "roam: that checkpoint took {}, longer than --checkpoint-every {}; each next one is due {} after the last one ended",
+                human(took),
+                human(every),
+                human(every)
+            );
+        }
+        if let Some(w) = &written {
+            let _ = w.send(());
+        }
+        result.map_err(|e| e.into())
     };
     match cell.run(&mut sink)? {
         Outcome::Exited(code) => {
@@ -268,7 +333,7 @@ fn drive(
             Ok(code)
         }
         Outcome::Stopped(s, _) => {
-            write_snapshot(&s, path, level, "stop")?;
+            write_snapshot(&s, path, level, "stop", None)?;
             Ok(0)
         }
         // The CLI never asks for a pause (it has no live memory to send).

@@ -413,3 +413,82 @@ fn checkpoints_between_the_chunks_of_long_fills_and_copies() {
         );
     }
 }
+
+/// 16 MiB of memory that differs from the initial image, then 40 million
+/// scattered read-modify-writes, then the 8-byte digest of what was read,
+/// written to stdout.
+const SCATTER_WAT: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 257)
+  (func (export "_start") (local $i i32) (local $at i32) (local $acc i64)
+    (memory.fill (i32.const 0x10000) (i32.const 0x5a) (i32.const 0x1000000))
+    (loop $scatter
+      (local.set $at (i32.add (i32.const 0x10000)
+        (i32.and (i32.mul (local.get $i) (i32.const 0x9e3779b1)) (i32.const 0xfffff8))))
+      (local.set $acc (i64.add (i64.mul (local.get $acc) (i64.const 31))
+        (i64.load (local.get $at))))
+      (i64.store (local.get $at) (i64.add (i64.load (local.get $at)) (i64.extend_i32_u (local.get $i))))
+      (br_if $scatter (i32.lt_u (local.tee $i (i32.add (local.get $i) (i32.const 1)))
+        (i32.const 40000000))))
+    (i64.store (i32.const 0x100) (local.get $acc))
+    (i32.store (i32.const 0x200) (i32.const 0x100))
+    (i32.store (i32.const 0x204) (i32.const 8))
+    (drop (call $fd_write (i32.const 1) (i32.const 0x200) (i32.const 1) (i32.const 0x300)))))"#;
+
+/// `--checkpoint-every` counts its interval from the end of the last
+/// checkpoint: however long a checkpoint takes, the program runs a whole
+/// interval before the next. Counted from the start, a checkpoint longer
+/// than the interval found the next request already waiting, and the
+/// program barely ran between them.
+#[test]
+fn timed_checkpoints_leave_the_program_a_whole_interval_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("scatter.wasm");
+    std::fs::write(&m, wat(SCATTER_WAT)).unwrap();
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("run").arg(&m);
+    let reference = output(cmd);
+    assert!(reference.status.success(), "{}", text(&reference.stderr));
+    assert_eq!(reference.stdout.len(), 8);
+
+    let mut cmd = roam(Isa::X86_64);
+    // It runs for about a second. The stop after a minute only bounds the
+    // failure this test is for, in which the program may never finish.
+    cmd.args([
+        "run",
+        "--checkpoint-every",
+        "0.005",
+        "--checkpoint-after",
+        "60",
+    ])
+    .arg("--snapshot")
+    .arg(dir.path().join("s.roam"))
+    .arg(&m);
+    let out = output(cmd);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(out.stdout == reference.stdout, "output differs: {err}");
+    // "... 12 ms, after 5.1 ms of running"
+    let ran: Vec<f64> = err
+        .lines()
+        .filter(|l| l.contains("checkpoint (continue)"))
+        .map(|l| {
+            let (_, after) = l.rsplit_once("after ").expect("the time the program ran");
+            let ms = after
+                .strip_suffix(" ms of running")
+                .expect("in milliseconds");
+            ms.parse().expect("a number")
+        })
+        .collect();
+    assert!(
+        ran.len() >= 3,
+        "only {} checkpoints were taken: {err}",
+        ran.len()
+    );
+    // The first is timed from just before `ended` is first set.
+    assert!(
+        ran.iter().all(|&ms| ms >= 4.9),
+        "the program ran less than the interval between checkpoints: {ran:?}"
+    );
+}
