@@ -2,12 +2,10 @@
 //! a run up to the limit takes the copy without checks, a longer one the
 //! loop with its point, and that results never change.
 
-use walrus::ir::Instr;
-use walrus::{ExportItem, FunctionKind, ModuleConfig};
-
 use super::{recognise, Bound, Counted, Shape, BUDGET};
 use crate::hoist::tests::{
-    assert_results_unchanged, call, call_interrupted, plain_of, prepare_wat_with, same, Host,
+    assert_results_unchanged, call, call_interrupted, plain_of, prepare_wat_with, same, with_loops,
+    Host,
 };
 use crate::{CountedLoops, PrepareOptions};
 
@@ -116,23 +114,7 @@ pub(crate) const WAT: &str = r#"(module
 
 /// The first loop of export `name` of module `wat`, as [`recognise`] sees it.
 fn recognised(wat: &str, name: &str) -> Option<Counted> {
-    let module = ModuleConfig::new()
-        .parse(&wat::parse_str(wat).unwrap())
-        .unwrap();
-    let id = match module.exports.iter().find(|e| e.name == name).unwrap().item {
-        ExportItem::Function(f) => f,
-        _ => unreachable!(),
-    };
-    let FunctionKind::Local(func) = &module.funcs.get(id).kind else {
-        unreachable!()
-    };
-    let mut found = None;
-    crate::outline::walk(func, func.entry_block(), &mut |i| {
-        if let (Instr::Loop(l), None) = (i, found) {
-            found = Some(l.seq);
-        }
-    });
-    recognise(func, found.unwrap())
+    with_loops(wat, name, |func, loops| recognise(func, loops[0]))
 }
 
 /// The trip limit of export `name`'s loop.
@@ -299,7 +281,7 @@ fn a_copy_without_checks_moves_with_its_loop_and_computes_the_same() {
     let wasm = prepare_wat_with(BIG, &opts(CountedLoops::On));
     let off = prepare_wat_with(BIG, &opts(CountedLoops::Off));
     let moved = |wasm: &[u8]| {
-        let module = ModuleConfig::new().parse(wasm).unwrap();
+        let module = walrus::ModuleConfig::new().parse(wasm).unwrap();
         let names = module.exports.iter().map(|e| e.name.clone());
         names
             .filter(|n| n.starts_with(crate::LOOP_EXPORT_PREFIX))

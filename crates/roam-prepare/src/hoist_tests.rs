@@ -136,6 +136,32 @@ pub(crate) fn prepare_wat_with(wat: &str, opts: &PrepareOptions) -> Vec<u8> {
     out.bytes
 }
 
+/// `f` of export `name`'s function in `wat` and of its loops, in the
+/// order they open (outermost first): for the recognisers' tests.
+pub(crate) fn with_loops<T>(
+    wat: &str,
+    name: &str,
+    f: impl FnOnce(&walrus::LocalFunction, &[walrus::ir::InstrSeqId]) -> T,
+) -> T {
+    let module = walrus::ModuleConfig::new()
+        .parse(&wat::parse_str(wat).unwrap())
+        .unwrap();
+    let export = module.exports.iter().find(|e| e.name == name).unwrap();
+    let walrus::ExportItem::Function(id) = export.item else {
+        panic!("`{name}` is not a function");
+    };
+    let walrus::FunctionKind::Local(func) = &module.funcs.get(id).kind else {
+        panic!("`{name}` is imported");
+    };
+    let mut loops = Vec::new();
+    crate::outline::walk(func, func.entry_block(), &mut |i| {
+        if let walrus::ir::Instr::Loop(l) = i {
+            loops.push(l.seq);
+        }
+    });
+    f(func, &loops)
+}
+
 /// What the point import does when called.
 #[derive(Clone, Copy)]
 pub(crate) enum Host {

@@ -2,11 +2,10 @@
 //! short nest runs without checks, that a long inner run leaves to its tail
 //! with a point, and that results never change.
 
-use walrus::ir::{Instr, InstrSeqId};
-use walrus::{ExportItem, FunctionKind, ModuleConfig};
-
 use super::{recognise, INNER_BUDGET, NEST_BUDGET};
-use crate::hoist::tests::{assert_results_unchanged, call, plain_of, prepare_wat_with, same, Host};
+use crate::hoist::tests::{
+    assert_results_unchanged, call, plain_of, prepare_wat_with, same, with_loops, Host,
+};
 use crate::{CountedNests, PrepareOptions};
 
 /// The inner loop's store and sum, on `$j`.
@@ -123,23 +122,9 @@ pub(crate) const WAT: &str = concat!(
 /// The first loop of export `name` and the loops inside it, as
 /// [`recognise`] sees them: whether it is a nest, and its trip limit.
 fn recognised(name: &str) -> Option<u32> {
-    let module = ModuleConfig::new()
-        .parse(&wat::parse_str(WAT).unwrap())
-        .unwrap();
-    let id = match module.exports.iter().find(|e| e.name == name).unwrap().item {
-        ExportItem::Function(f) => f,
-        _ => unreachable!(),
-    };
-    let FunctionKind::Local(func) = &module.funcs.get(id).kind else {
-        unreachable!()
-    };
-    let mut loops: Vec<InstrSeqId> = Vec::new();
-    crate::outline::walk(func, func.entry_block(), &mut |i| {
-        if let Instr::Loop(l) = i {
-            loops.push(l.seq);
-        }
-    });
-    recognise(func, loops[0], &loops[1..]).map(|n| n.outer.limit)
+    with_loops(WAT, name, |func, loops| {
+        recognise(func, loops[0], &loops[1..]).map(|n| n.outer.limit)
+    })
 }
 
 fn prepared(nests: CountedNests) -> Vec<u8> {
