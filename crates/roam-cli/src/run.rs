@@ -207,13 +207,15 @@ fn spawn_triggers(
             s.request(CheckpointKind::Stop, Trigger::Timer);
         });
     }
+    let mut written = None;
     if let Some(secs) = c.checkpoint_every {
         let d = Duration::try_from_secs_f64(secs)
             .ok()
             .filter(|d| !d.is_zero())
             .context("--checkpoint-every: needs a positive duration")?;
         let s = ctl.clone();
-        let (written, wait) = mpsc::channel();
+        let (tx, wait) = mpsc::channel();
+        written = Some(tx);
         // The interval runs from the end of the last checkpoint, not its
         // start: a checkpoint that takes longer than the interval would
         // otherwise find the next request already waiting, and the program
@@ -227,15 +229,11 @@ fn spawn_triggers(
                 return;
             }
         });
-        if c.checkpoint_on_block {
-            ctl.stop_when_blocked(true);
-        }
-        return Ok(Some(written));
     }
     if c.checkpoint_on_block {
         ctl.stop_when_blocked(true);
     }
-    Ok(None)
+    Ok(written)
 }
 
 /// A duration for people: milliseconds below ten seconds, else seconds.

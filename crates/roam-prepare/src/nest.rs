@@ -266,7 +266,8 @@ pub(crate) fn version(
     // skips `K` by a branch, not an `if`/`else`: with the point's call in
     // its other arm, Asyncify would keep the test's result alive across the
     // copy to choose the arm again when rewinding, and `kmeans`' copy lost
-    // registers to it.
+    // registers to it. `short` is the block `$long` of the module docs: a
+    // long run branches out of it to `K`.
     let short = func.builder_mut().dangling_instr_seq(none).id();
     {
         let mut b = func.builder_mut().instr_seq(short);
