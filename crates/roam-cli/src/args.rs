@@ -138,7 +138,7 @@ pub struct PrepareArgs {
     pub rerun_calls: Option<roam_prepare::RerunCalls>,
     /// Indirect calls whose every possible callee (by table and type)
     /// reaches no point and no blocking import go through a helper Asyncify
-    /// is told cannot unwind: `on` or `off` [default: off].
+    /// is told cannot unwind: `on` or `off` [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub quiet_indirect: Option<roam_prepare::QuietIndirect>,
     /// Short innermost loops that call nothing and move into a function of

@@ -17,9 +17,17 @@
 //! direct call of a helper that makes the same indirect call, one helper per
 //! table and type, and the helpers go to Asyncify's `asyncify-removelist`.
 //! The call sites become calls Asyncify and roam's own passes (hoisting,
-//! outlining) both see as quiet; the optimiser may inline the helper back
-//! once Asyncify is done. Calls whose targets are unknown or loud are left
-//! as they are.
+//! outlining) both see as quiet. Calls whose targets are unknown or loud are
+//! left as they are.
+//!
+//! Once Asyncify has run, the helpers have done their job, and
+//! [`inline_helpers`] puts the `call_indirect` back at every call site. The
+//! optimiser does not do it by itself: at `-O2` Binaryen inlines only
+//! functions of at most two instructions or with one caller, and a helper
+//! has a `local.get` per operand. Left in place, the extra call cost
+//! `recurse` more than Asyncify's guards it removed: its tree fold spent
+//! 18 % of its time in the helper, most of it the indirect call's own loads
+//! moved there (profile at size M).
 
 use std::collections::BTreeMap;
 
@@ -96,6 +104,73 @@ fn helper(module: &mut Module, (ty, table): (TypeId, TableId), n: usize) -> Func
     }
     body.instr(CallIndirect { ty, table });
     fb.finish(args, &mut module.funcs)
+}
+
+/// Replace every call of a function whose whole body is `local.get 0 …
+/// local.get n; call_indirect` (a helper, or any function of that shape) by
+/// that `call_indirect`; returns how many calls were replaced.
+///
+/// The operands of the call are already on the stack in the helper's
+/// parameter order, which is the `call_indirect`'s, so the replacement is
+/// exact for any function of that shape. It runs on Asyncify's output: the
+/// helper was left without Asyncify's code, so its caller treated the call
+/// as one that cannot unwind, and the `call_indirect` in its place is one.
+/// The helpers themselves are left for the optimiser to drop.
+pub(crate) fn inline_helpers(module: &mut Module) -> usize {
+    let mut shape: BTreeMap<FunctionId, CallIndirect> = BTreeMap::new();
+    for (id, func) in module.funcs.iter_local() {
+        if let Some(call) = trampoline(module, func) {
+            shape.insert(id, call);
+        }
+    }
+    if shape.is_empty() {
+        return 0;
+    }
+    let mut replaced = 0;
+    let funcs: Vec<FunctionId> = module.funcs.iter_local().map(|(id, _)| id).collect();
+    for id in funcs {
+        let walrus::FunctionKind::Local(func) = &mut module.funcs.get_mut(id).kind else {
+            continue;
+        };
+        let mut seqs = vec![func.entry_block()];
+        while let Some(seq) = seqs.pop() {
+            for (instr, _) in func.block_mut(seq).instrs.iter_mut() {
+                seqs.extend(children(instr));
+                if let Instr::Call(Call { func }) = instr {
+                    if let Some(call) = shape.get(func) {
+                        *instr = Instr::CallIndirect(call.clone());
+                        replaced += 1;
+                    }
+                }
+            }
+        }
+    }
+    replaced
+}
+
+/// The `call_indirect` of `func` if its body is exactly its parameters in
+/// order followed by that call, and its type is the call's type with the
+/// table index added as a last `i32` parameter.
+fn trampoline(module: &Module, func: &walrus::LocalFunction) -> Option<CallIndirect> {
+    let instrs = &func.block(func.entry_block()).instrs;
+    let (Instr::CallIndirect(call), _) = instrs.last()? else {
+        return None;
+    };
+    let own = module.types.get(func.ty());
+    let callee = module.types.get(call.ty);
+    let mut want = callee.params().to_vec();
+    want.push(walrus::ValType::I32);
+    if own.params() != want.as_slice() || own.results() != callee.results() {
+        return None;
+    }
+    if func.args.len() != want.len() || instrs.len() != want.len() + 1 {
+        return None;
+    }
+    let in_order = instrs[..want.len()]
+        .iter()
+        .zip(&func.args)
+        .all(|((i, _), arg)| matches!(i, Instr::LocalGet(g) if g.local == *arg));
+    in_order.then(|| call.clone())
 }
 
 #[cfg(test)]

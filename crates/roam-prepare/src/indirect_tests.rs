@@ -127,3 +127,82 @@ fn asyncify_leaves_a_function_whose_only_indirect_call_is_quiet_alone() {
     // `$once_loud` may really unwind, through `$spin`'s point.
     assert!(stores(&body(&on.bytes, "once_loud")));
 }
+
+/// Two functions of a helper's shape (one with no operands but the index)
+/// and three that are not: operands out of order, one more instruction,
+/// and a result type other than the call's.
+const SHAPES: &str = r#"(module
+  (type $bin (func (param i64 i64) (result i64)))
+  (type $none (func (result i64)))
+  (table 3 3 funcref)
+  (elem (i32.const 0) $add $sub $seven)
+  (func $add (type $bin) (i64.add (local.get 0) (local.get 1)))
+  (func $sub (type $bin) (i64.sub (local.get 0) (local.get 1)))
+  (func $seven (type $none) (i64.const 7))
+  (func $tramp (param i64 i64 i32) (result i64)
+    (call_indirect (type $bin) (local.get 0) (local.get 1) (local.get 2)))
+  (func $tramp_none (param i32) (result i64)
+    (call_indirect (type $none) (local.get 0)))
+  (func $swapped (param i64 i64 i32) (result i64)
+    (call_indirect (type $bin) (local.get 1) (local.get 0) (local.get 2)))
+  (func $longer (param i64 i64 i32) (result i64)
+    (i64.add (call_indirect (type $bin) (local.get 0) (local.get 1) (local.get 2)) (i64.const 1)))
+  (func $dropped (param i64 i64 i32)
+    (drop (call_indirect (type $bin) (local.get 0) (local.get 1) (local.get 2))))
+  (func $user (export "user") (param $a i64) (result i64)
+    (call $dropped (local.get $a) (i64.const 2) (i32.const 0))
+    (i64.add
+      (i64.add (call $tramp (local.get $a) (i64.const 100) (i32.const 1))
+               (call $tramp_none (i32.const 2)))
+      (i64.add (call $swapped (local.get $a) (i64.const 10) (i32.const 1))
+               (call $longer (local.get $a) (i64.const 1000) (i32.const 0))))))"#;
+
+fn call_user(wasm: &[u8], a: i64) -> i64 {
+    let engine = wasmtime::Engine::default();
+    let module = wasmtime::Module::new(&engine, wasm).unwrap();
+    let mut store = wasmtime::Store::new(&engine, ());
+    let instance = wasmtime::Instance::new(&mut store, &module, &[]).unwrap();
+    let user = instance
+        .get_typed_func::<i64, i64>(&mut store, "user")
+        .unwrap();
+    user.call(&mut store, a).unwrap()
+}
+
+#[test]
+fn calls_of_a_helper_shape_become_the_indirect_call_and_nothing_else_does() {
+    let wasm = wat::parse_str(SHAPES).unwrap();
+    let mut module = walrus::Module::from_buffer(&wasm).unwrap();
+    assert_eq!(crate::indirect::inline_helpers(&mut module), 2);
+    let out = module.emit_wasm();
+    let user = body(&out, "user");
+    assert_eq!(indirect(&user), 2, "$tramp and $tramp_none inlined");
+    let calls = user
+        .iter()
+        .filter(|o| matches!(o, Operator::Call { .. }))
+        .count();
+    assert_eq!(calls, 3, "$swapped, $longer and $dropped stay calls");
+    for a in [0, 5, -3, i64::MAX] {
+        assert_eq!(call_user(&out, a), call_user(&wasm, a), "user({a})");
+    }
+}
+
+#[test]
+fn the_prepared_caller_makes_the_indirect_call_itself() {
+    let wasm = wat::parse_str(WAT).unwrap();
+    let Some(on) = prepare_or_skip(&wasm, &opts(QuietIndirect::On)) else {
+        return;
+    };
+    let fold = body(&on.bytes, "fold");
+    assert_eq!(indirect(&fold), 1, "the helper's call_indirect is back");
+    let helpers: Vec<u32> = function_names(&on.bytes)
+        .into_iter()
+        .filter(|(_, n)| n.starts_with("roam_quiet_indirect"))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        !fold.iter().any(
+            |o| matches!(o, Operator::Call { function_index } if helpers.contains(function_index))
+        ),
+        "fold still calls a helper"
+    );
+}

@@ -87,8 +87,9 @@ pub use verify::{check_prepared, CheckError};
 /// 11: loops that go on while `x < b` or `x > b` are counted too; 12: a
 /// long run of a counted nest runs in its outer loop, with one check per
 /// trip and none in its inner loops; 13: a short run skips that loop by a
-/// branch instead of an `if`/`else`).
-pub const OUTPUT_REVISION: u32 = 13;
+/// branch instead of an `if`/`else`; 14: quiet indirect calls are the
+/// default, and their helpers go back into their callers after Asyncify).
+pub const OUTPUT_REVISION: u32 = 14;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

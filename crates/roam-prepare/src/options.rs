@@ -416,9 +416,9 @@ on_off!(
     /// direct calls Asyncify leaves alone (see `indirect.rs`).
     QuietIndirect,
     "quiet indirect calls",
-    default: Off,
-    on: "An indirect call whose every possible callee (by table and type) reaches no point and no blocking import calls a helper that Asyncify is told cannot unwind.",
-    off: "Asyncify assumes every indirect call may unwind (default: `on` measured slower on `matmul` and `recurse`, docs/prepare.md)."
+    default: On,
+    on: "An indirect call whose every possible callee (by table and type) reaches no point and no blocking import calls a helper that Asyncify is told cannot unwind, and the call is put back in place of the helper once Asyncify is done (default).",
+    off: "Asyncify assumes every indirect call may unwind."
 );
 
 on_off!(
@@ -502,7 +502,7 @@ pub struct PrepareOptions {
     /// Default: [`RerunCalls::On`].
     pub rerun_calls: RerunCalls,
     /// Whether indirect calls that reach only quiet functions are taken as
-    /// unable to unwind. Default: [`QuietIndirect::Off`].
+    /// unable to unwind. Default: [`QuietIndirect::On`].
     pub quiet_indirect: QuietIndirect,
     /// Whether short innermost loops check the flag at every other
     /// back-edge. Default: [`UnrollChecks::On`].
@@ -523,7 +523,7 @@ pub struct PrepareOptions {
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
@@ -580,7 +580,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -591,7 +591,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=off;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on"
         );
     }
 }

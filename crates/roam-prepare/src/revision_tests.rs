@@ -55,6 +55,10 @@ const HISTORY: &[(u32, &str)] = &[
         13,
         "55450e1fb75cbf5b2b105e89fa87e495a89a456de47221f78266a29f6c8b5ffa",
     ),
+    (
+        14,
+        "82e113f52c6d8e980673b2e23bb818b429b8753305b51751a45116e2ff6b46d3",
+    ),
 ];
 
 fn option_sets() -> Vec<PrepareOptions> {
@@ -74,7 +78,7 @@ fn option_sets() -> Vec<PrepareOptions> {
             ..d()
         },
         PrepareOptions {
-            quiet_indirect: QuietIndirect::On,
+            quiet_indirect: QuietIndirect::Off,
             ..d()
         },
     ]

@@ -78,6 +78,9 @@ pub(crate) fn spill(
     let mut module = config
         .parse(module)
         .map_err(|e| PrepareError::Rewrite(e.into()))?;
+    // The one walrus pass between Asyncify and the optimiser, so the quiet
+    // indirect calls' helpers go back into their callers here too.
+    crate::indirect::inline_helpers(&mut module);
     let Some(point) = module
         .imports
         .find(POINT_MODULE, POINT_FUNC)
