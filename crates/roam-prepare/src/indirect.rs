@@ -70,22 +70,12 @@ pub(crate) fn route_quiet(module: &mut Module, quiet: &Quiet) -> Vec<FunctionId>
         .enumerate()
         .map(|(n, key)| (*key, helper(module, *key, n)))
         .collect();
-    for id in funcs {
-        let walrus::FunctionKind::Local(func) = &mut module.funcs.get_mut(id).kind else {
-            continue;
-        };
-        let mut seqs = vec![func.entry_block()];
-        while let Some(seq) = seqs.pop() {
-            for (instr, _) in func.block_mut(seq).instrs.iter_mut() {
-                seqs.extend(children(instr));
-                if let Instr::CallIndirect(CallIndirect { ty, table }) = instr {
-                    if let Some(h) = helpers.get(&(*ty, *table)) {
-                        *instr = Instr::Call(Call { func: *h });
-                    }
-                }
-            }
-        }
-    }
+    replace_each(module, |instr| match instr {
+        Instr::CallIndirect(CallIndirect { ty, table }) => helpers
+            .get(&(*ty, *table))
+            .map(|h| Instr::Call(Call { func: *h })),
+        _ => None,
+    });
     helpers.into_values().collect()
 }
 
@@ -126,6 +116,15 @@ pub(crate) fn inline_helpers(module: &mut Module) -> usize {
     if shape.is_empty() {
         return 0;
     }
+    replace_each(module, |instr| match instr {
+        Instr::Call(Call { func }) => shape.get(func).cloned().map(Instr::CallIndirect),
+        _ => None,
+    })
+}
+
+/// Replace every instruction of every local function for which `swap`
+/// gives a replacement; returns how many were replaced.
+fn replace_each(module: &mut Module, mut swap: impl FnMut(&Instr) -> Option<Instr>) -> usize {
     let mut replaced = 0;
     let funcs: Vec<FunctionId> = module.funcs.iter_local().map(|(id, _)| id).collect();
     for id in funcs {
@@ -136,11 +135,9 @@ pub(crate) fn inline_helpers(module: &mut Module) -> usize {
         while let Some(seq) = seqs.pop() {
             for (instr, _) in func.block_mut(seq).instrs.iter_mut() {
                 seqs.extend(children(instr));
-                if let Instr::Call(Call { func }) = instr {
-                    if let Some(call) = shape.get(func) {
-                        *instr = Instr::CallIndirect(call.clone());
-                        replaced += 1;
-                    }
+                if let Some(new) = swap(instr) {
+                    *instr = new;
+                    replaced += 1;
                 }
             }
         }
