@@ -70,7 +70,9 @@ pub(crate) fn route_quiet(module: &mut Module, quiet: &Quiet) -> Vec<FunctionId>
         .enumerate()
         .map(|(n, key)| (*key, helper(module, *key, n)))
         .collect();
-    replace_each(module, |instr| match instr {
+    // Only the functions that were there before the helpers: a helper's own
+    // `call_indirect` must stay one.
+    replace_each(module, &funcs, |instr| match instr {
         Instr::CallIndirect(CallIndirect { ty, table }) => helpers
             .get(&(*ty, *table))
             .map(|h| Instr::Call(Call { func: *h })),
@@ -116,18 +118,22 @@ pub(crate) fn inline_helpers(module: &mut Module) -> usize {
     if shape.is_empty() {
         return 0;
     }
-    replace_each(module, |instr| match instr {
+    let funcs: Vec<FunctionId> = module.funcs.iter_local().map(|(id, _)| id).collect();
+    replace_each(module, &funcs, |instr| match instr {
         Instr::Call(Call { func }) => shape.get(func).cloned().map(Instr::CallIndirect),
         _ => None,
     })
 }
 
-/// Replace every instruction of every local function for which `swap`
-/// gives a replacement; returns how many were replaced.
-fn replace_each(module: &mut Module, mut swap: impl FnMut(&Instr) -> Option<Instr>) -> usize {
+/// Replace every instruction of the local functions `funcs` for which
+/// `swap` gives a replacement; returns how many were replaced.
+fn replace_each(
+    module: &mut Module,
+    funcs: &[FunctionId],
+    mut swap: impl FnMut(&Instr) -> Option<Instr>,
+) -> usize {
     let mut replaced = 0;
-    let funcs: Vec<FunctionId> = module.funcs.iter_local().map(|(id, _)| id).collect();
-    for id in funcs {
+    for &id in funcs {
         let walrus::FunctionKind::Local(func) = &mut module.funcs.get_mut(id).kind else {
             continue;
         };
