@@ -166,7 +166,8 @@ fn trampoline(module: &Module, func: &walrus::LocalFunction) -> Option<CallIndir
     if own.params() != want.as_slice() || own.results() != callee.results() {
         return None;
     }
-    if func.args.len() != want.len() || instrs.len() != want.len() + 1 {
+    // `func.args` are the parameters, so they match `want` one for one.
+    if instrs.len() != want.len() + 1 {
         return None;
     }
     let in_order = instrs[..want.len()]

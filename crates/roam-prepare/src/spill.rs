@@ -31,6 +31,10 @@
 //! unwind Asyncify saves the reloaded values, which are the same. The
 //! optimiser runs afterwards and drops the loads of locals nobody reads.
 //!
+//! Being the one rewrite between Asyncify and the optimiser, this pass also
+//! puts the helpers of quiet indirect calls back into their callers
+//! (`indirect::inline_helpers`).
+//!
 //! The globals are scratch, shared by all functions (one per local of a
 //! type, as many as the largest function needs): they hold a value only
 //! from just before a point's call to just after it, never across a
