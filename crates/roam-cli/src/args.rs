@@ -167,6 +167,18 @@ pub struct PrepareArgs {
     /// with a migration point between them: `on` or `off` [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub bulk_chunks: Option<roam_prepare::BulkChunks>,
+    /// A loop moved into a function of its own takes only the locals it
+    /// may read before it sets them, and gives back only those of its
+    /// writes that are read after it: `on` or `off` (every local it uses
+    /// in, every local it writes out) [default: on].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub trim_outlined: Option<roam_prepare::TrimOutlined>,
+    /// After the last optimiser run, a float `gt`/`ge` of two locals that
+    /// a `select` takes is turned round into `lt`/`le`, the form Cranelift
+    /// makes a single minimum or maximum instruction of: `on` or `off`
+    /// [default: on].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub turn_compares: Option<roam_prepare::TurnCompares>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

@@ -23,6 +23,8 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         counted_loops: a.counted_loops.unwrap_or(defaults.counted_loops),
         counted_nests: a.counted_nests.unwrap_or(defaults.counted_nests),
         bulk_chunks: a.bulk_chunks.unwrap_or(defaults.bulk_chunks),
+        trim_outlined: a.trim_outlined.unwrap_or(defaults.trim_outlined),
+        turn_compares: a.turn_compares.unwrap_or(defaults.turn_compares),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };

@@ -35,8 +35,8 @@ use crate::wasm_opt::AsyncifyList;
 use crate::{
     AsyncifyScope, BulkChunks, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints,
     ModuleInfo, Outline, PointPolicy, PointStats, PrepareOptions, QuietIndirect, RerunCalls,
-    UnrollChecks, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
-    POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
+    TrimOutlined, UnrollChecks, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX,
+    MEMORY_EXPORT, POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
 
 /// The instrumented module, ready for `wasm-opt`.
@@ -125,10 +125,11 @@ pub(crate) fn instrument(
     // Nests before any point, so each gets its points in its new function
     // exactly as in place; innermost loops after (see `outline.rs`).
     let outline = opts.outline != Outline::Off;
+    let trim = opts.trim_outlined == TrimOutlined::On;
     let mut outlined = 0;
     if outline {
         let (_, _, quiet) = quiet_of(&module);
-        outlined += outline_loops(&mut module, Stage::Nests, &quiet)?;
+        outlined += outline_loops(&mut module, Stage::Nests, &quiet, trim)?;
     }
     // Pure functions that reach a point give up instead of unwinding.
     let split = if rerun_calls {
@@ -183,7 +184,7 @@ pub(crate) fn instrument(
         }
     }
     if outline {
-        outlined += outline_loops(&mut module, Stage::Leaves, &quiet)?;
+        outlined += outline_loops(&mut module, Stage::Leaves, &quiet, trim)?;
     }
     // Functions Asyncify's own analysis would take as able to unwind, but
     // which cannot: the fast forms, and the helpers of quiet indirect calls.

@@ -29,10 +29,12 @@
 
 mod bulk;
 mod callgraph;
+mod compares;
 mod counted;
 mod hoist;
 mod indirect;
 mod instrument;
+mod loop_io;
 mod memory;
 mod names;
 mod nest;
@@ -57,7 +59,7 @@ pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
     AsyncifyScope, BulkChunks, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints,
     OptLevel, Outline, ParseOptionError, ParsePolicyError, PointCalls, PointPolicy, PrepareOptions,
-    QuietIndirect, RerunCalls, UnrollChecks,
+    QuietIndirect, RerunCalls, TrimOutlined, TurnCompares, UnrollChecks,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
@@ -88,8 +90,10 @@ pub use verify::{check_prepared, CheckError};
 /// long run of a counted nest runs in its outer loop, with one check per
 /// trip and none in its inner loops; 13: a short run skips that loop by a
 /// branch instead of an `if`/`else`; 14: quiet indirect calls are the
-/// default, and their helpers go back into their callers after Asyncify).
-pub const OUTPUT_REVISION: u32 = 14;
+/// default, and their helpers go back into their callers after Asyncify;
+/// 15: moved loops pass only the locals that cross the call, `loop_io.rs`,
+/// and float compares a `select` takes are turned round, `compares.rs`).
+pub const OUTPUT_REVISION: u32 = 15;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

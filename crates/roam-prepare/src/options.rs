@@ -472,6 +472,27 @@ on_off!(
     off: "Each runs whole, however long."
 );
 
+on_off!(
+    /// Whether a loop moved into a function of its own passes only the
+    /// locals that cross the call (`loop_io.rs`).
+    TrimOutlined,
+    "trimmed outlined loops",
+    default: On,
+    on: "A moved loop takes only the locals it may read before it sets them, and gives back only those of its writes that are read after it or taken again (default).",
+    off: "A moved loop takes every local it uses and gives back every local it writes."
+);
+
+on_off!(
+    /// Whether float comparisons that choose a `select` are turned round
+    /// into the form Cranelift makes a minimum or maximum of
+    /// (`compares.rs`).
+    TurnCompares,
+    "turned compares",
+    default: On,
+    on: "After the last optimiser run, a float `gt` or `ge` of two locals that a `select` takes becomes `lt` or `le` with the locals swapped (default).",
+    off: "Comparisons stay as the optimiser left them."
+);
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -519,16 +540,22 @@ pub struct PrepareOptions {
     /// Whether long bulk-memory instructions run in chunks. Default:
     /// [`BulkChunks::On`].
     pub bulk_chunks: BulkChunks,
+    /// Whether moved loops pass only the locals that cross the call.
+    /// Default: [`TrimOutlined::On`].
+    pub trim_outlined: TrimOutlined,
+    /// Whether float comparisons that choose a `select` are turned round.
+    /// Default: [`TurnCompares::On`].
+    pub turn_compares: TurnCompares,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={};counted-loops={};counted-nests={};bulk-chunks={}",
+             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={};counted-loops={};counted-nests={};bulk-chunks={};trim-outlined={};turn-compares={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -544,6 +571,8 @@ impl PrepareOptions {
             self.counted_loops.as_str(),
             self.counted_nests.as_str(),
             self.bulk_chunks.as_str(),
+            self.trim_outlined.as_str(),
+            self.turn_compares.as_str(),
         )
     }
 }
@@ -580,7 +609,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -591,7 +620,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on"
         );
     }
 }

@@ -55,6 +55,7 @@ use walrus::{
     ExportItem, FunctionBuilder, FunctionId, FunctionKind, LocalFunction, LocalId, Module, ValType,
 };
 
+use crate::loop_io::{loop_io, LoopIo};
 use crate::pipeline::PrepareError;
 use crate::quiet::Quiet;
 
@@ -116,6 +117,7 @@ pub(crate) fn outline_loops(
     module: &mut Module,
     stage: Stage,
     quiet: &Quiet,
+    trim: bool,
 ) -> Result<u32, PrepareError> {
     // (function, where to look): the whole body, or inside the loop an
     // outlined function consists of (which must not move again).
@@ -142,8 +144,22 @@ pub(crate) fn outline_loops(
             if module.exports.iter().any(|e| e.name == name) {
                 return Err(PrepareError::ExportNameTaken { name });
             }
-            let (outlined, body) = build_function(module, parent, &candidate, number);
-            replace_loop(module, parent, &candidate, outlined);
+            let io = match &module.funcs.get(parent).kind {
+                _ if !trim => LoopIo {
+                    inputs: candidate.used.clone(),
+                    outputs: candidate.written.clone(),
+                },
+                FunctionKind::Local(func) => loop_io(
+                    func,
+                    candidate.seq,
+                    &candidate.used,
+                    &candidate.written,
+                    &candidate.exits,
+                ),
+                _ => unreachable!("candidates come from local functions"),
+            };
+            let (outlined, body) = build_function(module, parent, &candidate, &io, number);
+            replace_loop(module, parent, &candidate, &io, outlined);
             module.exports.add(&name, ExportItem::Function(outlined));
             if stage == Stage::Nests {
                 queue.push((outlined, Some(body)));
@@ -343,34 +359,41 @@ fn build_function(
     module: &mut Module,
     parent: FunctionId,
     c: &Candidate,
+    io: &LoopIo,
     number: u32,
 ) -> (FunctionId, InstrSeqId) {
-    let types: Vec<ValType> = c.used.iter().map(|l| module.locals.get(*l).ty()).collect();
-    let mut results: Vec<ValType> = c
-        .written
-        .iter()
-        .map(|l| module.locals.get(*l).ty())
-        .collect();
+    let ty = |l: &LocalId| module.locals.get(*l).ty();
+    let types: Vec<ValType> = io.inputs.iter().map(ty).collect();
+    let mut results: Vec<ValType> = io.outputs.iter().map(ty).collect();
     results.push(ValType::I32);
-    let params: Vec<LocalId> = types.iter().map(|ty| module.locals.add(*ty)).collect();
-    let FunctionKind::Local(src) = &module.funcs.get(parent).kind else {
-        unreachable!("candidates come from local functions");
-    };
-    let mut fb = FunctionBuilder::new(&mut module.types, &types, &results);
-    fb.name(format!("roam_loop_{number}"));
-    let locals: Vec<(LocalId, LocalId)> =
-        c.used.iter().copied().zip(params.iter().copied()).collect();
+    // Every local the loop uses gets one of its own in the new function;
+    // the inputs' are its parameters, the others start at zero.
+    let locals: Vec<(LocalId, LocalId)> = c
+        .used
+        .iter()
+        .map(|l| (*l, module.locals.add(module.locals.get(*l).ty())))
+        .collect();
     let map_local = |l: LocalId| {
         locals
             .iter()
             .find(|(from, _)| *from == l)
             .map(|(_, to)| *to)
     };
-    let written: Vec<LocalId> = c
-        .written
+    let params: Vec<LocalId> = io
+        .inputs
         .iter()
-        .map(|l| map_local(*l).expect("written is used"))
+        .map(|l| map_local(*l).expect("inputs are used"))
         .collect();
+    let written: Vec<LocalId> = io
+        .outputs
+        .iter()
+        .map(|l| map_local(*l).expect("outputs are used"))
+        .collect();
+    let FunctionKind::Local(src) = &module.funcs.get(parent).kind else {
+        unreachable!("candidates come from local functions");
+    };
+    let mut fb = FunctionBuilder::new(&mut module.types, &types, &results);
+    fb.name(format!("roam_loop_{number}"));
 
     // Exit blocks, innermost first: `exit_seqs[k - 1]` is where a branch to
     // `c.exits[k - 1]` lands. After each, the results and the exit code.
@@ -499,7 +522,13 @@ impl<F: Fn(LocalId) -> Option<LocalId>> Copier<'_, F> {
 
 /// Replace the loop in `parent` by a call of `outlined` and the branches
 /// its exit code asks for.
-fn replace_loop(module: &mut Module, parent: FunctionId, c: &Candidate, outlined: FunctionId) {
+fn replace_loop(
+    module: &mut Module,
+    parent: FunctionId,
+    c: &Candidate,
+    io: &LoopIo,
+    outlined: FunctionId,
+) {
     let code = module.locals.add(ValType::I32);
     let FunctionKind::Local(func) = &mut module.funcs.get_mut(parent).kind else {
         unreachable!("candidates come from local functions");
@@ -507,15 +536,15 @@ fn replace_loop(module: &mut Module, parent: FunctionId, c: &Candidate, outlined
     let (holder, at) =
         find_loop(func, func.entry_block(), c.seq).expect("the candidate loop is in its function");
     let loc = func.block(holder).instrs[at].1;
-    let mut with: Vec<Instr> = c
-        .used
+    let mut with: Vec<Instr> = io
+        .inputs
         .iter()
         .map(|l| Instr::LocalGet(LocalGet { local: *l }))
         .collect();
     with.push(Instr::Call(Call { func: outlined }));
     with.push(Instr::LocalSet(LocalSet { local: code }));
     with.extend(
-        c.written
+        io.outputs
             .iter()
             .rev()
             .map(|l| Instr::LocalSet(LocalSet { local: *l })),

@@ -12,8 +12,8 @@ use crate::section::{append_section, read_section};
 use crate::validate::SUPPORTED_FEATURES;
 use crate::{
     check_prepared, instrument, spill, validate, wasm_opt, CheckError, PointCalls, PrepareOptions,
-    RoamSection, SectionError, ValidateError, ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT, MEMORY_EXPORT,
-    SECTION_VERSION,
+    RoamSection, SectionError, TurnCompares, ValidateError, ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT,
+    MEMORY_EXPORT, SECTION_VERSION,
 };
 
 pub use crate::section::PointStats;
@@ -188,6 +188,9 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
             }
         }
     };
+    if opts.turn_compares == TurnCompares::On {
+        crate::compares::turn_compares(&mut bytes)?;
+    }
     check_output(&bytes)?;
     let section = RoamSection {
         version: SECTION_VERSION,

@@ -15,7 +15,7 @@ use std::path::Path;
 use crate::instrument::instrument;
 use crate::wasm_opt::{asyncify_arguments, optimise_arguments};
 use crate::{
-    validate, AsyncifyScope, LoopPoints, PointPolicy, PrepareOptions, QuietIndirect,
+    validate, AsyncifyScope, LoopPoints, PointPolicy, PrepareOptions, QuietIndirect, TrimOutlined,
     OUTPUT_REVISION,
 };
 
@@ -59,6 +59,10 @@ const HISTORY: &[(u32, &str)] = &[
         14,
         "82e113f52c6d8e980673b2e23bb818b429b8753305b51751a45116e2ff6b46d3",
     ),
+    (
+        15,
+        "5cdeb6dff7ea10bbc168aab075d181f7b628bd22656c4ae58680f1cbba524dce",
+    ),
 ];
 
 fn option_sets() -> Vec<PrepareOptions> {
@@ -79,6 +83,10 @@ fn option_sets() -> Vec<PrepareOptions> {
         },
         PrepareOptions {
             quiet_indirect: QuietIndirect::Off,
+            ..d()
+        },
+        PrepareOptions {
+            trim_outlined: TrimOutlined::Off,
             ..d()
         },
     ]

@@ -1,0 +1,227 @@
+//! Which locals an outlined loop takes and gives back.
+//!
+//! A loop moved into a function of its own (`outline.rs`) pays for every
+//! local it passes on every call: Cranelift passes the first few in
+//! registers and the rest on the stack, and returns all but the first
+//! few results through memory. `kmeans`' centroid loop, called once per
+//! point, took 15 parameters and gave back 12 results, most of them
+//! scratch locals that the loop sets before it reads them and that
+//! nothing after it reads. So only two kinds of local cross the call:
+//!
+//! - **inputs**: the locals the loop may read before it has set them on
+//!   some path from its top, found by definite assignment over its body.
+//!   Every other local the loop uses starts at zero in the new function,
+//!   and is set before it is read on every path;
+//! - **outputs**: the locals it writes that are inputs too, or that are
+//!   live where the loop is left: after it, or where one of its branches
+//!   out lands, by a liveness pass over the whole caller (a loop header is
+//!   iterated to a fixed point, so a value read only on the next trip
+//!   round an enclosing loop counts). An input must come back because the
+//!   caller calls the loop again with its own copies after a hoisted
+//!   point's call.
+//!
+//! Both are conservative: definite assignment takes a block that some
+//! branch leaves early as setting nothing, and liveness takes every
+//! branch as possible. Code added later (points, Asyncify's save and
+//! restore, the copies of spilled point calls) reads a dead local only to
+//! store it and load it back, so its value does not matter.
+//!
+//! The locals not passed are zero in the new function; each is set
+//! before it is read there on every path, by the definite assignment.
+//! After an unrelated change renumbered locals, `wasm-opt` turned one
+//! comparison of `kmeans` round, which costs more than this saves unless
+//! `compares.rs` turns it back.
+
+use std::collections::{HashMap, HashSet};
+
+use walrus::ir::{Br, BrIf, BrTable, Instr, InstrSeqId, LocalGet, LocalSet, LocalTee};
+use walrus::{LocalFunction, LocalId};
+
+use crate::outline::walk;
+
+/// The parameters and results of the function a loop moves to, each in the
+/// order of the loop's first use or write.
+pub(crate) struct LoopIo {
+    pub inputs: Vec<LocalId>,
+    pub outputs: Vec<LocalId>,
+}
+
+/// Which of `used` and `written` (the loop `body`'s locals) cross the call
+/// of the function the loop moves to, with `func` the function it leaves.
+pub(crate) fn loop_io(
+    func: &LocalFunction,
+    body: InstrSeqId,
+    used: &[LocalId],
+    written: &[LocalId],
+    exits: &[InstrSeqId],
+) -> LoopIo {
+    let mut branched = HashSet::new();
+    walk(func, body, &mut |i| match i {
+        Instr::Br(Br { block }) | Instr::BrIf(BrIf { block }) => {
+            branched.insert(*block);
+        }
+        Instr::BrTable(BrTable { blocks, default }) => {
+            branched.extend(blocks.iter().chain([default]).copied());
+        }
+        _ => {}
+    });
+    let mut exposed = Exposed {
+        func,
+        branched: &branched,
+        found: HashSet::new(),
+    };
+    exposed.seq(body, &mut HashSet::new());
+    let mut live = Live {
+        func,
+        target: body,
+        exits: exits.to_vec(),
+        labels: HashMap::from([(func.entry_block(), HashSet::new())]),
+        after: HashSet::new(),
+    };
+    live.seq(func.entry_block(), HashSet::new());
+    LoopIo {
+        inputs: used
+            .iter()
+            .copied()
+            .filter(|l| exposed.found.contains(l))
+            .collect(),
+        outputs: written
+            .iter()
+            .copied()
+            .filter(|l| exposed.found.contains(l) || live.after.contains(l))
+            .collect(),
+    }
+}
+
+/// Liveness of locals over a whole function, backwards, recording what is
+/// live where the loop `target` is left: after it, and at each label it
+/// branches out to. A loop's header is iterated to a fixed point; the sets
+/// only grow from pass to pass, so the union over passes is the answer.
+struct Live<'a> {
+    func: &'a LocalFunction,
+    target: InstrSeqId,
+    exits: Vec<InstrSeqId>,
+    /// What is live where a branch to each label lands.
+    labels: HashMap<InstrSeqId, HashSet<LocalId>>,
+    after: HashSet<LocalId>,
+}
+
+impl Live<'_> {
+    /// What is live at the top of `seq`, given what is live after it.
+    fn seq(&mut self, seq: InstrSeqId, mut live: HashSet<LocalId>) -> HashSet<LocalId> {
+        for (instr, _) in self.func.block(seq).instrs.iter().rev() {
+            match instr {
+                Instr::LocalGet(LocalGet { local }) => {
+                    live.insert(*local);
+                }
+                Instr::LocalSet(LocalSet { local }) | Instr::LocalTee(LocalTee { local }) => {
+                    live.remove(local);
+                }
+                Instr::Br(Br { block }) => live = self.at(*block),
+                Instr::BrIf(BrIf { block }) => live.extend(self.at(*block)),
+                Instr::BrTable(BrTable { blocks, default }) => {
+                    live = HashSet::new();
+                    for block in blocks.iter().chain([default]) {
+                        live.extend(self.at(*block));
+                    }
+                }
+                Instr::Return(_)
+                | Instr::ReturnCall(_)
+                | Instr::ReturnCallIndirect(_)
+                | Instr::ReturnCallRef(_)
+                | Instr::Unreachable(_) => live = HashSet::new(),
+                Instr::Block(b) => {
+                    self.labels.insert(b.seq, live.clone());
+                    live = self.seq(b.seq, live);
+                }
+                Instr::IfElse(i) => {
+                    self.labels.insert(i.consequent, live.clone());
+                    self.labels.insert(i.alternative, live.clone());
+                    let mut then = self.seq(i.consequent, live.clone());
+                    then.extend(self.seq(i.alternative, live));
+                    live = then;
+                }
+                Instr::Loop(l) => {
+                    if l.seq == self.target {
+                        self.after.extend(live.iter().copied());
+                        for exit in self.exits.clone() {
+                            let at = self.at(exit);
+                            self.after.extend(at);
+                        }
+                    }
+                    let mut head = self.at(l.seq);
+                    loop {
+                        self.labels.insert(l.seq, head.clone());
+                        let mut top = self.seq(l.seq, live.clone());
+                        top.extend(head.iter().copied());
+                        if top == head {
+                            break;
+                        }
+                        head = top;
+                    }
+                    live = head;
+                }
+                _ => {}
+            }
+        }
+        live
+    }
+
+    /// What is live where a branch to `label` lands (nothing yet for a
+    /// loop header not yet seen).
+    fn at(&self, label: InstrSeqId) -> HashSet<LocalId> {
+        self.labels.get(&label).cloned().unwrap_or_default()
+    }
+}
+
+/// Definite assignment from the top of a loop body, recording every read
+/// of a local not yet set on some path there (`found`). Conservative: a
+/// block or `if` some branch targets adds nothing to what is set after it,
+/// a loop's body is walked as on its first iteration (a later iteration
+/// has set at least as much), and code after a branch is walked with what
+/// was set before it.
+struct Exposed<'a> {
+    func: &'a LocalFunction,
+    /// Every label some branch in the loop names.
+    branched: &'a HashSet<InstrSeqId>,
+    found: HashSet<LocalId>,
+}
+
+impl Exposed<'_> {
+    fn seq(&mut self, seq: InstrSeqId, set: &mut HashSet<LocalId>) {
+        for (instr, _) in &self.func.block(seq).instrs {
+            match instr {
+                Instr::LocalGet(LocalGet { local }) if !set.contains(local) => {
+                    self.found.insert(*local);
+                }
+                Instr::LocalSet(LocalSet { local }) | Instr::LocalTee(LocalTee { local }) => {
+                    set.insert(*local);
+                }
+                Instr::Block(b) => {
+                    let mut inner = set.clone();
+                    self.seq(b.seq, &mut inner);
+                    if !self.branched.contains(&b.seq) {
+                        *set = inner;
+                    }
+                }
+                Instr::Loop(l) => {
+                    let mut inner = set.clone();
+                    self.seq(l.seq, &mut inner);
+                    *set = inner;
+                }
+                Instr::IfElse(i) => {
+                    let mut then = set.clone();
+                    self.seq(i.consequent, &mut then);
+                    let mut other = set.clone();
+                    self.seq(i.alternative, &mut other);
+                    let targeted = self.branched.contains(&i.consequent)
+                        || self.branched.contains(&i.alternative);
+                    if !targeted {
+                        set.extend(then.intersection(&other).copied().collect::<Vec<_>>());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
