@@ -179,6 +179,12 @@ pub struct PrepareArgs {
     /// [default: on].
     #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
     pub turn_compares: Option<roam_prepare::TurnCompares>,
+    /// A function that calls one that never returns and may unwind (an
+    /// error path that prints and exits) returns first, and its caller
+    /// makes the call, so the hot function's error checks are not call
+    /// sites Asyncify must instrument: `on` or `off` [default: on].
+    #[arg(long, value_name = "WHICH", help_heading = "Ablation and tuning")]
+    pub lift_exits: Option<roam_prepare::LiftExits>,
     /// wasm-opt optimisation level after Asyncify: O0, O1, O2, O3, O4 or Os
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]

@@ -25,6 +25,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         bulk_chunks: a.bulk_chunks.unwrap_or(defaults.bulk_chunks),
         trim_outlined: a.trim_outlined.unwrap_or(defaults.trim_outlined),
         turn_compares: a.turn_compares.unwrap_or(defaults.turn_compares),
+        lift_exits: a.lift_exits.unwrap_or(defaults.lift_exits),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
         ..defaults
     };
@@ -40,7 +41,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
     } else {
         let s = &out.stats;
         eprintln!(
-            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points; {} loops outlined; {} pure functions run again instead of unwinding; {} counted loops without checks on short runs; {} bulk-memory instructions split into chunks when long)",
+            "roam: prepared {} -> {} ({} -> {} bytes; {} loop, {} function, {} manual migration points; {} loops outlined; {} pure functions run again instead of unwinding; {} counted loops without checks on short runs; {} bulk-memory instructions split into chunks when long; {} functions that return before a call that ends the program)",
             a.input.display(),
             a.output.display(),
             input.len(),
@@ -51,7 +52,8 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
             out.outlined_loops,
             out.rerun_functions,
             out.counted_loops,
-            out.bulk_split
+            out.bulk_split,
+            out.lifted_exits
         );
     }
     Ok(0)

@@ -33,10 +33,10 @@ use crate::quiet::Quiet;
 use crate::rerun::Nested;
 use crate::wasm_opt::AsyncifyList;
 use crate::{
-    AsyncifyScope, BulkChunks, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints,
-    ModuleInfo, Outline, PointPolicy, PointStats, PrepareOptions, QuietIndirect, RerunCalls,
-    TrimOutlined, UnrollChecks, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX,
-    MEMORY_EXPORT, POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
+    AsyncifyScope, BulkChunks, CountedLoops, CountedNests, EntryPoints, HoistCalls, LiftExits,
+    LoopPoints, ModuleInfo, Outline, PointPolicy, PointStats, PrepareOptions, QuietIndirect,
+    RerunCalls, TrimOutlined, UnrollChecks, ASYNC_IMPORTS, FLAG_GLOBAL_EXPORT,
+    GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, POINT_FUNC, POINT_MODULE, TABLE_EXPORT_PREFIX,
 };
 
 /// The instrumented module, ready for `wasm-opt`.
@@ -54,6 +54,9 @@ pub(crate) struct Instrumented {
     pub counted: u32,
     /// Bulk-memory instructions that run in chunks when long (`bulk.rs`).
     pub bulk: u32,
+    /// Functions that return before a call that ends the program, which
+    /// their callers make instead (`leave.rs`).
+    pub lifted: usize,
     /// Names of the functions Asyncify must instrument
     /// ([`AsyncifyScope::Reachable`]), or must leave alone (the fast forms of
     /// `pure.rs`), or `None` for Asyncify's own analysis alone.
@@ -121,6 +124,15 @@ pub(crate) fn instrument(
             crate::indirect::route_quiet(&mut module, &quiet)
         }
         false => Vec::new(),
+    };
+    // Calls that end the program leave their callers before anything
+    // below decides which calls may unwind.
+    let lifted = match opts.lift_exits == LiftExits::On && policy != PointPolicy::Manual {
+        true => {
+            let (_, _, quiet) = quiet_of(&module);
+            crate::leave::lift_exits(&mut module, &quiet)?
+        }
+        false => 0,
     };
     // Nests before any point, so each gets its points in its new function
     // exactly as in place; innermost loops after (see `outline.rs`).
@@ -211,6 +223,7 @@ pub(crate) fn instrument(
         rerun: split.map_or(0, |s| s.fast.len() as u32),
         counted,
         bulk,
+        lifted,
         list,
     })
 }

@@ -34,6 +34,7 @@ mod counted;
 mod hoist;
 mod indirect;
 mod instrument;
+mod leave;
 mod loop_io;
 mod memory;
 mod names;
@@ -55,11 +56,12 @@ mod wasm_opt;
 #[cfg(test)]
 mod revision_tests;
 
+pub use leave::{EXIT_ARG_EXPORT_PREFIX, EXIT_GLOBAL_EXPORT};
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
-    AsyncifyScope, BulkChunks, CountedLoops, CountedNests, EntryPoints, HoistCalls, LoopPoints,
-    OptLevel, Outline, ParseOptionError, ParsePolicyError, PointCalls, PointPolicy, PrepareOptions,
-    QuietIndirect, RerunCalls, TrimOutlined, TurnCompares, UnrollChecks,
+    AsyncifyScope, BulkChunks, CountedLoops, CountedNests, EntryPoints, HoistCalls, LiftExits,
+    LoopPoints, OptLevel, Outline, ParseOptionError, ParsePolicyError, PointCalls, PointPolicy,
+    PrepareOptions, QuietIndirect, RerunCalls, TrimOutlined, TurnCompares, UnrollChecks,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};
@@ -92,8 +94,10 @@ pub use verify::{check_prepared, CheckError};
 /// branch instead of an `if`/`else`; 14: quiet indirect calls are the
 /// default, and their helpers go back into their callers after Asyncify;
 /// 15: moved loops pass only the locals that cross the call, `loop_io.rs`,
-/// and float compares a `select` takes are turned round, `compares.rs`).
-pub const OUTPUT_REVISION: u32 = 15;
+/// and float compares a `select` takes are turned round, `compares.rs`;
+/// 16: calls that end the program are made by the caller's caller,
+/// `leave.rs`).
+pub const OUTPUT_REVISION: u32 = 16;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

@@ -28,9 +28,9 @@
 //!
 //! The locals not passed are zero in the new function; each is set
 //! before it is read there on every path, by the definite assignment.
-//! After an unrelated change renumbered locals, `wasm-opt` turned one
-//! comparison of `kmeans` round, which costs more than this saves unless
-//! `compares.rs` turns it back.
+//! With trimmed calls, `wasm-opt` turned one comparison of `kmeans` round
+//! into a form that costs more than trimming saves, unless `compares.rs`
+//! turns it back.
 
 use std::collections::{HashMap, HashSet};
 

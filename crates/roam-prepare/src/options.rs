@@ -493,6 +493,16 @@ on_off!(
     off: "Comparisons stay as the optimiser left them."
 );
 
+on_off!(
+    /// Whether calls of functions that never return are made from the
+    /// caller's caller, once the caller has returned (`leave.rs`).
+    LiftExits,
+    "lifted exits",
+    default: On,
+    on: "A function that only direct calls reach and that calls a function which never returns and may unwind (an error path that prints and exits) returns instead, and its caller makes the call (default).",
+    off: "Every call stays where it is."
+);
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -546,16 +556,19 @@ pub struct PrepareOptions {
     /// Whether float comparisons that choose a `select` are turned round.
     /// Default: [`TurnCompares::On`].
     pub turn_compares: TurnCompares,
+    /// Whether calls of functions that never return are made from the
+    /// caller's caller. Default: [`LiftExits::On`].
+    pub lift_exits: LiftExits,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
              ;scope={}\
-             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={};counted-loops={};counted-nests={};bulk-chunks={};trim-outlined={};turn-compares={}",
+             ;entries={};loops={};calls={};outline={};rerun-calls={};quiet-indirect={};unroll-checks={};hoist-calls={};counted-loops={};counted-nests={};bulk-chunks={};trim-outlined={};turn-compares={};lift-exits={}",
             self.points,
             self.opt_level.as_str(),
             if self.strip_names { "strip" } else { "keep" },
@@ -573,6 +586,7 @@ impl PrepareOptions {
             self.bulk_chunks.as_str(),
             self.trim_outlined.as_str(),
             self.turn_compares.as_str(),
+            self.lift_exits.as_str(),
         )
     }
 }
@@ -609,7 +623,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -620,7 +634,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on"
         );
     }
 }

@@ -41,6 +41,10 @@ pub struct Prepared {
     /// `memory.fill` and `memory.copy` instructions that run in chunks when
     /// long (`bulk.rs`); 0 for a module that was already prepared.
     pub bulk_split: u32,
+    /// Functions that return before a call that ends the program, which
+    /// their callers make instead (`leave.rs`); 0 for a module that was
+    /// already prepared.
+    pub lifted_exits: usize,
 }
 
 /// Why `prepare` failed.
@@ -150,6 +154,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
             rerun_functions: 0,
             counted_loops: 0,
             bulk_split: 0,
+            lifted_exits: 0,
         });
     }
     let info = validate(input)?;
@@ -160,6 +165,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     let rerun_functions = instrumented.rerun;
     let counted_loops = instrumented.counted;
     let bulk_split = instrumented.bulk;
+    let lifted_exits = instrumented.lifted;
     let list = instrumented.list.as_ref();
     let mut bytes = match opts.point_calls {
         PointCalls::Plain => wasm_opt::run(
@@ -212,6 +218,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         rerun_functions,
         counted_loops,
         bulk_split,
+        lifted_exits,
     })
 }
 

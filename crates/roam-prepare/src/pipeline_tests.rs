@@ -66,7 +66,7 @@ fn prepared_module_validates_and_has_exports_and_section() {
     assert_eq!(section.points, PointPolicy::Loops);
     assert_eq!(
         section.options,
-        "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on"
+        "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on"
     );
     assert_eq!(section.mutable_globals, vec![0, 2]);
     assert_eq!(section.tables, 1);

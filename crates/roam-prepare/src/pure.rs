@@ -150,7 +150,7 @@ fn shrink(
 /// a fast form would count its budget down on every iteration, and throw
 /// away a whole budget's work on every run of a nest that is longer than
 /// that (`matmul` ran 15 % slower with its two pure nests as fast forms).
-fn escaped(module: &Module) -> HashSet<FunctionId> {
+pub(crate) fn escaped(module: &Module) -> HashSet<FunctionId> {
     let mut out: HashSet<FunctionId> = module.start.into_iter().collect();
     for e in module.exports.iter() {
         if let ExportItem::Function(f) = e.item {
@@ -189,7 +189,7 @@ fn zeroable(module: &Module, f: FunctionId) -> bool {
     ty.results().iter().all(|t| zero(*t).is_some())
 }
 
-fn zero(ty: ValType) -> Option<Value> {
+pub(crate) fn zero(ty: ValType) -> Option<Value> {
     match ty {
         ValType::I32 => Some(Value::I32(0)),
         ValType::I64 => Some(Value::I64(0)),

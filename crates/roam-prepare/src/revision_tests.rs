@@ -15,8 +15,8 @@ use std::path::Path;
 use crate::instrument::instrument;
 use crate::wasm_opt::{asyncify_arguments, optimise_arguments};
 use crate::{
-    validate, AsyncifyScope, LoopPoints, PointPolicy, PrepareOptions, QuietIndirect, TrimOutlined,
-    OUTPUT_REVISION,
+    validate, AsyncifyScope, LiftExits, LoopPoints, PointPolicy, PrepareOptions, QuietIndirect,
+    TrimOutlined, OUTPUT_REVISION,
 };
 
 /// Every revision with its fingerprint, oldest first. When the test fails,
@@ -63,6 +63,10 @@ const HISTORY: &[(u32, &str)] = &[
         15,
         "5cdeb6dff7ea10bbc168aab075d181f7b628bd22656c4ae58680f1cbba524dce",
     ),
+    (
+        16,
+        "3548469c0940a6d26114425c611183821f34646b7fff66426dd07320b3856b7f",
+    ),
 ];
 
 fn option_sets() -> Vec<PrepareOptions> {
@@ -89,6 +93,10 @@ fn option_sets() -> Vec<PrepareOptions> {
             trim_outlined: TrimOutlined::Off,
             ..d()
         },
+        PrepareOptions {
+            lift_exits: LiftExits::Off,
+            ..d()
+        },
     ]
 }
 
@@ -104,6 +112,7 @@ fn fingerprint() -> String {
         crate::counted::tests::BIG,
         crate::nest::tests::WAT,
         crate::bulk::tests::WAT,
+        crate::leave::tests::WAT,
     ];
     let mut h = blake3::Hasher::new();
     let mut put = |bytes: &[u8]| {

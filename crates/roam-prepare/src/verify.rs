@@ -17,7 +17,9 @@
 //!   `roam.spill.<i>` globals are the scratch copies around point calls
 //!   (`spill.rs`), which hold nothing between snapshots; a hand-made module
 //!   that keeps its own state there loses it on migration, which harms only
-//!   that program; so are `roam.abort`, which pure functions raise while
+//!   that program; so are `roam.exit` and `roam.exit.<n>`, which hold a
+//!   call that ends the program only between a return and the call
+//!   (`leave.rs`), and `roam.abort`, which pure functions raise while
 //!   they give up (`pure.rs`) and which is clear at every point, and
 //!   `roam.budget`, which is set again before it is next read;
 //! - the `roam.migration_point` import, if the section counts any point.
@@ -36,8 +38,9 @@ use wasmparser::{ExternalKind, Parser, Payload, TypeRef};
 
 use crate::{
     read_section, validate, PointPolicy, RoamSection, SectionError, ValidateError,
-    ABORT_GLOBAL_EXPORT, ASYNCIFY_EXPORTS, BUDGET_GLOBAL_EXPORT, FLAG_GLOBAL_EXPORT,
-    GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, SPILL_EXPORT_PREFIX, TABLE_EXPORT_PREFIX,
+    ABORT_GLOBAL_EXPORT, ASYNCIFY_EXPORTS, BUDGET_GLOBAL_EXPORT, EXIT_ARG_EXPORT_PREFIX,
+    EXIT_GLOBAL_EXPORT, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
+    SPILL_EXPORT_PREFIX, TABLE_EXPORT_PREFIX,
 };
 
 /// Mutable globals Asyncify adds and keeps unexported (`__asyncify_state`,
@@ -166,6 +169,8 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
                 .ok_or_else(|| inconsistent(format!("export `{name}` is not a numbered table")))?;
             exported_tables.insert(n);
         } else if name.starts_with(SPILL_EXPORT_PREFIX)
+            || name.starts_with(EXIT_ARG_EXPORT_PREFIX)
+            || name == EXIT_GLOBAL_EXPORT
             || name == ABORT_GLOBAL_EXPORT
             || name == BUDGET_GLOBAL_EXPORT
         {

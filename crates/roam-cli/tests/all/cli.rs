@@ -79,6 +79,78 @@ fn program_exit_status_is_roams_exit_status() {
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
 }
 
+/// A call that ends the program, made by its caller's caller once the
+/// functions before it have returned (`roam-prepare`'s `leave.rs`),
+/// prints and ends the same wherever a checkpoint lands: at every point,
+/// and when the run stops at each point in turn and is restored.
+#[test]
+fn an_exit_made_by_the_callers_caller_migrates_from_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("exit.wasm");
+    std::fs::write(
+        &m,
+        wat(include_str!("../../../roam-prepare/src/leave_fixture.wat")),
+    )
+    .unwrap();
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("run").arg(&m);
+    let reference = output(cmd);
+    assert_eq!(
+        reference.status.code(),
+        Some(3),
+        "{}",
+        text(&reference.stderr)
+    );
+    assert_eq!(
+        text(&reference.stdout),
+        "5\nA\nB\nC\nD\nE\nF\nG\nH\nI\nJ\nK\nL\nM\n"
+    );
+    let snap = dir.path().join("s.roam");
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("run")
+        .arg("--snapshot")
+        .arg(&snap)
+        .args(["--checkpoint-every-points", "1"])
+        .arg(&m);
+    let every = output(cmd);
+    assert_eq!(every.status.code(), Some(3), "{}", text(&every.stderr));
+    assert_eq!(every.stdout, reference.stdout, "checkpoint at every point");
+    let mut restored = 0;
+    for k in 1..200 {
+        let _ = std::fs::remove_file(&snap);
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("run")
+            .arg("--snapshot")
+            .arg(&snap)
+            .args(["--checkpoint-at-point", &k.to_string()])
+            .arg(&m);
+        let first = output(cmd);
+        if !snap.exists() {
+            // The run ended before its k-th point.
+            assert_eq!(first.status.code(), Some(3), "{}", text(&first.stderr));
+            assert_eq!(first.stdout, reference.stdout, "no stop at point {k}");
+            break;
+        }
+        assert!(first.status.success(), "point {k}: {}", text(&first.stderr));
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("restore").arg(&snap);
+        let second = output(cmd);
+        assert_eq!(
+            second.status.code(),
+            Some(3),
+            "point {k}: {}",
+            text(&second.stderr)
+        );
+        let mut both = first.stdout.clone();
+        both.extend_from_slice(&second.stdout);
+        assert_eq!(text(&both), text(&reference.stdout), "stopped at point {k}");
+        restored += 1;
+    }
+    // The work loops and `fail`'s loop: points before and after the exit
+    // was moved.
+    assert!(restored > 20, "only {restored} points");
+}
+
 #[test]
 fn trap_exits_134_with_a_message() {
     let dir = tempfile::tempdir().unwrap();
