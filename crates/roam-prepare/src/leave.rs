@@ -255,29 +255,40 @@ fn zeros_and_return(results: &[Value]) -> Vec<(Instr, InstrLocId)> {
 /// In a function that leaves: every call of a lifted function stores its
 /// arguments and number and returns zeros instead.
 fn stash_ends(func: &mut LocalFunction, globals: &Globals, results: &[Value]) {
+    each_call_backwards(func, |func, seq, k, callee| {
+        let Some((_, number, args)) = globals.ends.iter().find(|(f, ..)| *f == callee) else {
+            return;
+        };
+        let mut with: Vec<_> = args
+            .iter()
+            .rev()
+            .map(|g| at(GlobalSet { global: *g }))
+            .collect();
+        with.push(at(Const {
+            value: Value::I32(*number),
+        }));
+        with.push(at(GlobalSet {
+            global: globals.which,
+        }));
+        with.extend(zeros_and_return(results));
+        func.block_mut(seq).instrs.splice(k..=k, with);
+    });
+}
+
+/// Visit every direct call of `func` as `(func, sequence, index, callee)`,
+/// each sequence from its end, so that a visit may replace the call or
+/// insert after it without moving the calls still to come.
+fn each_call_backwards(
+    func: &mut LocalFunction,
+    mut visit: impl FnMut(&mut LocalFunction, InstrSeqId, usize, FunctionId),
+) {
     for seq in sequences(func) {
         let mut k = func.block(seq).instrs.len();
         while k > 0 {
             k -= 1;
-            let Instr::Call(Call { func: callee }) = func.block(seq).instrs[k].0 else {
-                continue;
-            };
-            let Some((_, number, args)) = globals.ends.iter().find(|(f, ..)| *f == callee) else {
-                continue;
-            };
-            let mut with: Vec<_> = args
-                .iter()
-                .rev()
-                .map(|g| at(GlobalSet { global: *g }))
-                .collect();
-            with.push(at(Const {
-                value: Value::I32(*number),
-            }));
-            with.push(at(GlobalSet {
-                global: globals.which,
-            }));
-            with.extend(zeros_and_return(results));
-            func.block_mut(seq).instrs.splice(k..=k, with);
+            if let Instr::Call(Call { func: callee }) = func.block(seq).instrs[k].0 {
+                visit(func, seq, k, callee);
+            }
         }
     }
 }
@@ -290,30 +301,23 @@ fn check_after_calls(
     which: GlobalId,
     then: &[(Instr, InstrLocId)],
 ) {
-    for seq in sequences(func) {
-        let mut k = func.block(seq).instrs.len();
-        while k > 0 {
-            k -= 1;
-            let Instr::Call(Call { func: callee }) = func.block(seq).instrs[k].0 else {
-                continue;
-            };
-            if !leaving.contains(&callee) {
-                continue;
-            }
-            let builder = func.builder_mut();
-            let consequent = builder.dangling_instr_seq(None).id();
-            let alternative = builder.dangling_instr_seq(None).id();
-            func.block_mut(consequent).instrs = then.to_vec();
-            let check = [
-                at(GlobalGet { global: which }),
-                at(IfElse {
-                    consequent,
-                    alternative,
-                }),
-            ];
-            func.block_mut(seq).instrs.splice(k + 1..k + 1, check);
+    each_call_backwards(func, |func, seq, k, callee| {
+        if !leaving.contains(&callee) {
+            return;
         }
-    }
+        let builder = func.builder_mut();
+        let consequent = builder.dangling_instr_seq(None).id();
+        let alternative = builder.dangling_instr_seq(None).id();
+        func.block_mut(consequent).instrs = then.to_vec();
+        let check = [
+            at(GlobalGet { global: which }),
+            at(IfElse {
+                consequent,
+                alternative,
+            }),
+        ];
+        func.block_mut(seq).instrs.splice(k + 1..k + 1, check);
+    });
 }
 
 /// `roam_exit_dispatch`: clear `roam.exit` and make the call it names,
