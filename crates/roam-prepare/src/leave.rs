@@ -39,15 +39,15 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use walrus::ir::{
-    BinaryOp, Br, BrIf, BrTable, Call, Const, GlobalGet, GlobalSet, IfElse, Instr, InstrLocId,
-    InstrSeqId, Return, Unreachable, Value,
+    BinaryOp, Call, Const, GlobalGet, GlobalSet, IfElse, Instr, InstrLocId, InstrSeqId, Return,
+    Unreachable, Value,
 };
 use walrus::{
     ConstExpr, ExportItem, FunctionBuilder, FunctionId, FunctionKind, GlobalId, ImportKind,
     LocalFunction, Module, ValType,
 };
 
-use crate::outline::{children, walk};
+use crate::outline::{branch_targets, children, walk};
 use crate::pipeline::PrepareError;
 use crate::pure::{escaped, zero};
 use crate::quiet::Quiet;
@@ -149,17 +149,13 @@ fn ends_every_path(func: &LocalFunction, never: &HashSet<FunctionId>) -> bool {
     let body = func.entry_block();
     let mut returns = false;
     walk(func, body, &mut |i| {
-        returns |= match i {
+        returns |= matches!(
+            i,
             Instr::Return(_)
-            | Instr::ReturnCall(_)
-            | Instr::ReturnCallIndirect(_)
-            | Instr::ReturnCallRef(_) => true,
-            Instr::Br(Br { block }) | Instr::BrIf(BrIf { block }) => *block == body,
-            Instr::BrTable(BrTable { blocks, default }) => {
-                *default == body || blocks.contains(&body)
-            }
-            _ => false,
-        };
+                | Instr::ReturnCall(_)
+                | Instr::ReturnCallIndirect(_)
+                | Instr::ReturnCallRef(_)
+        ) || branch_targets(i).contains(&body);
     });
     !returns
         && func.block(body).instrs.iter().any(|(i, _)| match i {

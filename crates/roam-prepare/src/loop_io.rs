@@ -37,7 +37,7 @@ use std::collections::{HashMap, HashSet};
 use walrus::ir::{Br, BrIf, BrTable, Instr, InstrSeqId, LocalGet, LocalSet, LocalTee};
 use walrus::{LocalFunction, LocalId};
 
-use crate::outline::walk;
+use crate::outline::{branch_targets, walk};
 
 /// The parameters and results of the function a loop moves to, each in the
 /// order of the loop's first use or write.
@@ -56,15 +56,7 @@ pub(crate) fn loop_io(
     exits: &[InstrSeqId],
 ) -> LoopIo {
     let mut branched = HashSet::new();
-    walk(func, body, &mut |i| match i {
-        Instr::Br(Br { block }) | Instr::BrIf(BrIf { block }) => {
-            branched.insert(*block);
-        }
-        Instr::BrTable(BrTable { blocks, default }) => {
-            branched.extend(blocks.iter().chain([default]).copied());
-        }
-        _ => {}
-    });
+    walk(func, body, &mut |i| branched.extend(branch_targets(i)));
     let mut exposed = Exposed {
         func,
         branched: &branched,

@@ -246,6 +246,17 @@ pub(crate) fn walk(func: &LocalFunction, seq: InstrSeqId, visit: &mut impl FnMut
     }
 }
 
+/// The labels a branch instruction names (none for any other).
+pub(crate) fn branch_targets(instr: &Instr) -> Vec<InstrSeqId> {
+    match instr {
+        Instr::Br(Br { block }) | Instr::BrIf(BrIf { block }) => vec![*block],
+        Instr::BrTable(BrTable { blocks, default }) => {
+            blocks.iter().chain([default]).copied().collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// The sequences an instruction opens.
 pub(crate) fn children(instr: &Instr) -> Vec<InstrSeqId> {
     match instr {

@@ -43,7 +43,7 @@ use std::collections::{HashMap, HashSet};
 use walrus::ir::{Br, BrIf, BrTable, Instr, InstrSeqId, LocalGet, LocalSet, LocalTee};
 use walrus::{LocalFunction, LocalId};
 
-use crate::outline::{children, walk};
+use crate::outline::{branch_targets, children, walk};
 use crate::quiet::Quiet;
 
 /// A loop of the function, as `instrument.rs`'s walk lists them (pre-order).
@@ -146,15 +146,7 @@ fn owns_all(
     let mut branched = HashSet::new();
     walk(func, body, &mut |i| {
         inside.extend(children(i));
-        match i {
-            Instr::Br(Br { block }) | Instr::BrIf(BrIf { block }) => {
-                branched.insert(*block);
-            }
-            Instr::BrTable(BrTable { blocks, default }) => {
-                branched.extend(blocks.iter().chain([default]).copied());
-            }
-            _ => {}
-        }
+        branched.extend(branch_targets(i));
     });
     // Where the loop is left, only the locals read after it matter.
     let read_in_loop = reads_in(func, body);
