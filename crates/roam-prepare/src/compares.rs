@@ -114,4 +114,4 @@ fn turned(op: &Operator) -> Option<u8> {
 
 #[cfg(test)]
 #[path = "compares_tests.rs"]
-mod tests;
+pub(crate) mod tests;

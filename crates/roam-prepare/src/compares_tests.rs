@@ -6,7 +6,7 @@ use wasmtime::{Engine, Instance, Module, Store};
 
 use super::turn_compares;
 
-const WAT: &str = r#"(module
+pub(crate) const WAT: &str = r#"(module
   ;; y > x ? x : y, the minimum as the optimiser may leave it.
   (func (export "min") (param $x f64) (param $y f64) (result f64)
     (select (local.get $x) (local.get $y) (f64.gt (local.get $y) (local.get $x))))

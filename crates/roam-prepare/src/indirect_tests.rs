@@ -131,7 +131,7 @@ fn asyncify_leaves_a_function_whose_only_indirect_call_is_quiet_alone() {
 /// Two functions of a helper's shape (one with no operands but the index)
 /// and three that are not: operands out of order, one more instruction,
 /// and a result type other than the call's.
-const SHAPES: &str = r#"(module
+pub(crate) const SHAPES: &str = r#"(module
   (type $bin (func (param i64 i64) (result i64)))
   (type $none (func (result i64)))
   (table 3 3 funcref)

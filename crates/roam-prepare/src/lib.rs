@@ -27,6 +27,7 @@
 //! `docs/prepare.md` for the pipeline and cost model.
 #![deny(missing_docs)]
 
+mod assign;
 mod bulk;
 mod callgraph;
 mod compares;

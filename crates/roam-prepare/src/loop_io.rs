@@ -37,6 +37,7 @@ use std::collections::{HashMap, HashSet};
 use walrus::ir::{Br, BrIf, BrTable, Instr, InstrSeqId, LocalGet, LocalSet, LocalTee};
 use walrus::{LocalFunction, LocalId};
 
+use crate::assign::{walk_assigned, Visit};
 use crate::outline::{branch_targets, walk};
 
 /// The parameters and results of the function a loop moves to, each in the
@@ -58,11 +59,9 @@ pub(crate) fn loop_io(
     let mut branched = HashSet::new();
     walk(func, body, &mut |i| branched.extend(branch_targets(i)));
     let mut exposed = Exposed {
-        func,
-        branched: &branched,
         found: HashSet::new(),
     };
-    exposed.seq(body, &mut HashSet::new());
+    walk_assigned(func, body, &branched, &mut HashSet::new(), &mut exposed);
     let mut live = Live {
         func,
         target: body,
@@ -166,54 +165,15 @@ impl Live<'_> {
     }
 }
 
-/// Definite assignment from the top of a loop body, recording every read
-/// of a local not yet set on some path there (`found`). Conservative: a
-/// block or `if` some branch targets adds nothing to what is set after it,
-/// a loop's body is walked as on its first iteration (a later iteration
-/// has set at least as much), and code after a branch is walked with what
-/// was set before it.
-struct Exposed<'a> {
-    func: &'a LocalFunction,
-    /// Every label some branch in the loop names.
-    branched: &'a HashSet<InstrSeqId>,
+/// Every read of a local not yet set on some path from the loop's top.
+struct Exposed {
     found: HashSet<LocalId>,
 }
 
-impl Exposed<'_> {
-    fn seq(&mut self, seq: InstrSeqId, set: &mut HashSet<LocalId>) {
-        for (instr, _) in &self.func.block(seq).instrs {
-            match instr {
-                Instr::LocalGet(LocalGet { local }) if !set.contains(local) => {
-                    self.found.insert(*local);
-                }
-                Instr::LocalSet(LocalSet { local }) | Instr::LocalTee(LocalTee { local }) => {
-                    set.insert(*local);
-                }
-                Instr::Block(b) => {
-                    let mut inner = set.clone();
-                    self.seq(b.seq, &mut inner);
-                    if !self.branched.contains(&b.seq) {
-                        *set = inner;
-                    }
-                }
-                Instr::Loop(l) => {
-                    let mut inner = set.clone();
-                    self.seq(l.seq, &mut inner);
-                    *set = inner;
-                }
-                Instr::IfElse(i) => {
-                    let mut then = set.clone();
-                    self.seq(i.consequent, &mut then);
-                    let mut other = set.clone();
-                    self.seq(i.alternative, &mut other);
-                    let targeted = self.branched.contains(&i.consequent)
-                        || self.branched.contains(&i.alternative);
-                    if !targeted {
-                        set.extend(then.intersection(&other).copied().collect::<Vec<_>>());
-                    }
-                }
-                _ => {}
-            }
+impl Visit for Exposed {
+    fn read(&mut self, local: LocalId, set: &HashSet<LocalId>) {
+        if !set.contains(&local) {
+            self.found.insert(local);
         }
     }
 }

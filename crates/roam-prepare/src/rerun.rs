@@ -40,9 +40,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use walrus::ir::{Br, BrIf, BrTable, Instr, InstrSeqId, LocalGet, LocalSet, LocalTee};
+use walrus::ir::{Instr, InstrSeqId, LocalGet, LocalSet, LocalTee};
 use walrus::{LocalFunction, LocalId};
 
+use crate::assign::{walk_assigned, Visit};
 use crate::outline::{branch_targets, children, walk};
 use crate::quiet::Quiet;
 
@@ -156,15 +157,13 @@ fn owns_all(
         .filter(|w| reads.get(w) != read_in_loop.get(w))
         .collect();
     let mut check = Assigned {
-        func,
         written: &written,
         outlive: &outlive,
         inside: &inside,
-        branched: &branched,
         ok: true,
     };
     let mut set = HashSet::new();
-    check.seq(body, &mut set);
+    walk_assigned(func, body, &branched, &mut set, &mut check);
     check.ok && outlive.iter().all(|w| set.contains(w))
 }
 
@@ -199,72 +198,23 @@ pub(crate) fn computes(instr: &Instr) -> bool {
 /// Definite assignment of the `written` locals through a loop body: each
 /// read must come after a set on every path, and so must each branch out of
 /// the loop (`inside` holds the labels in it) and the end of the body for
-/// those read after the loop too (`outlive`). Conservative:
-/// a block or `if` some branch targets adds nothing to what is set after it,
-/// and a loop's body is checked as on its first iteration.
+/// those read after the loop too (`outlive`).
 struct Assigned<'a> {
-    func: &'a LocalFunction,
     written: &'a HashSet<LocalId>,
     outlive: &'a HashSet<LocalId>,
     inside: &'a HashSet<InstrSeqId>,
-    /// Every label some branch in the loop names.
-    branched: &'a HashSet<InstrSeqId>,
     ok: bool,
 }
 
-impl Assigned<'_> {
-    fn seq(&mut self, seq: InstrSeqId, set: &mut HashSet<LocalId>) {
-        for (instr, _) in &self.func.block(seq).instrs {
-            match instr {
-                Instr::LocalGet(LocalGet { local }) => {
-                    self.ok &= !self.written.contains(local) || set.contains(local);
-                }
-                Instr::LocalSet(LocalSet { local }) | Instr::LocalTee(LocalTee { local }) => {
-                    set.insert(*local);
-                }
-                Instr::Block(b) => {
-                    let mut inner = set.clone();
-                    self.seq(b.seq, &mut inner);
-                    if !self.targeted(&[b.seq]) {
-                        *set = inner;
-                    }
-                }
-                Instr::Loop(l) => {
-                    let mut inner = set.clone();
-                    self.seq(l.seq, &mut inner);
-                    *set = inner;
-                }
-                Instr::IfElse(i) => {
-                    let mut then = set.clone();
-                    self.seq(i.consequent, &mut then);
-                    let mut other = set.clone();
-                    self.seq(i.alternative, &mut other);
-                    if !self.targeted(&[i.consequent, i.alternative]) {
-                        set.extend(then.intersection(&other).copied().collect::<Vec<_>>());
-                    }
-                }
-                Instr::Br(Br { block }) | Instr::BrIf(BrIf { block }) => self.leave(*block, set),
-                Instr::BrTable(BrTable { blocks, default }) => {
-                    for block in blocks.iter().chain([default]) {
-                        self.leave(*block, set);
-                    }
-                }
-                _ => {}
-            }
-        }
+impl Visit for Assigned<'_> {
+    fn read(&mut self, local: LocalId, set: &HashSet<LocalId>) {
+        self.ok &= !self.written.contains(&local) || set.contains(&local);
     }
 
-    /// A branch to `label` with `set` assigned.
-    fn leave(&mut self, label: InstrSeqId, set: &HashSet<LocalId>) {
+    fn branch(&mut self, label: InstrSeqId, set: &HashSet<LocalId>) {
         if !self.inside.contains(&label) {
             self.ok &= self.outlive.iter().all(|w| set.contains(w));
         }
-    }
-
-    /// Whether some branch names one of `seqs` (the two arms of an `if`
-    /// are one label).
-    fn targeted(&self, seqs: &[InstrSeqId]) -> bool {
-        seqs.iter().any(|s| self.branched.contains(s))
     }
 }
 

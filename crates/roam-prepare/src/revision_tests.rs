@@ -7,12 +7,18 @@
 //! modules of the test fixtures under several option sets, the lists
 //! handed to Asyncify, and every `wasm-opt` argument. It does not run
 //! `wasm-opt`, whose output depends on its own version (recorded in the
-//! `roam` section and checked apart), nor `spill.rs`, which works on that
-//! output.
+//! `roam` section and checked apart).
+//!
+//! The steps that work on `wasm-opt`'s output (`spill.rs`, which also puts
+//! the quiet indirect calls back, and `compares.rs`) have a guard of their
+//! own, [`AFTER_HISTORY`], over fixtures that stand in for that output:
+//! their result depends on roam alone once their input is fixed.
 
 use std::path::Path;
 
+use crate::compares::turn_compares;
 use crate::instrument::instrument;
+use crate::spill::spill;
 use crate::wasm_opt::{asyncify_arguments, optimise_arguments};
 use crate::{
     validate, AsyncifyScope, LiftExits, LoopPoints, PointPolicy, PrepareOptions, QuietIndirect,
@@ -68,6 +74,15 @@ const HISTORY: &[(u32, &str)] = &[
         "3548469c0940a6d26114425c611183821f34646b7fff66426dd07320b3856b7f",
     ),
 ];
+
+/// The same for the steps after `wasm-opt`, from the revision the guard
+/// began to cover them. A change there needs a new `OUTPUT_REVISION` as
+/// well, with a line in both lists (the same fingerprint again in the list
+/// whose steps did not change).
+const AFTER_HISTORY: &[(u32, &str)] = &[(
+    16,
+    "5cdf218e2fa99c402c070fbe6e911e1627b503c2b7db3c0743192d287cea67f2",
+)];
 
 fn option_sets() -> Vec<PrepareOptions> {
     let d = PrepareOptions::default;
@@ -143,23 +158,60 @@ fn fingerprint() -> String {
     h.finalize().to_hex().to_string()
 }
 
-#[test]
-fn a_change_of_the_output_comes_with_a_new_revision() {
-    let now = fingerprint();
-    let &(revision, pinned) = HISTORY.last().unwrap();
+/// What the steps after `wasm-opt` make of their fixtures.
+fn after_fingerprint() -> String {
+    let mut h = blake3::Hasher::new();
+    let mut put = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    for wat in [
+        crate::spill::tests::WAT,
+        crate::indirect::tests::SHAPES,
+        crate::compares::tests::WAT,
+    ] {
+        let wasm = wat::parse_str(wat).unwrap();
+        for names in [true, false] {
+            let (spilled, _) = spill(&wasm, names).unwrap();
+            put(&spilled);
+        }
+        let mut turned = wasm.clone();
+        let n = turn_compares(&mut turned).unwrap();
+        put(&(n as u64).to_le_bytes());
+        put(&turned);
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// Checks `now` against the last line of `history` (named `list`).
+fn check(list: &str, history: &[(u32, &str)], now: &str) {
+    let &(revision, pinned) = history.last().unwrap();
     assert!(
-        HISTORY.windows(2).all(|w| w[0].0 < w[1].0),
-        "revisions in HISTORY must increase"
+        history.windows(2).all(|w| w[0].0 < w[1].0),
+        "revisions in {list} must increase"
     );
     assert_eq!(
         revision, OUTPUT_REVISION,
-        "OUTPUT_REVISION is {OUTPUT_REVISION} but the last line of HISTORY is for {revision}: add ({OUTPUT_REVISION}, \"{now}\")"
+        "OUTPUT_REVISION is {OUTPUT_REVISION} but the last line of {list} is for {revision}: add ({OUTPUT_REVISION}, \"{now}\")"
     );
     assert_eq!(
         pinned, now,
-        "what prepare emits has changed: bump OUTPUT_REVISION (lib.rs) and add ({}, \"{now}\") to HISTORY",
+        "what prepare emits has changed: bump OUTPUT_REVISION (lib.rs) and add ({}, \"{now}\") to {list}",
         OUTPUT_REVISION + 1
     );
+}
+
+#[test]
+fn a_change_of_the_output_comes_with_a_new_revision() {
+    let now = fingerprint();
+    check("HISTORY", HISTORY, &now);
     // Same input, same fingerprint: the guard itself is deterministic.
     assert_eq!(fingerprint(), now);
+}
+
+#[test]
+fn a_change_after_the_optimiser_comes_with_a_new_revision_too() {
+    let now = after_fingerprint();
+    check("AFTER_HISTORY", AFTER_HISTORY, &now);
+    assert_eq!(after_fingerprint(), now);
 }

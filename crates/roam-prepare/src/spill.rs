@@ -265,4 +265,4 @@ fn rewrite(
 
 #[cfg(test)]
 #[path = "spill_tests.rs"]
-mod tests;
+pub(crate) mod tests;

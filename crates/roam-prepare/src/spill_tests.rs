@@ -9,7 +9,7 @@ use super::*;
 /// Two functions that call the point: `f` (an `i32` parameter, an `f64` and
 /// an `i32` local, the call inside a loop) and `g` (an `i64` parameter,
 /// three more locals, two calls in different blocks); `h` calls nothing.
-const WAT: &str = r#"(module
+pub(crate) const WAT: &str = r#"(module
   (import "roam" "migration_point" (func $p))
   (func (export "f") (param $n i32) (result f64) (local $x f64) (local $i i32)
     (loop $l
