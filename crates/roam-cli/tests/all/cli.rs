@@ -106,25 +106,23 @@ fn an_exit_made_by_the_callers_caller_migrates_from_anywhere() {
         "5\nA\nB\nC\nD\nE\nF\nG\nH\nI\nJ\nK\nL\nM\n"
     );
     let snap = dir.path().join("s.roam");
-    let mut cmd = roam(Isa::X86_64);
-    cmd.arg("run")
-        .arg("--snapshot")
-        .arg(&snap)
-        .args(["--checkpoint-every-points", "1"])
-        .arg(&m);
-    let every = output(cmd);
+    // `roam run --snapshot s.roam <checkpoint flags> exit.wasm`.
+    let run_with = |flags: &[&str]| {
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("run")
+            .arg("--snapshot")
+            .arg(&snap)
+            .args(flags)
+            .arg(&m);
+        output(cmd)
+    };
+    let every = run_with(&["--checkpoint-every-points", "1"]);
     assert_eq!(every.status.code(), Some(3), "{}", text(&every.stderr));
     assert_eq!(every.stdout, reference.stdout, "checkpoint at every point");
     let mut restored = 0;
     for k in 1..200 {
         let _ = std::fs::remove_file(&snap);
-        let mut cmd = roam(Isa::X86_64);
-        cmd.arg("run")
-            .arg("--snapshot")
-            .arg(&snap)
-            .args(["--checkpoint-at-point", &k.to_string()])
-            .arg(&m);
-        let first = output(cmd);
+        let first = run_with(&["--checkpoint-at-point", &k.to_string()]);
         if !snap.exists() {
             // The run ended before its k-th point.
             assert_eq!(first.status.code(), Some(3), "{}", text(&first.stderr));
