@@ -1,0 +1,5 @@
+module roam.invalid/workloads/real/golua
+
+go 1.21
+
+require github.com/yuin/gopher-lua v1.1.1
