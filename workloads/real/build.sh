@@ -134,12 +134,19 @@ build_lua() {
     # (the benchmark script raises none). Fixed string-hash seed instead of
     # time() and addresses, so runs are deterministic.
     "$CLANG" "${WASM_CFLAGS[@]}" -I"$REAL/compat" \
-        -D_WASI_EMULATED_SIGNAL -D_WASI_EMULATED_PROCESS_CLOCKS -DLUA_USE_C89 \
+        -D_WASI_EMULATED_SIGNAL -D_WASI_EMULATED_PROCESS_CLOCKS \
         '-DLUAI_THROW(L,c)=abort()' '-DLUAI_TRY(L,c,a)=do{a}while(0)' -Dluai_jmpbuf=int \
         -DLUA_TMPNAMBUFSIZE=32 '-Dlua_tmpnam(b,e)={e=1;}' '-Dluai_makeseed(L)=0x2545F491u' \
         "${srcs[@]}" "$REAL/lua/wasi_compat.c" -o "$out" \
         -lwasi-emulated-signal -lwasi-emulated-process-clocks
     built lua.wasm
+}
+# The script lua runs, read on stdin (suite.toml: stdin = "data/bench.lua").
+copy_lua_script() {
+    if ! up_to_date "$OUT/data/bench.lua" "$REAL/lua/bench.lua"; then
+        cp "$REAL/lua/bench.lua" "$OUT/data/bench.lua"
+        built data/bench.lua
+    fi
 }
 
 # ---- zstd: the zstd command-line tool, and its input files -------------------
@@ -283,7 +290,7 @@ build_golua() {
 rust=()
 for name in "${want[@]}"; do
     case $name in
-        lua) build_lua ;;
+        lua) build_lua; copy_lua_script ;;
         zstd) build_zstd ;;
         sqlite) build_sqlite ;;
         quickjs) build_quickjs ;;

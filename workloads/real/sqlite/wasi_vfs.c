@@ -61,7 +61,7 @@ static int vGetLastError(sqlite3_vfs *v, int n, char *buf) {
 }
 
 static sqlite3_vfs wasi_vfs = {
-    2, 0, 512, 0, "wasi-memonly", 0,
+    2, sizeof(sqlite3_file), 512, 0, "wasi-memonly", 0,
     vOpen, vDelete, vAccess, vFullPathname,
     0, 0, 0, 0, /* no dynamic loading */
     vRandomness, vSleep, vCurrentTime, vGetLastError, vCurrentTimeInt64,

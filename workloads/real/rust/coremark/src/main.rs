@@ -2,10 +2,14 @@
 //! whose CRCs match the C reference) for a fixed number of iterations with
 //! the standard performance-run seeds, and prints its report.
 //!
-//! Usage: `coremark ITERATIONS`. The report ends with "Correct operation
-//! validated." when the list, matrix and state CRCs match the known values.
-//! Its timing lines (ticks, seconds, iterations/sec, the "must execute for at
-//! least 10 secs" notice) vary between runs; the CRC lines do not.
+//! Usage: `coremark ITERATIONS`. CoreMark itself only reports "Correct
+//! operation validated" for runs of at least 10 s (a shorter run counts as an
+//! error and ends in "Errors detected"), so this driver checks the CRCs on
+//! its own: the seeds must be the known 2K performance run and none of the
+//! list, matrix and state CRCs may differ from the known values. It then
+//! prints `CRC validation: ok` (exit 0) or `CRC validation: FAILED` (exit 1).
+//! The timing lines of the report (ticks, seconds, iterations/sec, the
+//! 10-second notice) vary between runs; the CRC lines do not.
 
 fn main() {
     let iterations: u32 = match std::env::args().nth(1).map(|a| a.parse()) {
@@ -27,8 +31,14 @@ fn main() {
     let results = coremark::run(&config);
     let report = results.to_string();
     print!("{report}");
-    if !report.contains("Correct operation validated") {
-        eprintln!("VERIFICATION FAILED: CoreMark did not validate its CRCs");
+    // known_id 3 is the 2K performance run (seedcrc 0xe9f5); the report has
+    // an "[0]ERROR! <name> crc" line for each CRC that differs.
+    let crc_ok = results.known_id == 3 && !report.lines().any(|l| l.starts_with("[0]ERROR!"));
+    if crc_ok {
+        println!("CRC validation: ok");
+    } else {
+        println!("CRC validation: FAILED");
+        eprintln!("VERIFICATION FAILED: CoreMark's CRCs differ from the known values");
         std::process::exit(1);
     }
 }
