@@ -9,6 +9,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 PKGS=(binaryen clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32
+      libc++-16-dev-wasm32 libc++abi-16-dev-wasm32 tcl zstd curl xz-utils
       qemu-user gcc-aarch64-linux-gnu gcc-riscv64-linux-gnu
       libc6-dev-arm64-cross libc6-dev-riscv64-cross build-essential pkg-config
       redis-tools etcd-server protobuf-compiler)
@@ -30,4 +31,10 @@ fi
 # they are present.
 rustup show active-toolchain >/dev/null
 rustup target add wasm32-wasip1 aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu >/dev/null
+# The real-program suite (workloads/real/) builds one Go program for
+# GOOS=wasip1, which needs Go 1.21 or newer (bookworm's golang is 1.19).
+if ! command -v go >/dev/null; then
+  echo "setup: warning: Go >= 1.21 is needed for workloads/real (https://go.dev/dl/);" \
+       "without it workloads/real/build.sh skips golua (and fails under CI=true)" >&2
+fi
 echo "setup: done"

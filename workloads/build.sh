@@ -5,6 +5,8 @@
 #                                                and host builds of the Rust ones
 # Usage: workloads/build.sh [name...]   (default: all). Runs from any directory.
 # Outputs that are newer than their sources are left alone.
+# With no arguments it also builds the real-program suite at the end
+# (workloads/real/build.sh: target/workloads/real/<name>.wasm).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -125,4 +127,9 @@ if [[ ${#want_rust[@]} -gt 0 ]]; then
             echo "built       target/workloads/native/$host/$name"
         fi
     done
+fi
+
+# ---- the real-program suite (third-party programs, workloads/real/) -------------
+if [[ $# -eq 0 ]]; then
+    "$SRC/real/build.sh"
 fi
