@@ -10,7 +10,8 @@
 //!
 //! It also holds [`resp`], a RESP client and a `redis-benchmark` runner for
 //! the tests and benchmarks of Redis-protocol cells, and [`etcd`], a real
-//! etcd server started and stopped by the tests of the cluster store.
+//! etcd server started and stopped by the tests of the cluster store, and
+//! [`real`], the manifest of the real-program suite.
 //!
 //! Used by tests and benchmarks only.
 
@@ -20,6 +21,7 @@ use std::ffi::OsStr;
 use std::fmt::Display;
 
 pub mod etcd;
+pub mod real;
 pub mod resp;
 
 /// Something a test needs that may be missing, and how to get it.

@@ -16,5 +16,6 @@ mod hostile;
 mod kvserver;
 mod limits;
 mod nodes;
+mod real;
 mod snapshot_errors;
 mod sockets;

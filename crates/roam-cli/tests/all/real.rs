@@ -1,0 +1,326 @@
+//! Differential tests of `roam prepare` on the real-program suite
+//! (`workloads/real/suite.toml`): programs that no one here wrote, prepared
+//! under each points policy and each switch, must print what the
+//! unprepared module prints (the reference pinned in the manifest), both
+//! run straight through and stopped at a migration point chosen at random
+//! and restored, on the host and on aarch64 under qemu-user.
+//!
+//! Our own workloads are what the passes were tuned on; these programs are
+//! not, and they found a bug the workloads never hit (trimmed outlined
+//! loops, `outline_tests.rs`). So every option is run on them, not only
+//! the default.
+//!
+//! CI runs a fixed sample: every program under the default options, and
+//! every other value of every option on one program each ([`sample`]),
+//! with the default's snapshot of three small programs also restored on
+//! aarch64. `ROAM_DIFF=full` (`scripts/difftest.sh`) runs every program
+//! under every option and restores every snapshot on aarch64 too. Each
+//! test prints its seed; `ROAM_DIFF_SEED=<n>` repeats its choice of points.
+
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use roam_testkit::real::{Program, Suite};
+
+use super::common::*;
+
+/// Every non-default value of every `roam prepare` option, one per entry.
+/// The first entry of the list is the default itself.
+const OPTIONS: &[&[&str]] = &[
+    &[],
+    &["--points", "outer"],
+    &["--points", "functions"],
+    &["--points", "manual"],
+    &["--asyncify-scope", "reachable"],
+    &["--entry-points", "all"],
+    &["--loop-points", "hoisted"],
+    &["--loop-points", "versioned"],
+    &["--loop-points", "inline"],
+    &["--point-calls", "plain"],
+    &["--outline-loops", "off"],
+    &["--rerun-calls", "off"],
+    &["--quiet-indirect", "off"],
+    &["--unroll-checks", "off"],
+    &["--hoist-calls", "off"],
+    &["--counted-loops", "off"],
+    &["--counted-nests", "off"],
+    &["--bulk-chunks", "off"],
+    &["--trim-outlined", "off"],
+    &["--turn-compares", "off"],
+    &["--lift-exits", "off"],
+    &["--opt", "O0"],
+    &["--opt", "Os"],
+];
+
+/// Programs whose default snapshot CI also restores on aarch64: the
+/// smallest modules, since Cranelift compiles the module under emulation.
+const CROSS_IN_CI: &[&str] = &["coremark", "lua", "json-stl"];
+
+fn full() -> bool {
+    std::env::var("ROAM_DIFF").is_ok_and(|v| v == "full")
+}
+
+fn suite() -> Suite {
+    Suite::load(&repo_root()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The options `program` is prepared with: in CI, the default plus every
+/// `OPTIONS` entry whose turn it is (entries dealt round the programs in
+/// manifest order, so each runs on exactly one program); in full, all.
+fn sample(suite: &Suite, program: &str) -> Vec<&'static [&'static str]> {
+    if full() {
+        return OPTIONS.to_vec();
+    }
+    let at = suite
+        .programs
+        .iter()
+        .position(|p| p.name == program)
+        .expect("the program is in the manifest");
+    let n = suite.programs.len();
+    let mut picked = vec![OPTIONS[0]];
+    picked.extend(
+        OPTIONS[1..]
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % n == at)
+            .map(|(_, o)| *o),
+    );
+    picked
+}
+
+fn seed(program: &str) -> u64 {
+    let seed = match std::env::var("ROAM_DIFF_SEED") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|_| panic!("ROAM_DIFF_SEED={s:?} is not a number")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    };
+    eprintln!("{program}: ROAM_DIFF_SEED={seed}");
+    seed
+}
+
+/// A xorshift step: the next pseudo-random number after `x`.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// Runs roam with `stdin` (a duplicate of it: the offset is shared).
+fn with_stdin(mut cmd: Command, stdin: Option<&File>) -> Output {
+    if let Some(f) = stdin {
+        cmd.stdin(Stdio::from(f.try_clone().unwrap()));
+    }
+    output(cmd)
+}
+
+struct Case<'a> {
+    program: &'a Program,
+    module: PathBuf,
+    stdin: Option<PathBuf>,
+    dir: tempfile::TempDir,
+}
+
+impl Case<'_> {
+    fn open_stdin(&self) -> Option<File> {
+        self.stdin
+            .as_ref()
+            .map(|p| File::open(p).unwrap_or_else(|e| panic!("cannot open {}: {e}", p.display())))
+    }
+
+    fn run_args(&self, cmd: &mut Command, prepared: &Path) {
+        if let Some(guest) = &self.program.test.dir {
+            cmd.arg("--dir")
+                .arg(format!("{}::{guest}", self.dir.path().display()));
+        }
+        cmd.arg(prepared).arg("--").args(&self.program.test.args);
+    }
+
+    fn check(&self, what: &str, out: &Output, stdout: &[u8]) {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{what}: exit status {}\n--- stderr\n{}",
+            out.status,
+            text(&out.stderr)
+        );
+        if let Err(e) = self.program.check(&self.program.test, stdout) {
+            panic!(
+                "{what}: {e}\n--- compared stdout\n{}\n--- stderr\n{}",
+                text(&self.program.compared(stdout)),
+                text(&out.stderr)
+            );
+        }
+    }
+
+    /// Prepare with `flags`, run through, then stop at a random point and
+    /// restore on the host (and on aarch64 when `cross`).
+    fn differential(&self, flags: &[&str], rng: &mut u64, cross: bool) {
+        let name = &self.program.name;
+        let label = if flags.is_empty() {
+            "default".to_string()
+        } else {
+            flags.join(" ")
+        };
+        let what = format!("{name} [{label}]");
+        let prepared = self
+            .dir
+            .path()
+            .join(format!("{}.wasm", label.replace([' ', '-'], "")));
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("prepare")
+            .args(flags)
+            .arg(&self.module)
+            .arg("-o")
+            .arg(&prepared);
+        let out = output(cmd);
+        assert!(
+            out.status.success(),
+            "{what}: prepare failed\n{}",
+            text(&out.stderr)
+        );
+
+        // Straight through, counting the points reached.
+        let stdin = self.open_stdin();
+        let mut cmd = roam(Isa::X86_64);
+        cmd.args(["run", "--checkpoint-at-point", &u64::MAX.to_string()]);
+        self.run_args(&mut cmd, &prepared);
+        let whole = with_stdin(cmd, stdin.as_ref());
+        self.check(&format!("{what}: uninterrupted run"), &whole, &whole.stdout);
+        let points = points_reached(&whole.stderr);
+        if points == 0 {
+            // Nothing to stop at (`--points manual`: these programs ask
+            // for no point).
+            return;
+        }
+
+        let k = 1 + next(rng) % points;
+        let snap = self.dir.path().join(format!("{label}.roam"));
+        let _ = std::fs::remove_file(&snap);
+        let stdin = self.open_stdin();
+        let mut cmd = roam(Isa::X86_64);
+        cmd.args(["run", "--checkpoint-at-point", &k.to_string(), "--snapshot"])
+            .arg(&snap);
+        self.run_args(&mut cmd, &prepared);
+        let first = with_stdin(cmd, stdin.as_ref());
+        assert!(
+            first.status.success() && snap.exists(),
+            "{what}: checkpoint at point {k} of {points}: {}\n{}",
+            first.status,
+            text(&first.stderr)
+        );
+        // Where the first half left its stdin: each restore goes on from
+        // there (roam carries no stdin; a restoring host gives its own).
+        let at = stdin.as_ref().map(|mut f| f.stream_position().unwrap());
+        let mut isas = vec![Isa::X86_64];
+        if cross {
+            isas.push(Isa::Aarch64);
+        }
+        for isa in isas {
+            if let (Some(mut f), Some(at)) = (stdin.as_ref(), at) {
+                f.seek(SeekFrom::Start(at)).unwrap();
+            }
+            let mut cmd = roam(isa);
+            cmd.arg("restore").arg(&snap).arg("--module").arg(&prepared);
+            if let Some(guest) = &self.program.test.dir {
+                cmd.arg("--dir")
+                    .arg(format!("{}::{guest}", self.dir.path().display()));
+            }
+            let second = with_stdin(cmd, stdin.as_ref());
+            let mut both = first.stdout.clone();
+            both.extend_from_slice(&second.stdout);
+            self.check(
+                &format!(
+                    "{what}: stopped at point {k} of {points}, restored on {}",
+                    isa.name()
+                ),
+                &second,
+                &both,
+            );
+        }
+    }
+}
+
+/// The count in roam's "reached only N migration points" note.
+fn points_reached(stderr: &[u8]) -> u64 {
+    let text = text(stderr);
+    text.split("reached only ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("roam did not report the points reached:\n{text}"))
+}
+
+/// Prepare, run and stop-and-restore one program under its sample of
+/// options.
+fn differential(name: &str) {
+    let suite = suite();
+    let program = suite
+        .get(name)
+        .unwrap_or_else(|| panic!("workloads/real/suite.toml has no {name}"));
+    let root = repo_root();
+    let module = program.module(&root);
+    assert!(
+        module.exists(),
+        "{} is missing: run workloads/build.sh (or scripts/test.sh)",
+        module.display()
+    );
+    let case = Case {
+        program,
+        module,
+        stdin: program
+            .test
+            .stdin
+            .as_ref()
+            .map(|s| root.join("target/workloads/real").join(s)),
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let mut rng = seed(name) | 1;
+    let cross_default = full() || CROSS_IN_CI.contains(&name);
+    for (i, flags) in sample(&suite, name).into_iter().enumerate() {
+        case.differential(flags, &mut rng, full() || (i == 0 && cross_default));
+    }
+}
+
+macro_rules! real_program_tests {
+    ($($test:ident => $name:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                differential($name);
+            }
+        )*
+
+        /// A program added to the manifest without a test here would be
+        /// tested by nothing.
+        #[test]
+        fn every_real_program_has_a_differential_test() {
+            let tested = [$($name),*];
+            for p in &suite().programs {
+                assert!(
+                    tested.contains(&p.name.as_str()),
+                    "{} has no test in tests/all/real.rs",
+                    p.name
+                );
+            }
+        }
+    };
+}
+
+real_program_tests! {
+    real_lua_matches_its_reference => "lua",
+    real_zstd_matches_its_reference => "zstd",
+    real_unzstd_matches_its_reference => "unzstd",
+    real_coremark_matches_its_reference => "coremark",
+    real_crates_mix_matches_its_reference => "crates-mix",
+    real_json_stl_matches_its_reference => "json-stl",
+    real_golua_matches_its_reference => "golua",
+    real_sqlite_matches_its_reference => "sqlite",
+    real_quickjs_matches_its_reference => "quickjs",
+}
