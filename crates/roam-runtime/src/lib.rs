@@ -46,7 +46,7 @@ mod runtime;
 mod uffd;
 
 pub use cell::{Cell, CellOptions, Outcome};
-pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger};
+pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger, STOP_GRACE};
 pub use dirty::{DirtyTracker, TrackError, TrackMethod};
 pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
 pub use flag::LowerError;

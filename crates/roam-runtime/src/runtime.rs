@@ -32,16 +32,17 @@ pub struct RuntimeConfig {
     /// for deep recursion. The thread that calls [`crate::Cell::run`] needs
     /// this much stack plus room for the host (see [`RUN_THREAD_STACK`]).
     pub max_wasm_stack: usize,
-    /// Build the engine with wasmtime's epoch interruption and bump the
-    /// epoch on every checkpoint request, as roam did before the flag word
-    /// ([`crate::flag`]). Costs a check at every loop back-edge and function
-    /// entry; kept only to measure that cost. Default: the environment
-    /// variable [`ENV_EPOCH_INTERRUPT`] is `1`.
+    /// Build the engine with wasmtime's epoch interruption, so that
+    /// [`crate::Controller::kill`] ends a program that reaches no migration
+    /// point (see [`crate::control`]). Cranelift then checks the epoch at
+    /// every loop header and function entry. Default: on, unless the
+    /// environment variable [`ENV_EPOCH_INTERRUPT`] is `0` (for measuring
+    /// that cost; a kill then ends only programs that reach a point).
     pub epoch_interrupt: bool,
 }
 
-/// Environment variable that turns [`RuntimeConfig::epoch_interrupt`] on
-/// (`1`) for an ablation measurement.
+/// Environment variable that turns [`RuntimeConfig::epoch_interrupt`] off
+/// (`0`), to measure what the epoch checks cost.
 pub const ENV_EPOCH_INTERRUPT: &str = "ROAM_EPOCH_INTERRUPT";
 
 /// Default for [`RuntimeConfig::max_wasm_stack`].
@@ -56,7 +57,7 @@ impl Default for RuntimeConfig {
             cache_dir: Cache::default_dir(),
             prepare: PrepareOptions::default(),
             max_wasm_stack: DEFAULT_MAX_WASM_STACK,
-            epoch_interrupt: std::env::var_os(ENV_EPOCH_INTERRUPT).is_some_and(|v| v == "1"),
+            epoch_interrupt: std::env::var_os(ENV_EPOCH_INTERRUPT).is_none_or(|v| v != "0"),
         }
     }
 }
@@ -74,9 +75,12 @@ pub struct Runtime {
 
 impl Runtime {
     /// Build the engine: Cranelift at its default optimisation, linear
-    /// memories mapped by roam, no epoch interruption (the host raises the
-    /// migration flag through [`crate::flag`]) unless
-    /// [`RuntimeConfig::epoch_interrupt`] asks for it.
+    /// memories mapped by roam, epoch interruption as
+    /// [`RuntimeConfig::epoch_interrupt`] says (the host raises the
+    /// migration flag through [`crate::flag`] either way; the epoch only
+    /// ends killed programs). Both settings compile different code, and
+    /// the engine's compatibility hash, part of the compiled-code cache key,
+    /// tells them apart.
     pub fn new(cfg: RuntimeConfig) -> Result<Self, LoadError> {
         let mut config = Config::new();
         config.epoch_interruption(cfg.epoch_interrupt);
@@ -121,7 +125,8 @@ impl Runtime {
         &self.cache
     }
 
-    /// The engine, if it was built with epoch interruption.
+    /// The engine, if it was built with epoch interruption (its epoch is
+    /// what a kill bumps).
     pub(crate) fn epoch_engine(&self) -> Option<Engine> {
         self.epoch_interrupt.then(|| self.engine.clone())
     }
@@ -264,6 +269,22 @@ mod tests {
             ..RuntimeConfig::default()
         });
         assert!(rt.is_ok(), "{:?}", rt.err());
+    }
+
+    /// Code compiled with epoch checks and code compiled without them must
+    /// never be mixed up in the cache.
+    #[test]
+    fn epoch_interruption_is_part_of_the_compiled_code_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = |epoch_interrupt| {
+            Runtime::new(RuntimeConfig {
+                cache_dir: dir.path().to_path_buf(),
+                epoch_interrupt,
+                ..RuntimeConfig::default()
+            })
+            .unwrap()
+        };
+        assert_ne!(rt(true).engine_key, rt(false).engine_key);
     }
 
     #[test]

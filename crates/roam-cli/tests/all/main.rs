@@ -18,3 +18,4 @@ mod limits;
 mod nodes;
 mod snapshot_errors;
 mod sockets;
+mod stop;
