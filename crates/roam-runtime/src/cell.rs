@@ -100,11 +100,13 @@ pub(crate) fn instantiate(
     module: &LoadedModule,
     host: HostState,
 ) -> Result<Parts, Source> {
-    let mut linker = Linker::new(rt.engine());
+    // The module's own engine: with or without epoch checks.
+    let engine = module.module().engine();
+    let mut linker = Linker::new(engine);
     host::add_to_linker(&mut linker).map_err(boxed)?;
-    let mut store = Store::new(rt.engine(), host);
+    let mut store = Store::new(engine, host);
     store.limiter(|h| &mut h.limiter);
-    if rt.epoch_engine().is_some() {
+    if module.epoch_checks() {
         host::arm_stop(&mut store);
     }
     let instance = linker
@@ -154,7 +156,7 @@ impl Cell {
         wasi: WasiConfig,
         opts: CellOptions,
     ) -> Result<Cell, StartError> {
-        let control = Control::new(rt.epoch_engine());
+        let control = Control::new(module.epoch_engine());
         let ctx = WasiCtx::new(wasi, control.interrupt.clone())?;
         let host = HostState::new(
             ctx,
@@ -197,7 +199,7 @@ impl Cell {
         module: Arc<LoadedModule>,
         opts: CellOptions,
     ) -> Result<Incoming, RestoreError> {
-        let control = Control::new(rt.epoch_engine());
+        let control = Control::new(module.epoch_engine());
         // The OS layer comes with the snapshot; until then an empty one.
         let ctx = WasiCtx::new(WasiConfig::default(), control.interrupt.clone())
             .map_err(|e| RestoreError::Instantiate(Box::new(e)))?;

@@ -14,19 +14,21 @@
 //! have. Whoever must end a cell whatever it does (`roam run` on SIGTERM,
 //! `roam kill`, a node's fence, the planner taking a cell away) asks for a
 //! checkpoint first, waits [`STOP_GRACE`], then calls [`Controller::kill`].
-//! A kill raises the flag, wakes blocking calls and bumps the engine's
-//! epoch. Every store's epoch deadline is always one tick ahead
-//! (`host::arm_stop`), so the bump makes each running cell call the epoch
-//! callback once, at its next loop header or function entry; the killed
-//! one traps with [`Killed`], the others carry on. A point or a woken
-//! blocking call of a killed cell traps too, so the kill also works with
-//! `ROAM_EPOCH_INTERRUPT=0` for every program that reaches points.
+//! A kill raises the flag, wakes blocking calls and, for a module compiled
+//! with epoch checks, bumps its engine's epoch. Every such store's epoch
+//! deadline is always one tick ahead (`host::arm_stop`), so the bump makes
+//! each running cell of that engine call the epoch callback once, at its
+//! next loop header or function entry; the killed one traps with
+//! [`Killed`], the others carry on. A point or a woken blocking call of a
+//! killed cell traps too: that is what ends a `loops` module, which reaches
+//! a point within straight-line code and is compiled without epoch checks
+//! (see [`crate::EpochInterrupt`]).
 //!
 //! Why the epoch and not something cheaper: nothing else makes arbitrary
 //! running wasm code give up its thread. Fuel costs more; a signal cannot
 //! unwind wasmtime frames; revoking memory misses loops that touch none.
-//! The epoch check costs a load and a compare per loop iteration, which is
-//! why it was once turned off (see docs/runtime.md for what it costs now).
+//! The epoch check costs a load and a compare per loop iteration, up to 2x
+//! on hot numeric loops, which is why only modules that need it get it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -57,7 +57,8 @@ pub use limits::{DEFAULT_MAX_MEMORY, DEFAULT_MAX_TABLE_ELEMENTS};
 pub use memory::LiveMemory;
 pub use module::LoadedModule;
 pub use runtime::{
-    host_isa, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, ENV_EPOCH_INTERRUPT, RUN_THREAD_STACK,
+    host_isa, EpochInterrupt, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, ENV_EPOCH_INTERRUPT,
+    RUN_THREAD_STACK,
 };
 pub use uffd::userfaultfd_available;
 

@@ -11,8 +11,8 @@ use roam_prepare::{PointPolicy, PrepareOptions};
 
 use super::common::*;
 use crate::{
-    Cell, CellOptions, CheckpointKind, Controller, Outcome, RunError, Runtime, RuntimeConfig,
-    Trigger,
+    Cell, CellOptions, CheckpointKind, Controller, EpochInterrupt, Outcome, RunError, Runtime,
+    RuntimeConfig, Trigger,
 };
 
 /// Spins for ever without a call or a memory access, so `--points manual`
@@ -28,7 +28,7 @@ const SPIN_WAT: &str = r#"
 )
 "#;
 
-fn runtime(points: PointPolicy, epoch_interrupt: bool) -> (Runtime, tempfile::TempDir) {
+fn runtime(points: PointPolicy, epoch_interrupt: EpochInterrupt) -> (Runtime, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::new(RuntimeConfig {
         cache_dir: dir.path().to_path_buf(),
@@ -64,10 +64,11 @@ fn run_while(
 
 #[test]
 fn a_kill_ends_a_program_with_no_migration_point() {
-    let (rt, _dir) = runtime(PointPolicy::Manual, true);
+    let (rt, _dir) = runtime(PointPolicy::Manual, EpochInterrupt::ByPolicy);
     let Some(m) = load(&rt, SPIN_WAT) else {
         return;
     };
+    assert!(m.epoch_checks(), "a `manual` module needs epoch checks");
     let (mut cell, _) = start(&rt, &m, CellOptions::default());
     let (r, took) = run_while(&mut cell, |c| {
         // A checkpoint request alone is never answered by this program.
@@ -83,13 +84,15 @@ fn a_kill_ends_a_program_with_no_migration_point() {
     assert!(matches!(again, Err(RunError::Stopped)), "{again:?}");
 }
 
-/// Without epoch checks a kill still ends a program at its next point.
+/// Without epoch checks (a `loops` module, by default) a kill ends a
+/// program at its next migration point.
 #[test]
 fn a_kill_ends_a_program_at_a_point_without_epoch_checks() {
-    let (rt, _dir) = runtime(PointPolicy::Loops, false);
+    let (rt, _dir) = runtime(PointPolicy::Loops, EpochInterrupt::ByPolicy);
     let Some(m) = load(&rt, MAILBOX_WAT) else {
         return;
     };
+    assert!(!m.epoch_checks(), "a `loops` module runs without epoch checks");
     let (mut cell, _) = start(&rt, &m, CellOptions::default());
     let (r, took) = run_while(&mut cell, |c| c.kill());
     assert!(matches!(r, Err(RunError::Killed)), "{r:?}");
@@ -101,7 +104,7 @@ fn a_kill_ends_a_program_at_a_point_without_epoch_checks() {
 /// resumes a paused cell whose asker gave up: it must not come back).
 #[test]
 fn a_kill_after_a_stop_keeps_the_snapshot_and_the_cell_stays_dead() {
-    let (rt, _dir) = runtime(PointPolicy::Loops, true);
+    let (rt, _dir) = runtime(PointPolicy::Loops, EpochInterrupt::Always);
     let Some(m) = load(&rt, MAILBOX_WAT) else {
         return;
     };
