@@ -92,7 +92,10 @@ fn a_kill_ends_a_program_at_a_point_without_epoch_checks() {
     let Some(m) = load(&rt, MAILBOX_WAT) else {
         return;
     };
-    assert!(!m.epoch_checks(), "a `loops` module runs without epoch checks");
+    assert!(
+        !m.epoch_checks(),
+        "a `loops` module runs without epoch checks"
+    );
     let (mut cell, _) = start(&rt, &m, CellOptions::default());
     let (r, took) = run_while(&mut cell, |c| c.kill());
     assert!(matches!(r, Err(RunError::Killed)), "{r:?}");
