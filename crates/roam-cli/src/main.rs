@@ -3,7 +3,8 @@
 //!
 //! Exit status: the program's own exit status; 0 after a checkpoint-and-stop;
 //! 2 for a usage error; 125 when roam itself fails; 134 when the program
-//! traps.
+//! traps; 143 when SIGTERM killed a program that reached no migration point
+//! in time (no checkpoint was taken).
 
 mod args;
 mod cert;

@@ -1,5 +1,11 @@
 //! `roam run` and `roam restore`: both end in the same loop, which takes
 //! checkpoints on signals and timers and writes them to the snapshot file.
+//!
+//! SIGTERM asks for a checkpoint-and-stop and gives the program
+//! [`STOP_GRACE`] to reach a migration point; a program that does not (one
+//! prepared without points in its loops, say) is then killed, so SIGTERM
+//! always ends `roam run` within a second: a supervisor's SIGTERM must not
+//! need a SIGKILL after it. A second SIGTERM kills at once.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -7,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use roam_runtime::{
-    Cell, CellOptions, CheckpointKind, Controller, Outcome, Runtime, RuntimeConfig, Trigger,
+    Cell, CellOptions, CheckpointKind, Controller, Outcome, RunError, Runtime, RuntimeConfig,
+    Trigger, STOP_GRACE,
 };
 use roam_snapshot::{Opened, Snapshot};
 use roam_wasi::{Preopen, WasiConfig};
@@ -189,13 +196,24 @@ fn spawn_triggers(
 ) -> anyhow::Result<Option<mpsc::Sender<()>>> {
     let s = ctl.clone();
     std::thread::spawn(move || {
+        let mut terms = 0u32;
         for sig in signals.forever() {
-            let kind = if sig == SIGTERM {
-                CheckpointKind::Stop
-            } else {
-                CheckpointKind::Continue
-            };
-            s.request(kind, Trigger::Signal);
+            if sig != SIGTERM {
+                s.request(CheckpointKind::Continue, Trigger::Signal);
+                continue;
+            }
+            terms += 1;
+            if terms > 1 {
+                s.kill();
+                continue;
+            }
+            s.request(CheckpointKind::Stop, Trigger::Signal);
+            // A kill after the checkpoint was taken changes nothing.
+            let k = s.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(STOP_GRACE);
+                k.kill();
+            });
         }
     });
     if let Some(secs) = c.checkpoint_after {
@@ -279,6 +297,10 @@ fn write_snapshot(
     Ok(())
 }
 
+/// `roam run` exits with this when SIGTERM had to kill the program (128 +
+/// SIGTERM, what a shell reports for a process SIGTERM ended).
+pub(crate) const EXIT_KILLED: i32 = 143;
+
 /// How long an exited program's clients get to read its last output.
 const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
@@ -317,7 +339,19 @@ fn drive(
         }
         result.map_err(|e| e.into())
     };
-    match cell.run(&mut sink)? {
+    let outcome = match cell.run(&mut sink) {
+        Err(RunError::Killed) => {
+            eprintln!(
+                "roam: killed: the program reached no migration point within {} ms of SIGTERM, \
+                 so it was killed without a checkpoint (no snapshot was written to {} for this stop)",
+                STOP_GRACE.as_millis(),
+                path.display()
+            );
+            return Ok(EXIT_KILLED);
+        }
+        r => r?,
+    };
+    match outcome {
         Outcome::Exited(code) => {
             if let Some(s) = &serving {
                 s.flush(FLUSH_LIMIT);

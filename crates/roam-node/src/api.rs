@@ -13,7 +13,7 @@ use roam_runtime::{Cell, CellOptions};
 use roam_wasi::{Preopen, WasiConfig};
 use roam_wire::CellSpec;
 
-use crate::cell::{self, CellEntry, Decision, PAUSE_TIMEOUT};
+use crate::cell::{self, CellEntry, KILL_WAIT, PAUSE_TIMEOUT};
 use crate::log::CellLog;
 use crate::node::{new_id, unix_ms, NodeInner};
 use crate::types::*;
@@ -398,25 +398,16 @@ async fn kill(State(n): N, Path(id): Path<String>) -> Result<Json<CellInfo>, App
         n.set_state(&id, CellState::Killed);
         return status(State(n), Path(id)).await;
     }
+    // A kill keeps nothing of the program, so it needs no checkpoint: end
+    // it at its next loop header, function entry or point, whatever it runs.
     n.set_state(&id, CellState::Migrating);
-    let paused = tokio::time::timeout(PAUSE_TIMEOUT, h.pause()).await;
-    match paused {
-        Ok(Ok(p)) => {
-            let _ = p.reply.send(Decision::Release);
-            n.set_state(&id, CellState::Killed);
-        }
-        _ => {
-            if let Some(e) = n.cells().get_mut(&id) {
-                if e.state == CellState::Migrating {
-                    e.state = CellState::Running;
-                }
-            }
-            return Err(internal(format!(
-                "cell {id} did not reach a migration point within {} s",
-                PAUSE_TIMEOUT.as_secs()
-            )));
-        }
+    if !h.kill(KILL_WAIT).await {
+        tracing::warn!(
+            cell = %id,
+            "the killed cell's thread is still in a host call; it runs no more wasm code"
+        );
     }
+    n.set_state(&id, CellState::Killed);
     status(State(n), Path(id)).await
 }
 

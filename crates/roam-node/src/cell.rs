@@ -1,5 +1,11 @@
 //! Cells on a node: one OS thread each, and the handshake with migrations.
 //!
+//! A cell that must stop (`roam kill`, the fence, the planner's `stop`) is
+//! paused if it can be within [`roam_runtime::STOP_GRACE`] and killed
+//! otherwise ([`CellHandle::pause_or_kill`]), so every stop ends within a
+//! second even for a program that never reaches a migration point; such a
+//! cell is reported [`CellState::Killed`].
+//!
 //! A cell's thread owns its wasmtime store and runs it until the program
 //! exits or pauses. A pause is always asked for by someone on the node (a
 //! migration, `kill`); the thread hands the paused state to whoever asked
@@ -11,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use roam_runtime::{
-    Cell, CheckpointKind, CheckpointTiming, Controller, LiveMemory, Outcome, Trigger,
+    Cell, CheckpointKind, CheckpointTiming, Controller, LiveMemory, Outcome, RunError, Trigger,
 };
 use roam_snapshot::Snapshot;
 use roam_wire::CellSpec;
@@ -88,6 +94,40 @@ impl CellHandle {
             self.controller.request(CheckpointKind::Pause, Trigger::Api);
         }
         rx
+    }
+
+    /// Kill the program (no checkpoint), then wait up to `limit` for its
+    /// thread to end. True when it ended. The program runs no wasm code
+    /// after its next loop header, function entry, migration point or
+    /// woken blocking call, so only a host call that does not return (a
+    /// blocking read of a file, say) makes this wait the whole `limit`.
+    pub(crate) async fn kill(&self, limit: Duration) -> bool {
+        self.controller.kill();
+        let start = Instant::now();
+        while !self.has_ended() {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
+    /// Pause the cell for a stop: within [`roam_runtime::STOP_GRACE`] if it
+    /// can, else kill it (a cell that reaches no migration point cannot be
+    /// paused, but must still stop). `None` when it was killed (or ended
+    /// meanwhile): its thread ends, or has ended, on its own.
+    pub(crate) async fn pause_or_kill(&self) -> Option<Paused> {
+        match tokio::time::timeout(roam_runtime::STOP_GRACE, self.pause()).await {
+            Ok(Ok(p)) => Some(p),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                // A pause that completes after this still resumes into the
+                // kill: a killed cell never runs again.
+                self.kill(KILL_WAIT).await;
+                None
+            }
+        }
     }
 
     /// Ask for a checkpoint-and-continue; the receiver gets the snapshot.
@@ -180,6 +220,7 @@ fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
         };
         let (snapshot, timing) = match cell.run(&mut on_checkpoint) {
             Ok(Outcome::Exited(code)) => return Some(CellState::Exited { code }),
+            Err(RunError::Killed) => return Some(CellState::Killed),
             Ok(Outcome::Paused(s, t)) | Ok(Outcome::Stopped(s, t)) => (s, t),
             Err(e) => {
                 if let Some(tx) = h
@@ -232,5 +273,11 @@ fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
 }
 
 /// How long a pause may take before the asker gives up (a program that
-/// computes without reaching a migration point).
+/// computes without reaching a migration point). Only for pauses that may
+/// fail (a migration, a checkpoint); a stop kills after
+/// [`roam_runtime::STOP_GRACE`] instead.
 pub(crate) const PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a kill waits for the cell's thread to end before it reports the
+/// cell killed anyway (it runs no more wasm code either way).
+pub(crate) const KILL_WAIT: Duration = Duration::from_millis(400);

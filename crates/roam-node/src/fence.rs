@@ -18,6 +18,11 @@
 //! paused. Only cells started by the planner (with a generation) are
 //! fenced; a cell launched on the node directly keeps running.
 //!
+//! A cell that reaches no migration point within
+//! [`roam_runtime::STOP_GRACE`] cannot be paused, so it cannot be held
+//! either: the fence kills it (state `killed`) rather than let it run on.
+//! The planner restores it elsewhere from its kept checkpoint, if it has one.
+//!
 //! A process frozen whole (SIGSTOP, a paused VM) cannot fence itself while
 //! frozen: when it thaws, its cells and this watcher wake together, and a
 //! cell may run a few instructions before the watcher pauses it. Those are
@@ -29,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::cell::{Decision, PAUSE_TIMEOUT};
+use crate::cell::Decision;
 use crate::node::NodeInner;
 use crate::types::CellState;
 
@@ -139,8 +144,18 @@ fn raise(n: &Arc<NodeInner>, late: Duration) {
     for (id, h) in handles {
         let n = n.clone();
         tokio::spawn(async move {
-            let Ok(Ok(p)) = tokio::time::timeout(PAUSE_TIMEOUT, h.pause()).await else {
-                // Ended meanwhile, or taken by a migration or a kill.
+            let Some(p) = h.pause_or_kill().await else {
+                // Killed: it reached no migration point in time, so it
+                // could not be held (or it ended meanwhile, or a migration
+                // or a kill took it). Never left running behind the fence.
+                if h.controller.is_killed() {
+                    tracing::warn!(
+                        cell = %id,
+                        "the cell reached no migration point within {} ms, so the fence killed it",
+                        roam_runtime::STOP_GRACE.as_millis()
+                    );
+                    n.set_state(&id, CellState::Killed);
+                }
                 return;
             };
             let mut s = n.fence.state();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use roam_api::planner::{HeartbeatRequest, NodeStatus, OwnerRequest, RegisterRequest};
 use roam_api::{PlannerClient, PlannerError};
 
-use crate::cell::{Decision, PAUSE_TIMEOUT};
+use crate::cell::Decision;
 use crate::node::NodeInner;
 use crate::types::CellState;
 
@@ -139,15 +139,22 @@ async fn stop_lost(n: &Arc<NodeInner>, id: &str) {
     };
     tracing::warn!(cell = id, "{why}");
     n.set_state(id, CellState::Migrating);
-    match tokio::time::timeout(PAUSE_TIMEOUT, h.pause()).await {
-        Ok(Ok(p)) => {
+    match h.pause_or_kill().await {
+        Some(p) => {
             let _ = p.reply.send(Decision::Release);
+            n.set_state(id, CellState::Failed { error: why.into() });
         }
-        // Ended meanwhile, or computing without a migration point: its
-        // thread keeps the store, but the node forgets the cell.
-        _ => tracing::warn!(cell = id, "the lost cell did not pause; marking it stopped"),
+        // Reached no migration point in time: killed (or it ended meanwhile).
+        None if h.controller.is_killed() => {
+            tracing::warn!(
+                cell = id,
+                "the lost cell reached no migration point within {} ms; killed",
+                roam_runtime::STOP_GRACE.as_millis()
+            );
+            n.set_state(id, CellState::Killed);
+        }
+        None => n.set_state(id, CellState::Failed { error: why.into() }),
     }
-    n.set_state(id, CellState::Failed { error: why.into() });
 }
 
 /// The destination's ownership transaction at a migration's commit point

@@ -8,7 +8,7 @@ use wasmtime::{Global, Instance, Linker, Store, TypedFunc};
 
 use crate::asyncify::{Asyncify, Buffer, HEADER, UNWINDING};
 use crate::capture::{self, Saved};
-use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller};
+use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller, Killed};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
 use crate::flag::FlagWord;
 use crate::host::{self, Hooks, HostState};
@@ -100,12 +100,14 @@ pub(crate) fn instantiate(
     module: &LoadedModule,
     host: HostState,
 ) -> Result<Parts, Source> {
-    let mut linker = Linker::new(rt.engine());
+    // The module's own engine: with or without epoch checks.
+    let engine = module.module().engine();
+    let mut linker = Linker::new(engine);
     host::add_to_linker(&mut linker).map_err(boxed)?;
-    let mut store = Store::new(rt.engine(), host);
+    let mut store = Store::new(engine, host);
     store.limiter(|h| &mut h.limiter);
-    if rt.epoch_engine().is_some() {
-        host::arm_epoch(&mut store);
+    if module.epoch_checks() {
+        host::arm_stop(&mut store);
     }
     let instance = linker
         .instantiate(&mut store, module.module())
@@ -154,7 +156,7 @@ impl Cell {
         wasi: WasiConfig,
         opts: CellOptions,
     ) -> Result<Cell, StartError> {
-        let control = Control::new(rt.epoch_engine());
+        let control = Control::new(module.epoch_engine());
         let ctx = WasiCtx::new(wasi, control.interrupt.clone())?;
         let host = HostState::new(
             ctx,
@@ -197,7 +199,7 @@ impl Cell {
         module: Arc<LoadedModule>,
         opts: CellOptions,
     ) -> Result<Incoming, RestoreError> {
-        let control = Control::new(rt.epoch_engine());
+        let control = Control::new(module.epoch_engine());
         // The OS layer comes with the snapshot; until then an empty one.
         let ctx = WasiCtx::new(WasiConfig::default(), control.interrupt.clone())
             .map_err(|e| RestoreError::Instantiate(Box::new(e)))?;
@@ -367,6 +369,13 @@ impl Cell {
             return Err(RunError::Stopped);
         }
         loop {
+            if self.control.killed() {
+                // Killed before it ran, while paused, or during a
+                // checkpoint-and-continue: it never runs again.
+                self.stopped = true;
+                return Err(RunError::Killed);
+            }
+            self.store.data_mut().checkpointing = false;
             let result = self.start.call(&mut self.store, ());
             if let Some(reason) = self.store.data().pages_lost() {
                 self.stopped = true;
@@ -375,6 +384,12 @@ impl Cell {
             if let Err(e) = result {
                 if let Some(exit) = e.downcast_ref::<roam_wasi::ProcExit>() {
                     return Ok(Outcome::Exited(exit.0));
+                }
+                // Whatever ended it after a kill (the epoch callback, a
+                // point, a woken blocking call) ended it because of the kill.
+                if e.downcast_ref::<Killed>().is_some() || self.control.killed() {
+                    self.stopped = true;
+                    return Err(RunError::Killed);
                 }
                 if let Some(u) = &self.store.data().unwinding {
                     return Err(RunError::UnwindOverflow {

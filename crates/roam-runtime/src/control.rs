@@ -6,11 +6,31 @@
 //! [`roam_wasi::Interrupt`] instead. The flag word is the only guest-visible
 //! state written from a foreign thread, and the guest only reads it.
 //!
-//! With `ROAM_EPOCH_INTERRUPT=1` (see [`crate::RuntimeConfig::epoch_interrupt`])
-//! a request also bumps the engine's epoch, as roam did before the flag
-//! word existed; that costs a check at every loop and function entry and is
-//! kept only to measure that cost.
+//!
+//! **Killing.** A request is honoured only at a migration point, and a
+//! program may never reach one: a module prepared with `--points manual`
+//! or `functions` spins in a loop without calls, `outer` leaves inner leaf
+//! loops without points, or a hand-made module claims points it does not
+//! have. Whoever must end a cell whatever it does (`roam run` on SIGTERM,
+//! `roam kill`, a node's fence, the planner taking a cell away) asks for a
+//! checkpoint first, waits [`STOP_GRACE`], then calls [`Controller::kill`].
+//! A kill raises the flag, wakes blocking calls and, for a module compiled
+//! with epoch checks, bumps its engine's epoch. Every such store's epoch
+//! deadline is always one tick ahead (`host::arm_stop`), so the bump makes
+//! each running cell of that engine call the epoch callback once, at its
+//! next loop header or function entry; the killed one traps with
+//! [`Killed`], the others carry on. A point or a woken blocking call of a
+//! killed cell traps too: that is what ends a `loops` module, which reaches
+//! a point within straight-line code and is compiled without epoch checks
+//! (see [`crate::EpochInterrupt`]).
+//!
+//! Why the epoch and not something cheaper: nothing else makes arbitrary
+//! running wasm code give up its thread. Fuel costs more; a signal cannot
+//! unwind wasmtime frames; revoking memory misses loops that touch none.
+//! The epoch check costs a load and a compare per loop iteration, up to 2x
+//! on hot numeric loops, which is why only modules that need it get it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -18,6 +38,20 @@ use roam_wasi::Interrupt;
 use wasmtime::Engine;
 
 use crate::flag::FlagWord;
+
+/// How long a stop waits for a checkpoint before it kills the program.
+///
+/// A program that reaches points answers a request within milliseconds
+/// (T3's p99 is well under one), even blocked in a WASI call; half a second
+/// leaves room for a loaded machine and for qemu, and still ends any cell
+/// within one second of the stop.
+pub const STOP_GRACE: Duration = Duration::from_millis(500);
+
+/// The error a killed program traps with; [`crate::Cell::run`] turns it
+/// into [`crate::RunError::Killed`].
+#[derive(Debug, thiserror::Error)]
+#[error("the program was killed")]
+pub(crate) struct Killed;
 
 /// What happens after the snapshot is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,20 +124,37 @@ pub(crate) struct Control {
     pub(crate) interrupt: Arc<Interrupt>,
     /// The cell's flag word, once its instance exists.
     flag: OnceLock<FlagWord>,
-    /// The engine, when it runs with epoch interruption (ablation only).
+    /// The engine, when it runs with epoch interruption: bumped by a kill
+    /// (and when lazily received memory is lost).
     epoch: Option<Engine>,
+    /// Set for good by [`Control::kill`].
+    killed: AtomicBool,
 }
 
 impl Control {
-    /// `epoch`: the engine to bump on every request, when it was built with
-    /// epoch interruption.
+    /// `epoch`: the engine to bump on a kill, when it was built with epoch
+    /// interruption.
     pub(crate) fn new(epoch: Option<Engine>) -> Arc<Self> {
         Arc::new(Control {
             pending: Mutex::new(None),
             interrupt: Interrupt::new(),
             flag: OnceLock::new(),
             epoch,
+            killed: AtomicBool::new(false),
         })
+    }
+
+    /// End the program at its next epoch check, migration point or woken
+    /// blocking call, without a checkpoint (see the module docs).
+    pub(crate) fn kill(&self) {
+        self.killed.store(true, Ordering::SeqCst);
+        self.interrupt.request();
+        self.alarm();
+    }
+
+    /// Whether [`Control::kill`] was called.
+    pub(crate) fn killed(&self) -> bool {
+        self.killed.load(Ordering::SeqCst)
     }
 
     /// Connect the cell's flag word; raises it at once if a request came
@@ -122,8 +173,9 @@ impl Control {
         }
     }
 
-    /// Make the guest call the host at its next migration point (or epoch
-    /// check): for a request, or when its lazily received memory is lost.
+    /// Make the guest call the host at its next migration point and, with
+    /// epoch interruption, at its next epoch check: for a request, a kill,
+    /// or when its lazily received memory is lost.
     pub(crate) fn alarm(&self) {
         self.set_flag(true);
         if let Some(engine) = &self.epoch {
@@ -180,5 +232,20 @@ impl Controller {
     /// that need a checkpoint inside a blocking call.
     pub fn stop_when_blocked(&self, on: bool) {
         self.0.interrupt.set_on_block(on);
+    }
+
+    /// End the program without a checkpoint: at its next loop header or
+    /// function entry (epoch interruption), migration point, or woken
+    /// blocking call, whichever comes first. [`crate::Cell::run`] then
+    /// returns [`crate::RunError::Killed`]. A checkpoint already under way
+    /// is finished, not killed. Callers normally ask for a checkpoint first
+    /// and kill only after [`STOP_GRACE`]. Irreversible.
+    pub fn kill(&self) {
+        self.0.kill();
+    }
+
+    /// Whether [`Controller::kill`] was called.
+    pub fn is_killed(&self) -> bool {
+        self.0.killed()
     }
 }

@@ -177,6 +177,10 @@ pub enum RunError {
     /// once and is lost on this node.
     #[error("memory pages could not be fetched from the source, the program was stopped: {0}")]
     PagesLost(String),
+    /// [`crate::Controller::kill`] ended the program: no checkpoint was
+    /// taken, and it cannot be resumed.
+    #[error("the program was killed without a checkpoint")]
+    Killed,
 }
 
 /// Capturing a snapshot failed.

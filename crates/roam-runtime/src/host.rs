@@ -18,7 +18,7 @@ use wasmtime::{Caller, Global, Linker, Memory, UpdateDeadline};
 
 use crate::asyncify::{Asyncify, Buffer, NORMAL, REWINDING};
 use crate::capture::{self, Captured};
-use crate::control::{CheckpointKind, Control, Request, Trigger};
+use crate::control::{CheckpointKind, Control, Killed, Request, Trigger};
 use crate::module::LoadedModule;
 
 /// Most bytes from address 0 that the unwound stack may borrow during a
@@ -58,6 +58,9 @@ pub(crate) struct HostState {
     /// A rewind in progress: its buffer and the program bytes it overwrote.
     pub rewinding: Option<(Buffer, Vec<u8>)>,
     pub unwinding: Option<Unwinding>,
+    /// From the start of an unwind until `Cell::run` calls `_start` again:
+    /// a kill then waits, so that it never spoils a checkpoint under way.
+    pub checkpointing: bool,
     /// `--checkpoint-at-point N`: stop at the Nth migration point reached.
     pub stop_at_point: Option<u64>,
     /// Checkpoint-and-continue at every Nth migration point.
@@ -88,6 +91,7 @@ impl HostState {
             hooks: None,
             rewinding: None,
             unwinding: None,
+            checkpointing: false,
             stop_at_point,
             continue_every,
             points_seen: 0,
@@ -156,6 +160,7 @@ fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::R
     let buffer = Buffer::over(cap.unwrap_or(mem.len()));
     buffer.reset_header(mem);
     h.asyncify.start_unwind(&mut *caller, buffer)?;
+    caller.data_mut().checkpointing = true;
     caller.data().control.set_flag(false);
     caller.data_mut().unwinding = Some(Unwinding {
         req,
@@ -173,6 +178,9 @@ fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::R
 fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
     if let Some(reason) = caller.data().pages_lost() {
         wasmtime::bail!("memory pages lost: {reason}");
+    }
+    if caller.data().control.killed() {
+        return Err(Killed.into());
     }
     let h = hooks(&caller)?;
     match h.asyncify.state(&mut caller)? {
@@ -236,6 +244,9 @@ impl WasiView for HostState {
     }
 
     fn suspend(caller: &mut Caller<'_, Self>) -> wasmtime::Result<()> {
+        if caller.data().control.killed() {
+            return Err(Killed.into());
+        }
         let req = caller.data().control.pending().unwrap_or(Request {
             kind: CheckpointKind::Stop,
             trigger: Trigger::Blocked,
@@ -256,17 +267,21 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
     Ok(())
 }
 
-/// With epoch interruption only (an ablation setting): arm the epoch
-/// callback, which stops a program whose lazily received memory was lost at
-/// its next epoch check and raises the flag when a point must call the host.
-pub(crate) fn arm_epoch(store: &mut wasmtime::Store<HostState>) {
+/// With epoch interruption: keep the store's epoch deadline one tick ahead,
+/// so that the next bump of the engine's epoch (by a kill of any cell of
+/// this runtime, or lost memory) makes this cell call back once, at its next
+/// loop header or function entry. Until then the checks never call out.
+/// The callback traps a killed program, unless it is unwinding for a
+/// checkpoint (which then finishes: a kill never spoils a snapshot), and a
+/// program whose lazily received memory was lost.
+pub(crate) fn arm_stop(store: &mut wasmtime::Store<HostState>) {
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(|ctx| {
         if let Some(reason) = ctx.data().pages_lost() {
             wasmtime::bail!("memory pages lost: {reason}");
         }
-        if ctx.data().flag_wanted() {
-            ctx.data().control.set_flag(true);
+        if ctx.data().control.killed() && !ctx.data().checkpointing {
+            return Err(Killed.into());
         }
         Ok(UpdateDeadline::Continue(1))
     });

@@ -46,7 +46,7 @@ mod runtime;
 mod uffd;
 
 pub use cell::{Cell, CellOptions, Outcome};
-pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger};
+pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger, STOP_GRACE};
 pub use dirty::{DirtyTracker, TrackError, TrackMethod};
 pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
 pub use flag::LowerError;
@@ -57,7 +57,8 @@ pub use limits::{DEFAULT_MAX_MEMORY, DEFAULT_MAX_TABLE_ELEMENTS};
 pub use memory::LiveMemory;
 pub use module::LoadedModule;
 pub use runtime::{
-    host_isa, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, ENV_EPOCH_INTERRUPT, RUN_THREAD_STACK,
+    host_isa, EpochInterrupt, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, ENV_EPOCH_INTERRUPT,
+    RUN_THREAD_STACK,
 };
 pub use uffd::userfaultfd_available;
 

@@ -21,10 +21,17 @@ pub struct LoadedModule {
     module: Module,
     initial: InitialImage,
     globals: Vec<String>,
+    /// Compiled with epoch checks (on the runtime's engine that has them).
+    epoch_checks: bool,
 }
 
 impl LoadedModule {
-    pub(crate) fn new(bytes: Vec<u8>, hash: [u8; 32], module: Module) -> Result<Self, LoadError> {
+    pub(crate) fn new(
+        bytes: Vec<u8>,
+        hash: [u8; 32],
+        module: Module,
+        epoch_checks: bool,
+    ) -> Result<Self, LoadError> {
         for name in ASYNCIFY_EXPORTS
             .iter()
             .chain([&"_start", &roam_prepare::FLAG_GLOBAL_EXPORT])
@@ -53,7 +60,20 @@ impl LoadedModule {
             hash,
             module,
             globals,
+            epoch_checks,
         })
+    }
+
+    /// Whether the code checks the engine's epoch at every loop header and
+    /// function entry, so that a kill ends it anywhere (see
+    /// [`crate::RuntimeConfig::epoch_interrupt`]).
+    pub fn epoch_checks(&self) -> bool {
+        self.epoch_checks
+    }
+
+    /// The engine whose epoch a kill bumps, when the code checks it.
+    pub(crate) fn epoch_engine(&self) -> Option<wasmtime::Engine> {
+        self.epoch_checks.then(|| self.module.engine().clone())
     }
 
     /// The prepared module's bytes.

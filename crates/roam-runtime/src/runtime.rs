@@ -1,11 +1,21 @@
-//! The [`Runtime`]: one wasmtime engine and one cache, shared by every cell a
+//! The [`Runtime`]: wasmtime engines and one cache, shared by every cell a
 //! process runs.
+//!
+//! Two engines, which differ only in epoch interruption: a kill must end a
+//! program that reaches no migration point ([`crate::control`]), and only
+//! wasmtime's epoch checks can; but they cost up to 2x on hot loops (matmul,
+//! linpack at size M). A module prepared with the `loops` policy reaches a
+//! point within straight-line code, so a kill ends it at its next point and
+//! it runs on the engine without epoch checks. Modules prepared with
+//! `outer`, `functions` or `manual`, which may run for ever between points,
+//! run on the engine with them. [`RuntimeConfig::epoch_interrupt`]
+//! overrides the choice.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use roam_prepare::PrepareOptions;
+use roam_prepare::{PointPolicy, PrepareOptions};
 use wasmtime::{Config, Engine, Module};
 
 use crate::cache::{hex, Cache};
@@ -32,16 +42,52 @@ pub struct RuntimeConfig {
     /// for deep recursion. The thread that calls [`crate::Cell::run`] needs
     /// this much stack plus room for the host (see [`RUN_THREAD_STACK`]).
     pub max_wasm_stack: usize,
-    /// Build the engine with wasmtime's epoch interruption and bump the
-    /// epoch on every checkpoint request, as roam did before the flag word
-    /// ([`crate::flag`]). Costs a check at every loop back-edge and function
-    /// entry; kept only to measure that cost. Default: the environment
-    /// variable [`ENV_EPOCH_INTERRUPT`] is `1`.
-    pub epoch_interrupt: bool,
+    /// Which modules are compiled with wasmtime's epoch checks, which let
+    /// [`crate::Controller::kill`] end a program that reaches no migration
+    /// point (see the module docs). Default: [`EpochInterrupt::from_env`].
+    pub epoch_interrupt: EpochInterrupt,
 }
 
-/// Environment variable that turns [`RuntimeConfig::epoch_interrupt`] on
-/// (`1`) for an ablation measurement.
+/// Which modules get epoch checks (a load and a compare at every loop header
+/// and function entry, so that a kill ends them wherever they are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EpochInterrupt {
+    /// Modules whose point policy does not bound the time to the next
+    /// point (`outer`, `functions`, `manual`); `loops` modules run without.
+    #[default]
+    ByPolicy,
+    /// Every module: a kill also ends a hand-made module whose `roam`
+    /// section claims the `loops` policy without its points.
+    Always,
+    /// None: a kill ends a program only at its next migration point or
+    /// blocking call (for measuring what the checks cost).
+    Never,
+}
+
+impl EpochInterrupt {
+    /// From [`ENV_EPOCH_INTERRUPT`]: `1` [`Always`](Self::Always), `0`
+    /// [`Never`](Self::Never), unset or anything else
+    /// [`ByPolicy`](Self::ByPolicy).
+    pub fn from_env() -> Self {
+        match std::env::var_os(ENV_EPOCH_INTERRUPT) {
+            Some(v) if v == "1" => EpochInterrupt::Always,
+            Some(v) if v == "0" => EpochInterrupt::Never,
+            _ => EpochInterrupt::ByPolicy,
+        }
+    }
+
+    /// Whether a module prepared with `points` gets epoch checks.
+    pub fn applies_to(self, points: PointPolicy) -> bool {
+        match self {
+            EpochInterrupt::Always => true,
+            EpochInterrupt::Never => false,
+            EpochInterrupt::ByPolicy => points != PointPolicy::Loops,
+        }
+    }
+}
+
+/// Environment variable that sets [`RuntimeConfig::epoch_interrupt`]: `1`
+/// for every module, `0` for none (see [`EpochInterrupt::from_env`]).
 pub const ENV_EPOCH_INTERRUPT: &str = "ROAM_EPOCH_INTERRUPT";
 
 /// Default for [`RuntimeConfig::max_wasm_stack`].
@@ -56,74 +102,66 @@ impl Default for RuntimeConfig {
             cache_dir: Cache::default_dir(),
             prepare: PrepareOptions::default(),
             max_wasm_stack: DEFAULT_MAX_WASM_STACK,
-            epoch_interrupt: std::env::var_os(ENV_EPOCH_INTERRUPT).is_some_and(|v| v == "1"),
+            epoch_interrupt: EpochInterrupt::from_env(),
         }
     }
 }
 
-/// A wasmtime engine configured for roam, plus the module cache.
+/// One engine and the compiled-code cache key of its configuration.
+#[derive(Clone)]
+struct Keyed {
+    engine: Engine,
+    key: u64,
+}
+
+/// The wasmtime engines configured for roam, plus the module cache.
 #[derive(Clone)]
 pub struct Runtime {
-    engine: Engine,
+    /// Without epoch checks.
+    plain: Keyed,
+    /// With them, for modules that may never reach a point.
+    checked: Keyed,
     cache: Cache,
-    engine_key: u64,
     prepare: PrepareOptions,
     memories: Arc<Creator>,
-    epoch_interrupt: bool,
+    epoch_interrupt: EpochInterrupt,
 }
 
 impl Runtime {
-    /// Build the engine: Cranelift at its default optimisation, linear
-    /// memories mapped by roam, no epoch interruption (the host raises the
-    /// migration flag through [`crate::flag`]) unless
-    /// [`RuntimeConfig::epoch_interrupt`] asks for it.
+    /// Build the engines: Cranelift at its default optimisation, linear
+    /// memories mapped by roam (one creator for both), one engine without
+    /// and one with epoch interruption (the host raises the migration flag
+    /// through [`crate::flag`] either way; the epoch only ends killed
+    /// programs). The two compile different code; the engine's
+    /// compatibility hash, part of the compiled-code cache key, tells them
+    /// apart.
     pub fn new(cfg: RuntimeConfig) -> Result<Self, LoadError> {
-        let mut config = Config::new();
-        config.epoch_interruption(cfg.epoch_interrupt);
-        config.cranelift_opt_level(wasmtime::OptLevel::Speed);
-        config.max_wasm_stack(cfg.max_wasm_stack);
-        // wasmtime checks max_wasm_stack against the (unused) async stack size.
-        config.async_stack_size(cfg.max_wasm_stack + (1 << 20));
-        // roam maps every linear memory itself (see `crate::memory`).
         let memories = Arc::new(Creator::default());
-        config.with_host_memory(memories.clone());
-        // Copy-on-write initialisation needs wasmtime's own mmaps (it
-        // panics on a module with data segments otherwise).
-        config.memory_init_cow(false);
-        let engine = Engine::new(&config).map_err(|e| LoadError::Compile {
-            isa: host_isa().to_string(),
-            source: boxed(e),
-        })?;
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        engine.precompile_compatibility_hash().hash(&mut h);
-        crate::flag::LOWERING_VERSION.hash(&mut h);
+        let plain = engine(&cfg, &memories, false)?;
+        let checked = engine(&cfg, &memories, true)?;
         let cache = Cache::open(&cfg.cache_dir).map_err(|source| LoadError::Cache {
             dir: cfg.cache_dir.clone(),
             source,
         })?;
         Ok(Runtime {
-            engine,
+            plain,
+            checked,
             cache,
-            engine_key: h.finish(),
             prepare: cfg.prepare,
             memories,
             epoch_interrupt: cfg.epoch_interrupt,
         })
     }
 
-    /// The engine.
+    /// The engine for modules without epoch checks (a loaded module's own
+    /// engine is `module.module().engine()`).
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        &self.plain.engine
     }
 
     /// The cache.
     pub fn cache(&self) -> &Cache {
         &self.cache
-    }
-
-    /// The engine, if it was built with epoch interruption.
-    pub(crate) fn epoch_engine(&self) -> Option<Engine> {
-        self.epoch_interrupt.then(|| self.engine.clone())
     }
 
     /// The memory creator that maps every cell's linear memory.
@@ -193,18 +231,21 @@ impl Runtime {
         // Every way in (a file, an upload, a snapshot's embedded copy, a
         // migration peer, the cache) passes here: believe no `roam` section
         // that does not match its module.
-        roam_prepare::check_prepared(&bytes).map_err(roam_prepare::PrepareError::from)?;
+        let section =
+            roam_prepare::check_prepared(&bytes).map_err(roam_prepare::PrepareError::from)?;
         let hash = *blake3::hash(&bytes).as_bytes();
         let mpath = self.cache.module_path(&hash);
         if !mpath.exists() {
             self.put(&mpath, &bytes)?;
         }
-        let module = self.compile(&bytes, &hash)?;
-        LoadedModule::new(bytes, hash, module).map(Arc::new)
+        let checks = self.epoch_interrupt.applies_to(section.points);
+        let keyed = if checks { &self.checked } else { &self.plain };
+        let module = self.compile(keyed, &bytes, &hash)?;
+        LoadedModule::new(bytes, hash, module, checks).map(Arc::new)
     }
 
-    fn compile(&self, bytes: &[u8], hash: &[u8; 32]) -> Result<Module, LoadError> {
-        let path = self.cache.compiled_path(hash, host_isa(), self.engine_key);
+    fn compile(&self, keyed: &Keyed, bytes: &[u8], hash: &[u8; 32]) -> Result<Module, LoadError> {
+        let path = self.cache.compiled_path(hash, host_isa(), keyed.key);
         let sidecar = path.with_extension("blake3");
         if let (Some(code), Some(sum)) = (self.cache.get(&path), self.cache.get(&sidecar)) {
             if blake3::hash(&code).as_bytes()[..] == sum[..] {
@@ -212,7 +253,7 @@ impl Runtime {
                 // own cache for this exact engine configuration and ISA (both
                 // are in the key), and its integrity hash matches, so it is
                 // the unmodified output of `Module::serialize`.
-                match unsafe { Module::deserialize(&self.engine, &code) } {
+                match unsafe { Module::deserialize(&keyed.engine, &code) } {
                     Ok(m) => return Ok(m),
                     Err(e) => tracing::warn!("ignoring unusable compiled cache entry: {e}"),
                 }
@@ -220,7 +261,7 @@ impl Runtime {
         }
         let started = std::time::Instant::now();
         let lowered = crate::flag::lower(bytes)?;
-        let module = Module::new(&self.engine, &lowered).map_err(|e| LoadError::Compile {
+        let module = Module::new(&keyed.engine, &lowered).map_err(|e| LoadError::Compile {
             isa: host_isa().to_string(),
             source: boxed(e),
         })?;
@@ -252,6 +293,32 @@ impl Runtime {
     }
 }
 
+/// One of the runtime's engines, and its cache key.
+fn engine(cfg: &RuntimeConfig, memories: &Arc<Creator>, epoch: bool) -> Result<Keyed, LoadError> {
+    let mut config = Config::new();
+    config.epoch_interruption(epoch);
+    config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+    config.max_wasm_stack(cfg.max_wasm_stack);
+    // wasmtime checks max_wasm_stack against the (unused) async stack size.
+    config.async_stack_size(cfg.max_wasm_stack + (1 << 20));
+    // roam maps every linear memory itself (see `crate::memory`).
+    config.with_host_memory(memories.clone());
+    // Copy-on-write initialisation needs wasmtime's own mmaps (it
+    // panics on a module with data segments otherwise).
+    config.memory_init_cow(false);
+    let engine = Engine::new(&config).map_err(|e| LoadError::Compile {
+        isa: host_isa().to_string(),
+        source: boxed(e),
+    })?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    crate::flag::LOWERING_VERSION.hash(&mut h);
+    Ok(Keyed {
+        key: h.finish(),
+        engine,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +331,29 @@ mod tests {
             ..RuntimeConfig::default()
         });
         assert!(rt.is_ok(), "{:?}", rt.err());
+    }
+
+    /// Code compiled with epoch checks and code compiled without them must
+    /// never be mixed up in the cache.
+    #[test]
+    fn epoch_interruption_is_part_of_the_compiled_code_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = Runtime::new(RuntimeConfig {
+            cache_dir: dir.path().to_path_buf(),
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        assert_ne!(rt.plain.key, rt.checked.key);
+    }
+
+    #[test]
+    fn only_policies_without_a_bound_get_epoch_checks_by_default() {
+        use PointPolicy::*;
+        let by = EpochInterrupt::ByPolicy;
+        assert!(!by.applies_to(Loops));
+        assert!([Outer, Functions, Manual].iter().all(|p| by.applies_to(*p)));
+        assert!(EpochInterrupt::Always.applies_to(Loops));
+        assert!(!EpochInterrupt::Never.applies_to(Manual));
     }
 
     #[test]

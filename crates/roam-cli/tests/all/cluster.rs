@@ -178,7 +178,7 @@ fn node_of(isa: Isa, urls: &str, name: &str) -> Node {
 }
 
 /// Wait until `n` nodes are alive in the planner's eyes.
-fn wait_alive(p: &Planner, n: usize) {
+pub(crate) fn wait_alive(p: &Planner, n: usize) {
     wait_for("the nodes to register", SLOW, || {
         let nodes = p.get("/v1/nodes");
         let alive = nodes

@@ -19,3 +19,4 @@ mod nodes;
 mod real;
 mod snapshot_errors;
 mod sockets;
+mod stop;

@@ -51,11 +51,15 @@ fn with_flag_set_at_start(prepared: &[u8]) -> Vec<u8> {
     m.emit_wasm()
 }
 
-fn runtime(epoch_interrupt: bool) -> (Runtime, tempfile::TempDir) {
+fn runtime(epoch: bool) -> (Runtime, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::new(RuntimeConfig {
         cache_dir: dir.path().to_path_buf(),
-        epoch_interrupt,
+        epoch_interrupt: if epoch {
+            crate::EpochInterrupt::Always
+        } else {
+            crate::EpochInterrupt::Never
+        },
         ..RuntimeConfig::default()
     })
     .unwrap();

@@ -6,6 +6,7 @@ mod common;
 mod dirty;
 mod flag;
 mod from_file;
+mod kill;
 mod lazy;
 mod limits;
 mod mapped;
