@@ -3,11 +3,12 @@
 # every program under every points policy and every switch, each run
 # straight through and stopped at a random migration point and restored on
 # x86-64 and on aarch64 (qemu-user). CI runs a fixed sample of the same
-# tests (crates/roam-cli/tests/all/real.rs); this runs all of it, which
+# tests (crates/roam-cli/tests/all/real.rs, ignored in CI for now: see its
+# docs); this runs all of it, which
 # takes hours on two cores. Each test prints its seed: ROAM_DIFF_SEED=<n>
 # repeats its choice of points.
 # Usage: scripts/difftest.sh [test-name-filter]   (after scripts/build-all.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ROAM_DIFF=full
-exec cargo test --release --locked -p roam-cli --test all -- --nocapture "${1:-real_}"
+exec cargo test --release --locked -p roam-cli --test all -- --include-ignored --nocapture "${1:-real_}"
