@@ -39,9 +39,9 @@
 use std::collections::{HashMap, HashSet};
 
 use walrus::ir::{
-    BinaryOp, Binop, Block, Br, BrIf, BrTable, Call, CallIndirect, Const, GlobalGet, GlobalSet, IfElse,
-    Instr, InstrSeqId, InstrSeqType, LocalGet, LocalSet, LocalTee, Loop, MemArg, Store, StoreKind,
-    Throw, ThrowRef, TryTable, TryTableCatch, Value,
+    BinaryOp, Binop, Block, Br, BrIf, BrTable, Call, CallIndirect, Const, GlobalGet, GlobalSet,
+    IfElse, Instr, InstrSeqId, InstrSeqType, LocalGet, LocalSet, LocalTee, Loop, MemArg, Store,
+    StoreKind, Throw, ThrowRef, TryTable, TryTableCatch, Value,
 };
 use walrus::{
     ConstExpr, FunctionId, GlobalId, ImportKind, LocalFunction, LocalId, MemoryId, ModuleConfig,
@@ -144,7 +144,9 @@ pub(crate) fn transform(bytes: &[u8], names: bool) -> Result<(Vec<u8>, EhStats),
     // Decide every site before changing anything.
     let local_ids: Vec<FunctionId> = module.funcs.iter_local().map(|(id, _)| id).collect();
     if local_ids.len() != stacks.len() {
-        return Err(rewrite("function count differs between walrus and wasmparser"));
+        return Err(rewrite(
+            "function count differs between walrus and wasmparser",
+        ));
     }
     let mut plans = Vec::new();
     for (id, at_calls) in local_ids.iter().zip(stacks) {
@@ -433,7 +435,9 @@ fn calls(func: &LocalFunction) -> Vec<((InstrSeqId, usize), Option<FunctionId>)>
     ) {
         for (i, (instr, _)) in func.block(seq).instrs.iter().enumerate() {
             match instr {
-                Instr::Block(Block { seq: s }) | Instr::Loop(Loop { seq: s }) => walk(func, *s, out),
+                Instr::Block(Block { seq: s }) | Instr::Loop(Loop { seq: s }) => {
+                    walk(func, *s, out)
+                }
                 Instr::IfElse(IfElse {
                     consequent,
                     alternative,
@@ -480,7 +484,10 @@ fn operand_stacks(bytes: &[u8]) -> Result<Vec<Vec<AtCall>>, PrepareError> {
                 _ => None,
             };
             if let Some(ty) = ty {
-                let sub = v.resources().sub_type_at(ty).ok_or_else(|| rewrite("type"))?;
+                let sub = v
+                    .resources()
+                    .sub_type_at(ty)
+                    .ok_or_else(|| rewrite("type"))?;
                 let mut args = sub.unwrap_func().params().len();
                 args += usize::from(matches!(op, Operator::CallIndirect { .. }));
                 let frame = v.get_control_frame(0).ok_or_else(|| rewrite("frame"))?;

@@ -76,7 +76,10 @@ fn calls_that_reach_a_point_are_wrapped_and_points_throw() {
     assert_eq!(throws as u32, eh.points);
     let exports = export_names(&out.bytes);
     for name in [TAG_EXPORT, CAPTURE_GLOBAL_EXPORT, crate::FLAG_GLOBAL_EXPORT] {
-        assert!(exports.iter().any(|(n, _)| n == name), "{name}: {exports:?}");
+        assert!(
+            exports.iter().any(|(n, _)| n == name),
+            "{name}: {exports:?}"
+        );
     }
     assert!(out.section.options.ends_with(";capture=eh-proto"));
     assert!(matches!(

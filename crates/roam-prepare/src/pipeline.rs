@@ -11,9 +11,9 @@ use wasmparser::{ExternalKind, Parser, Payload, Validator};
 use crate::section::{append_section, read_section};
 use crate::validate::SUPPORTED_FEATURES;
 use crate::{
-    check_prepared, instrument, spill, Capture, validate, wasm_opt, CheckError, PointCalls, PrepareOptions,
-    RoamSection, SectionError, TurnCompares, ValidateError, ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT,
-    MEMORY_EXPORT, SECTION_VERSION,
+    check_prepared, instrument, spill, validate, wasm_opt, Capture, CheckError, PointCalls,
+    PrepareOptions, RoamSection, SectionError, TurnCompares, ValidateError, ASYNCIFY_EXPORTS,
+    FLAG_GLOBAL_EXPORT, MEMORY_EXPORT, SECTION_VERSION,
 };
 
 pub use crate::section::PointStats;
