@@ -192,7 +192,8 @@ pub struct PrepareArgs {
     /// How the stack is captured: `asyncify`, or `eh-proto`, an
     /// experimental prototype that throws a Wasm exception at a point and
     /// stores each frame's live locals in handlers, made only to measure
-    /// its run-time cost: `roam run` refuses its output [default: asyncify].
+    /// its run-time cost: `roam run` refuses its output; `eh-points`, its
+    /// points without the wrapped calls, splits that cost [default: asyncify].
     #[arg(long, value_name = "HOW", help_heading = "Ablation and tuning")]
     pub capture: Option<roam_prepare::Capture>,
 }

@@ -27,6 +27,10 @@
 //!   host points at free memory), which each frame advances: a real store
 //!   of each live value, so Cranelift must keep them for the handler.
 //!
+//! `--capture eh-points` does the points alone, no `try_table`: not a
+//! capture at all, only the ablation that splits `eh-proto`'s cost between
+//! its points and its wrapped calls.
+//!
 //! What it leaves out, and how that biases the measurement: restore (the
 //! rewind copies), and values in *enclosing* blocks' operand stacks under a
 //! call (counted in [`EhStats::outer`]; not kept live by the handler, so
@@ -90,8 +94,13 @@ struct AtCall {
 }
 
 /// Rewrite `bytes` (a module `instrument.rs` made, optimised) as the module
-/// docs say. `names`: keep the `name` section.
-pub(crate) fn transform(bytes: &[u8], names: bool) -> Result<(Vec<u8>, EhStats), PrepareError> {
+/// docs say. `names`: keep the `name` section. Without `wrap` (the
+/// `eh-points` ablation) only the points change.
+pub(crate) fn transform(
+    bytes: &[u8],
+    names: bool,
+    wrap: bool,
+) -> Result<(Vec<u8>, EhStats), PrepareError> {
     let stacks = operand_stacks(bytes)?;
     let mut config = ModuleConfig::new();
     config
@@ -162,7 +171,7 @@ pub(crate) fn transform(bytes: &[u8], names: bool) -> Result<(Vec<u8>, EhStats),
             let instr = &func.block(seq).instrs[index].0;
             if callee.is_some() && callee == point {
                 sites.push((seq, index, None));
-            } else if may_unwind(instr) {
+            } else if wrap && may_unwind(instr) {
                 sites.push((seq, index, Some(at)));
             }
         }

@@ -515,6 +515,11 @@ pub enum Capture {
     /// live locals in a `try_table` handler. Nothing can restore such a
     /// module yet, so `roam run` refuses it.
     EhProto,
+    /// Ablation of [`Capture::EhProto`]: its points (stores and a `throw`)
+    /// without any `try_table`, so no frame but the innermost is captured.
+    /// Only for splitting `eh-proto`'s cost between its points and its
+    /// wrapped calls.
+    EhPoints,
 }
 
 impl Capture {
@@ -523,6 +528,7 @@ impl Capture {
         match self {
             Capture::Asyncify => "asyncify",
             Capture::EhProto => "eh-proto",
+            Capture::EhPoints => "eh-points",
         }
     }
 }
@@ -534,10 +540,11 @@ impl FromStr for Capture {
         match s {
             "asyncify" => Ok(Capture::Asyncify),
             "eh-proto" => Ok(Capture::EhProto),
+            "eh-points" => Ok(Capture::EhPoints),
             other => Err(ParseOptionError {
                 what: "capture",
                 found: other.to_string(),
-                choices: "asyncify, eh-proto",
+                choices: "asyncify, eh-proto, eh-points",
             }),
         }
     }
@@ -634,6 +641,7 @@ impl PrepareOptions {
             // every module prepared the default way) stays as it was.
             Capture::Asyncify => "",
             Capture::EhProto => ";capture=eh-proto",
+            Capture::EhPoints => ";capture=eh-points",
         }
     }
 }

@@ -170,7 +170,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     let bulk_split = instrumented.bulk;
     let lifted_exits = instrumented.lifted;
     let list = instrumented.list.as_ref();
-    if opts.capture == Capture::EhProto {
+    if opts.capture != Capture::Asyncify {
         return prepare_eh_proto(input, &info, opts, &tool, instrumented);
     }
     let mut bytes = match opts.point_calls {
@@ -252,7 +252,8 @@ fn prepare_eh_proto(
     if opts.turn_compares == TurnCompares::On {
         crate::compares::turn_compares(&mut bytes)?;
     }
-    let (mut bytes, eh) = crate::eh_proto::transform(&bytes, !opts.strip_names)?;
+    let wrap = opts.capture == Capture::EhProto;
+    let (mut bytes, eh) = crate::eh_proto::transform(&bytes, !opts.strip_names, wrap)?;
     let section = RoamSection {
         version: SECTION_VERSION,
         source_hash: *blake3::hash(input).as_bytes(),

@@ -126,7 +126,7 @@ fn facts(module: &[u8]) -> Result<Facts, CheckError> {
 /// contents (see the module docs). Returns the section.
 pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
     let section = read_section(module)?.ok_or(CheckError::NoSection)?;
-    if section.options.ends_with(";capture=eh-proto") {
+    if section.options.contains(";capture=eh-") {
         return Err(CheckError::Experimental);
     }
     let info = validate(module)?;
