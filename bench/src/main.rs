@@ -13,6 +13,7 @@
 //! The Redis-protocol benchmarks (`gw`, `t4kv`, `t7`) run the `kvserver`
 //! cell as a network service and measure what its clients see.
 
+mod eh;
 mod gw;
 mod kv;
 mod paths;
@@ -87,6 +88,26 @@ enum Bench {
         /// default preparation and every policy).
         #[arg(long = "variant")]
         variants: Vec<String>,
+    },
+    /// Capture by exceptions (`roam prepare --capture eh-proto`) against
+    /// Asyncify and the unprepared module, all on plain wasmtime.
+    Eh {
+        /// Size class of the suite's workloads: S, M or L.
+        #[arg(long, default_value = "M")]
+        size: String,
+        /// Repetitions (median reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Comma-separated workloads of the suite (default: all; `none`: none).
+        #[arg(long)]
+        only: Option<String>,
+        /// `NAME=PATH ARG...`: a program from outside the suite, run with
+        /// these arguments (`--dir=HOST::GUEST` preopens); repeatable.
+        #[arg(long = "extra")]
+        extra: Vec<String>,
+        /// Repetitions for `--extra` programs.
+        #[arg(long, default_value_t = 1)]
+        extra_reps: usize,
     },
     /// Checkpoint capture and restore time vs live memory.
     T2 {
@@ -291,6 +312,32 @@ fn main() -> anyhow::Result<()> {
                     t3_samples,
                     only,
                     variants,
+                },
+            )?
+        }
+        Bench::Eh {
+            size,
+            reps,
+            only,
+            extra,
+            extra_reps,
+        } => {
+            let only = match only.as_deref() {
+                Some("none") => Some(Vec::new()),
+                o => o.map(t1::parse_only).transpose()?,
+            };
+            let extra = extra
+                .iter()
+                .map(|e| eh::Extra::parse(e))
+                .collect::<anyhow::Result<_>>()?;
+            eh::run(
+                &paths,
+                &eh::Options {
+                    size,
+                    reps: reps.max(1),
+                    only,
+                    extra,
+                    extra_reps: extra_reps.max(1),
                 },
             )?
         }

@@ -10,7 +10,9 @@
 //! after the first run, exactly as with roam's own compile cache.
 //!
 //! Usage: `plain-wasmtime [--dir HOST::GUEST]... MODULE [ARGS...]`. MODULE may
-//! also be a prepared module (its migration point is a no-op here).
+//! also be a prepared module (its migration point is a no-op here), including
+//! one prepared with `--capture eh-proto` (exceptions are on, as they are by
+//! default in wasmtime 48 built with GC support).
 //! The exit status is the program's. `PLAIN_WASMTIME_FUNCTION_ALIGN=N`
 //! compiles with every function aligned to 2^N bytes, to measure a module
 //! under several code layouts.
@@ -93,6 +95,8 @@ fn load(engine: &Engine, path: &Path) -> anyhow::Result<Module> {
 fn run(a: Args) -> anyhow::Result<i32> {
     let mut config = Config::new();
     config.cranelift_opt_level(OptLevel::Speed);
+    // wasmtime 48's default (with its `gc` feature), stated for the reader.
+    config.wasm_exceptions(true);
     // A prepared module's frames are larger (Asyncify's locals); deep
     // recursion in one run here for profiling needs the stack roam gives.
     if let Some(bytes) = std::env::var("PLAIN_WASMTIME_MAX_STACK")

@@ -189,6 +189,13 @@ pub struct PrepareArgs {
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]
     pub opt: Option<roam_prepare::OptLevel>,
+    /// How the stack is captured: `asyncify`, or `eh-proto`, an
+    /// experimental prototype that throws a Wasm exception at a point and
+    /// stores each frame's live locals in handlers, made only to measure
+    /// its run-time cost: `roam run` refuses its output; `eh-points`, its
+    /// points without the wrapped calls, splits that cost [default: asyncify].
+    #[arg(long, value_name = "HOW", help_heading = "Ablation and tuning")]
+    pub capture: Option<roam_prepare::Capture>,
 }
 
 /// Options shared by `run` and `restore`.

@@ -27,6 +27,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         turn_compares: a.turn_compares.unwrap_or(defaults.turn_compares),
         lift_exits: a.lift_exits.unwrap_or(defaults.lift_exits),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
+        capture: a.capture.unwrap_or(defaults.capture),
         ..defaults
     };
     let out = roam_prepare::prepare(&input, &opts)
@@ -55,6 +56,12 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
             out.bulk_split,
             out.lifted_exits
         );
+        if let Some(eh) = out.eh {
+            eprintln!(
+                "roam: --capture eh-proto (experimental, cannot be run by roam): {} calls wrapped in try_table, {} points throw, {} stack values moved to locals, {} values stored by handlers and points, {} values in enclosing blocks not stored",
+                eh.wrapped, eh.points, eh.moved, eh.stored, eh.outer
+            );
+        }
     }
     Ok(0)
 }

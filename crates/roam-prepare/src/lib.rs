@@ -32,6 +32,7 @@ mod bulk;
 mod callgraph;
 mod compares;
 mod counted;
+mod eh_proto;
 mod hoist;
 mod indirect;
 mod instrument;
@@ -57,12 +58,14 @@ mod wasm_opt;
 #[cfg(test)]
 mod revision_tests;
 
+pub use eh_proto::{EhStats, CAPTURE_GLOBAL_EXPORT, TAG_EXPORT};
 pub use leave::{EXIT_ARG_EXPORT_PREFIX, EXIT_GLOBAL_EXPORT};
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{
-    AsyncifyScope, BulkChunks, CountedLoops, CountedNests, EntryPoints, HoistCalls, LiftExits,
-    LoopPoints, OptLevel, Outline, ParseOptionError, ParsePolicyError, PointCalls, PointPolicy,
-    PrepareOptions, QuietIndirect, RerunCalls, TrimOutlined, TurnCompares, UnrollChecks,
+    AsyncifyScope, BulkChunks, Capture, CountedLoops, CountedNests, EntryPoints, HoistCalls,
+    LiftExits, LoopPoints, OptLevel, Outline, ParseOptionError, ParsePolicyError, PointCalls,
+    PointPolicy, PrepareOptions, QuietIndirect, RerunCalls, TrimOutlined, TurnCompares,
+    UnrollChecks,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};

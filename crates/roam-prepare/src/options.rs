@@ -503,6 +503,53 @@ on_off!(
     off: "Every call stays where it is."
 );
 
+/// How the call stack is captured at a migration point.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Capture {
+    /// Binaryen Asyncify: the stack unwinds into linear memory and rewinds
+    /// from it (default; the only form `roam run` accepts).
+    #[default]
+    Asyncify,
+    /// Experimental measurement prototype (`eh_proto.rs`): points throw a
+    /// Wasm exception, and every call that may unwind stores its frame's
+    /// live locals in a `try_table` handler. Nothing can restore such a
+    /// module yet, so `roam run` refuses it.
+    EhProto,
+    /// Ablation of [`Capture::EhProto`]: its points (stores and a `throw`)
+    /// without any `try_table`, so no frame but the innermost is captured.
+    /// Only for splitting `eh-proto`'s cost between its points and its
+    /// wrapped calls.
+    EhPoints,
+}
+
+impl Capture {
+    /// The name used on the command line and in the canonical text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capture::Asyncify => "asyncify",
+            Capture::EhProto => "eh-proto",
+            Capture::EhPoints => "eh-points",
+        }
+    }
+}
+
+impl FromStr for Capture {
+    type Err = ParseOptionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "asyncify" => Ok(Capture::Asyncify),
+            "eh-proto" => Ok(Capture::EhProto),
+            "eh-points" => Ok(Capture::EhPoints),
+            other => Err(ParseOptionError {
+                what: "capture",
+                found: other.to_string(),
+                choices: "asyncify, eh-proto, eh-points",
+            }),
+        }
+    }
+}
+
 /// How to prepare a module.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
@@ -559,6 +606,8 @@ pub struct PrepareOptions {
     /// Whether calls of functions that never return are made from the
     /// caller's caller. Default: [`LiftExits::On`].
     pub lift_exits: LiftExits,
+    /// How the stack is captured. Default: [`Capture::Asyncify`].
+    pub capture: Capture,
 }
 
 impl PrepareOptions {
@@ -587,7 +636,13 @@ impl PrepareOptions {
             self.trim_outlined.as_str(),
             self.turn_compares.as_str(),
             self.lift_exits.as_str(),
-        )
+        ) + match self.capture {
+            // Absent for the default, so that the text (and the bytes of
+            // every module prepared the default way) stays as it was.
+            Capture::Asyncify => "",
+            Capture::EhProto => ";capture=eh-proto",
+            Capture::EhPoints => ";capture=eh-points",
+        }
     }
 }
 

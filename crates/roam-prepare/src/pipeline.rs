@@ -11,9 +11,9 @@ use wasmparser::{ExternalKind, Parser, Payload, Validator};
 use crate::section::{append_section, read_section};
 use crate::validate::SUPPORTED_FEATURES;
 use crate::{
-    check_prepared, instrument, spill, validate, wasm_opt, CheckError, PointCalls, PrepareOptions,
-    RoamSection, SectionError, TurnCompares, ValidateError, ASYNCIFY_EXPORTS, FLAG_GLOBAL_EXPORT,
-    MEMORY_EXPORT, SECTION_VERSION,
+    check_prepared, instrument, spill, validate, wasm_opt, Capture, CheckError, PointCalls,
+    PrepareOptions, RoamSection, SectionError, TurnCompares, ValidateError, ASYNCIFY_EXPORTS,
+    FLAG_GLOBAL_EXPORT, MEMORY_EXPORT, SECTION_VERSION,
 };
 
 pub use crate::section::PointStats;
@@ -45,6 +45,8 @@ pub struct Prepared {
     /// their callers make instead (`leave.rs`); 0 for a module that was
     /// already prepared.
     pub lifted_exits: usize,
+    /// What `--capture eh-proto` did (`eh_proto.rs`); `None` otherwise.
+    pub eh: Option<crate::EhStats>,
 }
 
 /// Why `prepare` failed.
@@ -155,6 +157,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
             counted_loops: 0,
             bulk_split: 0,
             lifted_exits: 0,
+            eh: None,
         });
     }
     let info = validate(input)?;
@@ -167,6 +170,9 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     let bulk_split = instrumented.bulk;
     let lifted_exits = instrumented.lifted;
     let list = instrumented.list.as_ref();
+    if opts.capture != Capture::Asyncify {
+        return prepare_eh_proto(input, &info, opts, &tool, instrumented);
+    }
     let mut bytes = match opts.point_calls {
         PointCalls::Plain => wasm_opt::run(
             &tool,
@@ -219,6 +225,57 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         counted_loops,
         bulk_split,
         lifted_exits,
+        eh: None,
+    })
+}
+
+/// `--capture eh-proto`: the same points, optimised as the default's last
+/// run optimises, then `eh_proto.rs` instead of Asyncify. A measurement
+/// prototype; the section records the option, and `check_prepared`
+/// refuses such a module.
+fn prepare_eh_proto(
+    input: &[u8],
+    info: &crate::ModuleInfo,
+    opts: &PrepareOptions,
+    tool: &wasm_opt::WasmOpt,
+    instrumented: instrument::Instrumented,
+) -> Result<Prepared, PrepareError> {
+    let mut bytes = match opts.opt_level.flag() {
+        Some(_) => wasm_opt::run(
+            tool,
+            &instrumented.bytes,
+            |_| wasm_opt::optimise_arguments(opts),
+            None,
+        )?,
+        None => instrumented.bytes,
+    };
+    if opts.turn_compares == TurnCompares::On {
+        crate::compares::turn_compares(&mut bytes)?;
+    }
+    let wrap = opts.capture == Capture::EhProto;
+    let (mut bytes, eh) = crate::eh_proto::transform(&bytes, !opts.strip_names, wrap)?;
+    let section = RoamSection {
+        version: SECTION_VERSION,
+        source_hash: *blake3::hash(input).as_bytes(),
+        points: opts.points,
+        options: opts.canonical(),
+        stats: instrumented.stats,
+        wasm_opt_version: tool.version.clone(),
+        mutable_globals: info.mutable_globals.clone(),
+        tables: info.tables,
+    };
+    append_section(&mut bytes, &section);
+    Ok(Prepared {
+        bytes,
+        already_prepared: false,
+        section,
+        stats: instrumented.stats,
+        outlined_loops: instrumented.outlined,
+        rerun_functions: instrumented.rerun,
+        counted_loops: instrumented.counted,
+        bulk_split: instrumented.bulk,
+        lifted_exits: instrumented.lifted,
+        eh: Some(eh),
     })
 }
 

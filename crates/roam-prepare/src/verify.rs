@@ -61,6 +61,14 @@ pub enum CheckError {
     /// The module fails the validation every input gets.
     #[error("the module carries a `roam` section but is refused: {0}")]
     Invalid(#[from] ValidateError),
+    /// The module was prepared with `--capture eh-proto`, a measurement
+    /// prototype that nothing can restore yet (`eh_proto.rs`).
+    #[error(
+        "the module was prepared with `--capture eh-proto`, an experimental prototype made only \
+         to measure its run-time cost: roam cannot run, checkpoint or restore it; \
+         prepare the original module without `--capture`"
+    )]
+    Experimental,
     /// The section does not describe this module.
     #[error(
         "the module carries a `roam` section that does not match its contents: {why}; \
@@ -118,6 +126,9 @@ fn facts(module: &[u8]) -> Result<Facts, CheckError> {
 /// contents (see the module docs). Returns the section.
 pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
     let section = read_section(module)?.ok_or(CheckError::NoSection)?;
+    if section.options.contains(";capture=eh-") {
+        return Err(CheckError::Experimental);
+    }
     let info = validate(module)?;
     let f = facts(module)?;
     let is_mutable_global = |index: u32| f.global_mutable.get(index as usize) == Some(&true);

@@ -1,0 +1,151 @@
+use wasmparser::{Operator, Parser, Payload, Validator};
+
+use super::*;
+use crate::pipeline::tests::{export_names, prepare_or_skip};
+use crate::{check_prepared, Capture, CheckError, PrepareOptions};
+
+/// `_start` loops over calls of `$work`, which loops too (so it has a
+/// point), with a value of `_start` under the call's argument on the
+/// operand stack; `$leaf` reaches no point and its call stays bare.
+const WAT: &str = r#"(module
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (global $sum (mut i32) (i32.const 0))
+  (func $leaf (param i32) (result i32) (i32.mul (local.get 0) (i32.const 3)))
+  (func $work (param $n i32) (result i32) (local $i i32) (local $acc i32)
+    (loop $l
+      (local.set $acc (i32.add (local.get $acc) (call $leaf (local.get $i))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $l (i32.lt_u (local.get $i) (local.get $n))))
+    (local.get $acc))
+  (func (export "_start") (local $k i32) (local $dead f64)
+    (loop $outer
+      (global.set $sum
+        (i32.add (local.get $k) (call $work (i32.add (local.get $k) (i32.const 100)))))
+      (local.set $k (i32.add (local.get $k) (i32.const 1)))
+      (br_if $outer (i32.lt_u (local.get $k) (i32.const 10))))
+    (call $exit (i32.const 0))))"#;
+
+fn eh_opts() -> PrepareOptions {
+    PrepareOptions {
+        capture: Capture::EhProto,
+        // Keep wasm-opt from inlining `$work` into `_start`.
+        opt_level: crate::OptLevel::O0,
+        ..PrepareOptions::default()
+    }
+}
+
+/// (try_table, throw, throw_ref) counts.
+fn eh_instrs(wasm: &[u8]) -> (usize, usize, usize) {
+    let mut n = (0, 0, 0);
+    for payload in Parser::new(0).parse_all(wasm) {
+        if let Payload::CodeSectionEntry(body) = payload.unwrap() {
+            let mut ops = body.get_operators_reader().unwrap();
+            while !ops.eof() {
+                match ops.read().unwrap() {
+                    Operator::TryTable { .. } => n.0 += 1,
+                    Operator::Throw { .. } => n.1 += 1,
+                    Operator::ThrowRef => n.2 += 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+    n
+}
+
+#[test]
+fn calls_that_reach_a_point_are_wrapped_and_points_throw() {
+    let wasm = wat::parse_str(WAT).unwrap();
+    let Some(out) = prepare_or_skip(&wasm, &eh_opts()) else {
+        return;
+    };
+    let eh = out.eh.expect("eh-proto reports what it did");
+    Validator::new_with_features(OUTPUT_FEATURES)
+        .validate_all(&out.bytes)
+        .unwrap();
+    // `$work` has a loop point; `_start`'s loop point throws too, and its
+    // call of `$work` (with `$k` under the argument) is wrapped (`pure.rs`
+    // may route it through a wrapper, whose calls are wrapped too); the
+    // calls of `$leaf` and `proc_exit` are not.
+    assert!(eh.points >= 2, "{eh:?}");
+    assert!((1..=3).contains(&eh.wrapped), "{eh:?}");
+    assert_eq!(eh.moved, 1, "{eh:?}");
+    let (tries, throws, rethrows) = eh_instrs(&out.bytes);
+    assert_eq!(tries as u32, eh.wrapped);
+    assert_eq!(rethrows as u32, eh.wrapped);
+    assert_eq!(throws as u32, eh.points);
+    let exports = export_names(&out.bytes);
+    for name in [TAG_EXPORT, CAPTURE_GLOBAL_EXPORT, crate::FLAG_GLOBAL_EXPORT] {
+        assert!(
+            exports.iter().any(|(n, _)| n == name),
+            "{name}: {exports:?}"
+        );
+    }
+    assert!(out.section.options.ends_with(";capture=eh-proto"));
+    assert!(matches!(
+        check_prepared(&out.bytes),
+        Err(CheckError::Experimental)
+    ));
+}
+
+#[test]
+fn handlers_store_only_live_locals() {
+    let wasm = wat::parse_str(WAT).unwrap();
+    let Some(out) = prepare_or_skip(&wasm, &eh_opts()) else {
+        return;
+    };
+    let eh = out.eh.unwrap();
+    // `_start`'s handler: `$k` (live after the call) and the moved value,
+    // not the never-read `$dead`; the points store what is live at each.
+    let mut f64_stores = 0;
+    for payload in Parser::new(0).parse_all(&out.bytes) {
+        if let Payload::CodeSectionEntry(body) = payload.unwrap() {
+            let mut ops = body.get_operators_reader().unwrap();
+            while !ops.eof() {
+                if let Operator::F64Store { .. } = ops.read().unwrap() {
+                    f64_stores += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(f64_stores, 0);
+    assert!(eh.stored >= 2, "{eh:?}");
+    assert_eq!(eh.outer, 0, "{eh:?}");
+}
+
+#[test]
+fn the_default_capture_leaves_the_canonical_text_alone() {
+    let eh = eh_opts();
+    let default = PrepareOptions {
+        opt_level: crate::OptLevel::O0,
+        ..PrepareOptions::default()
+    };
+    assert_eq!(
+        eh.canonical(),
+        format!("{};capture=eh-proto", default.canonical())
+    );
+    assert!(!default.canonical().contains("capture"));
+    assert_eq!("eh-proto".parse::<Capture>(), Ok(Capture::EhProto));
+    assert!("exceptions".parse::<Capture>().is_err());
+}
+
+#[test]
+fn eh_points_throws_at_points_and_wraps_nothing() {
+    let wasm = wat::parse_str(WAT).unwrap();
+    let opts = PrepareOptions {
+        capture: Capture::EhPoints,
+        ..eh_opts()
+    };
+    let Some(out) = prepare_or_skip(&wasm, &opts) else {
+        return;
+    };
+    let eh = out.eh.unwrap();
+    assert_eq!(eh.wrapped, 0, "{eh:?}");
+    assert!(eh.points >= 2, "{eh:?}");
+    assert_eq!(eh_instrs(&out.bytes), (0, eh.points as usize, 0));
+    assert!(matches!(
+        check_prepared(&out.bytes),
+        Err(CheckError::Experimental)
+    ));
+}
