@@ -123,13 +123,12 @@ struct Program {
 fn prepare(roam: &Path, input: &Path, out: &Path, args: &str) -> anyhow::Result<(f64, String)> {
     let record = out.with_extension("wasm.prep");
     if crate::paths::newer(out, input) {
-        if let Some((secs, sites)) = std::fs::read_to_string(&record).ok().and_then(|r| {
+        let recorded = std::fs::read_to_string(&record).ok().and_then(|r| {
             r.split_once('\n')
-                .map(|(a, b)| (a.parse().ok(), b.to_string()))
-        }) {
-            if let Some(secs) = secs {
-                return Ok((secs, sites));
-            }
+                .and_then(|(a, b)| Some((a.parse::<f64>().ok()?, b.to_string())))
+        });
+        if let Some((secs, sites)) = recorded {
+            return Ok((secs, sites));
         }
     }
     let started = Instant::now();
