@@ -60,8 +60,14 @@ pub(crate) fn loop_io(
     walk(func, body, &mut |i| branched.extend(branch_targets(i)));
     let mut exposed = Exposed {
         found: HashSet::new(),
+        exits,
+        surely: None,
     };
-    walk_assigned(func, body, &branched, &mut HashSet::new(), &mut exposed);
+    let mut at_end = HashSet::new();
+    walk_assigned(func, body, &branched, &mut at_end, &mut exposed);
+    // Falling off the loop's end is a way out too.
+    exposed.leave(&at_end);
+    let surely = exposed.surely.take().unwrap_or_default();
     let mut live = Live {
         func,
         target: body,
@@ -70,17 +76,21 @@ pub(crate) fn loop_io(
         after: HashSet::new(),
     };
     live.seq(func.entry_block(), HashSet::new());
+    let outputs: Vec<LocalId> = written
+        .iter()
+        .copied()
+        .filter(|l| exposed.found.contains(l) || live.after.contains(l))
+        .collect();
     LoopIo {
+        // An output that some way out leaves unset must come in too, or
+        // the caller would get the new function's zero back instead of
+        // its own value.
         inputs: used
             .iter()
             .copied()
-            .filter(|l| exposed.found.contains(l))
+            .filter(|l| exposed.found.contains(l) || (outputs.contains(l) && !surely.contains(l)))
             .collect(),
-        outputs: written
-            .iter()
-            .copied()
-            .filter(|l| exposed.found.contains(l) || live.after.contains(l))
-            .collect(),
+        outputs,
     }
 }
 
@@ -165,15 +175,34 @@ impl Live<'_> {
     }
 }
 
-/// Every read of a local not yet set on some path from the loop's top.
-struct Exposed {
+/// Every read of a local not yet set on some path from the loop's top, and
+/// the locals surely set on every way out of the loop.
+struct Exposed<'a> {
     found: HashSet<LocalId>,
+    exits: &'a [InstrSeqId],
+    /// The intersection over the ways out seen so far (`None`: none yet).
+    surely: Option<HashSet<LocalId>>,
 }
 
-impl Visit for Exposed {
+impl Exposed<'_> {
+    fn leave(&mut self, set: &HashSet<LocalId>) {
+        match &mut self.surely {
+            Some(surely) => surely.retain(|l| set.contains(l)),
+            None => self.surely = Some(set.clone()),
+        }
+    }
+}
+
+impl Visit for Exposed<'_> {
     fn read(&mut self, local: LocalId, set: &HashSet<LocalId>) {
         if !set.contains(&local) {
             self.found.insert(local);
+        }
+    }
+
+    fn branch(&mut self, label: InstrSeqId, set: &HashSet<LocalId>) {
+        if self.exits.contains(&label) {
+            self.leave(set);
         }
     }
 }

@@ -272,3 +272,31 @@ fn locals_read_round_a_loop_or_past_an_exit_come_back() {
     assert_eq!(signature(&outlined, 0), (2, 4));
     compare((original, outlined, moved), 1);
 }
+
+/// A local the loop writes on some paths only, and never reads, must come
+/// in as well as go out: on a path that leaves it unset the caller's own
+/// value has to survive the call. Found in SQLite under `--points manual`,
+/// where the first `CREATE TABLE` was rejected.
+#[test]
+fn a_local_set_on_some_paths_only_keeps_the_callers_value() {
+    let body = r#"
+    (local.set $found (i32.const 77))
+    (local.set $seen (i32.const 5))
+    (block $out
+      (loop $l
+        (if (i32.eq (local.get $i) (i32.const 9))
+          (then (local.set $found (local.get $i))))
+        (br_if $out (i32.eq (local.get $i) (i32.const 30)))
+        (local.set $seen (i32.add (local.get $i) (i32.const 1)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_if $l (i32.lt_u (local.get $i) (local.get $n)))))
+    (local.set $acc (i32.add (local.get $found) (i32.mul (local.get $seen) (i32.const 1000))))"#;
+    let locals = "(local $i i32) (local $found i32) (local $seen i32) (local $acc i32)";
+    let wat = module(locals, body, MIN_LOCALS);
+    let (original, outlined, moved) = outline(&wat, Stage::Leaves);
+    // In: $i, $n, and $found and $seen, which some way out leaves unset
+    // ($seen by the `br_if $out` before it is written). Out: $found,
+    // $seen, $i and the exit code.
+    assert_eq!(signature(&outlined, 0), (4, 4));
+    compare((original, outlined, moved), 1);
+}
