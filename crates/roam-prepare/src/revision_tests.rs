@@ -73,16 +73,28 @@ const HISTORY: &[(u32, &str)] = &[
         16,
         "3548469c0940a6d26114425c611183821f34646b7fff66426dd07320b3856b7f",
     ),
+    // The fixtures have no loop that leaves an output unset on some way
+    // out, so 17's fix leaves the fingerprint as it was.
+    (
+        17,
+        "3548469c0940a6d26114425c611183821f34646b7fff66426dd07320b3856b7f",
+    ),
 ];
 
 /// The same for the steps after `wasm-opt`, from the revision the guard
 /// began to cover them. A change there needs a new `OUTPUT_REVISION` as
 /// well, with a line in both lists (the same fingerprint again in the list
 /// whose steps did not change).
-const AFTER_HISTORY: &[(u32, &str)] = &[(
-    16,
-    "5cdf218e2fa99c402c070fbe6e911e1627b503c2b7db3c0743192d287cea67f2",
-)];
+const AFTER_HISTORY: &[(u32, &str)] = &[
+    (
+        16,
+        "5cdf218e2fa99c402c070fbe6e911e1627b503c2b7db3c0743192d287cea67f2",
+    ),
+    (
+        17,
+        "5cdf218e2fa99c402c070fbe6e911e1627b503c2b7db3c0743192d287cea67f2",
+    ),
+];
 
 fn option_sets() -> Vec<PrepareOptions> {
     let d = PrepareOptions::default;
