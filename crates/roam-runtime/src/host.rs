@@ -175,6 +175,12 @@ fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::R
 /// `roam.migration_point`: called when the flag is up (or unconditionally,
 /// by a program's own manual points). A call without a pending request (a
 /// program calling the import itself) checkpoints nothing and returns.
+///
+/// The common calls return without entering the guest again: a manual
+/// point with nothing asked, and each point counted towards
+/// `--checkpoint-at-point` (a call per point the program reaches, tens of
+/// millions for an interpreter). Only a rewind in progress, which the host
+/// started and so knows of, needs Asyncify's state read from the guest.
 fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
     if let Some(reason) = caller.data().pages_lost() {
         wasmtime::bail!("memory pages lost: {reason}");
@@ -182,11 +188,14 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
     if caller.data().control.killed() {
         return Err(Killed.into());
     }
-    let h = hooks(&caller)?;
-    match h.asyncify.state(&mut caller)? {
-        REWINDING => return finish_rewind(&mut caller, &h),
-        NORMAL => {}
-        state => wasmtime::bail!("migration point reached in Asyncify state {state}"),
+    if caller.data().rewinding.is_some() {
+        let h = hooks(&caller)?;
+        return match h.asyncify.state(&mut caller)? {
+            REWINDING => finish_rewind(&mut caller, &h),
+            state => wasmtime::bail!(
+                "migration point reached in Asyncify state {state} during a restore"
+            ),
+        };
     }
     let counting = caller.data().stop_at_point.is_some() || caller.data().continue_every.is_some();
     if counting {
@@ -200,7 +209,7 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
                 trigger: Trigger::PointCount,
                 at: Instant::now(),
             };
-            return begin_unwind(&mut caller, req);
+            return unwind_from_point(&mut caller, req);
         }
     }
     if let Some(n) = caller.data().stop_at_point {
@@ -211,15 +220,27 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
                 trigger: Trigger::PointCount,
                 at: Instant::now(),
             };
-            return begin_unwind(&mut caller, req);
+            return unwind_from_point(&mut caller, req);
         }
     }
     match caller.data().control.pending() {
-        Some(req) => begin_unwind(&mut caller, req),
+        Some(req) => unwind_from_point(&mut caller, req),
+        // While counting, the flag stays up.
+        None if counting => Ok(()),
         None => {
             caller.data().rearm();
             Ok(())
         }
+    }
+}
+
+/// Begin an unwind at a migration point, which only a program running
+/// normally may reach (not one that is unwinding already).
+fn unwind_from_point(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::Result<()> {
+    let h = hooks(caller)?;
+    match h.asyncify.state(&mut *caller)? {
+        NORMAL => begin_unwind(caller, req),
+        state => wasmtime::bail!("migration point reached in Asyncify state {state}"),
     }
 }
 
