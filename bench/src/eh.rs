@@ -120,7 +120,7 @@ struct Program {
 /// `roam prepare` `input` into `out`: seconds taken, and what `eh-proto`
 /// did. An output newer than its input is reused with the time recorded
 /// beside it (`<out>.prep`), since preparing a large program takes a minute.
-fn prepare(roam: &Path, input: &Path, out: &Path, args: &str) -> anyhow::Result<(f64, String)> {
+pub(crate) fn prepare(roam: &Path, input: &Path, out: &Path, args: &str) -> anyhow::Result<(f64, String)> {
     let record = out.with_extension("wasm.prep");
     if crate::paths::newer(out, input) {
         let recorded = std::fs::read_to_string(&record).ok().and_then(|r| {
@@ -191,7 +191,7 @@ fn compiled_text(cache: &Path, wasm: &Path) -> Option<u64> {
 /// User plus system CPU seconds of this process's waited-for children
 /// (`/proc/self/stat`, clock ticks of 10 ms): on a loaded machine, wall
 /// time measures the other load as much as the program.
-fn children_cpu() -> Option<f64> {
+pub(crate) fn children_cpu() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     // After the command name: state is field 3, cutime 16 and cstime 17.

@@ -21,6 +21,7 @@ mod pause;
 mod prepare;
 mod proc;
 mod quiet;
+mod real;
 mod report;
 mod scale;
 mod stats;
@@ -108,6 +109,20 @@ enum Bench {
         /// Repetitions for `--extra` programs.
         #[arg(long, default_value_t = 1)]
         extra_reps: usize,
+    },
+    /// T1 on the real-program suite (workloads/real/suite.toml) against
+    /// stock wasmtime-cli; writes bench/results/t1-real.{csv,md}.
+    Real {
+        /// Repetitions (median reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Comma-separated programs of the suite (default: every one with a
+        /// bench size).
+        #[arg(long, value_delimiter = ',')]
+        only: Option<Vec<String>>,
+        /// The stock `wasmtime` command (wasmtime-cli 48).
+        #[arg(long, default_value = "wasmtime")]
+        wasmtime: PathBuf,
     },
     /// Checkpoint capture and restore time vs live memory.
     T2 {
@@ -341,6 +356,19 @@ fn main() -> anyhow::Result<()> {
                 },
             )?
         }
+        Bench::Real {
+            reps,
+            only,
+            wasmtime,
+        } => real::run(
+            &paths,
+            &real::Options {
+                reps: reps.max(1),
+                only,
+                wasmtime,
+                root: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")),
+            },
+        )?,
         Bench::T2 { sizes, samples } => {
             let rt = runtime(&paths)?;
             let mut rows = Vec::new();

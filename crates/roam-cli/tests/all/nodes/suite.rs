@@ -227,13 +227,6 @@ fn host_suite_post_copy() {
     suite(Isa::X86_64, Isa::X86_64, "post-copy", &SUITE);
 }
 
-/// The workload issue 7 first saw hang in post-copy, alone: quick to run
-/// while working on the post-copy ordering.
-#[test]
-fn host_post_copy_is() {
-    suite(Isa::X86_64, Isa::X86_64, "post-copy", &["is"]);
-}
-
 #[test]
 fn x86_to_aarch64_suite_stop_and_copy() {
     suite(Isa::X86_64, Isa::Aarch64, "stop-and-copy", &CROSS);

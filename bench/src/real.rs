@@ -1,0 +1,212 @@
+//! T1 on the real-program suite against stock `wasmtime` (issue 31): the
+//! overhead a user sees who brings a program no one here wrote.
+//!
+//! Why it exists: T1 on our own workloads is measured against
+//! `plain-wasmtime`, a baseline we built; a user compares with the
+//! `wasmtime` command they already have. This runs each program of
+//! `workloads/real/suite.toml` that has a bench size on stock
+//! `wasmtime-cli` (the same major version as roam's engine, the module
+//! compiled ahead with `wasmtime compile`) and on `roam run` of the
+//! default preparation (compile cache warm), interleaved per repetition.
+//! It reports the median CPU time of each and their ratio, the geomean and
+//! the worst program, and what preparing and compiling cost. CPU time, not
+//! wall time, because the machine this runs on is shared with builds. Both
+//! outputs are checked against the manifest's reference on every run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use roam_testkit::real::{Program, Size, Suite};
+
+use crate::paths::Paths;
+use crate::report::{Report, Table};
+use crate::stats::{geomean, median};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Repetitions (the median is reported).
+    pub reps: usize,
+    /// Programs by name (default: every one with a bench size).
+    pub only: Option<Vec<String>>,
+    /// The stock `wasmtime` executable.
+    pub wasmtime: PathBuf,
+    /// The repository (for the manifest and `target/workloads/real`).
+    pub root: PathBuf,
+}
+
+/// One timed run: CPU seconds of the child.
+fn run_timed(mut c: Command, program: &Program, size: &Size, what: &str) -> anyhow::Result<f64> {
+    let before = crate::eh::children_cpu().context("cannot read /proc/self/stat")?;
+    let out = c.output().with_context(|| format!("cannot start {what}"))?;
+    let secs = crate::eh::children_cpu().context("cannot read /proc/self/stat")? - before;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(4).collect();
+        bail!("{what}: {} ({})", out.status, tail.join(" / "));
+    }
+    program
+        .check(size, &out.stdout)
+        .map_err(|e| anyhow::anyhow!("{what}: wrong output: {e}"))?;
+    Ok(secs)
+}
+
+/// A command with the program's stdin and preopened directory at `size`.
+fn command(
+    exe: &Path,
+    pre: &[&str],
+    dir_flag: &str,
+    module: &Path,
+    real: &Path,
+    size: &Size,
+    scratch: &Path,
+) -> anyhow::Result<Command> {
+    let mut c = Command::new(exe);
+    c.args(pre);
+    if let Some(guest) = &size.dir {
+        c.arg(dir_flag).arg(format!("{}::{guest}", scratch.display()));
+    }
+    c.arg(module).args(&size.args);
+    match &size.stdin {
+        Some(f) => {
+            let f = real.join(f);
+            c.stdin(std::fs::File::open(&f).with_context(|| format!("cannot open {}", f.display()))?)
+        }
+        None => c.stdin(Stdio::null()),
+    };
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    Ok(c)
+}
+
+/// Run the comparison and return its report.
+pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
+    let roam = paths.tool("roam")?;
+    let suite = Suite::load(&opts.root).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let real = opts.root.join("target/workloads/real");
+    let dir = paths.scratch.join("real");
+    std::fs::create_dir_all(&dir)?;
+    let cache = dir.join("roam-cache");
+    let version = Command::new(&opts.wasmtime)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("cannot run {}", opts.wasmtime.display()))?;
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+
+    let mut table = Table::new(&[
+        "program",
+        "wasmtime CPU s",
+        "roam CPU s",
+        "roam ÷ wasmtime",
+        "prepare s",
+        "wasmtime compile s",
+        "roam first run s",
+        "module KiB",
+        "prepared KiB",
+    ]);
+    let mut ratios = Vec::new();
+    for p in &suite.programs {
+        let Some(bench) = &p.bench else { continue };
+        if opts.only.as_ref().is_some_and(|o| !o.contains(&p.name)) {
+            continue;
+        }
+        let module = p.module(&opts.root);
+        if !module.exists() {
+            bail!("{} is missing: run workloads/build.sh", module.display());
+        }
+        let scratch = paths.fresh_dir("real-data")?;
+
+        let cwasm = dir.join(format!("{}.cwasm", p.name));
+        let began = Instant::now();
+        let o = Command::new(&opts.wasmtime)
+            .arg("compile")
+            .arg(&module)
+            .arg("-o")
+            .arg(&cwasm)
+            .output()
+            .context("cannot run wasmtime compile")?;
+        if !o.status.success() {
+            bail!("wasmtime compile {}: {}", p.name, String::from_utf8_lossy(&o.stderr));
+        }
+        let compile = began.elapsed().as_secs_f64();
+
+        let prepared = dir.join(format!("{}.prepared.wasm", p.name));
+        let (prep, _) = crate::eh::prepare(&roam, &module, &prepared, "")?;
+        // The first run fills roam's compile cache (Cranelift, as wasmtime).
+        let _ = std::fs::remove_dir_all(&cache);
+        let began = Instant::now();
+        let mut c = command(&roam, &["run"], "--dir", &prepared, &real, &p.test, &scratch)?;
+        c.env("ROAM_CACHE_DIR", &cache);
+        run_timed(c, p, &p.test, &format!("roam run {} (test size)", p.name))?;
+        let first = began.elapsed().as_secs_f64();
+
+        let (mut stock, mut ours) = (Vec::new(), Vec::new());
+        for rep in 0..opts.reps {
+            let c = command(
+                &opts.wasmtime,
+                &["run", "--allow-precompiled"],
+                "--dir",
+                &cwasm,
+                &real,
+                bench,
+                &scratch,
+            )?;
+            stock.push(run_timed(c, p, bench, &format!("wasmtime run {}", p.name))?);
+            let mut c = command(&roam, &["run"], "--dir", &prepared, &real, bench, &scratch)?;
+            c.env("ROAM_CACHE_DIR", &cache);
+            ours.push(run_timed(c, p, bench, &format!("roam run {}", p.name))?);
+            eprintln!(
+                "real: {} rep {}: wasmtime {:.2} s, roam {:.2} s",
+                p.name,
+                rep + 1,
+                stock[rep],
+                ours[rep]
+            );
+        }
+        let (s, r) = (median(&stock).unwrap(), median(&ours).unwrap());
+        let ratio = r / s.max(0.01);
+        ratios.push((p.name.clone(), ratio));
+        let kib = |f: &Path| std::fs::metadata(f).map(|m| m.len() / 1024).unwrap_or(0);
+        table.push(vec![
+            p.name.clone(),
+            format!("{s:.2}"),
+            format!("{r:.2}"),
+            format!("{ratio:.2}×"),
+            format!("{prep:.1}"),
+            format!("{compile:.1}"),
+            format!("{first:.1}"),
+            kib(&module).to_string(),
+            kib(&prepared).to_string(),
+        ]);
+    }
+    if ratios.is_empty() {
+        bail!("no program of the suite was selected");
+    }
+    let g = geomean(&ratios.iter().map(|r| r.1).collect::<Vec<_>>()).unwrap();
+    let worst = ratios
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("at least one");
+    let notes = vec![
+        format!(
+            "geomean roam ÷ wasmtime over {} programs: **{g:.2}×** (target ≤ 1.25×); worst: {} at **{:.2}×** (target ≤ 1.5×)",
+            ratios.len(),
+            worst.0,
+            worst.1
+        ),
+        format!("baseline: `{version}`, each module compiled ahead with `wasmtime compile` and run with `wasmtime run --allow-precompiled`; roam runs the default preparation with its compile cache warm"),
+        "CPU time (user + system) of each process, median of the repetitions, the two interleaved; both outputs are checked against the manifest on every run".into(),
+        "prepare s: `roam prepare` with default options (reused when newer than its input, with the time recorded when it was made); roam first run: a run at test size with an empty compile cache, compile included".into(),
+    ];
+    Ok(Report {
+        name: "t1-real".into(),
+        title: "T1 on the real-program suite, against stock wasmtime".into(),
+        setup: format!(
+            "`roam-bench real --reps {}`, bench sizes of workloads/real/suite.toml",
+            opts.reps
+        ),
+        table,
+        notes,
+    })
+}
