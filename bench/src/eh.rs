@@ -120,7 +120,12 @@ struct Program {
 /// `roam prepare` `input` into `out`: seconds taken, and what `eh-proto`
 /// did. An output newer than its input is reused with the time recorded
 /// beside it (`<out>.prep`), since preparing a large program takes a minute.
-pub(crate) fn prepare(roam: &Path, input: &Path, out: &Path, args: &str) -> anyhow::Result<(f64, String)> {
+pub(crate) fn prepare(
+    roam: &Path,
+    input: &Path,
+    out: &Path,
+    args: &str,
+) -> anyhow::Result<(f64, String)> {
     let record = out.with_extension("wasm.prep");
     if crate::paths::newer(out, input) {
         let recorded = std::fs::read_to_string(&record).ok().and_then(|r| {

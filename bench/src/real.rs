@@ -66,13 +66,16 @@ fn command(
     let mut c = Command::new(exe);
     c.args(pre);
     if let Some(guest) = &size.dir {
-        c.arg(dir_flag).arg(format!("{}::{guest}", scratch.display()));
+        c.arg(dir_flag)
+            .arg(format!("{}::{guest}", scratch.display()));
     }
     c.arg(module).args(&size.args);
     match &size.stdin {
         Some(f) => {
             let f = real.join(f);
-            c.stdin(std::fs::File::open(&f).with_context(|| format!("cannot open {}", f.display()))?)
+            c.stdin(
+                std::fs::File::open(&f).with_context(|| format!("cannot open {}", f.display()))?,
+            )
         }
         None => c.stdin(Stdio::null()),
     };
@@ -127,7 +130,11 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
             .output()
             .context("cannot run wasmtime compile")?;
         if !o.status.success() {
-            bail!("wasmtime compile {}: {}", p.name, String::from_utf8_lossy(&o.stderr));
+            bail!(
+                "wasmtime compile {}: {}",
+                p.name,
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         let compile = began.elapsed().as_secs_f64();
 
@@ -136,7 +143,15 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         // The first run fills roam's compile cache (Cranelift, as wasmtime).
         let _ = std::fs::remove_dir_all(&cache);
         let began = Instant::now();
-        let mut c = command(&roam, &["run"], "--dir", &prepared, &real, &p.test, &scratch)?;
+        let mut c = command(
+            &roam,
+            &["run"],
+            "--dir",
+            &prepared,
+            &real,
+            &p.test,
+            &scratch,
+        )?;
         c.env("ROAM_CACHE_DIR", &cache);
         run_timed(c, p, &p.test, &format!("roam run {} (test size)", p.name))?;
         let first = began.elapsed().as_secs_f64();

@@ -218,7 +218,10 @@ fn every_direction_meets_every_moment() {
                 met[m as usize] += 1;
             }
         }
-        assert!(met.iter().all(|&n| n >= 4), "direction {direction}: {met:?}");
+        assert!(
+            met.iter().all(|&n| n >= 4),
+            "direction {direction}: {met:?}"
+        );
     }
 }
 
