@@ -69,7 +69,13 @@ fn command(
         c.arg(dir_flag)
             .arg(format!("{}::{guest}", scratch.display()));
     }
-    c.arg(module).args(&size.args);
+    c.arg(module);
+    // roam reads its own flags up to `--`; wasmtime passes everything after
+    // the module to the program.
+    if exe.file_name().is_some_and(|n| n == "roam") {
+        c.arg("--");
+    }
+    c.args(&size.args);
     match &size.stdin {
         Some(f) => {
             let f = real.join(f);
