@@ -73,7 +73,8 @@ fn command_line(cmd: &str, args: &[&str]) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// `uname -m`, core count, CPU model and UTC date, as a markdown list.
+/// `uname -m`, core count, CPU model, UTC date, and the commit and
+/// prepare revision that produced the result, as a markdown list.
 pub fn machine_info() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -85,13 +86,16 @@ pub fn machine_info() -> String {
                 .map(|(_, v)| v.trim().to_string())
         })
         .unwrap_or_else(|| "unknown".into());
+    let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     format!(
-        "- machine: `{}`, {} cores, {}\n- kernel: {}\n- date: {}\n",
+        "- machine: `{}`, {} cores, {}\n- kernel: {}\n- date: {}\n- commit: `{}`, prepare revision {}\n",
         command_line("uname", &["-m"]),
         cores,
         cpu,
         command_line("uname", &["-sr"]),
         command_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+        command_line("git", &["-C", repo, "describe", "--always", "--dirty"]),
+        roam_prepare::OUTPUT_REVISION,
     )
 }
 

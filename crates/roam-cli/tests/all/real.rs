@@ -15,8 +15,8 @@
 //! (each prepare of a module of a megabyte or more takes 20 s to two
 //! minutes here, so the whole sample did not fit CI's time), with the
 //! default's snapshot also restored on aarch64. The other programs' tests
-//! are `#[ignore]`d in CI; `scripts/difftest.sh` runs them
-//! (`--include-ignored`): every program under the default options, and
+//! are `#[ignore]`d in CI; `ROAM_DIFF=sample scripts/difftest.sh` runs
+//! them (`--include-ignored`): every program under the default options, and
 //! every other value of every option on one program each ([`sample`]),
 //! with the default's snapshot of three small programs also restored on
 //! aarch64. `ROAM_DIFF=full` runs every program under every option and
