@@ -22,20 +22,7 @@ use crate::report::{Report, Table};
 use crate::stats::{geomean, median};
 
 /// Every workload, in table order.
-pub const WORKLOADS: [&str; 12] = [
-    "ep",
-    "is",
-    "cg",
-    "mg",
-    "kmeans",
-    "matmul",
-    "pca",
-    "linpack",
-    "dhrystone",
-    "filework",
-    "recurse",
-    "interp",
-];
+pub use roam_testkit::WORKLOADS;
 
 /// Options of `roam-bench t1`.
 #[derive(Debug, Clone)]

@@ -11,7 +11,8 @@
 //! It also holds [`resp`], a RESP client and a `redis-benchmark` runner for
 //! the tests and benchmarks of Redis-protocol cells, and [`etcd`], a real
 //! etcd server started and stopped by the tests of the cluster store, and
-//! [`real`], the manifest of the real-program suite.
+//! [`real`], the manifest of the real-program suite, and [`WORKLOADS`],
+//! the names of roam's own twelve.
 //!
 //! Used by tests and benchmarks only.
 
@@ -23,6 +24,24 @@ use std::fmt::Display;
 pub mod etcd;
 pub mod real;
 pub mod resp;
+
+/// roam's own workloads (`workloads/`, `docs/workloads.md`), in the order
+/// tables and tests list them; `dirty` and `kvserver` are tools, not
+/// workloads.
+pub const WORKLOADS: [&str; 12] = [
+    "ep",
+    "is",
+    "cg",
+    "mg",
+    "kmeans",
+    "matmul",
+    "pca",
+    "linpack",
+    "dhrystone",
+    "filework",
+    "recurse",
+    "interp",
+];
 
 /// Something a test needs that may be missing, and how to get it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

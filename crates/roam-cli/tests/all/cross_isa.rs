@@ -174,20 +174,7 @@ fn migrate(name: &str, from: Isa, to: Isa, moment: Moment) {
 const MOMENTS: [Moment; 3] = [Moment::Early, Moment::Mid, Moment::Blocking];
 
 /// The workloads, in the order that deals the moments round.
-const WORKLOADS: [&str; 12] = [
-    "ep",
-    "is",
-    "cg",
-    "mg",
-    "kmeans",
-    "matmul",
-    "pca",
-    "linpack",
-    "dhrystone",
-    "filework",
-    "recurse",
-    "interp",
-];
+use roam_testkit::WORKLOADS;
 
 /// Every moment under `ROAM_CROSS=full`; otherwise the one whose turn it
 /// is for workload `name` in direction number `direction` (0 to 3).
