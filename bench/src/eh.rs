@@ -24,6 +24,7 @@ use anyhow::{bail, Context};
 
 use crate::paths::Paths;
 use crate::prepare::code_bytes;
+use crate::proc::run_cpu;
 use crate::report::{Report, Table};
 use crate::stats::{geomean, median};
 
@@ -193,17 +194,6 @@ fn compiled_text(cache: &Path, wasm: &Path) -> Option<u64> {
     elf_text(&std::fs::read(entry.path()).ok()?)
 }
 
-/// User plus system CPU seconds of this process's waited-for children
-/// (`/proc/self/stat`, clock ticks of 10 ms): on a loaded machine, wall
-/// time measures the other load as much as the program.
-pub(crate) fn children_cpu() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    // After the command name: state is field 3, cutime 16 and cstime 17.
-    let ticks: f64 = fields.get(13)?.parse::<f64>().ok()? + fields.get(14)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
-}
-
 /// One run on `plain-wasmtime`: CPU seconds and a hash of stdout.
 fn run_once(
     plain: &Path,
@@ -229,20 +219,8 @@ fn run_once(
         }
         None => c.stdin(Stdio::null()),
     };
-    let before = children_cpu().context("cannot read /proc/self/stat")?;
-    let out = c.output().context("cannot start plain-wasmtime")?;
-    let secs = children_cpu().context("cannot read /proc/self/stat")? - before;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = err.lines().rev().take(4).collect();
-        bail!(
-            "{} ({}): {}",
-            module.display(),
-            out.status,
-            tail.join(" / ")
-        );
-    }
-    Ok((secs, blake3::hash(&out.stdout).to_hex()[..16].to_string()))
+    let (secs, stdout) = run_cpu(&mut c, &module.display().to_string())?;
+    Ok((secs, blake3::hash(&stdout).to_hex()[..16].to_string()))
 }
 
 /// Run the comparison and return its report.

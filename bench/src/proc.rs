@@ -2,7 +2,9 @@
 //!
 //! Why it exists: T1 compares separate executables (native, qemu, plain
 //! wasmtime, `roam run`), and every one must be timed the same way —
-//! wall-clock from spawn to exit — and must print the same checksum.
+//! wall-clock from spawn to exit — and must print the same checksum. The
+//! benchmarks written on a machine shared with builds (`eh`, `real`) time
+//! CPU instead ([`run_cpu`]).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -52,6 +54,34 @@ pub fn run_timed(cmd: &mut Command) -> anyhow::Result<Timed> {
         wall,
         checksum: checksum(&String::from_utf8_lossy(&out.stdout)),
     })
+}
+
+/// User plus system CPU seconds of this process's waited-for children
+/// (`/proc/self/stat`, clock ticks of 10 ms): on a loaded machine, wall
+/// time measures the other load as much as the program.
+fn children_cpu() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the command name: state is field 3, cutime 16 and cstime 17.
+    let ticks: f64 = fields.get(13)?.parse::<f64>().ok()? + fields.get(14)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// Run `cmd` (its stdin as the caller set it) to completion, capturing
+/// stdout; fail, naming it `what`, unless it exits 0. Returns the CPU
+/// seconds it used and its stdout.
+pub fn run_cpu(cmd: &mut Command, what: &str) -> anyhow::Result<(f64, Vec<u8>)> {
+    let before = children_cpu().context("cannot read /proc/self/stat")?;
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start {what}"))?;
+    let secs = children_cpu().context("cannot read /proc/self/stat")? - before;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(4).collect();
+        bail!("{what} ({}): {}", out.status, tail.join(" / "));
+    }
+    Ok((secs, out.stdout))
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use anyhow::{bail, Context};
 use roam_testkit::real::{Program, Size, Suite};
 
 use crate::paths::Paths;
+use crate::proc::run_cpu;
 use crate::report::{Report, Table};
 use crate::stats::{geomean, median};
 
@@ -37,42 +38,43 @@ pub struct Options {
     pub root: PathBuf,
 }
 
-/// One timed run: CPU seconds of the child.
+/// One timed run, its output checked: CPU seconds of the child.
 fn run_timed(mut c: Command, program: &Program, size: &Size, what: &str) -> anyhow::Result<f64> {
-    let before = crate::eh::children_cpu().context("cannot read /proc/self/stat")?;
-    let out = c.output().with_context(|| format!("cannot start {what}"))?;
-    let secs = crate::eh::children_cpu().context("cannot read /proc/self/stat")? - before;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = err.lines().rev().take(4).collect();
-        bail!("{what}: {} ({})", out.status, tail.join(" / "));
-    }
+    let (secs, stdout) = run_cpu(&mut c, what)?;
     program
-        .check(size, &out.stdout)
+        .check(size, &stdout)
         .map_err(|e| anyhow::anyhow!("{what}: wrong output: {e}"))?;
     Ok(secs)
 }
 
+/// Who runs the module: roam reads its own flags up to `--`, wasmtime
+/// passes everything after the module to the program.
+#[derive(Clone, Copy, PartialEq)]
+enum Runner {
+    Roam,
+    Wasmtime,
+}
+
 /// A command with the program's stdin and preopened directory at `size`.
 fn command(
+    runner: Runner,
     exe: &Path,
-    pre: &[&str],
-    dir_flag: &str,
     module: &Path,
     real: &Path,
     size: &Size,
     scratch: &Path,
 ) -> anyhow::Result<Command> {
     let mut c = Command::new(exe);
-    c.args(pre);
+    c.args(match runner {
+        Runner::Roam => &["run"][..],
+        Runner::Wasmtime => &["run", "--allow-precompiled"],
+    });
     if let Some(guest) = &size.dir {
-        c.arg(dir_flag)
+        c.arg("--dir")
             .arg(format!("{}::{guest}", scratch.display()));
     }
     c.arg(module);
-    // roam reads its own flags up to `--`; wasmtime passes everything after
-    // the module to the program.
-    if exe.file_name().is_some_and(|n| n == "roam") {
+    if runner == Runner::Roam {
         c.arg("--");
     }
     c.args(&size.args);
@@ -149,15 +151,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         // The first run fills roam's compile cache (Cranelift, as wasmtime).
         let _ = std::fs::remove_dir_all(&cache);
         let began = Instant::now();
-        let mut c = command(
-            &roam,
-            &["run"],
-            "--dir",
-            &prepared,
-            &real,
-            &p.test,
-            &scratch,
-        )?;
+        let mut c = command(Runner::Roam, &roam, &prepared, &real, &p.test, &scratch)?;
         c.env("ROAM_CACHE_DIR", &cache);
         run_timed(c, p, &p.test, &format!("roam run {} (test size)", p.name))?;
         let first = began.elapsed().as_secs_f64();
@@ -165,16 +159,15 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         let (mut stock, mut ours) = (Vec::new(), Vec::new());
         for rep in 0..opts.reps {
             let c = command(
+                Runner::Wasmtime,
                 &opts.wasmtime,
-                &["run", "--allow-precompiled"],
-                "--dir",
                 &cwasm,
                 &real,
                 bench,
                 &scratch,
             )?;
             stock.push(run_timed(c, p, bench, &format!("wasmtime run {}", p.name))?);
-            let mut c = command(&roam, &["run"], "--dir", &prepared, &real, bench, &scratch)?;
+            let mut c = command(Runner::Roam, &roam, &prepared, &real, bench, &scratch)?;
             c.env("ROAM_CACHE_DIR", &cache);
             ours.push(run_timed(c, p, bench, &format!("roam run {}", p.name))?);
             eprintln!(

@@ -17,20 +17,7 @@
 use super::*;
 
 /// Every workload of the suite (`docs/workloads.md`), `dirty` and `kv` aside.
-const SUITE: [&str; 12] = [
-    "ep",
-    "is",
-    "cg",
-    "mg",
-    "matmul",
-    "linpack",
-    "dhrystone",
-    "filework",
-    "kmeans",
-    "pca",
-    "recurse",
-    "interp",
-];
+const SUITE: [&str; 12] = roam_testkit::WORKLOADS;
 
 /// Those that ran into the post-copy deadlock, and one that did not: the
 /// cross-ISA share of the suite (each runs under qemu on one side).
