@@ -189,11 +189,11 @@ pub struct PrepareArgs {
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]
     pub opt: Option<roam_prepare::OptLevel>,
-    /// How the stack is captured: `asyncify`, or `eh-proto`, an
-    /// experimental prototype that throws a Wasm exception at a point and
-    /// stores each frame's live locals in handlers, made only to measure
-    /// its run-time cost: `roam run` refuses its output; `eh-points`, its
-    /// points without the wrapped calls, splits that cost [default: asyncify].
+    /// How the stack is captured: `asyncify`, or `eh`, which throws a Wasm
+    /// exception at a point, stores each frame's live locals in handlers
+    /// and rebuilds the stack in rewind copies of the functions (no
+    /// Asyncify; experimental); `eh-points`, an ablation with its points
+    /// alone, which nothing can run [default: asyncify].
     #[arg(long, value_name = "HOW", help_heading = "Ablation and tuning")]
     pub capture: Option<roam_prepare::Capture>,
 }

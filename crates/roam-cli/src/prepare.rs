@@ -58,8 +58,8 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         );
         if let Some(eh) = out.eh {
             eprintln!(
-                "roam: --capture eh-proto (experimental, cannot be run by roam): {} calls wrapped in try_table, {} points throw, {} stack values moved to locals, {} values stored by handlers and points, {} values in enclosing blocks not stored",
-                eh.wrapped, eh.points, eh.moved, eh.stored, eh.outer
+                "roam: capture by exceptions: {} sites ({} points, {} blocking imports, {} calls in try_table, counted in run forms and copies), {} functions with rewind copies, {} stack values moved to locals",
+                eh.sites, eh.points, eh.imports, eh.wrapped, eh.copies, eh.moved
             );
         }
     }

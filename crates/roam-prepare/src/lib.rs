@@ -32,7 +32,7 @@ mod bulk;
 mod callgraph;
 mod compares;
 mod counted;
-mod eh_proto;
+mod eh;
 mod hoist;
 mod indirect;
 mod instrument;
@@ -58,7 +58,10 @@ mod wasm_opt;
 #[cfg(test)]
 mod revision_tests;
 
-pub use eh_proto::{EhStats, CAPTURE_GLOBAL_EXPORT, TAG_EXPORT};
+pub use eh::{
+    EhStats, CAPTURE_END_EXPORT, CAPTURE_GLOBAL_EXPORT, NORMAL, REWINDING, REWIND_EXPORT, STATE_EXPORT,
+    TAG_EXPORT, UNWINDING,
+};
 pub use leave::{EXIT_ARG_EXPORT_PREFIX, EXIT_GLOBAL_EXPORT};
 pub use memory::{initial_memory, DataSegment, MemoryImage};
 pub use options::{

@@ -28,6 +28,10 @@ macro_rules! define_classify {
 }
 wasmparser::for_each_operator!(define_classify);
 
+/// The feature of the exception-handling proposal, which only roam's own
+/// `--capture eh` output may use.
+pub(crate) const EXCEPTIONS: &str = "exception handling";
+
 /// The refusal for `op`, or `None` if roam supports it.
 pub(crate) fn classify(op: &Operator<'_>) -> Option<Refusal> {
     let (proposal, visit) = proposal_and_visit(op);
@@ -39,7 +43,7 @@ pub(crate) fn classify(op: &Operator<'_>) -> Option<Refusal> {
         | Operator::TableInit { .. } => "tables mutated at run time",
         _ => match proposal {
             "threads" | "shared_everything_threads" => "shared memory and atomics (threads)",
-            "exceptions" | "legacy_exceptions" => "exception handling",
+            "exceptions" | "legacy_exceptions" => EXCEPTIONS,
             "tail_call" => "tail calls (Asyncify cannot unwind through them)",
             "gc" | "function_references" | "custom_descriptors" => {
                 "GC / typed function references (not supported by Asyncify)"

@@ -507,18 +507,17 @@ on_off!(
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Capture {
     /// Binaryen Asyncify: the stack unwinds into linear memory and rewinds
-    /// from it (default; the only form `roam run` accepts).
+    /// from it (default).
     #[default]
     Asyncify,
-    /// Experimental measurement prototype (`eh_proto.rs`): points throw a
-    /// Wasm exception, and every call that may unwind stores its frame's
-    /// live locals in a `try_table` handler. Nothing can restore such a
-    /// module yet, so `roam run` refuses it.
-    EhProto,
-    /// Ablation of [`Capture::EhProto`]: its points (stores and a `throw`)
-    /// without any `try_table`, so no frame but the innermost is captured.
-    /// Only for splitting `eh-proto`'s cost between its points and its
-    /// wrapped calls.
+    /// Wasm exceptions (`eh/`): points throw, every call that may unwind
+    /// stores its frame's live locals in a `try_table` handler, and rewind
+    /// copies of the functions rebuild the stack on restore. No Asyncify.
+    Eh,
+    /// Ablation of [`Capture::Eh`]: its points (stores and a `throw`)
+    /// without any `try_table` or rewind copy, so no frame but the
+    /// innermost is captured and nothing can restore it. Only for
+    /// measuring what the points cost.
     EhPoints,
 }
 
@@ -527,7 +526,7 @@ impl Capture {
     pub fn as_str(self) -> &'static str {
         match self {
             Capture::Asyncify => "asyncify",
-            Capture::EhProto => "eh-proto",
+            Capture::Eh => "eh",
             Capture::EhPoints => "eh-points",
         }
     }
@@ -539,12 +538,12 @@ impl FromStr for Capture {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "asyncify" => Ok(Capture::Asyncify),
-            "eh-proto" => Ok(Capture::EhProto),
+            "eh" => Ok(Capture::Eh),
             "eh-points" => Ok(Capture::EhPoints),
             other => Err(ParseOptionError {
                 what: "capture",
                 found: other.to_string(),
-                choices: "asyncify, eh-proto, eh-points",
+                choices: "asyncify, eh, eh-points",
             }),
         }
     }
@@ -640,7 +639,7 @@ impl PrepareOptions {
             // Absent for the default, so that the text (and the bytes of
             // every module prepared the default way) stays as it was.
             Capture::Asyncify => "",
-            Capture::EhProto => ";capture=eh-proto",
+            Capture::Eh => ";capture=eh",
             Capture::EhPoints => ";capture=eh-points",
         }
     }

@@ -45,7 +45,7 @@ pub struct Prepared {
     /// their callers make instead (`leave.rs`); 0 for a module that was
     /// already prepared.
     pub lifted_exits: usize,
-    /// What `--capture eh-proto` did (`eh_proto.rs`); `None` otherwise.
+    /// What `--capture eh` did (`eh/`); `None` otherwise.
     pub eh: Option<crate::EhStats>,
 }
 
@@ -171,7 +171,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     let lifted_exits = instrumented.lifted;
     let list = instrumented.list.as_ref();
     if opts.capture != Capture::Asyncify {
-        return prepare_eh_proto(input, &info, opts, &tool, instrumented);
+        return prepare_eh(input, &info, opts, &tool, instrumented);
     }
     let mut bytes = match opts.point_calls {
         PointCalls::Plain => wasm_opt::run(
@@ -229,11 +229,10 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     })
 }
 
-/// `--capture eh-proto`: the same points, optimised as the default's last
-/// run optimises, then `eh_proto.rs` instead of Asyncify. A measurement
-/// prototype; the section records the option, and `check_prepared`
-/// refuses such a module.
-fn prepare_eh_proto(
+/// `--capture eh`: the same points, optimised as the default's last run
+/// optimises, then `eh/` instead of Asyncify (one `wasm-opt` run, not two).
+/// The section records the option.
+fn prepare_eh(
     input: &[u8],
     info: &crate::ModuleInfo,
     opts: &PrepareOptions,
@@ -252,8 +251,8 @@ fn prepare_eh_proto(
     if opts.turn_compares == TurnCompares::On {
         crate::compares::turn_compares(&mut bytes)?;
     }
-    let wrap = opts.capture == Capture::EhProto;
-    let (mut bytes, eh) = crate::eh_proto::transform(&bytes, !opts.strip_names, wrap)?;
+    let wrap = opts.capture == Capture::Eh;
+    let (mut bytes, eh) = crate::eh::transform(&bytes, !opts.strip_names, wrap)?;
     let section = RoamSection {
         version: SECTION_VERSION,
         source_hash: *blake3::hash(input).as_bytes(),

@@ -54,6 +54,20 @@ pub struct RoamSection {
     pub tables: u32,
 }
 
+impl RoamSection {
+    /// How the module captures its stack, from the canonical options.
+    pub fn capture(&self) -> crate::Capture {
+        let named = self
+            .options
+            .split(';')
+            .find_map(|kv| kv.strip_prefix("capture="));
+        match named.map(str::parse) {
+            Some(Ok(c)) => c,
+            _ => crate::Capture::Asyncify,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct SectionBodyV1 {
     source_hash: [u8; 32],

@@ -118,13 +118,19 @@ pub enum ValidateError {
 
 /// Check that `input` is a module roam can prepare and summarise it.
 pub fn validate(input: &[u8]) -> Result<ModuleInfo, ValidateError> {
+    validate_as(input, false)
+}
+
+/// [`validate`], for a module `--capture eh` made when `eh`: its own tag
+/// and exception instructions are then allowed.
+pub(crate) fn validate_as(input: &[u8], eh: bool) -> Result<ModuleInfo, ValidateError> {
     if input.len() >= 8 && input[..4] == *b"\0asm" && input[6..8] == [1, 0] {
         return Err(ValidateError::Component);
     }
     Validator::new_with_features(WasmFeatures::all())
         .validate_all(input)
         .map_err(ValidateError::Invalid)?;
-    let scan = scan(input)?;
+    let scan = scan(input, eh)?;
     if let Some((index, refusal)) = scan.refusal {
         let names = function_names(input);
         return Err(ValidateError::UnsupportedInFunction {
@@ -146,7 +152,12 @@ pub fn validate(input: &[u8]) -> Result<ModuleInfo, ValidateError> {
     if scan.memories == 0 {
         return Err(ValidateError::NoMemory);
     }
-    Validator::new_with_features(SUPPORTED_FEATURES)
+    let features = if eh {
+        crate::eh::OUTPUT_FEATURES
+    } else {
+        SUPPORTED_FEATURES
+    };
+    Validator::new_with_features(features)
         .validate_all(input)
         .map_err(ValidateError::UnsupportedFeature)?;
     Ok(scan.info)
@@ -182,7 +193,7 @@ fn check_memory(ty: &wasmparser::MemoryType, scan: &mut Scan) -> Result<(), Vali
     Ok(())
 }
 
-fn scan(input: &[u8]) -> Result<Scan, ValidateError> {
+fn scan(input: &[u8], eh: bool) -> Result<Scan, ValidateError> {
     let mut scan = Scan::default();
     // Per type index: Some((params, results)) for function types.
     let mut types: Vec<Option<(usize, usize)>> = Vec::new();
@@ -265,7 +276,7 @@ fn scan(input: &[u8]) -> Result<Scan, ValidateError> {
                     check_memory(&ty.map_err(ValidateError::Invalid)?, &mut scan)?;
                 }
             }
-            Payload::TagSection(_) => {
+            Payload::TagSection(_) if !eh => {
                 return Err(unsupported("declares exception tags (exception handling)"))
             }
             Payload::GlobalSection(reader) => {
@@ -314,7 +325,9 @@ fn scan(input: &[u8]) -> Result<Scan, ValidateError> {
                         }
                     }
                     if scan.refusal.is_none() {
-                        if let Some(refusal) = classify(&op) {
+                        let refusal = classify(&op)
+                            .filter(|r| !(eh && r.feature == crate::ops::EXCEPTIONS));
+                        if let Some(refusal) = refusal {
                             scan.refusal = Some((index, refusal));
                         }
                     }

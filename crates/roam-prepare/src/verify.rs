@@ -36,11 +36,13 @@ use std::collections::{BTreeSet, HashMap};
 
 use wasmparser::{ExternalKind, Parser, Payload, TypeRef};
 
+use crate::validate::validate_as;
 use crate::{
-    read_section, validate, PointPolicy, RoamSection, SectionError, ValidateError,
+    read_section, Capture, PointPolicy, RoamSection, SectionError, ValidateError,
     ABORT_GLOBAL_EXPORT, ASYNCIFY_EXPORTS, BUDGET_GLOBAL_EXPORT, EXIT_ARG_EXPORT_PREFIX,
     EXIT_GLOBAL_EXPORT, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
-    SPILL_EXPORT_PREFIX, TABLE_EXPORT_PREFIX,
+    SPILL_EXPORT_PREFIX, TABLE_EXPORT_PREFIX, CAPTURE_END_EXPORT, CAPTURE_GLOBAL_EXPORT, REWIND_EXPORT,
+    STATE_EXPORT,
 };
 
 /// Mutable globals Asyncify adds and keeps unexported (`__asyncify_state`,
@@ -61,12 +63,12 @@ pub enum CheckError {
     /// The module fails the validation every input gets.
     #[error("the module carries a `roam` section but is refused: {0}")]
     Invalid(#[from] ValidateError),
-    /// The module was prepared with `--capture eh-proto`, a measurement
-    /// prototype that nothing can restore yet (`eh_proto.rs`).
+    /// The module was prepared with `--capture eh-points`, a measurement
+    /// ablation that nothing can restore.
     #[error(
-        "the module was prepared with `--capture eh-proto`, an experimental prototype made only \
-         to measure its run-time cost: roam cannot run, checkpoint or restore it; \
-         prepare the original module without `--capture`"
+        "the module was prepared with `--capture eh-points`, an ablation made only \
+         to measure what points cost: roam cannot run, checkpoint or restore it; \
+         prepare the original module without `--capture eh-points`"
     )]
     Experimental,
     /// The section does not describe this module.
@@ -126,20 +128,25 @@ fn facts(module: &[u8]) -> Result<Facts, CheckError> {
 /// contents (see the module docs). Returns the section.
 pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
     let section = read_section(module)?.ok_or(CheckError::NoSection)?;
-    if section.options.contains(";capture=eh-") {
+    if section.options.contains(";capture=eh-points") {
         return Err(CheckError::Experimental);
     }
-    let info = validate(module)?;
+    let eh = section.capture() == Capture::Eh;
+    let info = validate_as(module, eh)?;
     let f = facts(module)?;
     let is_mutable_global = |index: u32| f.global_mutable.get(index as usize) == Some(&true);
 
-    for name in ASYNCIFY_EXPORTS {
+    let funcs: &[&str] = if eh { &[REWIND_EXPORT] } else { ASYNCIFY_EXPORTS };
+    for name in funcs {
         if !matches!(f.exports.get(*name), Some((ExternalKind::Func, _))) {
-            return Err(inconsistent(format!(
-                "it lacks the Asyncify export `{name}`"
-            )));
+            return Err(inconsistent(format!("it lacks the function export `{name}`")));
         }
     }
+    let eh_globals: &[&str] = if eh {
+        &[STATE_EXPORT, CAPTURE_GLOBAL_EXPORT, CAPTURE_END_EXPORT]
+    } else {
+        &[]
+    };
     match f.exports.get(FLAG_GLOBAL_EXPORT) {
         Some((ExternalKind::Global, i)) if is_mutable_global(*i) => {}
         _ => {
@@ -184,6 +191,7 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
             || name == EXIT_GLOBAL_EXPORT
             || name == ABORT_GLOBAL_EXPORT
             || name == BUDGET_GLOBAL_EXPORT
+            || eh_globals.contains(&name.as_str())
         {
             if kind != ExternalKind::Global || !is_mutable_global(index) {
                 return Err(inconsistent(format!(
@@ -200,7 +208,9 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
         )));
     }
     let tables: BTreeSet<u32> = (0..section.tables).collect();
-    if exported_tables != tables || info.tables != section.tables {
+    // `--capture eh` may add one table of its own (rewind copies by site).
+    let own_tables = u32::from(eh && info.tables == section.tables + 1);
+    if exported_tables != tables || info.tables != section.tables + own_tables {
         return Err(inconsistent(format!(
             "the section counts {} tables, the module has {} and exports {exported_tables:?}",
             section.tables, info.tables

@@ -20,12 +20,13 @@ use wasmtime::{AsContextMut, Instance, TypedFunc};
 
 use crate::error::LoadError;
 
-/// `asyncify_get_state` when running normally.
-pub(crate) const NORMAL: i32 = 0;
+/// `asyncify_get_state` when running normally (`roam.state` uses the same
+/// numbers).
+pub(crate) const NORMAL: i32 = roam_prepare::NORMAL;
 /// `asyncify_get_state` while the stack unwinds.
-pub(crate) const UNWINDING: i32 = 1;
+pub(crate) const UNWINDING: i32 = roam_prepare::UNWINDING;
 /// `asyncify_get_state` while the stack rewinds.
-pub(crate) const REWINDING: i32 = 2;
+pub(crate) const REWINDING: i32 = roam_prepare::REWINDING;
 
 /// Size of the buffer header.
 pub(crate) const HEADER: u32 = 8;
@@ -56,6 +57,17 @@ impl Buffer {
         let o = self.offset as usize;
         mem[o..o + 4].copy_from_slice(&current.to_le_bytes());
         mem[o + 4..o + 8].copy_from_slice(&(self.offset + self.capacity).to_le_bytes());
+    }
+
+    /// Where the captured stack ends, as the header says.
+    pub(crate) fn current(&self, mem: &[u8]) -> u32 {
+        let o = self.offset as usize;
+        u32::from_le_bytes(mem[o..o + 4].try_into().expect("4 bytes"))
+    }
+
+    /// Set where the captured stack ends (an unwind the host tracked).
+    pub(crate) fn set_current(&self, mem: &mut [u8], current: u32) {
+        self.write_header(mem, current);
     }
 
     /// The unwound bytes, after a completed unwind.

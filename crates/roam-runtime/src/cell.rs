@@ -6,7 +6,8 @@ use roam_snapshot::{Snapshot, UnwoundStack};
 use roam_wasi::{CapturedOutput, Preopen, WasiConfig, WasiCtx};
 use wasmtime::{Global, Instance, Linker, Store, TypedFunc};
 
-use crate::asyncify::{Asyncify, Buffer, HEADER, UNWINDING};
+use crate::asyncify::{Buffer, HEADER, UNWINDING};
+use crate::unwind::Unwinder;
 use crate::capture::{self, Saved};
 use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller, Killed};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
@@ -90,7 +91,7 @@ pub(crate) struct Parts {
     instance: Instance,
     start: TypedFunc<(), ()>,
     globals: Vec<(String, Global)>,
-    asyncify: Asyncify,
+    unwinder: Unwinder,
     pub(crate) memory: wasmtime::Memory,
     pub(crate) live: LiveMemory,
 }
@@ -112,13 +113,13 @@ pub(crate) fn instantiate(
     let instance = linker
         .instantiate(&mut store, module.module())
         .map_err(boxed)?;
-    let asyncify = Asyncify::new(&instance, &mut store)?;
     let start = instance
         .get_typed_func::<(), ()>(&mut store, "_start")
         .map_err(boxed)?;
     let memory = instance
         .get_memory(&mut store, roam_prepare::MEMORY_EXPORT)
         .ok_or("no memory export")?;
+    let unwinder = Unwinder::new(&instance, &mut store, module.captures_by_exceptions(), memory)?;
     let flag_memory = instance
         .get_memory(&mut store, crate::flag::FLAG_MEMORY_EXPORT)
         .ok_or("no flag memory export")?;
@@ -143,7 +144,7 @@ pub(crate) fn instantiate(
         instance,
         start,
         globals,
-        asyncify,
+        unwinder,
         memory,
     })
 }
@@ -260,7 +261,7 @@ impl Cell {
     ) -> Cell {
         let _ = p.instance;
         let hooks = Hooks {
-            asyncify: p.asyncify,
+            unwinder: p.unwinder,
             memory: p.memory,
             globals: p.globals.into(),
             module: module.clone(),
@@ -376,7 +377,22 @@ impl Cell {
                 return Err(RunError::Killed);
             }
             self.store.data_mut().checkpointing = false;
-            let result = self.start.call(&mut self.store, ());
+            // A rewind by exceptions enters the program's rewind copy.
+            let entry = match (&self.store.data().rewinding, self.hooks.unwinder.rewind_entry()) {
+                (Some(_), Some(rewind)) => rewind,
+                _ => self.start.clone(),
+            };
+            let result = match entry.call(&mut self.store, ()) {
+                // The unwind by exceptions ends here, under `_start`.
+                Err(e)
+                    if self.store.data().unwinding.is_some()
+                        && e.downcast_ref::<wasmtime::ThrownException>().is_some() =>
+                {
+                    self.store.take_pending_exception();
+                    Ok(())
+                }
+                other => other,
+            };
             if let Some(reason) = self.store.data().pages_lost() {
                 self.stopped = true;
                 return Err(RunError::PagesLost(reason));
@@ -402,16 +418,16 @@ impl Cell {
                 return Ok(Outcome::Exited(0));
             };
             let engine = |e| CheckpointError::Engine(boxed(e));
-            let state = self.hooks.asyncify.state(&mut self.store).map_err(engine)?;
+            let state = self.hooks.unwinder.state(&mut self.store).map_err(engine)?;
             if state != UNWINDING {
                 return Err(CheckpointError::Stack(format!(
-                    "program returned in Asyncify state {state} during a checkpoint"
+                    "program returned in capture state {state} during a checkpoint"
                 ))
                 .into());
             }
             self.hooks
-                .asyncify
-                .stop_unwind(&mut self.store)
+                .unwinder
+                .stop_unwind(&mut self.store, u.buffer)
                 .map_err(engine)?;
             let mem = self.hooks.memory.data_mut(&mut self.store);
             let stack = u.buffer.data(mem).map_err(CheckpointError::Stack)?.to_vec();
@@ -472,9 +488,9 @@ impl Cell {
     fn begin_rewind(&mut self, buffer: Buffer, stack: &[u8]) -> Result<(), String> {
         let saved = buffer.load(self.hooks.memory.data_mut(&mut self.store), stack)?;
         self.hooks
-            .asyncify
+            .unwinder
             .start_rewind(&mut self.store, buffer)
-            .map_err(|e| format!("asyncify_start_rewind failed: {e}"))?;
+            .map_err(|e| format!("starting the rewind failed: {e}"))?;
         self.store.data_mut().rewinding = Some((buffer, saved));
         Ok(())
     }

@@ -16,7 +16,8 @@ use std::time::Instant;
 use roam_wasi::{WasiCtx, WasiView};
 use wasmtime::{Caller, Global, Linker, Memory, UpdateDeadline};
 
-use crate::asyncify::{Asyncify, Buffer, NORMAL, REWINDING};
+use crate::asyncify::{Buffer, NORMAL, REWINDING};
+use crate::unwind::Unwinder;
 use crate::capture::{self, Captured};
 use crate::control::{CheckpointKind, Control, Killed, Request, Trigger};
 use crate::module::LoadedModule;
@@ -33,7 +34,7 @@ pub const PAUSE_BUFFER_MAX: usize = 1 << 20;
 /// Handles into one instance, set once it exists.
 #[derive(Clone)]
 pub(crate) struct Hooks {
-    pub asyncify: Asyncify,
+    pub unwinder: Unwinder,
     pub memory: Memory,
     pub globals: Arc<[(String, Global)]>,
     pub module: Arc<LoadedModule>,
@@ -134,7 +135,7 @@ fn hooks(caller: &Caller<'_, HostState>) -> wasmtime::Result<Hooks> {
 
 /// Finish the rewind in progress: the re-entered import was reached.
 fn finish_rewind(caller: &mut Caller<'_, HostState>, h: &Hooks) -> wasmtime::Result<()> {
-    h.asyncify.stop_rewind(&mut *caller)?;
+    h.unwinder.stop_rewind(&mut *caller)?;
     if let Some((buffer, saved)) = caller.data_mut().rewinding.take() {
         buffer.unload(h.memory.data_mut(&mut *caller), &saved);
     }
@@ -159,7 +160,7 @@ fn begin_unwind(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::R
     let mem = h.memory.data_mut(&mut *caller);
     let buffer = Buffer::over(cap.unwrap_or(mem.len()));
     buffer.reset_header(mem);
-    h.asyncify.start_unwind(&mut *caller, buffer)?;
+    h.unwinder.start_unwind(&mut *caller, buffer)?;
     caller.data_mut().checkpointing = true;
     caller.data().control.set_flag(false);
     caller.data_mut().unwinding = Some(Unwinding {
@@ -190,10 +191,10 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
     }
     if caller.data().rewinding.is_some() {
         let h = hooks(&caller)?;
-        return match h.asyncify.state(&mut caller)? {
+        return match h.unwinder.state(&mut caller)? {
             REWINDING => finish_rewind(&mut caller, &h),
             state => wasmtime::bail!(
-                "migration point reached in Asyncify state {state} during a restore"
+                "migration point reached in capture state {state} during a restore"
             ),
         };
     }
@@ -238,9 +239,9 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
 /// normally may reach (not one that is unwinding already).
 fn unwind_from_point(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::Result<()> {
     let h = hooks(caller)?;
-    match h.asyncify.state(&mut *caller)? {
+    match h.unwinder.state(&mut *caller)? {
         NORMAL => begin_unwind(caller, req),
-        state => wasmtime::bail!("migration point reached in Asyncify state {state}"),
+        state => wasmtime::bail!("migration point reached in capture state {state}"),
     }
 }
 
@@ -258,7 +259,7 @@ impl WasiView for HostState {
 
     fn enter_blocking(caller: &mut Caller<'_, Self>) -> wasmtime::Result<()> {
         let h = hooks(caller)?;
-        if h.asyncify.state(&mut *caller)? == REWINDING {
+        if h.unwinder.state(&mut *caller)? == REWINDING {
             finish_rewind(caller, &h)?;
         }
         Ok(())

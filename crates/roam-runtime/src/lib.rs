@@ -27,6 +27,7 @@
 #![deny(missing_docs)]
 
 mod asyncify;
+mod unwind;
 pub mod cache;
 mod capture;
 mod cell;

@@ -23,6 +23,8 @@ pub struct LoadedModule {
     globals: Vec<String>,
     /// Compiled with epoch checks (on the runtime's engine that has them).
     epoch_checks: bool,
+    /// Prepared with `--capture eh`.
+    eh: bool,
 }
 
 impl LoadedModule {
@@ -32,7 +34,18 @@ impl LoadedModule {
         module: Module,
         epoch_checks: bool,
     ) -> Result<Self, LoadError> {
-        for name in ASYNCIFY_EXPORTS
+        let eh = module.get_export(roam_prepare::REWIND_EXPORT).is_some();
+        let capture: &[&str] = if eh {
+            &[
+                roam_prepare::REWIND_EXPORT,
+                roam_prepare::STATE_EXPORT,
+                roam_prepare::CAPTURE_GLOBAL_EXPORT,
+                roam_prepare::CAPTURE_END_EXPORT,
+            ]
+        } else {
+            &ASYNCIFY_EXPORTS
+        };
+        for name in capture
             .iter()
             .chain([&"_start", &roam_prepare::FLAG_GLOBAL_EXPORT])
         {
@@ -61,7 +74,14 @@ impl LoadedModule {
             module,
             globals,
             epoch_checks,
+            eh,
         })
+    }
+
+    /// Whether the module was prepared with `--capture eh` (its stack
+    /// unwinds by a Wasm exception; see `crate::unwind`).
+    pub fn captures_by_exceptions(&self) -> bool {
+        self.eh
     }
 
     /// Whether the code checks the engine's epoch at every loop header and
