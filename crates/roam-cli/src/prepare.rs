@@ -27,7 +27,11 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         turn_compares: a.turn_compares.unwrap_or(defaults.turn_compares),
         lift_exits: a.lift_exits.unwrap_or(defaults.lift_exits),
         opt_level: a.opt.unwrap_or(defaults.opt_level),
-        capture: a.capture.unwrap_or(defaults.capture),
+        capture: match a.capture {
+            Some(c) => c,
+            None => roam_prepare::Capture::from_env()
+                .with_context(|| format!("{}", roam_prepare::ENV_CAPTURE))?,
+        },
         ..defaults
     };
     let out = roam_prepare::prepare(&input, &opts)

@@ -59,8 +59,8 @@ mod wasm_opt;
 mod revision_tests;
 
 pub use eh::{
-    EhStats, CAPTURE_END_EXPORT, CAPTURE_GLOBAL_EXPORT, NORMAL, REWINDING, REWIND_EXPORT, STATE_EXPORT,
-    TAG_EXPORT, UNWINDING,
+    EhStats, CAPTURE_END_EXPORT, CAPTURE_GLOBAL_EXPORT, NORMAL, REWINDING, REWIND_EXPORT,
+    STATE_EXPORT, TAG_EXPORT, UNWINDING,
 };
 pub use leave::{EXIT_ARG_EXPORT_PREFIX, EXIT_GLOBAL_EXPORT};
 pub use memory::{initial_memory, DataSegment, MemoryImage};
@@ -68,7 +68,7 @@ pub use options::{
     AsyncifyScope, BulkChunks, Capture, CountedLoops, CountedNests, EntryPoints, HoistCalls,
     LiftExits, LoopPoints, OptLevel, Outline, ParseOptionError, ParsePolicyError, PointCalls,
     PointPolicy, PrepareOptions, QuietIndirect, RerunCalls, TrimOutlined, TurnCompares,
-    UnrollChecks,
+    UnrollChecks, ENV_CAPTURE,
 };
 pub use outline::LOOP_EXPORT_PREFIX;
 pub use pipeline::{prepare, PointStats, PrepareError, Prepared};

@@ -521,7 +521,21 @@ pub enum Capture {
     EhPoints,
 }
 
+/// Environment variable that sets the capture of modules prepared without
+/// an explicit `--capture` (`asyncify` or `eh`); see [`Capture::from_env`].
+pub const ENV_CAPTURE: &str = "ROAM_CAPTURE";
+
 impl Capture {
+    /// The capture [`ENV_CAPTURE`] names, or the default when it is unset or
+    /// empty. A node or `roam run` prepares uploaded modules with it, so a
+    /// whole deployment (or test run) can switch capture in one place.
+    pub fn from_env() -> Result<Capture, ParseOptionError> {
+        match std::env::var(ENV_CAPTURE) {
+            Ok(v) if !v.is_empty() => v.parse(),
+            _ => Ok(Capture::default()),
+        }
+    }
+
     /// The name used on the command line and in the canonical text.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -15,6 +15,18 @@ pub(crate) fn prepare_or_skip(wasm: &[u8], opts: &PrepareOptions) -> Option<Prep
     }
 }
 
+/// The error `prepare` gives, or `None` (after reporting) without wasm-opt.
+pub(crate) fn prepare_err_or_skip(wasm: &[u8], opts: &PrepareOptions) -> Option<PrepareError> {
+    match prepare(wasm, opts) {
+        Err(PrepareError::WasmOptMissing { path }) => {
+            roam_testkit::missing(&roam_testkit::WASM_OPT, path.display());
+            None
+        }
+        Err(e) => Some(e),
+        Ok(_) => panic!("prepare succeeded where it must fail"),
+    }
+}
+
 pub(crate) fn export_names(wasm: &[u8]) -> Vec<(String, ExternalKind)> {
     let mut out = Vec::new();
     for payload in Parser::new(0).parse_all(wasm) {

@@ -325,8 +325,8 @@ fn scan(input: &[u8], eh: bool) -> Result<Scan, ValidateError> {
                         }
                     }
                     if scan.refusal.is_none() {
-                        let refusal = classify(&op)
-                            .filter(|r| !(eh && r.feature == crate::ops::EXCEPTIONS));
+                        let refusal =
+                            classify(&op).filter(|r| !(eh && r.feature == crate::ops::EXCEPTIONS));
                         if let Some(refusal) = refusal {
                             scan.refusal = Some((index, refusal));
                         }

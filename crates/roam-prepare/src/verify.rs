@@ -39,10 +39,10 @@ use wasmparser::{ExternalKind, Parser, Payload, TypeRef};
 use crate::validate::validate_as;
 use crate::{
     read_section, Capture, PointPolicy, RoamSection, SectionError, ValidateError,
-    ABORT_GLOBAL_EXPORT, ASYNCIFY_EXPORTS, BUDGET_GLOBAL_EXPORT, EXIT_ARG_EXPORT_PREFIX,
-    EXIT_GLOBAL_EXPORT, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT,
-    SPILL_EXPORT_PREFIX, TABLE_EXPORT_PREFIX, CAPTURE_END_EXPORT, CAPTURE_GLOBAL_EXPORT, REWIND_EXPORT,
-    STATE_EXPORT,
+    ABORT_GLOBAL_EXPORT, ASYNCIFY_EXPORTS, BUDGET_GLOBAL_EXPORT, CAPTURE_END_EXPORT,
+    CAPTURE_GLOBAL_EXPORT, EXIT_ARG_EXPORT_PREFIX, EXIT_GLOBAL_EXPORT, FLAG_GLOBAL_EXPORT,
+    GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, REWIND_EXPORT, SPILL_EXPORT_PREFIX, STATE_EXPORT,
+    TABLE_EXPORT_PREFIX,
 };
 
 /// Mutable globals Asyncify adds and keeps unexported (`__asyncify_state`,
@@ -136,10 +136,16 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
     let f = facts(module)?;
     let is_mutable_global = |index: u32| f.global_mutable.get(index as usize) == Some(&true);
 
-    let funcs: &[&str] = if eh { &[REWIND_EXPORT] } else { ASYNCIFY_EXPORTS };
+    let funcs: &[&str] = if eh {
+        &[REWIND_EXPORT]
+    } else {
+        ASYNCIFY_EXPORTS
+    };
     for name in funcs {
         if !matches!(f.exports.get(*name), Some((ExternalKind::Func, _))) {
-            return Err(inconsistent(format!("it lacks the function export `{name}`")));
+            return Err(inconsistent(format!(
+                "it lacks the function export `{name}`"
+            )));
         }
     }
     let eh_globals: &[&str] = if eh {

@@ -7,7 +7,6 @@ use roam_wasi::{CapturedOutput, Preopen, WasiConfig, WasiCtx};
 use wasmtime::{Global, Instance, Linker, Store, TypedFunc};
 
 use crate::asyncify::{Buffer, HEADER, UNWINDING};
-use crate::unwind::Unwinder;
 use crate::capture::{self, Saved};
 use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller, Killed};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
@@ -18,6 +17,7 @@ use crate::limits::CellLimits;
 use crate::memory::LiveMemory;
 use crate::module::LoadedModule;
 use crate::runtime::Runtime;
+use crate::unwind::Unwinder;
 
 /// Options of a cell.
 #[derive(Debug, Clone)]
@@ -119,7 +119,12 @@ pub(crate) fn instantiate(
     let memory = instance
         .get_memory(&mut store, roam_prepare::MEMORY_EXPORT)
         .ok_or("no memory export")?;
-    let unwinder = Unwinder::new(&instance, &mut store, module.captures_by_exceptions(), memory)?;
+    let unwinder = Unwinder::new(
+        &instance,
+        &mut store,
+        module.captures_by_exceptions(),
+        memory,
+    )?;
     let flag_memory = instance
         .get_memory(&mut store, crate::flag::FLAG_MEMORY_EXPORT)
         .ok_or("no flag memory export")?;
@@ -378,7 +383,10 @@ impl Cell {
             }
             self.store.data_mut().checkpointing = false;
             // A rewind by exceptions enters the program's rewind copy.
-            let entry = match (&self.store.data().rewinding, self.hooks.unwinder.rewind_entry()) {
+            let entry = match (
+                &self.store.data().rewinding,
+                self.hooks.unwinder.rewind_entry(),
+            ) {
                 (Some(_), Some(rewind)) => rewind,
                 _ => self.start.clone(),
             };

@@ -17,10 +17,10 @@ use roam_wasi::{WasiCtx, WasiView};
 use wasmtime::{Caller, Global, Linker, Memory, UpdateDeadline};
 
 use crate::asyncify::{Buffer, NORMAL, REWINDING};
-use crate::unwind::Unwinder;
 use crate::capture::{self, Captured};
 use crate::control::{CheckpointKind, Control, Killed, Request, Trigger};
 use crate::module::LoadedModule;
+use crate::unwind::Unwinder;
 
 /// Most bytes from address 0 that the unwound stack may borrow during a
 /// [`CheckpointKind::Pause`] (all of memory if smaller). These bytes, and
@@ -193,9 +193,9 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
         let h = hooks(&caller)?;
         return match h.unwinder.state(&mut caller)? {
             REWINDING => finish_rewind(&mut caller, &h),
-            state => wasmtime::bail!(
-                "migration point reached in capture state {state} during a restore"
-            ),
+            state => {
+                wasmtime::bail!("migration point reached in capture state {state} during a restore")
+            }
         };
     }
     let counting = caller.data().stop_at_point.is_some() || caller.data().continue_every.is_some();

@@ -27,7 +27,6 @@
 #![deny(missing_docs)]
 
 mod asyncify;
-mod unwind;
 pub mod cache;
 mod capture;
 mod cell;
@@ -45,6 +44,7 @@ mod memory;
 mod module;
 mod runtime;
 mod uffd;
+mod unwind;
 
 pub use cell::{Cell, CellOptions, Outcome};
 pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger, STOP_GRACE};

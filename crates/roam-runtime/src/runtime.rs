@@ -100,7 +100,13 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             cache_dir: Cache::default_dir(),
-            prepare: PrepareOptions::default(),
+            prepare: PrepareOptions {
+                capture: roam_prepare::Capture::from_env().unwrap_or_else(|e| {
+                    tracing::warn!("{}: {e}; using the default", roam_prepare::ENV_CAPTURE);
+                    roam_prepare::Capture::default()
+                }),
+                ..PrepareOptions::default()
+            },
             max_wasm_stack: DEFAULT_MAX_WASM_STACK,
             epoch_interrupt: EpochInterrupt::from_env(),
         }

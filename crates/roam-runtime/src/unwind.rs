@@ -82,13 +82,19 @@ impl Unwinder {
 
     /// Begin an unwind into `b`; the program unwinds when the host
     /// returns to it.
-    pub(crate) fn start_unwind(&self, mut store: impl AsContextMut, b: Buffer) -> wasmtime::Result<()> {
+    pub(crate) fn start_unwind(
+        &self,
+        mut store: impl AsContextMut,
+        b: Buffer,
+    ) -> wasmtime::Result<()> {
         match self {
             Unwinder::Asyncify(a) => a.start_unwind(store, b),
             Unwinder::Eh(e) => {
                 let mut store = store.as_context_mut();
-                e.cursor.set(&mut store, Val::I32((b.offset + HEADER) as i32))?;
-                e.end.set(&mut store, Val::I32((b.offset + b.capacity) as i32))?;
+                e.cursor
+                    .set(&mut store, Val::I32((b.offset + HEADER) as i32))?;
+                e.end
+                    .set(&mut store, Val::I32((b.offset + b.capacity) as i32))?;
                 e.state.set(&mut store, Val::I32(roam_prepare::UNWINDING))
             }
         }
@@ -96,7 +102,11 @@ impl Unwinder {
 
     /// End a completed unwind into `b`: its header then says where the
     /// captured stack ends.
-    pub(crate) fn stop_unwind(&self, mut store: impl AsContextMut, b: Buffer) -> wasmtime::Result<()> {
+    pub(crate) fn stop_unwind(
+        &self,
+        mut store: impl AsContextMut,
+        b: Buffer,
+    ) -> wasmtime::Result<()> {
         match self {
             Unwinder::Asyncify(a) => a.stop_unwind(store),
             Unwinder::Eh(e) => {
@@ -111,14 +121,19 @@ impl Unwinder {
     }
 
     /// Begin a rewind from `b`, whose header says where its stack ends.
-    pub(crate) fn start_rewind(&self, mut store: impl AsContextMut, b: Buffer) -> wasmtime::Result<()> {
+    pub(crate) fn start_rewind(
+        &self,
+        mut store: impl AsContextMut,
+        b: Buffer,
+    ) -> wasmtime::Result<()> {
         match self {
             Unwinder::Asyncify(a) => a.start_rewind(store, b),
             Unwinder::Eh(e) => {
                 let mut store = store.as_context_mut();
                 let current = b.current(e.memory.data(&store));
                 e.cursor.set(&mut store, Val::I32(current as i32))?;
-                e.end.set(&mut store, Val::I32((b.offset + b.capacity) as i32))?;
+                e.end
+                    .set(&mut store, Val::I32((b.offset + b.capacity) as i32))?;
                 e.state.set(&mut store, Val::I32(roam_prepare::REWINDING))
             }
         }

@@ -11,9 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use walrus::ir::{
-    Block, Br, BrIf, BrTable, Instr, InstrSeqId, LocalGet, LocalSet, LocalTee, Loop,
-};
+use walrus::ir::{Block, Br, BrIf, BrTable, Instr, InstrSeqId, LocalGet, LocalSet, LocalTee, Loop};
 use walrus::{LocalFunction, LocalId, ValType};
 use wasmparser::{BlockType, Operator, Parser, ValidPayload, Validator, WasmModuleResources};
 

@@ -166,9 +166,7 @@ pub(crate) fn transform(
         match instr {
             Instr::Call(Call { func }) if Some(*func) == point => Some(KidKind::Point),
             Instr::Call(Call { func }) if blocking.contains(func) => Some(KidKind::Import),
-            Instr::Call(Call { func }) if wrap && reaching.contains(func) => {
-                Some(KidKind::Wrapped)
-            }
+            Instr::Call(Call { func }) if wrap && reaching.contains(func) => Some(KidKind::Wrapped),
             Instr::CallIndirect(CallIndirect { ty, table })
                 if wrap
                     && tables
@@ -184,7 +182,9 @@ pub(crate) fn transform(
     // Plan every function before changing anything.
     let local_ids: Vec<FunctionId> = module.funcs.iter_local().map(|(id, _)| id).collect();
     if local_ids.len() != stacks.len() {
-        return Err(rewrite("function count differs between walrus and wasmparser"));
+        return Err(rewrite(
+            "function count differs between walrus and wasmparser",
+        ));
     }
     let mut stats = EhStats::default();
     let mut pending = Vec::new();
@@ -206,7 +206,9 @@ pub(crate) fn transform(
             new_locals: Vec::new(),
         };
         if planner.positions.len() != facts.len() {
-            return Err(rewrite("instruction count differs between walrus and wasmparser"));
+            return Err(rewrite(
+                "instruction count differs between walrus and wasmparser",
+            ));
         }
         planner.walk(func.entry_block(), false)?;
         stats.sites = planner.next_site;
@@ -231,8 +233,9 @@ pub(crate) fn transform(
         for ((seq, index), k) in kids {
             any_indirect |= k.kind == KidKind::Wrapped
                 && matches!(func.block(seq).instrs[index].0, Instr::CallIndirect(_));
-            let typed =
-                |v: &[(Pending, ValType)]| -> Vec<_> { v.iter().map(|(l, t)| (local(*l), *t)).collect() };
+            let typed = |v: &[(Pending, ValType)]| -> Vec<_> {
+                v.iter().map(|(l, t)| (local(*l), *t)).collect()
+            };
             plan.kids.insert(
                 (seq, index),
                 Kid {
@@ -258,11 +261,9 @@ pub(crate) fn transform(
             let mut record = Vec::with_capacity(values.len());
             for l in values {
                 match module.locals.get(l).ty() {
-                    ValType::Ref(_) => {
-                        return Err(rewrite(
-                            "a reference is live across a call that may unwind; use --capture asyncify",
-                        ))
-                    }
+                    ValType::Ref(_) => return Err(rewrite(
+                        "a reference is live across a call that may unwind; use --capture asyncify",
+                    )),
                     ty => record.push((l, ty)),
                 }
             }
@@ -275,9 +276,12 @@ pub(crate) fn transform(
 
     // The state, the buffer's cursor and end, the tag.
     let global = |module: &mut walrus::Module| {
-        module
-            .globals
-            .add_local(ValType::I32, true, false, ConstExpr::Value(walrus::ir::Value::I32(0)))
+        module.globals.add_local(
+            ValType::I32,
+            true,
+            false,
+            ConstExpr::Value(walrus::ir::Value::I32(0)),
+        )
     };
     let state = global(&mut module);
     let cursor = global(&mut module);
@@ -303,9 +307,7 @@ pub(crate) fn transform(
     }
     let by_site = (wrap && any_indirect && !site_owner.is_empty()).then(|| {
         let n = site_owner.len() as u64;
-        let table = module
-            .tables
-            .add_local(false, n, Some(n), RefType::FUNCREF);
+        let table = module.tables.add_local(false, n, Some(n), RefType::FUNCREF);
         let items = site_owner.iter().map(|f| copies[f]).collect();
         module.elements.add(
             ElementKind::Active {
@@ -356,7 +358,13 @@ pub(crate) fn transform(
             fb.finish(Vec::new(), &mut module.funcs)
         }
     };
-    if start.is_some_and(|s| !module.types.get(module.funcs.get(s).ty()).params().is_empty()) {
+    if start.is_some_and(|s| {
+        !module
+            .types
+            .get(module.funcs.get(s).ty())
+            .params()
+            .is_empty()
+    }) {
         return Err(rewrite("`_start` takes parameters"));
     }
     add_export(&mut module, REWIND_EXPORT, rewind.into())?;
@@ -415,7 +423,9 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
         self.next_fact += 1;
         match (self.positions.get(i), self.facts.get(i)) {
             (Some(p), Some(f)) if *p == at => Ok(f.clone()),
-            _ => Err(rewrite("walrus and wasmparser disagree on the instruction order")),
+            _ => Err(rewrite(
+                "walrus and wasmparser disagree on the instruction order",
+            )),
         }
     }
 
@@ -463,7 +473,9 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
                     continue;
                 }
                 let Under::Values(under) = fact else {
-                    return Err(rewrite("a reference lies on the stack under a call that may unwind"));
+                    return Err(rewrite(
+                        "a reference lies on the stack under a call that may unwind",
+                    ));
                 };
                 let (mut params, results) = match instr {
                     Instr::Call(Call { func }) => {
@@ -527,12 +539,14 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
             }
             match fact {
                 Under::Values(_) => {}
-                Under::Params => {
+                Under::Params => return Err(rewrite(
+                    "a block with parameters holds a call that may unwind; use --capture asyncify",
+                )),
+                _ => {
                     return Err(rewrite(
-                        "a block with parameters holds a call that may unwind; use --capture asyncify",
+                        "a reference lies on the stack under a block that may unwind",
                     ))
                 }
-                _ => return Err(rewrite("a reference lies on the stack under a block that may unwind")),
             }
             let is_if = matches!(instr, Instr::IfElse(_));
             let ins = if is_if {

@@ -33,8 +33,8 @@ use walrus::ir::{
     Select, Store, StoreKind, Throw, ThrowRef, TryTable, TryTableCatch, Unreachable, Value,
 };
 use walrus::{
-    FunctionBuilder, FunctionId, GlobalId, LocalFunction, LocalId, MemoryId, ModuleTypes,
-    RefType, TableId, TagId, ValType,
+    FunctionBuilder, FunctionId, GlobalId, LocalFunction, LocalId, MemoryId, ModuleTypes, RefType,
+    TableId, TagId, ValType,
 };
 
 use super::EhStats;
@@ -481,7 +481,13 @@ impl<'a> Writer<'a> {
     ///   (if unwinding: store the record)  throw_ref
     /// end
     /// ```
-    fn wrap(&mut self, call: Instr, site: u32, params: &[ValType], results: &[ValType]) -> Vec<Instr> {
+    fn wrap(
+        &mut self,
+        call: Instr,
+        site: u32,
+        params: &[ValType],
+        results: &[ValType],
+    ) -> Vec<Instr> {
         let exn = ValType::Ref(RefType::EXNREF);
         let ty = self.seq_type(params, results);
         let tried = self.new_seq(ty, vec![call]);
