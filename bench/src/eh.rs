@@ -99,7 +99,7 @@ pub struct Options {
 const BUILDS: [(&str, Option<&str>); 4] = [
     ("plain", None),
     ("default", Some("")),
-    ("eh-proto", Some("--capture eh-proto")),
+    ("eh-proto", Some("--capture eh")),
     // Its points alone: what the wrapped calls add is eh-proto ÷ this.
     ("eh-points", Some("--capture eh-points")),
 ];
@@ -153,7 +153,7 @@ pub(crate) fn prepare(
     }
     let sites = err
         .lines()
-        .find_map(|l| l.split_once("eh-proto (experimental, cannot be run by roam): "))
+        .find_map(|l| l.split_once("capture by exceptions: "))
         .map(|(_, rest)| rest.split(',').take(3).collect::<Vec<_>>().join(","))
         .unwrap_or_default();
     std::fs::write(&record, format!("{secs}\n{sites}"))?;

@@ -123,6 +123,9 @@ enum Bench {
         /// The stock `wasmtime` command (wasmtime-cli 48).
         #[arg(long, default_value = "wasmtime")]
         wasmtime: PathBuf,
+        /// How roam captures the stack: `asyncify` or `eh`.
+        #[arg(long, default_value = "asyncify")]
+        capture: String,
     },
     /// Checkpoint capture and restore time vs live memory.
     T2 {
@@ -360,12 +363,14 @@ fn main() -> anyhow::Result<()> {
             reps,
             only,
             wasmtime,
+            capture,
         } => real::run(
             &paths,
             &real::Options {
                 reps: reps.max(1),
                 only,
                 wasmtime,
+                capture,
                 root: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")),
             },
         )?,

@@ -36,6 +36,8 @@ pub struct Options {
     pub wasmtime: PathBuf,
     /// The repository (for the manifest and `target/workloads/real`).
     pub root: PathBuf,
+    /// `roam prepare --capture` (`asyncify` or `eh`).
+    pub capture: String,
 }
 
 /// One timed run, its output checked: CPU seconds of the child.
@@ -146,8 +148,9 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         }
         let compile = began.elapsed().as_secs_f64();
 
-        let prepared = dir.join(format!("{}.prepared.wasm", p.name));
-        let (prep, _) = crate::eh::prepare(&roam, &module, &prepared, "")?;
+        let prepared = dir.join(format!("{}.{}.wasm", p.name, opts.capture));
+        let args = format!("--capture {}", opts.capture);
+        let (prep, _) = crate::eh::prepare(&roam, &module, &prepared, &args)?;
         // The first run fills roam's compile cache (Cranelift, as wasmtime).
         let _ = std::fs::remove_dir_all(&cache);
         let began = Instant::now();
@@ -209,16 +212,22 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
             worst.0,
             worst.1
         ),
-        format!("baseline: `{version}`, each module compiled ahead with `wasmtime compile` and run with `wasmtime run --allow-precompiled`; roam runs the default preparation with its compile cache warm"),
+        format!("baseline: `{version}`, each module compiled ahead with `wasmtime compile` and run with `wasmtime run --allow-precompiled`; roam runs the default preparation with `--capture {}`, its compile cache warm", opts.capture),
         "CPU time (user + system) of each process, median of the repetitions, the two interleaved; both outputs are checked against the manifest on every run".into(),
-        "prepare s: `roam prepare` with default options (reused when newer than its input, with the time recorded when it was made); roam first run: a run at test size with an empty compile cache, compile included".into(),
+        "prepare s: `roam prepare` with default options but the capture (reused when newer than its input, with the time recorded when it was made); roam first run: a run at test size with an empty compile cache, compile included".into(),
     ];
     Ok(Report {
-        name: "t1-real".into(),
-        title: "T1 on the real-program suite, against stock wasmtime".into(),
+        name: match opts.capture.as_str() {
+            "asyncify" => "t1-real".into(),
+            other => format!("t1-real-{other}"),
+        },
+        title: format!(
+            "T1 on the real-program suite, against stock wasmtime (capture: {})",
+            opts.capture
+        ),
         setup: format!(
-            "`roam-bench real --reps {}`, bench sizes of workloads/real/suite.toml",
-            opts.reps
+            "`roam-bench real --reps {} --capture {}`, bench sizes of workloads/real/suite.toml",
+            opts.reps, opts.capture
         ),
         table,
         notes,

@@ -58,6 +58,13 @@ const OPTIONS: &[&[&str]] = &[
     &["--lift-exits", "off"],
     &["--opt", "O0"],
     &["--opt", "Os"],
+    // Capture by exceptions, with the policies and optimisation that
+    // change where its sites are.
+    &["--capture", "eh"],
+    &["--capture", "eh", "--points", "outer"],
+    &["--capture", "eh", "--points", "functions"],
+    &["--capture", "eh", "--points", "manual"],
+    &["--capture", "eh", "--opt", "O0"],
 ];
 
 /// Programs whose default snapshot CI also restores on aarch64: the
@@ -291,7 +298,9 @@ fn differential(name: &str) {
     let mut rng = seed(name) | 1;
     let cross_default = full() || CROSS_IN_CI.contains(&name);
     for (i, flags) in sample(&suite, name).into_iter().enumerate() {
-        case.differential(flags, &mut rng, full() || (i == 0 && cross_default));
+        // The first of each capture crosses to aarch64.
+        let first = i == 0 || flags == ["--capture", "eh"];
+        case.differential(flags, &mut rng, full() || (first && cross_default));
     }
 }
 

@@ -204,6 +204,7 @@ pub(crate) fn transform(
             enclosing: Vec::new(),
             next_site: stats.sites,
             new_locals: Vec::new(),
+            pools: HashMap::new(),
         };
         if planner.positions.len() != facts.len() {
             return Err(rewrite(
@@ -415,6 +416,13 @@ struct Planner<'a, C: Fn(&Instr) -> Option<KidKind>> {
     enclosing: Vec<Vec<Pending>>,
     next_site: u32,
     new_locals: Vec<ValType>,
+    /// Locals that kids' inputs and results pass through, shared by all
+    /// kids of the function (by role and type, one per position). They
+    /// live only from just before a kid to its start, or from its end to
+    /// just after it, so no two kids need them at once; a function has
+    /// hundreds of kids, and a local of its own for each would make the
+    /// rewind copy's locals times blocks grow out of hand in Cranelift.
+    pools: HashMap<(bool, ValType), Vec<Pending>>,
 }
 
 impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
@@ -436,6 +444,24 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
                 (self.new_locals.len() - 1, *t)
             })
             .collect()
+    }
+
+    /// Pooled locals for a kid's inputs (`ins`) or results.
+    fn pooled(&mut self, ins: bool, tys: &[ValType]) -> Vec<(Pending, ValType)> {
+        let mut used: HashMap<ValType, usize> = HashMap::new();
+        let mut out = Vec::with_capacity(tys.len());
+        for t in tys {
+            let n = used.entry(*t).or_default();
+            let have = self.pools.get(&(ins, *t)).map_or(0, Vec::len);
+            if *n == have {
+                self.new_locals.push(*t);
+                let l = self.new_locals.len() - 1;
+                self.pools.entry((ins, *t)).or_default().push(l);
+            }
+            out.push((self.pools[&(ins, *t)][*n], *t));
+            *n += 1;
+        }
+        out
     }
 
     fn seq_results(&self, seq: InstrSeqId) -> Vec<ValType> {
@@ -492,8 +518,8 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
                     params.push(ValType::I32);
                 }
                 let under = self.new_locals(&under);
-                let ins = self.new_locals(&params);
-                let outs = self.new_locals(&results);
+                let ins = self.pooled(true, &params);
+                let outs = self.pooled(false, &results);
                 let number = self.next_site;
                 self.next_site += 1;
                 let mut extra: Vec<Pending> = self.enclosing.iter().flatten().copied().collect();
@@ -550,11 +576,12 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
             }
             let is_if = matches!(instr, Instr::IfElse(_));
             let ins = if is_if {
-                self.new_locals(&[ValType::I32])
+                self.pooled(true, &[ValType::I32])
             } else {
                 Vec::new()
             };
-            let outs = self.new_locals(&self.seq_results(children[0]));
+            let results = self.seq_results(children[0]);
+            let outs = self.pooled(false, &results);
             self.kids.insert(
                 (seq, i),
                 PendingKid {

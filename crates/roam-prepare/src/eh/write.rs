@@ -248,58 +248,117 @@ impl<'a> Writer<'a> {
     /// The instructions of block `from` in this form.
     fn seq(&mut self, from: InstrSeqId) -> Vec<Instr> {
         let src = self.src;
-        let mut out = Vec::new();
-        let mut stretch = Vec::new();
+        // The stretch before the first kid, then each kid (its code, its
+        // last site) and the stretch after it.
+        let mut first = Vec::new();
+        let mut kids: Vec<(Vec<Instr>, u32, Vec<Instr>)> = Vec::new();
         for (i, (instr, _)) in src.block(from).instrs.iter().enumerate() {
             let Some(kid) = self.plan.kids.get(&(from, i)) else {
                 let written = self.plain(instr);
-                stretch.push(written);
+                match kids.last_mut() {
+                    Some(k) => k.2.push(written),
+                    None => first.push(written),
+                }
                 continue;
             };
             let moved = !kid.under.is_empty();
             self.stats.moved += kid.under.len() as u32;
             let spill_ins = self.rewind || moved || kid.kind == KidKind::Import;
             let spill_outs = self.rewind || moved;
+            let before = match kids.last_mut() {
+                Some(k) => &mut k.2,
+                None => &mut first,
+            };
             if spill_ins {
-                stretch.extend(kid.ins.iter().rev().map(set));
+                before.extend(kid.ins.iter().rev().map(set));
             }
-            stretch.extend(kid.under.iter().rev().map(set));
+            before.extend(kid.under.iter().rev().map(set));
             let mut core = self.kid(instr, kid, spill_ins);
             if spill_outs {
                 core.extend(kid.outs.iter().rev().map(set));
             }
-            if self.rewind {
-                self.flush(&mut out, &mut stretch);
-                out.push(self.skip_unless_holding(kid, core));
-            } else {
-                stretch.extend(core);
-            }
+            let mut after = Vec::new();
             if spill_outs {
-                stretch.extend(kid.under.iter().map(get));
-                stretch.extend(kid.outs.iter().map(get));
+                after.extend(kid.under.iter().map(get));
+                after.extend(kid.outs.iter().map(get));
             }
+            kids.push((core, kid.hi, after));
         }
-        out.extend(stretch);
-        out
+        if !self.rewind || kids.is_empty() {
+            let mut out = first;
+            for (core, _, after) in kids {
+                out.extend(core);
+                out.extend(after);
+            }
+            return out;
+        }
+        self.dispatch(first, kids)
     }
 
-    /// Rewind copy: a stretch between kids runs only when not rewinding.
-    fn flush(&mut self, out: &mut Vec<Instr>, stretch: &mut Vec<Instr>) {
-        if stretch.is_empty() {
-            return;
+    /// Rewind copy: the stretches and kids of one block, nested so that a
+    /// rewind jumps straight to the kid that holds its site:
+    ///
+    /// ```text
+    /// block $k_n ... block $k_1
+    ///     (if rewinding: br_table $k_1 .. $k_n by the site)   stretch 0
+    ///   end  kid 1  stretch 1
+    /// ... end  kid n  stretch n
+    /// ```
+    ///
+    /// Every stretch leaves the stack as it found it, so each `end` is a
+    /// point where the stack is empty. Normal running costs one test of
+    /// `roam.state` per entry into the block.
+    fn dispatch(
+        &mut self,
+        first: Vec<Instr>,
+        kids: Vec<(Vec<Instr>, u32, Vec<Instr>)>,
+    ) -> Vec<Instr> {
+        let t = self.plan.target.expect("a rewind copy has a target local");
+        let labels: Vec<InstrSeqId> = kids
+            .iter()
+            .map(|_| self.fb.dangling_instr_seq(InstrSeqType::Simple(None)).id())
+            .collect();
+        // Which kid holds the site: how many end before it.
+        let mut pick = vec![i32c(0)];
+        for (_, hi, _) in &kids[..kids.len() - 1] {
+            pick.extend([
+                Instr::LocalGet(LocalGet { local: t }),
+                i32c(*hi as i32),
+                bin(BinaryOp::I32GtU),
+                bin(BinaryOp::I32Add),
+            ]);
         }
-        let body = std::mem::take(stretch);
-        let then = self.new_seq(InstrSeqType::Simple(None), body);
-        let empty = self.new_seq(InstrSeqType::Simple(None), Vec::new());
-        out.extend([
+        pick.push(Instr::BrTable(BrTable {
+            blocks: labels.clone().into(),
+            default: labels[0],
+        }));
+        let go = self.new_seq(InstrSeqType::Simple(None), pick);
+        let stay = self.new_seq(InstrSeqType::Simple(None), Vec::new());
+        let mut inner = vec![
             gget(self.ctx.state),
             i32c(REWINDING),
-            bin(BinaryOp::I32Ne),
+            bin(BinaryOp::I32Eq),
             Instr::IfElse(IfElse {
-                consequent: then,
-                alternative: empty,
+                consequent: go,
+                alternative: stay,
             }),
-        ]);
+        ];
+        inner.extend(first);
+        let mut kids = kids.into_iter();
+        let mut out = Vec::new();
+        for (i, label) in labels.iter().enumerate() {
+            self.put(*label, std::mem::take(&mut inner));
+            let (core, _, after) = kids.next().expect("one kid per label");
+            let mut next = vec![Instr::Block(Block { seq: *label })];
+            next.extend(core);
+            next.extend(after);
+            if i + 1 == labels.len() {
+                out = next;
+            } else {
+                inner = next;
+            }
+        }
+        out
     }
 
     /// `(local.get t) - lo <=u hi - lo`: the site rewound to is in range.
@@ -321,28 +380,6 @@ impl<'a> Writer<'a> {
             i32c((hi - lo) as i32),
             bin(op),
         ]
-    }
-
-    /// Rewind copy: `block $skip (if rewinding and the site is not in
-    /// [lo, hi]: br $skip) core end`.
-    fn skip_unless_holding(&mut self, kid: &Kid, core: Vec<Instr>) -> Instr {
-        let skip = self.fb.dangling_instr_seq(InstrSeqType::Simple(None)).id();
-        let mut test = self.target_out(kid.lo, kid.hi);
-        test.push(Instr::BrIf(BrIf { block: skip }));
-        let then = self.new_seq(InstrSeqType::Simple(None), test);
-        let empty = self.new_seq(InstrSeqType::Simple(None), Vec::new());
-        let mut body = vec![
-            gget(self.ctx.state),
-            i32c(REWINDING),
-            bin(BinaryOp::I32Eq),
-            Instr::IfElse(IfElse {
-                consequent: then,
-                alternative: empty,
-            }),
-        ];
-        body.extend(core);
-        self.put(skip, body);
-        Instr::Block(Block { seq: skip })
     }
 
     /// A kid in this form, its inputs on the stack (or in its `ins`
