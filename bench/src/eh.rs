@@ -1,14 +1,15 @@
 //! Capture by Wasm exceptions against Asyncify: what each costs a running
 //! program, and its size (issue 31, section 3, first step).
 //!
-//! Why it exists: before anyone builds restore on top of exceptions, the
-//! capture side alone must be shown cheap. `roam prepare --capture
-//! eh-proto` (a prototype that `roam run` refuses) wraps every call that may
-//! unwind in a `try_table` whose handler stores the frame's live locals.
-//! This runs three builds of each program on `plain-wasmtime` (stock
+//! Why it exists: it showed that capture by exceptions costs a running
+//! program far less than Asyncify before restore was built on it, and it
+//! still splits that cost: `roam prepare --capture eh` wraps every call
+//! that may unwind in a `try_table` whose handler stores the frame's live
+//! locals, and `eh-points` has its points alone (no wrapped call, no copy).
+//! This runs the builds of each program on `plain-wasmtime` (stock
 //! wasmtime 48 and wasmtime-wasi, exceptions on), so the prepared code is
 //! all that differs: the unprepared module, the default preparation
-//! (Asyncify) and `eh-proto`, interleaved per repetition, median of the
+//! (Asyncify) and `eh`, interleaved per repetition, median of the
 //! repetitions, as ratios to the unprepared module. Time is CPU time of
 //! the process, not wall time: it was written on a machine shared with
 //! several builds, where wall time ran ten times the CPU time. It also reports the
@@ -99,14 +100,14 @@ pub struct Options {
 const BUILDS: [(&str, Option<&str>); 4] = [
     ("plain", None),
     ("default", Some("")),
-    ("eh-proto", Some("--capture eh")),
-    // Its points alone: what the wrapped calls add is eh-proto ÷ this.
+    ("eh", Some("--capture eh")),
+    // Its points alone: what the wrapped calls add is eh ÷ this.
     ("eh-points", Some("--capture eh-points")),
 ];
 
 struct Program {
     name: String,
-    /// Per build: the module, `roam prepare` seconds, `eh-proto` sites.
+    /// Per build: the module, `roam prepare` seconds, `eh` sites.
     modules: Vec<(PathBuf, Option<f64>, String)>,
     args: Vec<String>,
     dirs: Vec<String>,
@@ -118,7 +119,7 @@ struct Program {
     warm: Option<Vec<String>>,
 }
 
-/// `roam prepare` `input` into `out`: seconds taken, and what `eh-proto`
+/// `roam prepare` `input` into `out`: seconds taken, and what `eh`
 /// did. An output newer than its input is reused with the time recorded
 /// beside it (`<out>.prep`), since preparing a large program takes a minute.
 pub(crate) fn prepare(
@@ -290,9 +291,9 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         "program",
         "plain CPU s",
         "default ÷ plain",
-        "eh-proto ÷ plain",
+        "eh ÷ plain",
         "eh-points ÷ plain",
-        "eh-proto ÷ default",
+        "eh ÷ default",
         "code KiB plain / default / eh",
         ".text KiB plain / default / eh",
         "prepare s default / eh",
@@ -385,7 +386,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
     let g = |xs: &[f64]| geomean(xs).map_or("-".into(), |x| format!("{x:.3}"));
     let worst = |xs: &[f64]| xs.iter().copied().fold(f64::NAN, f64::max);
     notes.push(format!(
-        "geomean over {} programs (those whose every build ran): default (Asyncify) ÷ plain {}, eh-proto ÷ plain {}, eh-points ÷ plain {}; worst {:.3}, {:.3} and {:.3}",
+        "geomean over {} programs (those whose every build ran): default (Asyncify) ÷ plain {}, eh ÷ plain {}, eh-points ÷ plain {}; worst {:.3}, {:.3} and {:.3}",
         r_eh.len(),
         g(&r_default),
         g(&r_eh),
@@ -396,7 +397,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
     ));
     notes.push("all four builds run on plain-wasmtime (wasmtime 48, Cranelift, exceptions on), so only the prepared code differs; \"output\" compares all of stdout across builds and repetitions (coremark prints its own timings, so it always differs); code KiB is the code section, .text KiB the machine code in wasmtime's compiled artifact".into());
     Ok(Report {
-        name: format!("eh-proto-{}", opts.size),
+        name: format!("eh-{}", opts.size),
         title: "Capture by exceptions (prototype) against Asyncify, on plain wasmtime".into(),
         setup: format!(
             "`roam-bench eh --size {} --reps {} --extra-reps {}{}`; CPU time (user + system) per process, compile cache warm, median of {} repetitions ({} for programs outside the suite), builds interleaved",
