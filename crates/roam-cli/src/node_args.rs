@@ -31,6 +31,10 @@ pub struct NodeArgs {
     /// Module and compiled-code cache [default: $ROAM_CACHE_DIR or ~/.cache/roam].
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// How uploaded modules that are not prepared yet capture their stack:
+    /// `asyncify` or `eh` (exceptions) [default: $ROAM_CAPTURE or asyncify].
+    #[arg(long, value_name = "HOW")]
+    pub capture: Option<roam_prepare::Capture>,
     /// Chunk store budget for dedup across migrations, MiB.
     #[arg(long, default_value_t = 1024)]
     pub chunk_store_mib: u64,

@@ -80,6 +80,11 @@ pub fn node(a: NodeArgs) -> Result<i32> {
         advertise_migrate: a.advertise_migrate,
         state_dir,
         cache_dir,
+        capture: match a.capture {
+            Some(c) => c,
+            None => roam_prepare::Capture::from_env()
+                .with_context(|| roam_prepare::ENV_CAPTURE.to_string())?,
+        },
         chunk_store_bytes: a.chunk_store_mib << 20,
         memory_reserve: a.memory_reserve_mib << 20,
         tls,

@@ -32,6 +32,8 @@ pub struct NodeConfig {
     pub state_dir: PathBuf,
     /// Module and compiled-code cache.
     pub cache_dir: PathBuf,
+    /// How uploaded modules that are not prepared yet capture their stack.
+    pub capture: roam_prepare::Capture,
     /// Byte budget of the chunk store used for dedup across migrations.
     pub chunk_store_bytes: u64,
     /// Refuse incoming cells that would leave less than this much memory.
@@ -203,10 +205,12 @@ impl Node {
                 cfg.state_dir.display()
             )
         })?;
-        let rt = Runtime::new(RuntimeConfig {
+        let mut rt_cfg = RuntimeConfig {
             cache_dir: cfg.cache_dir.clone(),
             ..RuntimeConfig::default()
-        })?;
+        };
+        rt_cfg.prepare.capture = cfg.capture;
+        let rt = Runtime::new(rt_cfg)?;
         let control = TcpListener::bind(cfg.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;

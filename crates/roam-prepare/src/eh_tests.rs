@@ -72,7 +72,7 @@ fn calls_that_reach_a_point_are_wrapped_and_points_throw() {
     assert!(eh.copies >= 2, "{eh:?}");
     assert!(eh.points >= 4, "{eh:?}");
     assert!((2..=6).contains(&eh.wrapped), "{eh:?}");
-    assert!(eh.moved >= 2, "{eh:?}");
+    assert!(eh.moved >= 1, "{eh:?}");
     let (tries, throws, rethrows) = eh_instrs(&out.bytes);
     assert_eq!(tries as u32, eh.wrapped);
     assert_eq!(rethrows as u32, eh.wrapped);
@@ -184,7 +184,7 @@ fn a_value_under_a_block_that_holds_a_site_moves_to_a_local() {
     };
     let eh = out.eh.unwrap();
     // `$y` under the block, and under the call nothing else.
-    assert!(eh.moved >= 2, "{eh:?}");
+    assert!(eh.moved >= 1, "{eh:?}");
     check_prepared(&out.bytes).unwrap();
 }
 

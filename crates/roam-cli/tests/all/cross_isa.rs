@@ -91,9 +91,14 @@ fn check_ok(what: &str, out: &Output) {
     );
 }
 
-fn migrate(name: &str, from: Isa, to: Isa, moment: Moment) {
+fn migrate(name: &str, from: Isa, to: Isa, moment: Moment, capture: &str) {
     let r = reference(name);
-    let what = format!("{name} {:?} {} -> {}", moment, from.name(), to.name());
+    let what = format!(
+        "{name} {:?} {} -> {} ({capture})",
+        moment,
+        from.name(),
+        to.name()
+    );
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("s.roam");
     let data1 = dir.path().join("data1");
@@ -102,6 +107,8 @@ fn migrate(name: &str, from: Isa, to: Isa, moment: Moment) {
     std::fs::create_dir_all(&data2).unwrap();
 
     let mut cmd = roam(from);
+    // How the module is prepared on the fly (the restore finds it by hash).
+    cmd.env("ROAM_CAPTURE", capture);
     cmd.arg("run")
         .arg("--with-files")
         .arg("--snapshot")
@@ -166,8 +173,12 @@ fn migrate(name: &str, from: Isa, to: Isa, moment: Moment) {
 }
 
 fn all_moments(name: &str, from: Isa, to: Isa) {
+    all_moments_with(name, from, to, "asyncify");
+}
+
+fn all_moments_with(name: &str, from: Isa, to: Isa, capture: &str) {
     for m in [Moment::Early, Moment::Mid, Moment::Blocking] {
-        migrate(name, from, to, m);
+        migrate(name, from, to, m, capture);
     }
 }
 
@@ -183,6 +194,15 @@ macro_rules! workload_tests {
             fn aarch64_to_x86_64() { all_moments(stringify!($w), Isa::Aarch64, Isa::X86_64) }
             #[test]
             fn riscv64_to_x86_64() { all_moments(stringify!($w), Isa::Riscv64, Isa::X86_64) }
+            // Capture by exceptions, one direction each way.
+            #[test]
+            fn x86_64_to_aarch64_eh() {
+                all_moments_with(stringify!($w), Isa::X86_64, Isa::Aarch64, "eh")
+            }
+            #[test]
+            fn riscv64_to_x86_64_eh() {
+                all_moments_with(stringify!($w), Isa::Riscv64, Isa::X86_64, "eh")
+            }
         }
     )*};
 }

@@ -39,6 +39,7 @@
 //! alone, no `try_table` and no copies (nothing can restore it).
 
 mod facts;
+mod record;
 mod write;
 
 use std::collections::{HashMap, HashSet};
@@ -84,7 +85,7 @@ pub struct EhStats {
     pub points: u32,
     /// Blocking imports that store and throw (in run forms and copies).
     pub imports: u32,
-    /// Operand-stack values moved to locals under a kid.
+    /// Operand-stack values moved to locals under a kid (run forms).
     pub moved: u32,
     /// Values stored by handlers and points, summed over sites.
     pub stored: u32,

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use walrus::ir::{
     BinaryOp, Binop, Block, Br, BrIf, BrTable, Call, CallIndirect, Const, GlobalGet, GlobalSet,
     IfElse, Instr, InstrSeqId, InstrSeqType, Load, LoadKind, LocalGet, LocalSet, Loop, MemArg,
-    Select, Store, StoreKind, Throw, ThrowRef, TryTable, TryTableCatch, Unreachable, Value,
+    Select, Throw, ThrowRef, TryTable, TryTableCatch, Unreachable, Value,
 };
 use walrus::{
     FunctionBuilder, FunctionId, GlobalId, LocalFunction, LocalId, MemoryId, ModuleTypes, RefType,
@@ -108,24 +108,24 @@ pub(crate) fn record_size(values: &[(LocalId, ValType)]) -> u32 {
         .sum()
 }
 
-fn i32c(v: i32) -> Instr {
+pub(super) fn i32c(v: i32) -> Instr {
     Instr::Const(Const {
         value: Value::I32(v),
     })
 }
-fn bin(op: BinaryOp) -> Instr {
+pub(super) fn bin(op: BinaryOp) -> Instr {
     Instr::Binop(Binop { op })
 }
-fn gget(global: GlobalId) -> Instr {
+pub(super) fn gget(global: GlobalId) -> Instr {
     Instr::GlobalGet(GlobalGet { global })
 }
-fn gset(global: GlobalId) -> Instr {
+pub(super) fn gset(global: GlobalId) -> Instr {
     Instr::GlobalSet(GlobalSet { global })
 }
-fn get(l: &(LocalId, ValType)) -> Instr {
+pub(super) fn get(l: &(LocalId, ValType)) -> Instr {
     Instr::LocalGet(LocalGet { local: l.0 })
 }
-fn set(l: &(LocalId, ValType)) -> Instr {
+pub(super) fn set(l: &(LocalId, ValType)) -> Instr {
     Instr::LocalSet(LocalSet { local: l.0 })
 }
 
@@ -138,12 +138,11 @@ pub(crate) struct Writer<'a> {
     pub stats: &'a mut EhStats,
     /// Writing the rewind copy.
     pub rewind: bool,
-    fb: FunctionBuilder,
+    pub(super) fb: FunctionBuilder,
     labels: HashMap<InstrSeqId, InstrSeqId>,
 }
 
 impl<'a> Writer<'a> {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         src: &'a LocalFunction,
         plan: &'a FnPlan,
@@ -191,7 +190,7 @@ impl<'a> Writer<'a> {
             .extend(instrs.into_iter().map(|i| (i, loc)));
     }
 
-    fn new_seq(&mut self, ty: InstrSeqType, instrs: Vec<Instr>) -> InstrSeqId {
+    pub(super) fn new_seq(&mut self, ty: InstrSeqType, instrs: Vec<Instr>) -> InstrSeqId {
         let id = self.fb.dangling_instr_seq(ty).id();
         self.put(id, instrs);
         id
@@ -262,7 +261,9 @@ impl<'a> Writer<'a> {
                 continue;
             };
             let moved = !kid.under.is_empty();
-            self.stats.moved += kid.under.len() as u32;
+            if !self.rewind {
+                self.stats.moved += kid.under.len() as u32;
+            }
             let spill_ins = self.rewind || moved || kid.kind == KidKind::Import;
             let spill_outs = self.rewind || moved;
             let before = match kids.last_mut() {
@@ -367,7 +368,7 @@ impl<'a> Writer<'a> {
     }
 
     /// The opposite of [`Writer::target_in`].
-    fn target_out(&self, lo: u32, hi: u32) -> Vec<Instr> {
+    pub(super) fn target_out(&self, lo: u32, hi: u32) -> Vec<Instr> {
         self.target_cmp(lo, hi, BinaryOp::I32GtU)
     }
 
@@ -567,149 +568,5 @@ impl<'a> Writer<'a> {
             ],
         );
         vec![Instr::Block(Block { seq: done })]
-    }
-
-    fn record(&self, site: u32) -> &'a [(LocalId, ValType)] {
-        let plan: &'a FnPlan = self.plan;
-        plan.records
-            .iter()
-            .find(|(s, _)| *s == site)
-            .map(|(_, r)| r.as_slice())
-            .expect("every site has a record")
-    }
-
-    /// Store `site`'s record at the cursor and advance it: each value in an
-    /// 8-byte slot (16 for `v128`), then the site word and 4 bytes of
-    /// padding. A record that would pass `roam.capture_end` traps instead.
-    fn stores(&mut self, site: u32) -> Vec<Instr> {
-        let values = self.record(site);
-        let size = record_size(values);
-        let m = self.ctx.memory;
-        let store = |kind, align, offset| {
-            Instr::Store(Store {
-                memory: m,
-                kind,
-                arg: MemArg { align, offset },
-            })
-        };
-        let trap = self.new_seq(
-            InstrSeqType::Simple(None),
-            vec![Instr::Unreachable(Unreachable {})],
-        );
-        let fine = self.new_seq(InstrSeqType::Simple(None), Vec::new());
-        let c = self.ctx.cursor;
-        let mut out = vec![
-            gget(c),
-            i32c((size + 8) as i32),
-            bin(BinaryOp::I32Add),
-            gget(self.ctx.end),
-            bin(BinaryOp::I32GtU),
-            Instr::IfElse(IfElse {
-                consequent: trap,
-                alternative: fine,
-            }),
-        ];
-        let mut offset = 0u64;
-        for v in values {
-            let (kind, width) = match v.1 {
-                ValType::I32 => (StoreKind::I32 { atomic: false }, 4),
-                ValType::I64 => (StoreKind::I64 { atomic: false }, 8),
-                ValType::F32 => (StoreKind::F32, 4),
-                ValType::F64 => (StoreKind::F64, 8),
-                ValType::V128 => (StoreKind::V128, 16),
-                ValType::Ref(_) => unreachable!("records hold no references (checked)"),
-            };
-            out.extend([gget(c), get(v), store(kind, width.min(8), offset)]);
-            offset += u64::from(width.max(8));
-            self.stats.stored += 1;
-        }
-        out.extend([
-            gget(c),
-            i32c(site as i32),
-            store(StoreKind::I32 { atomic: false }, 4, offset),
-            gget(c),
-            i32c((size + 8) as i32),
-            bin(BinaryOp::I32Add),
-            gset(c),
-        ]);
-        out
-    }
-
-    /// Rewind copy, on entry: pop the record into the locals.
-    fn prologue(&mut self) -> Vec<Instr> {
-        let t = self.plan.target.expect("a rewind copy has a target local");
-        let (c, m) = (self.ctx.cursor, self.ctx.memory);
-        let load = |kind, align, offset| {
-            Instr::Load(Load {
-                memory: m,
-                kind,
-                arg: MemArg { align, offset },
-            })
-        };
-        let (first, last) = match (self.plan.records.first(), self.plan.records.last()) {
-            (Some(f), Some(l)) => (f.0, l.0),
-            _ => return Vec::new(),
-        };
-        let mut body = vec![
-            gget(c),
-            i32c(8),
-            bin(BinaryOp::I32Sub),
-            gset(c),
-            gget(c),
-            load(LoadKind::I32 { atomic: false }, 4, 0),
-            Instr::LocalSet(LocalSet { local: t }),
-        ];
-        // A site of another function: a corrupt buffer.
-        let test = self.target_out(first, last);
-        let trap = self.new_seq(
-            InstrSeqType::Simple(None),
-            vec![Instr::Unreachable(Unreachable {})],
-        );
-        let fine = self.new_seq(InstrSeqType::Simple(None), Vec::new());
-        body.extend(test);
-        body.push(Instr::IfElse(IfElse {
-            consequent: trap,
-            alternative: fine,
-        }));
-        let plan: &'a FnPlan = self.plan;
-        for (site, values) in &plan.records {
-            let size = record_size(values);
-            let mut pop = vec![gget(c), i32c(size as i32), bin(BinaryOp::I32Sub), gset(c)];
-            let mut offset = 0u64;
-            for v in values {
-                let (kind, width) = match v.1 {
-                    ValType::I32 => (LoadKind::I32 { atomic: false }, 4),
-                    ValType::I64 => (LoadKind::I64 { atomic: false }, 8),
-                    ValType::F32 => (LoadKind::F32, 4),
-                    ValType::F64 => (LoadKind::F64, 8),
-                    ValType::V128 => (LoadKind::V128, 16),
-                    ValType::Ref(_) => unreachable!("records hold no references (checked)"),
-                };
-                pop.extend([gget(c), load(kind, width.min(8), offset), set(v)]);
-                offset += u64::from(width.max(8));
-            }
-            let then = self.new_seq(InstrSeqType::Simple(None), pop);
-            let empty = self.new_seq(InstrSeqType::Simple(None), Vec::new());
-            body.extend([
-                Instr::LocalGet(LocalGet { local: t }),
-                i32c(*site as i32),
-                bin(BinaryOp::I32Eq),
-                Instr::IfElse(IfElse {
-                    consequent: then,
-                    alternative: empty,
-                }),
-            ]);
-        }
-        let then = self.new_seq(InstrSeqType::Simple(None), body);
-        let empty = self.new_seq(InstrSeqType::Simple(None), Vec::new());
-        vec![
-            gget(self.ctx.state),
-            i32c(REWINDING),
-            bin(BinaryOp::I32Eq),
-            Instr::IfElse(IfElse {
-                consequent: then,
-                alternative: empty,
-            }),
-        ]
     }
 }

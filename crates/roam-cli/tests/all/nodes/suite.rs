@@ -165,7 +165,18 @@ fn migrate_workload(a: &Node, b: &Node, name: &str, mode: &str) -> Result<(), St
 /// Migrate every workload of `names` from a `from` node to a `to` node in
 /// `mode`; fail with every workload that went wrong.
 fn suite(from: Isa, to: Isa, mode: &str, names: &[&str]) {
-    let (a, b) = (Node::start(from), Node::start(to));
+    suite_with(from, to, mode, names, "asyncify");
+}
+
+/// [`suite`] with nodes that prepare uploads with `--capture capture`.
+fn suite_with(from: Isa, to: Isa, mode: &str, names: &[&str], capture: &str) {
+    let node = |isa| {
+        Node::start_with(
+            isa,
+            &["--migrate-listen", "127.0.0.1:0", "--capture", capture],
+        )
+    };
+    let (a, b) = (node(from), node(to));
     let began = Instant::now();
     let failed: Vec<String> = names
         .iter()
@@ -173,7 +184,7 @@ fn suite(from: Isa, to: Isa, mode: &str, names: &[&str]) {
             let t = Instant::now();
             let r = migrate_workload(&a, &b, name, mode);
             eprintln!(
-                "{mode} {} -> {}: {name}: {} in {:.1} s",
+                "{mode} ({capture}) {} -> {}: {name}: {} in {:.1} s",
                 from.name(),
                 to.name(),
                 if r.is_ok() { "ok" } else { "FAILED" },
@@ -227,4 +238,27 @@ fn x86_to_aarch64_suite_pre_copy() {
 #[test]
 fn aarch64_to_x86_suite_post_copy() {
     suite(Isa::Aarch64, Isa::X86_64, "post-copy", &CROSS);
+}
+
+// Capture by exceptions (`--capture eh`), in every mode, host to host and
+// across ISAs.
+
+#[test]
+fn host_suite_stop_and_copy_eh() {
+    suite_with(Isa::X86_64, Isa::X86_64, "stop-and-copy", &SUITE, "eh");
+}
+
+#[test]
+fn host_suite_pre_copy_eh() {
+    suite_with(Isa::X86_64, Isa::X86_64, "pre-copy", &SUITE, "eh");
+}
+
+#[test]
+fn host_suite_post_copy_eh() {
+    suite_with(Isa::X86_64, Isa::X86_64, "post-copy", &SUITE, "eh");
+}
+
+#[test]
+fn x86_to_aarch64_suite_stop_and_copy_eh() {
+    suite_with(Isa::X86_64, Isa::Aarch64, "stop-and-copy", &CROSS, "eh");
 }
