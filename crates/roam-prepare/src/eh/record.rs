@@ -3,8 +3,7 @@
 //! module docs of `eh/`).
 
 use walrus::ir::{
-    BinaryOp, IfElse, Instr, InstrSeqType, Load, LoadKind, LocalGet, LocalSet, MemArg, Store,
-    StoreKind, Unreachable,
+    BinaryOp, Instr, Load, LoadKind, LocalGet, LocalSet, MemArg, Store, StoreKind, Unreachable,
 };
 use walrus::{LocalId, ValType};
 
@@ -34,11 +33,7 @@ impl<'a> Writer<'a> {
                 arg: MemArg { align, offset },
             })
         };
-        let trap = self.new_seq(
-            InstrSeqType::Simple(None),
-            vec![Instr::Unreachable(Unreachable {})],
-        );
-        let fine = self.new_seq(InstrSeqType::Simple(None), Vec::new());
+        let trap = self.when(vec![Instr::Unreachable(Unreachable {})]);
         let c = self.ctx.cursor;
         let mut out = vec![
             gget(c),
@@ -46,10 +41,7 @@ impl<'a> Writer<'a> {
             bin(BinaryOp::I32Add),
             gget(self.ctx.end),
             bin(BinaryOp::I32GtU),
-            Instr::IfElse(IfElse {
-                consequent: trap,
-                alternative: fine,
-            }),
+            trap,
         ];
         let mut offset = 0u64;
         for v in values {
@@ -103,16 +95,9 @@ impl<'a> Writer<'a> {
         ];
         // A site of another function: a corrupt buffer.
         let test = self.target_out(first, last);
-        let trap = self.new_seq(
-            InstrSeqType::Simple(None),
-            vec![Instr::Unreachable(Unreachable {})],
-        );
-        let fine = self.new_seq(InstrSeqType::Simple(None), Vec::new());
+        let trap = self.when(vec![Instr::Unreachable(Unreachable {})]);
         body.extend(test);
-        body.push(Instr::IfElse(IfElse {
-            consequent: trap,
-            alternative: fine,
-        }));
+        body.push(trap);
         let plan: &'a FnPlan = self.plan;
         for (site, values) in &plan.records {
             let size = record_size(values);
@@ -130,28 +115,20 @@ impl<'a> Writer<'a> {
                 pop.extend([gget(c), load(kind, width.min(8), offset), set(v)]);
                 offset += u64::from(width.max(8));
             }
-            let then = self.new_seq(InstrSeqType::Simple(None), pop);
-            let empty = self.new_seq(InstrSeqType::Simple(None), Vec::new());
+            let then = self.when(pop);
             body.extend([
                 Instr::LocalGet(LocalGet { local: t }),
                 i32c(*site as i32),
                 bin(BinaryOp::I32Eq),
-                Instr::IfElse(IfElse {
-                    consequent: then,
-                    alternative: empty,
-                }),
+                then,
             ]);
         }
-        let then = self.new_seq(InstrSeqType::Simple(None), body);
-        let empty = self.new_seq(InstrSeqType::Simple(None), Vec::new());
+        let then = self.when(body);
         vec![
             gget(self.ctx.state),
             i32c(REWINDING),
             bin(BinaryOp::I32Eq),
-            Instr::IfElse(IfElse {
-                consequent: then,
-                alternative: empty,
-            }),
+            then,
         ]
     }
 }

@@ -196,6 +196,17 @@ impl<'a> Writer<'a> {
         id
     }
 
+    /// `if (body) end` with nothing in the `else` arm; the condition is
+    /// already on the stack.
+    pub(super) fn when(&mut self, body: Vec<Instr>) -> Instr {
+        let then = self.new_seq(InstrSeqType::Simple(None), body);
+        let empty = self.new_seq(InstrSeqType::Simple(None), Vec::new());
+        Instr::IfElse(IfElse {
+            consequent: then,
+            alternative: empty,
+        })
+    }
+
     fn seq_type(&mut self, params: &[ValType], results: &[ValType]) -> InstrSeqType {
         InstrSeqType::new(self.types, params, results)
     }
@@ -333,16 +344,12 @@ impl<'a> Writer<'a> {
             blocks: labels.clone().into(),
             default: labels[0],
         }));
-        let go = self.new_seq(InstrSeqType::Simple(None), pick);
-        let stay = self.new_seq(InstrSeqType::Simple(None), Vec::new());
+        let go = self.when(pick);
         let mut inner = vec![
             gget(self.ctx.state),
             i32c(REWINDING),
             bin(BinaryOp::I32Eq),
-            Instr::IfElse(IfElse {
-                consequent: go,
-                alternative: stay,
-            }),
+            go,
         ];
         inner.extend(first);
         let mut kids = kids.into_iter();
@@ -421,16 +428,12 @@ impl<'a> Writer<'a> {
                     r.push(Instr::Throw(Throw { tag: self.ctx.tag }));
                     r
                 };
-                let then = self.new_seq(InstrSeqType::Simple(None), throw);
-                let empty = self.new_seq(InstrSeqType::Simple(None), Vec::new());
+                let then = self.when(throw);
                 out.extend([
                     gget(self.ctx.state),
                     i32c(UNWINDING),
                     bin(BinaryOp::I32Eq),
-                    Instr::IfElse(IfElse {
-                        consequent: then,
-                        alternative: empty,
-                    }),
+                    then,
                 ]);
             }
             KidKind::Wrapped => {
@@ -551,8 +554,7 @@ impl<'a> Writer<'a> {
             loc,
         );
         let record = self.stores(site);
-        let then = self.new_seq(InstrSeqType::Simple(None), record);
-        let empty = self.new_seq(InstrSeqType::Simple(None), Vec::new());
+        let then = self.when(record);
         self.put(
             done,
             vec![
@@ -560,10 +562,7 @@ impl<'a> Writer<'a> {
                 gget(self.ctx.state),
                 i32c(UNWINDING),
                 bin(BinaryOp::I32Eq),
-                Instr::IfElse(IfElse {
-                    consequent: then,
-                    alternative: empty,
-                }),
+                then,
                 Instr::ThrowRef(ThrowRef {}),
             ],
         );
