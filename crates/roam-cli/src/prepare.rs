@@ -30,7 +30,7 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
         capture: match a.capture {
             Some(c) => c,
             None => roam_prepare::Capture::from_env()
-                .with_context(|| format!("{}", roam_prepare::ENV_CAPTURE))?,
+                .with_context(|| roam_prepare::ENV_CAPTURE.to_string())?,
         },
         ..defaults
     };
