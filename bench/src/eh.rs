@@ -297,7 +297,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         "code KiB plain / default / eh",
         ".text KiB plain / default / eh",
         "prepare s default / eh",
-        "eh sites (wrapped, points, moved)",
+        "eh sites / blocking imports / calls in try_table",
         "output",
     ]);
     let (mut r_default, mut r_eh, mut r_points) = (Vec::new(), Vec::new(), Vec::new());
@@ -398,7 +398,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
     notes.push("all four builds run on plain-wasmtime (wasmtime 48, Cranelift, exceptions on), so only the prepared code differs; \"output\" compares all of stdout across builds and repetitions (coremark prints its own timings, so it always differs); code KiB is the code section, .text KiB the machine code in wasmtime's compiled artifact".into());
     Ok(Report {
         name: format!("eh-{}", opts.size),
-        title: "Capture by exceptions (prototype) against Asyncify, on plain wasmtime".into(),
+        title: "Capture by exceptions against Asyncify, on plain wasmtime".into(),
         setup: format!(
             "`roam-bench eh --size {} --reps {} --extra-reps {}{}`; CPU time (user + system) per process, compile cache warm, median of {} repetitions ({} for programs outside the suite), builds interleaved",
             opts.size,
