@@ -7,16 +7,18 @@ use walrus::ir::{
 };
 use walrus::{LocalId, ValType};
 
-use super::write::{bin, get, gget, gset, i32c, record_size, set, FnPlan, Writer, REWINDING};
+use super::write::{
+    bin, get, gget, gset, i32c, record_size, set, slots, FnPlan, Writer, REWINDING,
+};
 
 impl<'a> Writer<'a> {
     fn record(&self, site: u32) -> &'a [(LocalId, ValType)] {
+        // A function's sites are numbered one after another.
         let plan: &'a FnPlan = self.plan;
-        plan.records
-            .iter()
-            .find(|(s, _)| *s == site)
-            .map(|(_, r)| r.as_slice())
-            .expect("every site has a record")
+        let first = plan.records.first().map_or(0, |r| r.0);
+        let (s, record) = &plan.records[(site - first) as usize];
+        debug_assert_eq!(*s, site);
+        record
     }
 
     /// Store `site`'s record at the cursor and advance it: each value in an
@@ -43,24 +45,22 @@ impl<'a> Writer<'a> {
             bin(BinaryOp::I32GtU),
             trap,
         ];
-        let mut offset = 0u64;
-        for v in values {
-            let (kind, width) = match v.1 {
+        for (v, offset) in slots(values) {
+            let (kind, align) = match v.1 {
                 ValType::I32 => (StoreKind::I32 { atomic: false }, 4),
                 ValType::I64 => (StoreKind::I64 { atomic: false }, 8),
                 ValType::F32 => (StoreKind::F32, 4),
                 ValType::F64 => (StoreKind::F64, 8),
-                ValType::V128 => (StoreKind::V128, 16),
+                ValType::V128 => (StoreKind::V128, 8),
                 ValType::Ref(_) => unreachable!("records hold no references (checked)"),
             };
-            out.extend([gget(c), get(v), store(kind, width.min(8), offset)]);
-            offset += u64::from(width.max(8));
+            out.extend([gget(c), get(v), store(kind, align, offset)]);
             self.stats.stored += 1;
         }
         out.extend([
             gget(c),
             i32c(site as i32),
-            store(StoreKind::I32 { atomic: false }, 4, offset),
+            store(StoreKind::I32 { atomic: false }, 4, u64::from(size)),
             gget(c),
             i32c((size + 8) as i32),
             bin(BinaryOp::I32Add),
@@ -102,18 +102,16 @@ impl<'a> Writer<'a> {
         for (site, values) in &plan.records {
             let size = record_size(values);
             let mut pop = vec![gget(c), i32c(size as i32), bin(BinaryOp::I32Sub), gset(c)];
-            let mut offset = 0u64;
-            for v in values {
-                let (kind, width) = match v.1 {
+            for (v, offset) in slots(values) {
+                let (kind, align) = match v.1 {
                     ValType::I32 => (LoadKind::I32 { atomic: false }, 4),
                     ValType::I64 => (LoadKind::I64 { atomic: false }, 8),
                     ValType::F32 => (LoadKind::F32, 4),
                     ValType::F64 => (LoadKind::F64, 8),
-                    ValType::V128 => (LoadKind::V128, 16),
+                    ValType::V128 => (LoadKind::V128, 8),
                     ValType::Ref(_) => unreachable!("records hold no references (checked)"),
                 };
-                pop.extend([gget(c), load(kind, width.min(8), offset), set(v)]);
-                offset += u64::from(width.max(8));
+                pop.extend([gget(c), load(kind, align, offset), set(v)]);
             }
             let then = self.when(pop);
             body.extend([

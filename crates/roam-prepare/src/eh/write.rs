@@ -102,10 +102,28 @@ pub(crate) struct Ctx {
 
 /// Bytes a record of these values takes before its site word.
 pub(crate) fn record_size(values: &[(LocalId, ValType)]) -> u32 {
-    values
-        .iter()
-        .map(|(_, t)| if *t == ValType::V128 { 16 } else { 8 })
-        .sum()
+    values.iter().map(|(_, t)| slot_width(*t)).sum()
+}
+
+/// Bytes one value's slot takes in a record: 8, or 16 for `v128`.
+pub(super) fn slot_width(ty: ValType) -> u32 {
+    if ty == ValType::V128 {
+        16
+    } else {
+        8
+    }
+}
+
+/// Each value of a record with the offset of its slot: the one layout
+/// that stores, loads and [`record_size`] share.
+pub(super) fn slots(
+    values: &[(LocalId, ValType)],
+) -> impl Iterator<Item = (&(LocalId, ValType), u64)> {
+    values.iter().scan(0u64, |offset, v| {
+        let at = *offset;
+        *offset += u64::from(slot_width(v.1));
+        Some((v, at))
+    })
 }
 
 pub(super) fn i32c(v: i32) -> Instr {
