@@ -189,12 +189,13 @@ pub struct PrepareArgs {
     /// [default: O2].
     #[arg(long, value_name = "LEVEL", help_heading = "Ablation and tuning")]
     pub opt: Option<roam_prepare::OptLevel>,
-    /// How the stack is captured: `asyncify`, or `eh`, which throws a Wasm
-    /// exception at a point, stores each frame's live locals in handlers
-    /// and rebuilds the stack in rewind copies of the functions (no
-    /// Asyncify; experimental); `eh-points`, an ablation with its points
-    /// alone, which nothing can run [default: asyncify].
-    #[arg(long, value_name = "HOW", help_heading = "Ablation and tuning")]
+    /// How the stack is captured: `eh`, which throws a Wasm exception at a
+    /// point, stores each frame's live locals in handlers and rebuilds the
+    /// stack in rewind copies of the functions; `asyncify`, Binaryen's
+    /// Asyncify (the fallback, several times slower on call-heavy
+    /// programs); `eh-points`, an ablation with its points alone, which
+    /// nothing can run [default: $ROAM_CAPTURE or eh].
+    #[arg(long, value_name = "HOW")]
     pub capture: Option<roam_prepare::Capture>,
 }
 

@@ -60,6 +60,9 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
             out.bulk_split,
             out.lifted_exits
         );
+        if let Some(why) = &out.fallback {
+            eprintln!("roam: prepared with Asyncify: capture by exceptions cannot handle this module ({why})");
+        }
         if let Some(eh) = out.eh {
             eprintln!(
                 "roam: capture by exceptions: {} sites ({} points, {} blocking imports, {} calls in try_table, counted in run forms and copies), {} functions with rewind copies, {} stack values moved to locals",

@@ -7,7 +7,7 @@ use crate::{check_prepared, Capture, CheckError, PrepareOptions};
 /// `_start` loops over calls of `$work`, which loops too (so it has a
 /// point), with a value of `_start` under the call's argument on the
 /// operand stack; `$leaf` reaches no point and its call stays bare.
-const WAT: &str = r#"(module
+pub(crate) const WAT: &str = r#"(module
   (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
   (memory (export "memory") 1)
   (global $sum (mut i32) (i32.const 0))
@@ -123,17 +123,19 @@ fn handlers_store_only_live_locals() {
 }
 
 #[test]
-fn the_default_capture_leaves_the_canonical_text_alone() {
+fn asyncify_leaves_the_canonical_text_as_it_was() {
     let eh = eh_opts();
-    let default = PrepareOptions {
+    let asyncify = PrepareOptions {
         opt_level: crate::OptLevel::O0,
+        capture: Capture::Asyncify,
         ..PrepareOptions::default()
     };
     assert_eq!(
         eh.canonical(),
-        format!("{};capture=eh", default.canonical())
+        format!("{};capture=eh", asyncify.canonical())
     );
-    assert!(!default.canonical().contains("capture"));
+    assert!(!asyncify.canonical().contains("capture"));
+    assert_eq!(PrepareOptions::default().capture, Capture::Eh);
     assert_eq!("eh".parse::<Capture>(), Ok(Capture::Eh));
     assert!("eh-proto".parse::<Capture>().is_err());
     assert!("exceptions".parse::<Capture>().is_err());
@@ -189,7 +191,7 @@ fn a_value_under_a_block_that_holds_a_site_moves_to_a_local() {
 }
 
 #[test]
-fn blocking_imports_in_a_table_are_refused() {
+fn blocking_imports_in_a_table_fall_back_to_asyncify() {
     let wasm = wat::parse_str(
         r#"(module
   (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
@@ -199,8 +201,19 @@ fn blocking_imports_in_a_table_are_refused() {
   (func (export "_start")))"#,
     )
     .unwrap();
-    let Some(err) = crate::pipeline::tests::prepare_err_or_skip(&wasm, &eh_opts()) else {
+    let points = PrepareOptions {
+        capture: Capture::EhPoints,
+        ..eh_opts()
+    };
+    let Some(err) = crate::pipeline::tests::prepare_err_or_skip(&wasm, &points) else {
         return;
     };
     assert!(err.to_string().contains("table holds an import"), "{err}");
+    assert!(err.to_string().contains("--capture asyncify"), "{err}");
+    // Asked for by default, exceptions give way to Asyncify, and say why.
+    let out = prepare_or_skip(&wasm, &eh_opts()).unwrap();
+    assert_eq!(out.section.capture(), Capture::Asyncify);
+    assert!(out.eh.is_none());
+    let why = out.fallback.expect("the fallback is reported");
+    assert!(why.contains("table holds an import"), "{why}");
 }

@@ -9,7 +9,7 @@ use crate::instrument::instrument;
 use crate::names::function_names;
 use crate::pipeline::tests::prepare_or_skip;
 use crate::pure::tests::run;
-use crate::{validate, PrepareOptions, QuietIndirect};
+use crate::{validate, Capture, PrepareOptions, QuietIndirect};
 
 /// A table with two leaf combiners of one type, and a function of another
 /// type that has a loop (so it gets a point and may unwind). `$fold` calls
@@ -49,6 +49,8 @@ pub(crate) const WAT: &str = r#"(module
 fn opts(on: QuietIndirect) -> PrepareOptions {
     PrepareOptions {
         quiet_indirect: on,
+        // What Asyncify makes of quiet calls is the subject here.
+        capture: Capture::Asyncify,
         ..PrepareOptions::default()
     }
 }

@@ -77,6 +77,7 @@ pub use section::{read_section, RoamSection, SectionError};
 pub use spill::SPILL_EXPORT_PREFIX;
 pub use validate::{validate, ModuleInfo, ValidateError};
 pub use verify::{check_prepared, CheckError};
+pub use wasm_opt::FEATURE_FLAGS as WASM_OPT_FEATURES;
 
 /// Revision of what [`prepare`] emits for a given input and options. It is
 /// part of the key under which prepared modules are cached, so that a node
@@ -104,8 +105,9 @@ pub use verify::{check_prepared, CheckError};
 /// and float compares a `select` takes are turned round, `compares.rs`;
 /// 16: calls that end the program are made by the caller's caller,
 /// `leave.rs`; 17: a moved loop also takes in each output that some way
-/// out of it leaves unset, `loop_io.rs`).
-pub const OUTPUT_REVISION: u32 = 17;
+/// out of it leaves unset, `loop_io.rs`; 18: capture by exceptions,
+/// `eh/`, is the default instead of Asyncify).
+pub const OUTPUT_REVISION: u32 = 18;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

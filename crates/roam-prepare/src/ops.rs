@@ -41,6 +41,9 @@ pub(crate) fn classify(op: &Operator<'_>) -> Option<Refusal> {
         | Operator::TableFill { .. }
         | Operator::TableCopy { .. }
         | Operator::TableInit { .. } => "tables mutated at run time",
+        // Meaningless without `table.init`, and Binaryen cannot read it
+        // (found by the generated-program differential test).
+        Operator::ElemDrop { .. } => "element segments dropped at run time",
         _ => match proposal {
             "threads" | "shared_everything_threads" => "shared memory and atomics (threads)",
             "exceptions" | "legacy_exceptions" => EXCEPTIONS,
@@ -121,6 +124,8 @@ mod tests {
     fn ordinary_operators_pass() {
         assert_eq!(classify(&Operator::Nop), None);
         assert_eq!(classify(&Operator::TableGet { table: 0 }), None);
+        let r = classify(&Operator::ElemDrop { elem_index: 0 }).unwrap();
+        assert_eq!(r.instr, "elem.drop");
         assert_eq!(classify(&Operator::TableSize { table: 0 }), None);
         assert_eq!(classify(&Operator::MemoryGrow { mem: 0 }), None);
         assert_eq!(classify(&Operator::I32Extend8S), None);

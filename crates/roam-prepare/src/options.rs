@@ -507,12 +507,14 @@ on_off!(
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Capture {
     /// Binaryen Asyncify: the stack unwinds into linear memory and rewinds
-    /// from it (default).
-    #[default]
+    /// from it. The fallback, and the default up to output revision 17: it
+    /// makes call-heavy programs several times slower.
     Asyncify,
     /// Wasm exceptions (`eh/`): points throw, every call that may unwind
     /// stores its frame's live locals in a `try_table` handler, and rewind
-    /// copies of the functions rebuild the stack on restore. No Asyncify.
+    /// copies of the functions rebuild the stack on restore. No Asyncify
+    /// (default).
+    #[default]
     Eh,
     /// Ablation of [`Capture::Eh`]: its points (stores and a `throw`)
     /// without any `try_table` or rewind copy, so no frame but the
@@ -619,13 +621,13 @@ pub struct PrepareOptions {
     /// Whether calls of functions that never return are made from the
     /// caller's caller. Default: [`LiftExits::On`].
     pub lift_exits: LiftExits,
-    /// How the stack is captured. Default: [`Capture::Asyncify`].
+    /// How the stack is captured. Default: [`Capture::Eh`].
     pub capture: Capture,
 }
 
 impl PrepareOptions {
     /// Canonical, stable text of the options that influence the output bytes,
-    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on`.
+    /// e.g. `points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on;capture=eh`.
     pub fn canonical(&self) -> String {
         format!(
             "points={};opt={};names={}\
@@ -650,8 +652,8 @@ impl PrepareOptions {
             self.turn_compares.as_str(),
             self.lift_exits.as_str(),
         ) + match self.capture {
-            // Absent for the default, so that the text (and the bytes of
-            // every module prepared the default way) stays as it was.
+            // Absent for Asyncify, the default up to revision 17, so that
+            // the text of a module prepared before reads as what it is.
             Capture::Asyncify => "",
             Capture::Eh => ";capture=eh",
             Capture::EhPoints => ";capture=eh-points",
@@ -691,7 +693,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on;capture=eh"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -702,7 +704,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on;capture=eh"
         );
     }
 }

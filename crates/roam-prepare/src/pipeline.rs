@@ -47,6 +47,9 @@ pub struct Prepared {
     pub lifted_exits: usize,
     /// What `--capture eh` did (`eh/`); `None` otherwise.
     pub eh: Option<crate::EhStats>,
+    /// Why capture by exceptions was asked for but the module was prepared
+    /// with Asyncify instead ([`PrepareError::EhUnsupported`]).
+    pub fallback: Option<String>,
 }
 
 /// Why `prepare` failed.
@@ -103,6 +106,14 @@ pub enum PrepareError {
         "wasm-opt produced an invalid module: {0}; try another Binaryen version via ROAM_WASM_OPT"
     )]
     OutputInvalid(#[source] wasmparser::BinaryReaderError),
+    /// Capture by exceptions cannot handle the module (a reference live
+    /// across a call that may unwind, a block with parameters around one,
+    /// a blocking import in a table). [`prepare`] then falls back to
+    /// Asyncify by itself, so callers only see this for `eh-points`.
+    #[error(
+        "capture by exceptions cannot handle this module: {0}; prepare it with --capture asyncify"
+    )]
+    EhUnsupported(String),
     /// The thread `prepare` works on could not be started.
     #[error("cannot start a thread to prepare the module on: {0}")]
     Thread(#[source] std::io::Error),
@@ -158,6 +169,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
             bulk_split: 0,
             lifted_exits: 0,
             eh: None,
+            fallback: None,
         });
     }
     let info = validate(input)?;
@@ -171,7 +183,20 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
     let lifted_exits = instrumented.lifted;
     let list = instrumented.list.as_ref();
     if opts.capture != Capture::Asyncify {
-        return prepare_eh(input, &info, opts, &tool, instrumented);
+        return match prepare_eh(input, &info, opts, &tool, instrumented) {
+            // Asyncify handles what exceptions cannot; the section says
+            // which capture the module has.
+            Err(PrepareError::EhUnsupported(why)) if opts.capture == Capture::Eh => {
+                let asyncify = PrepareOptions {
+                    capture: Capture::Asyncify,
+                    ..opts.clone()
+                };
+                let mut p = prepare_here(input, &asyncify)?;
+                p.fallback = Some(why);
+                Ok(p)
+            }
+            other => other,
+        };
     }
     let mut bytes = match opts.point_calls {
         PointCalls::Plain => wasm_opt::run(
@@ -204,17 +229,8 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         crate::compares::turn_compares(&mut bytes)?;
     }
     check_output(&bytes)?;
-    let section = RoamSection {
-        version: SECTION_VERSION,
-        source_hash: *blake3::hash(input).as_bytes(),
-        points: opts.points,
-        options: opts.canonical(),
-        stats,
-        wasm_opt_version: tool.version,
-        mutable_globals: info.mutable_globals,
-        tables: info.tables,
-    };
-    append_section(&mut bytes, &section);
+    let section = stamp(&mut bytes, input, opts, &info, stats, &tool)?;
+    let stats = section.stats;
     Ok(Prepared {
         bytes,
         already_prepared: false,
@@ -226,6 +242,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         bulk_split,
         lifted_exits,
         eh: None,
+        fallback: None,
     })
 }
 
@@ -253,29 +270,61 @@ fn prepare_eh(
     }
     let wrap = opts.capture == Capture::Eh;
     let (mut bytes, eh) = crate::eh::transform(&bytes, !opts.strip_names, wrap)?;
-    let section = RoamSection {
-        version: SECTION_VERSION,
-        source_hash: *blake3::hash(input).as_bytes(),
-        points: opts.points,
-        options: opts.canonical(),
-        stats: instrumented.stats,
-        wasm_opt_version: tool.version.clone(),
-        mutable_globals: info.mutable_globals.clone(),
-        tables: info.tables,
-    };
-    append_section(&mut bytes, &section);
+    let section = stamp(&mut bytes, input, opts, info, instrumented.stats, tool)?;
     Ok(Prepared {
         bytes,
         already_prepared: false,
+        stats: section.stats,
         section,
-        stats: instrumented.stats,
         outlined_loops: instrumented.outlined,
         rerun_functions: instrumented.rerun,
         counted_loops: instrumented.counted,
         bulk_split: instrumented.bulk,
         lifted_exits: instrumented.lifted,
         eh: Some(eh),
+        fallback: None,
     })
+}
+
+/// Append the `roam` section to `bytes` and return it. `stats` counts the
+/// points inserted; when the optimiser removed every one (they were all in
+/// unreachable code) the module no longer imports `roam.migration_point`,
+/// and the section says it has none.
+fn stamp(
+    bytes: &mut Vec<u8>,
+    input: &[u8],
+    opts: &PrepareOptions,
+    info: &crate::ModuleInfo,
+    mut stats: PointStats,
+    tool: &wasm_opt::WasmOpt,
+) -> Result<RoamSection, PrepareError> {
+    let imports_point = wasmparser::Parser::new(0)
+        .parse_all(bytes)
+        .filter_map(Result::ok)
+        .any(|p| match p {
+            wasmparser::Payload::ImportSection(r) => r
+                .into_imports()
+                .filter_map(Result::ok)
+                .any(|i| i.module == crate::POINT_MODULE && i.name == crate::POINT_FUNC),
+            _ => false,
+        });
+    if !imports_point {
+        stats.loop_points = 0;
+        stats.function_points = 0;
+        stats.manual_points = 0;
+    }
+    let section = RoamSection {
+        version: SECTION_VERSION,
+        source_hash: *blake3::hash(input).as_bytes(),
+        points: opts.points,
+        options: opts.canonical(),
+        stats,
+        wasm_opt_version: tool.version.clone(),
+        mutable_globals: info.mutable_globals.clone(),
+        tables: info.tables,
+    };
+    append_section(bytes, &section);
+    Ok(section)
 }
 
 /// The output must validate and carry the exports the runtime drives.

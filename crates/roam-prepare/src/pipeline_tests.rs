@@ -1,6 +1,6 @@
 use super::*;
 use crate::instrument::tests::LOOPS_WAT;
-use crate::{read_section, PointPolicy, SECTION_VERSION};
+use crate::{read_section, Capture, PointPolicy, SECTION_VERSION};
 use wasmparser::{ExternalKind, Parser, Payload};
 
 /// `None` (and a printed reason) when no `wasm-opt` is installed; under CI
@@ -43,6 +43,8 @@ pub(crate) fn export_names(wasm: &[u8]) -> Vec<(String, ExternalKind)> {
 fn opts(points: PointPolicy) -> PrepareOptions {
     PrepareOptions {
         points,
+        // The Asyncify pipeline; `eh_tests.rs` has the default's.
+        capture: Capture::Asyncify,
         ..PrepareOptions::default()
     }
 }
@@ -182,4 +184,28 @@ fn output_without_asyncify_exports_is_refused() {
         check_output(b"\0asm"),
         Err(PrepareError::OutputInvalid(_))
     ));
+}
+
+/// Found by the generated-program differential test: the optimiser removed
+/// the only points (in code after a `return`), and the section still
+/// counted them, so `prepare` refused its own output as inconsistent.
+#[test]
+fn points_the_optimiser_removes_are_not_counted() {
+    let wasm = wat::parse_str(
+        r#"(module (memory 1)
+             (func (export "_start") (return) (loop $l (br $l))))"#,
+    )
+    .unwrap();
+    for capture in [Capture::Eh, Capture::Asyncify] {
+        let opts = PrepareOptions {
+            capture,
+            ..PrepareOptions::default()
+        };
+        let Some(p) = prepare_or_skip(&wasm, &opts) else {
+            return;
+        };
+        assert_eq!(p.stats.loop_points + p.stats.function_points, 0);
+        assert_eq!(p.section.stats, p.stats);
+        crate::check_prepared(&p.bytes).unwrap();
+    }
 }

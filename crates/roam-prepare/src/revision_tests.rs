@@ -79,6 +79,12 @@ const HISTORY: &[(u32, &str)] = &[
         17,
         "3548469c0940a6d26114425c611183821f34646b7fff66426dd07320b3856b7f",
     ),
+    // Capture by exceptions became the default: the default options'
+    // canonical text names it.
+    (
+        18,
+        "5cf8fedb374859175718e8b6d1afd43a5e3afe7017764f23d6bea0dfa22bb8a6",
+    ),
 ];
 
 /// The same for the steps after `wasm-opt`, from the revision the guard
@@ -93,6 +99,12 @@ const AFTER_HISTORY: &[(u32, &str)] = &[
     (
         17,
         "5cdf218e2fa99c402c070fbe6e911e1627b503c2b7db3c0743192d287cea67f2",
+    ),
+    // Capture by exceptions became the default, and its rewrite joined
+    // this guard.
+    (
+        18,
+        "393be1c16f20d57f10f5662c6d5c13d3cf958ba7b3a2fa97ac2ec5057a5f08a8",
     ),
 ];
 
@@ -191,6 +203,24 @@ fn after_fingerprint() -> String {
         let n = turn_compares(&mut turned).unwrap();
         put(&(n as u64).to_le_bytes());
         put(&turned);
+    }
+    // Capture by exceptions rewrites what the optimiser gave back; its
+    // fixtures stand in for that output as instrumented, unoptimised.
+    let opts = PrepareOptions::default();
+    for wat in [
+        crate::eh::tests::WAT,
+        crate::instrument::tests::LOOPS_WAT,
+        crate::instrument::tests::NESTED_WAT,
+        crate::indirect::tests::WAT,
+    ] {
+        let wasm = wat::parse_str(wat).unwrap();
+        let info = validate(&wasm).unwrap();
+        let instrumented = instrument(&wasm, &info, &opts).unwrap().bytes;
+        for (names, wrap) in [(true, true), (false, true), (true, false)] {
+            let (out, stats) = crate::eh::transform(&instrumented, names, wrap).unwrap();
+            put(&out);
+            put(format!("{stats:?}").as_bytes());
+        }
     }
     h.finalize().to_hex().to_string()
 }

@@ -173,6 +173,29 @@ struct Scan {
     too_deep: Option<u32>,
 }
 
+/// A block, loop or `if` that takes parameters from the stack (multi-value
+/// blocks). Binaryen, which `prepare` runs, cannot read them; compilers do
+/// not emit them (they do emit functions with several results, which
+/// roam accepts).
+fn block_params(op: &Operator, types: &[Option<(usize, usize)>]) -> Option<Refusal> {
+    let (instr, ty) = match op {
+        Operator::Block { blockty } => ("block", blockty),
+        Operator::Loop { blockty } => ("loop", blockty),
+        Operator::If { blockty } => ("if", blockty),
+        _ => return None,
+    };
+    let wasmparser::BlockType::FuncType(t) = ty else {
+        return None;
+    };
+    match types.get(*t as usize) {
+        Some(Some((params, _))) if *params > 0 => Some(Refusal {
+            instr: format!("{instr} with {params} parameter(s)"),
+            feature: "multi-value blocks with parameters, which Binaryen cannot read",
+        }),
+        _ => None,
+    }
+}
+
 fn unsupported(what: impl Into<String>) -> ValidateError {
     ValidateError::UnsupportedModule { what: what.into() }
 }
@@ -325,8 +348,13 @@ fn scan(input: &[u8], eh: bool) -> Result<Scan, ValidateError> {
                         }
                     }
                     if scan.refusal.is_none() {
-                        let refusal =
-                            classify(&op).filter(|r| !(eh && r.feature == crate::ops::EXCEPTIONS));
+                        // `eh/` passes a call's arguments into its
+                        // `try_table` as parameters; its output never
+                        // goes through Binaryen again.
+                        let params = if eh { None } else { block_params(&op, &types) };
+                        let refusal = params.or_else(|| {
+                            classify(&op).filter(|r| !(eh && r.feature == crate::ops::EXCEPTIONS))
+                        });
                         if let Some(refusal) = refusal {
                             scan.refusal = Some((index, refusal));
                         }

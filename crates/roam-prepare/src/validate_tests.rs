@@ -215,3 +215,22 @@ fn nesting_at_the_limit_is_prepared_from_a_small_stack() {
         assert!(len > 0);
     }
 }
+
+/// Found by the generated-program differential test: `wasm-opt` failed on
+/// such a block with "Block requires more values than are available".
+#[test]
+fn refuses_blocks_with_parameters_but_not_functions_with_several_results() {
+    let msg = refusal(
+        r#"(type $t (func (param i32) (result i32)))
+           (func $pair (result i32 i64) (i32.const 1) (i64.const 2))
+           (func $inc (i32.const 1) (block (type $t) (i32.add (i32.const 1))) (drop))"#,
+    );
+    assert!(msg.contains("function 1 `inc`"), "{msg}");
+    assert!(msg.contains("block with 1 parameter(s)"), "{msg}");
+    assert!(msg.contains("Binaryen cannot read"), "{msg}");
+    validate(&command(
+        r#"(func $pair (result i32 i64) (i32.const 1) (i64.const 2))
+           (func $ok (result i32) (block (result i32) (i32.const 1)))"#,
+    ))
+    .unwrap();
+}

@@ -1,7 +1,9 @@
 use super::*;
 use crate::instrument::tests::LOOPS_WAT;
 use crate::section::append_section;
-use crate::{prepare, PointStats, PrepareError, PrepareOptions, Prepared, SECTION_VERSION};
+use crate::{
+    prepare, Capture, PointStats, PrepareError, PrepareOptions, Prepared, SECTION_VERSION,
+};
 
 /// A section as `prepare` would write it for `LOOPS_WAT`.
 fn plausible_section() -> RoamSection {
@@ -9,7 +11,11 @@ fn plausible_section() -> RoamSection {
         version: SECTION_VERSION,
         source_hash: [7; 32],
         points: PointPolicy::Loops,
-        options: PrepareOptions::default().canonical(),
+        options: PrepareOptions {
+            capture: Capture::Asyncify,
+            ..PrepareOptions::default()
+        }
+        .canonical(),
         stats: PointStats {
             loop_points: 3,
             function_points: 2,

@@ -19,7 +19,7 @@ pub(crate) const ENV_WASM_OPT: &str = "ROAM_WASM_OPT";
 
 /// Features that current clang and rustc (wasm32-wasip1) emit by default.
 /// `wasm-opt` 108 must be told about each explicitly.
-pub(crate) const FEATURE_FLAGS: &[&str] = &[
+pub const FEATURE_FLAGS: &[&str] = &[
     "--enable-bulk-memory",
     "--enable-sign-ext",
     "--enable-nontrapping-float-to-int",

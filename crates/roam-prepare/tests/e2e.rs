@@ -7,8 +7,9 @@ use std::path::Path;
 use std::process::Command;
 
 use roam_prepare::{
-    prepare, read_section, PointPolicy, PrepareError, PrepareOptions, ASYNCIFY_EXPORTS,
-    FLAG_GLOBAL_EXPORT, MEMORY_EXPORT,
+    prepare, read_section, Capture, PointPolicy, PrepareError, PrepareOptions, ASYNCIFY_EXPORTS,
+    CAPTURE_END_EXPORT, CAPTURE_GLOBAL_EXPORT, FLAG_GLOBAL_EXPORT, MEMORY_EXPORT, REWIND_EXPORT,
+    STATE_EXPORT,
 };
 use wasmparser::{ExternalKind, Parser, Payload};
 
@@ -68,9 +69,14 @@ fn exports(wasm: &[u8]) -> Vec<(String, ExternalKind)> {
 }
 
 fn check_prepared(input: &[u8], label: &str) {
-    for points in [PointPolicy::Loops, PointPolicy::Functions] {
+    for (points, capture) in [
+        (PointPolicy::Loops, Capture::Eh),
+        (PointPolicy::Functions, Capture::Eh),
+        (PointPolicy::Loops, Capture::Asyncify),
+    ] {
         let opts = PrepareOptions {
             points,
+            capture,
             ..PrepareOptions::default()
         };
         let start = std::time::Instant::now();
@@ -90,9 +96,23 @@ fn check_prepared(input: &[u8], label: &str) {
         );
         wasmparser::Validator::new().validate_all(&p.bytes).unwrap();
         let names = exports(&p.bytes);
-        for name in ASYNCIFY_EXPORTS.iter().copied().chain(["_start"]) {
+        assert_eq!(p.section.capture(), capture, "{label}");
+        let (funcs, globals): (&[&str], &[&str]) = match capture {
+            Capture::Asyncify => (ASYNCIFY_EXPORTS, &[]),
+            _ => (
+                &[REWIND_EXPORT],
+                &[STATE_EXPORT, CAPTURE_GLOBAL_EXPORT, CAPTURE_END_EXPORT],
+            ),
+        };
+        for &name in funcs.iter().chain(&["_start"]) {
             assert!(
                 names.contains(&(name.into(), ExternalKind::Func)),
+                "{label}: {name}"
+            );
+        }
+        for &name in globals {
+            assert!(
+                names.contains(&(name.into(), ExternalKind::Global)),
                 "{label}: {name}"
             );
         }

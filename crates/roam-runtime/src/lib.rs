@@ -3,9 +3,11 @@
 //!
 //! Why a crate of its own: this is where the three portable pieces of state
 //! meet the one engine that executes them. A [`Cell`] owns a wasmtime store
-//! with roam's WASI layer ([`roam_wasi`]) and drives Binaryen Asyncify
-//! through the exports that `roam prepare` ([`roam_prepare`]) put in the
-//! module. A checkpoint unwinds the guest's call stack into linear memory at
+//! with roam's WASI layer ([`roam_wasi`]) and drives the module's capture
+//! (a Wasm exception that frames record themselves into on the way out, or
+//! Binaryen Asyncify) through the exports that `roam prepare`
+//! ([`roam_prepare`]) put in the module (`unwind.rs`). A checkpoint unwinds
+//! the guest's call stack into linear memory at
 //! a migration point, reads memory, mutable globals, the unwound stack and
 //! the OS-layer state into a [`roam_snapshot::Snapshot`], and then either
 //! rewinds (checkpoint-and-continue) or returns it (checkpoint-and-stop).

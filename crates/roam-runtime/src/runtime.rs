@@ -229,6 +229,11 @@ impl Runtime {
         }
         tracing::info!("preparing module (first run of this module)");
         let prepared = roam_prepare::prepare(source, &self.prepare)?;
+        if let Some(why) = &prepared.fallback {
+            tracing::warn!(
+                "prepared with Asyncify: capture by exceptions cannot handle this module ({why})"
+            );
+        }
         self.put(&path, &prepared.bytes)?;
         Ok(prepared.bytes)
     }

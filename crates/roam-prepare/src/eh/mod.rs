@@ -95,6 +95,11 @@ pub struct EhStats {
     pub copies: u32,
 }
 
+/// What capture by exceptions cannot handle (Asyncify can).
+fn unsupported(why: &str) -> PrepareError {
+    PrepareError::EhUnsupported(why.into())
+}
+
 fn rewrite(why: &str) -> PrepareError {
     PrepareError::Rewrite(format!("capture by exceptions: {why}").into())
 }
@@ -138,9 +143,7 @@ pub(crate) fn transform(
     for element in module.elements.iter() {
         if let ElementItems::Functions(fs) = &element.items {
             if fs.iter().any(|f| blocking.contains(f) || Some(*f) == point) {
-                return Err(rewrite(
-                    "a table holds an import that may block; use --capture asyncify",
-                ));
+                return Err(unsupported("a table holds an import that may block"));
             }
         }
     }
@@ -263,9 +266,11 @@ pub(crate) fn transform(
             let mut record = Vec::with_capacity(values.len());
             for l in values {
                 match module.locals.get(l).ty() {
-                    ValType::Ref(_) => return Err(rewrite(
-                        "a reference is live across a call that may unwind; use --capture asyncify",
-                    )),
+                    ValType::Ref(_) => {
+                        return Err(unsupported(
+                            "a reference is live across a call that may unwind",
+                        ))
+                    }
                     ty => record.push((l, ty)),
                 }
             }
@@ -500,7 +505,7 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
                     continue;
                 }
                 let Under::Values(under) = fact else {
-                    return Err(rewrite(
+                    return Err(unsupported(
                         "a reference lies on the stack under a call that may unwind",
                     ));
                 };
@@ -566,11 +571,13 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
             }
             match fact {
                 Under::Values(_) => {}
-                Under::Params => return Err(rewrite(
-                    "a block with parameters holds a call that may unwind; use --capture asyncify",
-                )),
+                Under::Params => {
+                    return Err(unsupported(
+                        "a block with parameters holds a call that may unwind",
+                    ))
+                }
                 _ => {
-                    return Err(rewrite(
+                    return Err(unsupported(
                         "a reference lies on the stack under a block that may unwind",
                     ))
                 }
@@ -604,4 +611,4 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
 
 #[cfg(test)]
 #[path = "../eh_tests.rs"]
-mod tests;
+pub(crate) mod tests;
