@@ -195,7 +195,9 @@ fn case(
             restored: false,
         });
     }
-    let k = 1 + choice % points.clamp(1, 64);
+    // At most about 200 checkpoints, each a full snapshot encoded: a
+    // program with many points must not outlive the watchdog.
+    let k = (1 + choice % points.clamp(1, 64)).max(points / 200);
     let (got, checkpoints) = cell::every(rt, &m, k)?;
     same(&format!("roam, a checkpoint every {k} points"), &got)?;
     let n = 1 + choice % points;

@@ -48,16 +48,9 @@ pub enum Reference {
 pub struct NoInstance;
 
 /// `proc_exit`'s payload.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("exit {0}")]
 struct Exit(i32);
-
-impl std::fmt::Display for Exit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "exit {}", self.0)
-    }
-}
-
-impl std::error::Error for Exit {}
 
 /// A fuel-counting engine with exceptions on (for prepared modules).
 pub fn engine() -> wasmtime::Result<Engine> {

@@ -76,6 +76,9 @@ pub(crate) struct HostState {
     pub lost: Arc<OnceLock<String>>,
     /// The cell's resource limits, consulted by wasmtime on every growth.
     pub limiter: crate::limits::Limiter,
+    /// A checkpoint was postponed for want of linear memory, and the log
+    /// said so (once per cell).
+    pub told_no_memory: bool,
 }
 
 impl HostState {
@@ -100,6 +103,7 @@ impl HostState {
             pause_spare: Vec::new(),
             lost: Arc::new(OnceLock::new()),
             limiter: crate::limits::Limiter::new(limits),
+            told_no_memory: false,
         }
     }
 
@@ -215,6 +219,11 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
     }
     if let Some(n) = caller.data().stop_at_point {
         if seen >= n {
+            // Kept until it can be taken.
+            let h = hooks(&caller)?;
+            if no_memory_yet(&mut caller, &h) {
+                return Ok(());
+            }
             caller.data_mut().stop_at_point = None;
             let req = Request {
                 kind: CheckpointKind::Stop,
@@ -237,14 +246,28 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
 
 /// Begin an unwind at a migration point, which only a program running
 /// normally may reach (not one that is unwinding already).
+/// The capture borrows linear memory: with none yet, a checkpoint waits
+/// (the request stays pending and the flag up) for a point after the
+/// program grows its memory, and the log says so once. Found by the
+/// generated-program tests; a compiled program always has memory for its
+/// stack, so in practice this is a hand-made module.
+fn no_memory_yet(caller: &mut Caller<'_, HostState>, h: &Hooks) -> bool {
+    if h.memory.data_size(&*caller) >= crate::asyncify::HEADER as usize {
+        return false;
+    }
+    if !caller.data().told_no_memory {
+        caller.data_mut().told_no_memory = true;
+        tracing::warn!(
+            "checkpoint postponed: the program has no linear memory yet; \
+             it is taken at the first migration point after the memory grows"
+        );
+    }
+    true
+}
+
 fn unwind_from_point(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::Result<()> {
     let h = hooks(caller)?;
-    if h.memory.data_size(&*caller) < crate::asyncify::HEADER as usize {
-        // The capture borrows linear memory, and there is none yet: the
-        // request stays pending (and the flag up) until a point after the
-        // program grows its memory. Found by the generated-program tests;
-        // a compiled program always has memory for its stack.
-        tracing::debug!("checkpoint postponed: the program has no linear memory yet");
+    if no_memory_yet(caller, &h) {
         return Ok(());
     }
     match h.unwinder.state(&mut *caller)? {

@@ -372,10 +372,11 @@ fn repeated_checkpoint_and_continue_is_invisible() {
     }
 }
 
-/// A program with an empty linear memory has nowhere to unwind its stack:
-/// the checkpoint is refused with a message, not a crash of roam.
+/// A program with no linear memory cannot be captured (the capture
+/// borrows its memory): the checkpoint waits, the log says why, and the
+/// program runs to its end instead of being lost.
 #[test]
-fn empty_memory_cannot_be_checkpointed_and_says_so() {
+fn empty_memory_postpones_the_checkpoint_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("empty.wasm");
     std::fs::write(
@@ -392,12 +393,13 @@ fn empty_memory_cannot_be_checkpointed_and_says_so() {
         .arg(dir.path().join("s.roam"))
         .arg(&m);
     let out = output(cmd);
-    assert_eq!(out.status.code(), Some(134), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("linear memory is empty"),
+        text(&out.stderr).contains("no linear memory yet"),
         "{}",
         text(&out.stderr)
     );
+    assert!(!dir.path().join("s.roam").exists());
 }
 
 /// Fills and overlapping copies of 1 MiB, then the region written to
