@@ -229,7 +229,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         crate::compares::turn_compares(&mut bytes)?;
     }
     check_output(&bytes)?;
-    let section = stamp(&mut bytes, input, opts, &info, stats, &tool)?;
+    let section = stamp(&mut bytes, input, opts, &info, stats, &tool);
     let stats = section.stats;
     Ok(Prepared {
         bytes,
@@ -270,7 +270,7 @@ fn prepare_eh(
     }
     let wrap = opts.capture == Capture::Eh;
     let (mut bytes, eh) = crate::eh::transform(&bytes, !opts.strip_names, wrap)?;
-    let section = stamp(&mut bytes, input, opts, info, instrumented.stats, tool)?;
+    let section = stamp(&mut bytes, input, opts, info, instrumented.stats, tool);
     Ok(Prepared {
         bytes,
         already_prepared: false,
@@ -297,7 +297,7 @@ fn stamp(
     info: &crate::ModuleInfo,
     mut stats: PointStats,
     tool: &wasm_opt::WasmOpt,
-) -> Result<RoamSection, PrepareError> {
+) -> RoamSection {
     let imports_point = wasmparser::Parser::new(0)
         .parse_all(bytes)
         .filter_map(Result::ok)
@@ -324,7 +324,7 @@ fn stamp(
         tables: info.tables,
     };
     append_section(bytes, &section);
-    Ok(section)
+    section
 }
 
 /// The output must validate and carry the exports the runtime drives.
