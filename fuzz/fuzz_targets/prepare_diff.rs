@@ -1,6 +1,6 @@
 //! `roam prepare` checked against the unprepared module on programs that
 //! `wasm-smith` generates from the input (`roam-diff`): the same exit
-//! status or trap and the same memory, uninterrupted, with checkpoints and
+//! status, or a trap of any kind, and the same memory, uninterrupted, with checkpoints and
 //! after a stop and restore, and points never far apart. Under the default
 //! capture (exceptions) and under Asyncify.
 #![no_main]
