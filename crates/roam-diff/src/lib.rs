@@ -25,7 +25,7 @@
 //!    compared, since Binaryen may swap two instructions that can trap),
 //!    with the same memory.
 //!
-//! [`check`] runs one case; the tests of this crate and the `prepare_diff`
+//! [`Harness::check`] runs one case; the tests of this crate and the `prepare_diff`
 //! fuzz target feed it.
 
 pub mod cell;
