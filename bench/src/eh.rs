@@ -129,7 +129,8 @@ pub(crate) fn prepare(
     args: &str,
 ) -> anyhow::Result<(f64, String)> {
     let record = out.with_extension("wasm.prep");
-    if crate::paths::newer(out, input) {
+    // Reused only when made by this very `roam` from this very input.
+    if crate::paths::newer(out, input) && crate::paths::newer(out, roam) {
         let recorded = std::fs::read_to_string(&record).ok().and_then(|r| {
             r.split_once('\n')
                 .and_then(|(a, b)| Some((a.parse::<f64>().ok()?, b.to_string())))

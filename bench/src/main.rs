@@ -123,8 +123,9 @@ enum Bench {
         /// The stock `wasmtime` command (wasmtime-cli 48).
         #[arg(long, default_value = "wasmtime")]
         wasmtime: PathBuf,
-        /// How roam captures the stack: `asyncify` or `eh`.
-        #[arg(long, default_value = "asyncify")]
+        /// How roam captures the stack: `eh` (roam's default) or
+        /// `asyncify`.
+        #[arg(long, default_value = "eh")]
         capture: String,
     },
     /// Checkpoint capture and restore time vs live memory.

@@ -15,7 +15,8 @@
 //! default in wasmtime 48 built with GC support).
 //! The exit status is the program's. `PLAIN_WASMTIME_FUNCTION_ALIGN=N`
 //! compiles with every function aligned to 2^N bytes, to measure a module
-//! under several code layouts.
+//! under several code layouts. `PLAIN_WASMTIME_PERFMAP=1` writes a perf map
+//! so that `perf record` names the module's functions.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -122,6 +123,11 @@ fn run(a: Args) -> anyhow::Result<i32> {
                 "PLAIN_WASMTIME_FUNCTION_ALIGN={log2}: expected log2 of a byte count, 0 to 12"
             ),
         }
+    }
+    // `perf record` then names the compiled functions (wasmtime writes
+    // /tmp/perf-<pid>.map), to see where a prepared module spends its time.
+    if std::env::var_os("PLAIN_WASMTIME_PERFMAP").is_some() {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
     }
     let engine = Engine::new(&config)?;
     let module = load(&engine, &a.module)?;

@@ -76,7 +76,7 @@ pub use pure::{ABORT_GLOBAL_EXPORT, BUDGET_GLOBAL_EXPORT, FAST_BUDGET};
 pub use section::{read_section, RoamSection, SectionError};
 pub use spill::SPILL_EXPORT_PREFIX;
 pub use validate::{validate, ModuleInfo, ValidateError};
-pub use verify::{check_prepared, CheckError};
+pub use verify::{check_prepared, CheckError, CHECK_REVISION};
 pub use wasm_opt::FEATURE_FLAGS as WASM_OPT_FEATURES;
 
 /// Revision of what [`prepare`] emits for a given input and options. It is

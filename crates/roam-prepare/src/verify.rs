@@ -124,6 +124,13 @@ fn facts(module: &[u8]) -> Result<Facts, CheckError> {
     Ok(f)
 }
 
+/// Revision of what [`check_prepared`] accepts. A runtime may remember that
+/// a module passed the check (by the module's hash and this number) so that
+/// it does not validate megabytes of code on every run; raise it whenever
+/// the check starts refusing something it accepted, so that no remembered
+/// pass outlives a stricter check.
+pub const CHECK_REVISION: u32 = 1;
+
 /// Check that `module` is a prepared module whose `roam` section matches its
 /// contents (see the module docs). Returns the section.
 pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {

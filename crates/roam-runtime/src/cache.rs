@@ -12,6 +12,8 @@
 //!   modules/<blake3 of prepared module>.wasm
 //!   prepared/<blake3 of source>-<options>.wasm   (`roam run` on an unprepared module)
 //!   compiled/<module hash>-<isa>-<engine>.cwasm  (+ .blake3 integrity sidecar)
+//!   verified/<module hash>-r<check revision>     (empty: the module passed
+//!                                                 `check_prepared`)
 //! ```
 
 use std::io::Write;
@@ -42,7 +44,7 @@ impl Cache {
     /// Open (and create) a cache rooted at `root`.
     pub fn open(root: impl Into<PathBuf>) -> std::io::Result<Self> {
         let root = root.into();
-        for sub in ["modules", "prepared", "compiled"] {
+        for sub in ["modules", "prepared", "compiled", "verified"] {
             std::fs::create_dir_all(root.join(sub))?;
         }
         Ok(Cache { root })
@@ -75,6 +77,14 @@ impl Cache {
         self.root
             .join("compiled")
             .join(format!("{}-{isa}-{engine:016x}.cwasm", hex(hash)))
+    }
+
+    /// Path of the mark that a prepared module passed
+    /// [`roam_prepare::check_prepared`] at a given check revision.
+    pub fn verified_path(&self, hash: &[u8; 32], check_revision: u32) -> PathBuf {
+        self.root
+            .join("verified")
+            .join(format!("{}-r{check_revision}", hex(hash)))
     }
 
     /// Read an entry, if present.

@@ -242,9 +242,8 @@ impl Runtime {
         // Every way in (a file, an upload, a snapshot's embedded copy, a
         // migration peer, the cache) passes here: believe no `roam` section
         // that does not match its module.
-        let section =
-            roam_prepare::check_prepared(&bytes).map_err(roam_prepare::PrepareError::from)?;
         let hash = *blake3::hash(&bytes).as_bytes();
+        let section = self.checked_section(&bytes, &hash)?;
         let mpath = self.cache.module_path(&hash);
         if !mpath.exists() {
             self.put(&mpath, &bytes)?;
@@ -253,6 +252,32 @@ impl Runtime {
         let keyed = if checks { &self.checked } else { &self.plain };
         let module = self.compile(keyed, &bytes, &hash)?;
         LoadedModule::new(bytes, hash, module, checks).map(Arc::new)
+    }
+
+    /// [`roam_prepare::check_prepared`], once per module and check
+    /// revision: it validates every function, which takes a good part of a
+    /// second for a large program and would otherwise be paid on each run.
+    /// The mark lives in roam's own cache, trusted as the compiled code
+    /// beside it is; a module that was never checked here, or checked by an
+    /// older revision, is checked again.
+    fn checked_section(
+        &self,
+        bytes: &[u8],
+        hash: &[u8; 32],
+    ) -> Result<roam_prepare::RoamSection, LoadError> {
+        let mark = self.cache.verified_path(hash, roam_prepare::CHECK_REVISION);
+        if mark.exists() {
+            if let Some(section) = roam_prepare::read_section(bytes)? {
+                return Ok(section);
+            }
+        }
+        let section =
+            roam_prepare::check_prepared(bytes).map_err(roam_prepare::PrepareError::from)?;
+        // A mark we cannot write only costs the check on the next run.
+        if let Err(e) = self.cache.put(&mark, &[]) {
+            tracing::warn!("cannot record that the module passed its check: {e}");
+        }
+        Ok(section)
     }
 
     fn compile(&self, keyed: &Keyed, bytes: &[u8], hash: &[u8; 32]) -> Result<Module, LoadError> {
@@ -317,6 +342,11 @@ fn engine(cfg: &RuntimeConfig, memories: &Arc<Creator>, epoch: bool) -> Result<K
     // Copy-on-write initialisation needs wasmtime's own mmaps (it
     // panics on a module with data segments otherwise).
     config.memory_init_cow(false);
+    // `ROAM_PERFMAP=1`: wasmtime writes /tmp/perf-<pid>.map, so that
+    // `perf record` names the program's functions.
+    if std::env::var_os("ROAM_PERFMAP").is_some() {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     let engine = Engine::new(&config).map_err(|e| LoadError::Compile {
         isa: host_isa().to_string(),
         source: boxed(e),

@@ -145,3 +145,42 @@ fn a_request_is_honoured_without_epoch_interruption() {
 fn a_request_is_honoured_with_epoch_interruption_back_on() {
     request_from_another_thread_stops_a_spinning_program(true);
 }
+
+/// `bytes` without the export `name`, its `roam` section kept.
+fn without_export(bytes: &[u8], name: &str) -> Vec<u8> {
+    let mut m = walrus::Module::from_buffer(bytes).unwrap();
+    let id = m.exports.iter().find(|e| e.name == name).unwrap().id();
+    m.exports.delete(id);
+    m.emit_wasm()
+}
+
+/// The check of a prepared module is remembered by the module's hash, so a
+/// second load skips it; a forged module has another hash and is checked,
+/// even when a mark of an older check revision claims otherwise.
+#[test]
+fn a_module_is_checked_once_and_a_forged_one_is_always_checked() {
+    let (rt, _dir) = runtime(false);
+    let Some(honest) = load(&rt, COMPUTE_WAT) else {
+        return;
+    };
+    let mark = |hash, rev| rt.cache().verified_path(hash, rev);
+    assert!(mark(honest.hash(), roam_prepare::CHECK_REVISION).exists());
+    let again = rt.load_bytes(honest.bytes()).unwrap();
+    assert_eq!(again.hash(), honest.hash());
+
+    let forged = without_export(honest.bytes(), roam_prepare::MEMORY_EXPORT);
+    let hash = *blake3::hash(&forged).as_bytes();
+    std::fs::write(mark(&hash, roam_prepare::CHECK_REVISION - 1), b"").unwrap();
+    let err = rt
+        .load_bytes(&forged)
+        .err()
+        .expect("a forged module must be refused");
+    let mut why = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(e) = source {
+        why.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    assert!(why.contains(roam_prepare::MEMORY_EXPORT), "{why}");
+    assert!(!mark(&hash, roam_prepare::CHECK_REVISION).exists());
+}
