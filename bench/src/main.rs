@@ -123,8 +123,8 @@ enum Bench {
         /// The stock `wasmtime` command (wasmtime-cli 48).
         #[arg(long, default_value = "wasmtime")]
         wasmtime: PathBuf,
-        /// How roam captures the stack: `eh` (roam's default) or
-        /// `asyncify`.
+        /// How roam captures the stack: `eh` (roam's default), `returns`
+        /// or `asyncify`.
         #[arg(long, default_value = "eh")]
         capture: String,
     },

@@ -36,7 +36,7 @@ pub struct Options {
     pub wasmtime: PathBuf,
     /// The repository (for the manifest and `target/workloads/real`).
     pub root: PathBuf,
-    /// `roam prepare --capture` (`asyncify` or `eh`).
+    /// `roam prepare --capture` (`asyncify`, `eh` or `returns`).
     pub capture: String,
 }
 

@@ -191,7 +191,9 @@ pub struct PrepareArgs {
     pub opt: Option<roam_prepare::OptLevel>,
     /// How the stack is captured: `eh`, which throws a Wasm exception at a
     /// point, stores each frame's live locals in handlers and rebuilds the
-    /// stack in rewind copies of the functions; `asyncify`, Binaryen's
+    /// stack in rewind copies of the functions; `returns`, the same but
+    /// frames leave by returning, with a check of the state after each
+    /// call that may reach a point (needs no exception support); `asyncify`, Binaryen's
     /// Asyncify (the fallback, several times slower on call-heavy
     /// programs); `eh-points`, an ablation with its points alone, which
     /// nothing can run [default: $ROAM_CAPTURE or eh].

@@ -217,3 +217,33 @@ fn blocking_imports_in_a_table_fall_back_to_asyncify() {
     let why = out.fallback.expect("the fallback is reported");
     assert!(why.contains("table holds an import"), "{why}");
 }
+
+/// `--capture returns`: the same sites, copies and records, but no
+/// exception anywhere: the output validates without the proposal.
+#[test]
+fn returns_capture_the_same_sites_without_exceptions() {
+    let wasm = wat::parse_str(WAT).unwrap();
+    let Some(thrown) = prepare_or_skip(&wasm, &eh_opts()) else {
+        return;
+    };
+    let opts = PrepareOptions {
+        capture: Capture::Returns,
+        ..eh_opts()
+    };
+    let Some(out) = prepare_or_skip(&wasm, &opts) else {
+        return;
+    };
+    let (eh, thrown) = (out.eh.unwrap(), thrown.eh.unwrap());
+    assert_eq!(eh, thrown, "the same sites, wrapped or checked");
+    Validator::new_with_features(crate::validate::SUPPORTED_FEATURES)
+        .validate_all(&out.bytes)
+        .unwrap();
+    assert_eq!(eh_instrs(&out.bytes), (0, 0, 0));
+    let exports = export_names(&out.bytes);
+    assert!(exports.iter().all(|(n, _)| n != TAG_EXPORT), "{exports:?}");
+    assert!(exports.iter().any(|(n, _)| n == REWIND_EXPORT));
+    assert!(out.section.options.ends_with(";capture=returns"));
+    assert_eq!(out.section.capture(), Capture::Returns);
+    check_prepared(&out.bytes).unwrap();
+    assert_eq!("returns".parse::<Capture>(), Ok(Capture::Returns));
+}

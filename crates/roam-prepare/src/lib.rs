@@ -106,8 +106,9 @@ pub use wasm_opt::FEATURE_FLAGS as WASM_OPT_FEATURES;
 /// 16: calls that end the program are made by the caller's caller,
 /// `leave.rs`; 17: a moved loop also takes in each output that some way
 /// out of it leaves unset, `loop_io.rs`; 18: capture by exceptions,
-/// `eh/`, is the default instead of Asyncify).
-pub const OUTPUT_REVISION: u32 = 18;
+/// `eh/`, is the default instead of Asyncify; 19: `--capture returns`,
+/// frames that leave by returning instead of by an exception).
+pub const OUTPUT_REVISION: u32 = 19;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

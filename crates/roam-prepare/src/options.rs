@@ -516,6 +516,14 @@ pub enum Capture {
     /// (default).
     #[default]
     Eh,
+    /// Like [`Capture::Eh`] (the same records and rewind copies), but a
+    /// frame leaves by returning instead of by an exception: after each
+    /// call that may reach a point the caller checks `roam.state`, and
+    /// while unwinding stores its record and returns. A check costs a load
+    /// and a branch where a `try_table` makes Cranelift keep every value
+    /// live across the call in a stack slot, and the output needs no
+    /// exception support from the engine.
+    Returns,
     /// Ablation of [`Capture::Eh`]: its points (stores and a `throw`)
     /// without any `try_table` or rewind copy, so no frame but the
     /// innermost is captured and nothing can restore it. Only for
@@ -524,7 +532,7 @@ pub enum Capture {
 }
 
 /// Environment variable that sets the capture of modules prepared without
-/// an explicit `--capture` (`asyncify` or `eh`); see [`Capture::from_env`].
+/// an explicit `--capture` (`asyncify`, `eh` or `returns`); see [`Capture::from_env`].
 pub const ENV_CAPTURE: &str = "ROAM_CAPTURE";
 
 impl Capture {
@@ -543,8 +551,15 @@ impl Capture {
         match self {
             Capture::Asyncify => "asyncify",
             Capture::Eh => "eh",
+            Capture::Returns => "returns",
             Capture::EhPoints => "eh-points",
         }
+    }
+
+    /// Whether the stack is captured by `eh/` (records and rewind copies),
+    /// whichever way frames leave.
+    pub fn by_records(self) -> bool {
+        matches!(self, Capture::Eh | Capture::Returns)
     }
 }
 
@@ -555,11 +570,12 @@ impl FromStr for Capture {
         match s {
             "asyncify" => Ok(Capture::Asyncify),
             "eh" => Ok(Capture::Eh),
+            "returns" => Ok(Capture::Returns),
             "eh-points" => Ok(Capture::EhPoints),
             other => Err(ParseOptionError {
                 what: "capture",
                 found: other.to_string(),
-                choices: "asyncify, eh, eh-points",
+                choices: "asyncify, eh, returns, eh-points",
             }),
         }
     }
@@ -656,6 +672,7 @@ impl PrepareOptions {
             // the text of a module prepared before reads as what it is.
             Capture::Asyncify => "",
             Capture::Eh => ";capture=eh",
+            Capture::Returns => ";capture=returns",
             Capture::EhPoints => ";capture=eh-points",
         }
     }

@@ -186,7 +186,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         return match prepare_eh(input, &info, opts, &tool, instrumented) {
             // Asyncify handles what exceptions cannot; the section says
             // which capture the module has.
-            Err(PrepareError::EhUnsupported(why)) if opts.capture == Capture::Eh => {
+            Err(PrepareError::EhUnsupported(why)) if opts.capture.by_records() => {
                 let asyncify = PrepareOptions {
                     capture: Capture::Asyncify,
                     ..opts.clone()
@@ -268,8 +268,9 @@ fn prepare_eh(
     if opts.turn_compares == TurnCompares::On {
         crate::compares::turn_compares(&mut bytes)?;
     }
-    let wrap = opts.capture == Capture::Eh;
-    let (mut bytes, eh) = crate::eh::transform(&bytes, !opts.strip_names, wrap)?;
+    let wrap = opts.capture.by_records();
+    let returns = opts.capture == Capture::Returns;
+    let (mut bytes, eh) = crate::eh::transform(&bytes, !opts.strip_names, wrap, returns)?;
     let section = stamp(&mut bytes, input, opts, info, instrumented.stats, tool);
     Ok(Prepared {
         bytes,

@@ -85,6 +85,10 @@ const HISTORY: &[(u32, &str)] = &[
         18,
         "5cf8fedb374859175718e8b6d1afd43a5e3afe7017764f23d6bea0dfa22bb8a6",
     ),
+    (
+        19,
+        "5cf8fedb374859175718e8b6d1afd43a5e3afe7017764f23d6bea0dfa22bb8a6",
+    ),
 ];
 
 /// The same for the steps after `wasm-opt`, from the revision the guard
@@ -105,6 +109,11 @@ const AFTER_HISTORY: &[(u32, &str)] = &[
     (
         18,
         "393be1c16f20d57f10f5662c6d5c13d3cf958ba7b3a2fa97ac2ec5057a5f08a8",
+    ),
+    // `--capture returns` joined the guard's fixtures.
+    (
+        19,
+        "800b4569577af3c56f25b9f0fb785a76870d82088b90cb1cf1826a9a3b56391b",
     ),
 ];
 
@@ -216,8 +225,13 @@ fn after_fingerprint() -> String {
         let wasm = wat::parse_str(wat).unwrap();
         let info = validate(&wasm).unwrap();
         let instrumented = instrument(&wasm, &info, &opts).unwrap().bytes;
-        for (names, wrap) in [(true, true), (false, true), (true, false)] {
-            let (out, stats) = crate::eh::transform(&instrumented, names, wrap).unwrap();
+        for (names, wrap, returns) in [
+            (true, true, false),
+            (false, true, false),
+            (true, false, false),
+            (true, true, true),
+        ] {
+            let (out, stats) = crate::eh::transform(&instrumented, names, wrap, returns).unwrap();
             put(&out);
             put(format!("{stats:?}").as_bytes());
         }

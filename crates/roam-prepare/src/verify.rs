@@ -38,11 +38,10 @@ use wasmparser::{ExternalKind, Parser, Payload, TypeRef};
 
 use crate::validate::validate_as;
 use crate::{
-    read_section, Capture, PointPolicy, RoamSection, SectionError, ValidateError,
-    ABORT_GLOBAL_EXPORT, ASYNCIFY_EXPORTS, BUDGET_GLOBAL_EXPORT, CAPTURE_END_EXPORT,
-    CAPTURE_GLOBAL_EXPORT, EXIT_ARG_EXPORT_PREFIX, EXIT_GLOBAL_EXPORT, FLAG_GLOBAL_EXPORT,
-    GLOBAL_EXPORT_PREFIX, MEMORY_EXPORT, REWIND_EXPORT, SPILL_EXPORT_PREFIX, STATE_EXPORT,
-    TABLE_EXPORT_PREFIX,
+    read_section, PointPolicy, RoamSection, SectionError, ValidateError, ABORT_GLOBAL_EXPORT,
+    ASYNCIFY_EXPORTS, BUDGET_GLOBAL_EXPORT, CAPTURE_END_EXPORT, CAPTURE_GLOBAL_EXPORT,
+    EXIT_ARG_EXPORT_PREFIX, EXIT_GLOBAL_EXPORT, FLAG_GLOBAL_EXPORT, GLOBAL_EXPORT_PREFIX,
+    MEMORY_EXPORT, REWIND_EXPORT, SPILL_EXPORT_PREFIX, STATE_EXPORT, TABLE_EXPORT_PREFIX,
 };
 
 /// Mutable globals Asyncify adds and keeps unexported (`__asyncify_state`,
@@ -138,7 +137,7 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
     if section.options.contains(";capture=eh-points") {
         return Err(CheckError::Experimental);
     }
-    let eh = section.capture() == Capture::Eh;
+    let eh = section.capture().by_records();
     let info = validate_as(module, eh)?;
     let f = facts(module)?;
     let is_mutable_global = |index: u32| f.global_mutable.get(index as usize) == Some(&true);

@@ -35,6 +35,16 @@
 //! `try_table`. A module prepared so needs the exception-handling proposal
 //! (wasmtime 48 with its `gc` feature).
 //!
+//! `--capture returns` keeps all of this but the exceptions: a point
+//! stores its record and returns zeros, and after every call that may
+//! reach one the caller checks `roam.state` and does the same, so the
+//! stack unwinds by ordinary returns down to `_start`. A check is a load
+//! and a branch; a `try_table` instead makes Cranelift treat every
+//! register as clobbered on the exception edge, so the values live across
+//! the call sit in stack slots. Such a module needs no exception support.
+//! It relies on every call that may reach a point being checked, as the
+//! exception form relies on it being wrapped.
+//!
 //! `--capture eh-points` is an ablation kept for measurement: the points
 //! alone, no `try_table` and no copies (nothing can restore it).
 
@@ -111,6 +121,7 @@ pub(crate) fn transform(
     bytes: &[u8],
     names: bool,
     wrap: bool,
+    returns: bool,
 ) -> Result<(Vec<u8>, EhStats), PrepareError> {
     let stacks = facts::operand_stacks(bytes)?;
     let mut config = ModuleConfig::new();
@@ -296,9 +307,15 @@ pub(crate) fn transform(
     add_export(&mut module, STATE_EXPORT, state.into())?;
     add_export(&mut module, CAPTURE_GLOBAL_EXPORT, cursor.into())?;
     add_export(&mut module, CAPTURE_END_EXPORT, end.into())?;
-    let tag_ty = module.types.add(&[], &[]);
-    let tag = module.tags.add(tag_ty);
-    add_export(&mut module, TAG_EXPORT, tag.into())?;
+    let tag = match returns {
+        true => None,
+        false => {
+            let tag_ty = module.types.add(&[], &[]);
+            let tag = module.tags.add(tag_ty);
+            add_export(&mut module, TAG_EXPORT, tag.into())?;
+            Some(tag)
+        }
+    };
 
     // Placeholders for the copies, so that copies can call each other.
     let mut copies = HashMap::new();
@@ -376,7 +393,12 @@ pub(crate) fn transform(
     }
     add_export(&mut module, REWIND_EXPORT, rewind.into())?;
     let out = module.emit_wasm();
-    Validator::new_with_features(OUTPUT_FEATURES)
+    // Frames that leave by returning need no exception support at all.
+    let features = match returns {
+        true => SUPPORTED_FEATURES,
+        false => OUTPUT_FEATURES,
+    };
+    Validator::new_with_features(features)
         .validate_all(&out)
         .map_err(PrepareError::OutputInvalid)?;
     Ok((out, stats))

@@ -10,6 +10,9 @@
 //! `roam.state` after the host returns, and stores its record and throws
 //! when the host began an unwind; a call that may reach one sits in a
 //! `try_table` whose handler stores the frame's record and rethrows.
+//! Under `--capture returns` a frame leaves by returning zeros instead of
+//! throwing, and each such call is followed by the same check of
+//! `roam.state` and the same record.
 //! Operand-stack values under such a call, or under a block that holds
 //! one, are moved to locals first, so that the record can hold them.
 //!
@@ -92,7 +95,9 @@ pub(crate) struct Ctx {
     pub cursor: GlobalId,
     pub end: GlobalId,
     pub memory: MemoryId,
-    pub tag: TagId,
+    /// The tag a point throws; `None` when frames leave by returning
+    /// (`--capture returns`).
+    pub tag: Option<TagId>,
     /// Each function's rewind copy.
     pub copies: HashMap<FunctionId, FunctionId>,
     /// Site number → rewind copy of the function that holds it, for
@@ -158,6 +163,8 @@ pub(crate) struct Writer<'a> {
     pub rewind: bool,
     pub(super) fb: FunctionBuilder,
     labels: HashMap<InstrSeqId, InstrSeqId>,
+    /// The function's result types, for a frame that leaves by returning.
+    results: Vec<ValType>,
 }
 
 impl<'a> Writer<'a> {
@@ -180,6 +187,7 @@ impl<'a> Writer<'a> {
             rewind,
             fb,
             labels: HashMap::new(),
+            results: ty.results().to_vec(),
         }
     }
 
@@ -443,7 +451,10 @@ impl<'a> Writer<'a> {
                 let record = self.stores(kid.lo);
                 let throw = {
                     let mut r = record;
-                    r.push(Instr::Throw(Throw { tag: self.ctx.tag }));
+                    match self.ctx.tag {
+                        Some(tag) => r.push(Instr::Throw(Throw { tag })),
+                        None => r.extend(self.leave()),
+                    }
                     r
                 };
                 let then = self.when(throw);
@@ -468,6 +479,32 @@ impl<'a> Writer<'a> {
                 }
             }
         }
+        out
+    }
+
+    /// Return from the function with zero results.
+    fn leave(&self) -> Vec<Instr> {
+        let mut out: Vec<Instr> = self
+            .results
+            .iter()
+            .map(|t| match t {
+                ValType::I32 => i32c(0),
+                ValType::I64 => Instr::Const(Const {
+                    value: Value::I64(0),
+                }),
+                ValType::F32 => Instr::Const(Const {
+                    value: Value::F32(0.0),
+                }),
+                ValType::F64 => Instr::Const(Const {
+                    value: Value::F64(0.0),
+                }),
+                ValType::V128 => Instr::Const(Const {
+                    value: Value::V128(0),
+                }),
+                ValType::Ref(r) => Instr::RefNull(walrus::ir::RefNull { ty: *r }),
+            })
+            .collect();
+        out.push(Instr::Return(walrus::ir::Return {}));
         out
     }
 
@@ -540,6 +577,13 @@ impl<'a> Writer<'a> {
     ///   (if unwinding: store the record)  throw_ref
     /// end
     /// ```
+    ///
+    /// When frames leave by returning (no tag):
+    ///
+    /// ```text
+    /// call
+    /// (if unwinding: store the record, return zeros)
+    /// ```
     fn wrap(
         &mut self,
         call: Instr,
@@ -547,6 +591,18 @@ impl<'a> Writer<'a> {
         params: &[ValType],
         results: &[ValType],
     ) -> Vec<Instr> {
+        if self.ctx.tag.is_none() {
+            let mut record = self.stores(site);
+            record.extend(self.leave());
+            let then = self.when(record);
+            return vec![
+                call,
+                gget(self.ctx.state),
+                i32c(UNWINDING),
+                bin(BinaryOp::I32Eq),
+                then,
+            ];
+        }
         let exn = ValType::Ref(RefType::EXNREF);
         let ty = self.seq_type(params, results);
         let tried = self.new_seq(ty, vec![call]);
