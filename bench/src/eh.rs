@@ -155,7 +155,10 @@ pub(crate) fn prepare(
     }
     let sites = err
         .lines()
-        .find_map(|l| l.split_once("capture by exceptions: "))
+        .find_map(|l| {
+            l.split_once("capture by exceptions: ")
+                .or_else(|| l.split_once("capture by returns: "))
+        })
         .map(|(_, rest)| rest.split(',').take(3).collect::<Vec<_>>().join(","))
         .unwrap_or_default();
     std::fs::write(&record, format!("{secs}\n{sites}"))?;

@@ -196,7 +196,7 @@ pub struct PrepareArgs {
     /// call that may reach a point (needs no exception support); `asyncify`, Binaryen's
     /// Asyncify (the fallback, several times slower on call-heavy
     /// programs); `eh-points`, an ablation with its points alone, which
-    /// nothing can run [default: $ROAM_CAPTURE or eh].
+    /// nothing can run [default: $ROAM_CAPTURE or returns].
     #[arg(long, value_name = "HOW")]
     pub capture: Option<roam_prepare::Capture>,
 }

@@ -32,7 +32,8 @@ pub struct NodeArgs {
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// How uploaded modules that are not prepared yet capture their stack:
-    /// `eh` (exceptions) or `asyncify` [default: $ROAM_CAPTURE or eh].
+    /// `returns`, `eh` (exceptions) or `asyncify` [default: $ROAM_CAPTURE
+    /// or returns].
     #[arg(long, value_name = "HOW")]
     pub capture: Option<roam_prepare::Capture>,
     /// Chunk store budget for dedup across migrations, MiB.

@@ -61,11 +61,15 @@ pub fn main(a: PrepareArgs) -> anyhow::Result<i32> {
             out.lifted_exits
         );
         if let Some(why) = &out.fallback {
-            eprintln!("roam: prepared with Asyncify: capture by exceptions cannot handle this module ({why})");
+            eprintln!("roam: prepared with Asyncify: capture by records and rewind copies cannot handle this module ({why})");
         }
         if let Some(eh) = out.eh {
+            let (how, calls) = match out.section.capture() {
+                roam_prepare::Capture::Returns => ("returns", "calls checked on return"),
+                _ => ("exceptions", "calls in try_table"),
+            };
             eprintln!(
-                "roam: capture by exceptions: {} sites ({} points, {} blocking imports, {} calls in try_table, counted in run forms and copies), {} functions with rewind copies, {} stack values moved to locals",
+                "roam: capture by {how}: {} sites ({} points, {} blocking imports, {} {calls}, counted in run forms and copies), {} functions with rewind copies, {} stack values moved to locals",
                 eh.sites, eh.points, eh.imports, eh.wrapped, eh.copies, eh.moved
             );
         }

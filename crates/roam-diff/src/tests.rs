@@ -9,13 +9,17 @@ use roam_prepare::{Capture, PointPolicy, PrepareOptions};
 
 use crate::{Harness, Verdict};
 
-/// The option sets every case runs under: the default (capture by
-/// exceptions), the Asyncify fallback, and the point policies that place
-/// fewest points.
+/// The option sets every case runs under: the default (records, frames
+/// that leave by returning), the same by exceptions, the Asyncify
+/// fallback, and the point policies that place fewest points.
 fn option_sets() -> Vec<PrepareOptions> {
     let d = PrepareOptions::default;
     vec![
         d(),
+        PrepareOptions {
+            capture: Capture::Eh,
+            ..d()
+        },
         PrepareOptions {
             capture: Capture::Asyncify,
             ..d()

@@ -135,7 +135,7 @@ fn asyncify_leaves_the_canonical_text_as_it_was() {
         format!("{};capture=eh", asyncify.canonical())
     );
     assert!(!asyncify.canonical().contains("capture"));
-    assert_eq!(PrepareOptions::default().capture, Capture::Eh);
+    assert_eq!(PrepareOptions::default().capture, Capture::Returns);
     assert_eq!("eh".parse::<Capture>(), Ok(Capture::Eh));
     assert!("eh-proto".parse::<Capture>().is_err());
     assert!("exceptions".parse::<Capture>().is_err());

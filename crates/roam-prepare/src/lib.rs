@@ -107,7 +107,8 @@ pub use wasm_opt::FEATURE_FLAGS as WASM_OPT_FEATURES;
 /// `leave.rs`; 17: a moved loop also takes in each output that some way
 /// out of it leaves unset, `loop_io.rs`; 18: capture by exceptions,
 /// `eh/`, is the default instead of Asyncify; 19: `--capture returns`,
-/// frames that leave by returning instead of by an exception).
+/// frames that leave by returning instead of by an exception, is the
+/// default).
 pub const OUTPUT_REVISION: u32 = 19;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask

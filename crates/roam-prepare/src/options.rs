@@ -512,9 +512,8 @@ pub enum Capture {
     Asyncify,
     /// Wasm exceptions (`eh/`): points throw, every call that may unwind
     /// stores its frame's live locals in a `try_table` handler, and rewind
-    /// copies of the functions rebuild the stack on restore. No Asyncify
-    /// (default).
-    #[default]
+    /// copies of the functions rebuild the stack on restore. No Asyncify.
+    /// The default in revision 18.
     Eh,
     /// Like [`Capture::Eh`] (the same records and rewind copies), but a
     /// frame leaves by returning instead of by an exception: after each
@@ -522,7 +521,8 @@ pub enum Capture {
     /// while unwinding stores its record and returns. A check costs a load
     /// and a branch where a `try_table` makes Cranelift keep every value
     /// live across the call in a stack slot, and the output needs no
-    /// exception support from the engine.
+    /// exception support from the engine. The default since revision 19.
+    #[default]
     Returns,
     /// Ablation of [`Capture::Eh`]: its points (stores and a `throw`)
     /// without any `try_table` or rewind copy, so no frame but the
@@ -637,7 +637,7 @@ pub struct PrepareOptions {
     /// Whether calls of functions that never return are made from the
     /// caller's caller. Default: [`LiftExits::On`].
     pub lift_exits: LiftExits,
-    /// How the stack is captured. Default: [`Capture::Eh`].
+    /// How the stack is captured. Default: [`Capture::Returns`].
     pub capture: Capture,
 }
 
@@ -710,7 +710,7 @@ mod tests {
         };
         assert_eq!(
             a.canonical(),
-            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on;capture=eh"
+            "points=loops;opt=O2;names=keep;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on;capture=returns"
         );
         assert_eq!(a.canonical(), b.canonical());
         let c = PrepareOptions {
@@ -721,7 +721,7 @@ mod tests {
         };
         assert_eq!(
             c.canonical(),
-            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on;capture=eh"
+            "points=manual;opt=Os;names=strip;scope=all;entries=cycles;loops=rerun;calls=spilled;outline=on;rerun-calls=on;quiet-indirect=on;unroll-checks=on;hoist-calls=on;counted-loops=on;counted-nests=on;bulk-chunks=on;trim-outlined=on;turn-compares=on;lift-exits=on;capture=returns"
         );
     }
 }

@@ -196,7 +196,7 @@ fn points_the_optimiser_removes_are_not_counted() {
              (func (export "_start") (return) (loop $l (br $l))))"#,
     )
     .unwrap();
-    for capture in [Capture::Eh, Capture::Asyncify] {
+    for capture in [Capture::Returns, Capture::Eh, Capture::Asyncify] {
         let opts = PrepareOptions {
             capture,
             ..PrepareOptions::default()

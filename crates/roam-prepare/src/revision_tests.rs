@@ -85,9 +85,10 @@ const HISTORY: &[(u32, &str)] = &[
         18,
         "5cf8fedb374859175718e8b6d1afd43a5e3afe7017764f23d6bea0dfa22bb8a6",
     ),
+    // The default capture's name is part of the options' text.
     (
         19,
-        "5cf8fedb374859175718e8b6d1afd43a5e3afe7017764f23d6bea0dfa22bb8a6",
+        "e8dcec6d11549cd8a984f7a4d55b851dca6133d2691ea66b1b1ea6e5a7ad9dd9",
     ),
 ];
 

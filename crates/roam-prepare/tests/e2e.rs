@@ -70,6 +70,7 @@ fn exports(wasm: &[u8]) -> Vec<(String, ExternalKind)> {
 
 fn check_prepared(input: &[u8], label: &str) {
     for (points, capture) in [
+        (PointPolicy::Loops, Capture::Returns),
         (PointPolicy::Loops, Capture::Eh),
         (PointPolicy::Functions, Capture::Eh),
         (PointPolicy::Loops, Capture::Asyncify),

@@ -203,6 +203,15 @@ macro_rules! workload_tests {
             fn riscv64_to_x86_64_eh() {
                 all_moments_with(stringify!($w), Isa::Riscv64, Isa::X86_64, "eh")
             }
+            // The same records, frames that leave by returning.
+            #[test]
+            fn x86_64_to_riscv64_returns() {
+                all_moments_with(stringify!($w), Isa::X86_64, Isa::Riscv64, "returns")
+            }
+            #[test]
+            fn aarch64_to_x86_64_returns() {
+                all_moments_with(stringify!($w), Isa::Aarch64, Isa::X86_64, "returns")
+            }
         }
     )*};
 }

@@ -65,6 +65,10 @@ const OPTIONS: &[&[&str]] = &[
     &["--capture", "eh", "--points", "functions"],
     &["--capture", "eh", "--points", "manual"],
     &["--capture", "eh", "--opt", "O0"],
+    // Frames that leave by returning.
+    &["--capture", "returns"],
+    &["--capture", "returns", "--points", "outer"],
+    &["--capture", "returns", "--points", "manual"],
 ];
 
 /// Programs whose default snapshot CI also restores on aarch64: the
@@ -310,7 +314,7 @@ fn differential_under(name: &str, only: Option<&[&'static [&'static str]]>) {
     };
     for (i, flags) in options.into_iter().enumerate() {
         // The first of each capture crosses to aarch64.
-        let first = i == 0 || flags == ["--capture", "eh"];
+        let first = i == 0 || flags == ["--capture", "eh"] || flags == ["--capture", "returns"];
         case.differential(
             flags,
             &mut rng,
@@ -339,13 +343,17 @@ macro_rules! real_program_tests {
         )*
 
         /// Capture by exceptions prepares in seconds, so CI runs every
-        /// program under it (without the Asyncify sample).
+        /// program under it, frames leaving by exceptions and by returns
+        /// (without the Asyncify sample).
         mod eh {
             use super::*;
             $(
                 #[test]
                 fn $test() {
-                    differential_under($name, Some(&[&["--capture", "eh"]]));
+                    differential_under(
+                        $name,
+                        Some(&[&["--capture", "eh"], &["--capture", "returns"]]),
+                    );
                 }
             )*
         }

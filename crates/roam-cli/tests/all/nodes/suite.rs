@@ -262,3 +262,26 @@ fn host_suite_post_copy_eh() {
 fn x86_to_aarch64_suite_stop_and_copy_eh() {
     suite_with(Isa::X86_64, Isa::Aarch64, "stop-and-copy", &CROSS, "eh");
 }
+
+// Frames that leave by returning (`--capture returns`), in every mode, host
+// to host and across ISAs.
+
+#[test]
+fn host_suite_stop_and_copy_returns() {
+    suite_with(Isa::X86_64, Isa::X86_64, "stop-and-copy", &SUITE, "returns");
+}
+
+#[test]
+fn host_suite_pre_copy_returns() {
+    suite_with(Isa::X86_64, Isa::X86_64, "pre-copy", &SUITE, "returns");
+}
+
+#[test]
+fn host_suite_post_copy_returns() {
+    suite_with(Isa::X86_64, Isa::X86_64, "post-copy", &SUITE, "returns");
+}
+
+#[test]
+fn aarch64_to_x86_suite_post_copy_returns() {
+    suite_with(Isa::Aarch64, Isa::X86_64, "post-copy", &CROSS, "returns");
+}
