@@ -14,7 +14,11 @@
 //!    instrumented the large one (`outline.rs`);
 //! 3. **export** all mutable state (globals, memory, tables) under stable
 //!    names, so the host can read and restore it on any architecture;
-//! 4. **Asyncify** with Binaryen's `wasm-opt`, which lets the stack unwind
+//! 4. **capture**: by default `eh/` (one `wasm-opt` run, then records of
+//!    each frame's live locals, written as the frame leaves by returning,
+//!    or by an exception with `--capture eh`, and rewind copies that
+//!    rebuild the stack on restore); or, as the fallback, **Asyncify** with
+//!    Binaryen's `wasm-opt`, which lets the stack unwind
 //!    into linear memory at the migration points and at blocking WASI calls,
 //!    then (by default) **spill**: every local goes round a point's call
 //!    through scratch globals, so that no value is live across that call

@@ -4,8 +4,8 @@
 //! Why a crate of its own: this is where the three portable pieces of state
 //! meet the one engine that executes them. A [`Cell`] owns a wasmtime store
 //! with roam's WASI layer ([`roam_wasi`]) and drives the module's capture
-//! (a Wasm exception that frames record themselves into on the way out, or
-//! Binaryen Asyncify) through the exports that `roam prepare`
+//! (records that frames write on the way out, leaving by returns or by a
+//! Wasm exception, or Binaryen Asyncify) through the exports that `roam prepare`
 //! ([`roam_prepare`]) put in the module (`unwind.rs`). A checkpoint unwinds
 //! the guest's call stack into linear memory at
 //! a migration point, reads memory, mutable globals, the unwound stack and
