@@ -123,9 +123,9 @@ enum Bench {
         /// The stock `wasmtime` command (wasmtime-cli 48).
         #[arg(long, default_value = "wasmtime")]
         wasmtime: PathBuf,
-        /// How roam captures the stack: `eh` (roam's default), `returns`
+        /// How roam captures the stack: `returns` (roam's default), `eh`
         /// or `asyncify`.
-        #[arg(long, default_value = "eh")]
+        #[arg(long, default_value = "returns")]
         capture: String,
     },
     /// Checkpoint capture and restore time vs live memory.

@@ -244,8 +244,6 @@ fn migration_point(mut caller: Caller<'_, HostState>) -> wasmtime::Result<()> {
     }
 }
 
-/// Begin an unwind at a migration point, which only a program running
-/// normally may reach (not one that is unwinding already).
 /// The capture borrows linear memory: with none yet, a checkpoint waits
 /// (the request stays pending and the flag up) for a point after the
 /// program grows its memory, and the log says so once. Found by the
@@ -265,6 +263,8 @@ fn no_memory_yet(caller: &mut Caller<'_, HostState>, h: &Hooks) -> bool {
     true
 }
 
+/// Begin an unwind at a migration point, which only a program running
+/// normally may reach (not one that is unwinding already).
 fn unwind_from_point(caller: &mut Caller<'_, HostState>, req: Request) -> wasmtime::Result<()> {
     let h = hooks(caller)?;
     if no_memory_yet(caller, &h) {
