@@ -32,8 +32,10 @@
 //! into a form that costs more than trimming saves, unless `compares.rs`
 //! turns it back.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
+use fixedbitset::FixedBitSet;
+use rustc_hash::FxHashMap;
 use walrus::ir::{Br, BrIf, BrTable, Instr, InstrSeqId, LocalGet, LocalSet, LocalTee};
 use walrus::{LocalFunction, LocalId};
 
@@ -68,18 +70,13 @@ pub(crate) fn loop_io(
     // Falling off the loop's end is a way out too.
     exposed.leave(&at_end);
     let surely = exposed.surely.take().unwrap_or_default();
-    let mut live = Live {
-        func,
-        target: body,
-        exits: exits.to_vec(),
-        labels: HashMap::from([(func.entry_block(), HashSet::new())]),
-        after: HashSet::new(),
-    };
-    live.seq(func.entry_block(), HashSet::new());
+    let mut live = Live::new(func, body, exits);
+    let end = live.empty();
+    live.seq(func.entry_block(), end);
     let outputs: Vec<LocalId> = written
         .iter()
         .copied()
-        .filter(|l| exposed.found.contains(l) || live.after.contains(l))
+        .filter(|l| exposed.found.contains(l) || live.live_after(*l))
         .collect();
     LoopIo {
         // An output that some way out leaves unset must come in too, or
@@ -98,39 +95,81 @@ pub(crate) fn loop_io(
 /// live where the loop `target` is left: after it, and at each label it
 /// branches out to. A loop's header is iterated to a fixed point; the sets
 /// only grow from pass to pass, so the union over passes is the answer.
+///
+/// The walk covers the whole function once per outlined loop, and a large
+/// C function (`sqlite3VdbeExec`) has hundreds of loops, so the sets are
+/// bit sets over the function's own locals, numbered densely: with hash
+/// sets this pass was half of preparing the database engine.
 struct Live<'a> {
     func: &'a LocalFunction,
     target: InstrSeqId,
     exits: Vec<InstrSeqId>,
+    /// The function's locals, numbered from 0 in order of first use.
+    index: FxHashMap<LocalId, usize>,
     /// What is live where a branch to each label lands.
-    labels: HashMap<InstrSeqId, HashSet<LocalId>>,
-    after: HashSet<LocalId>,
+    labels: FxHashMap<InstrSeqId, FixedBitSet>,
+    after: FixedBitSet,
 }
 
-impl Live<'_> {
+impl<'a> Live<'a> {
+    fn new(func: &'a LocalFunction, target: InstrSeqId, exits: &[InstrSeqId]) -> Self {
+        let mut index = FxHashMap::default();
+        for arg in &func.args {
+            let next = index.len();
+            index.entry(*arg).or_insert(next);
+        }
+        walk(func, func.entry_block(), &mut |instr| {
+            if let Instr::LocalGet(LocalGet { local })
+            | Instr::LocalSet(LocalSet { local })
+            | Instr::LocalTee(LocalTee { local }) = instr
+            {
+                let next = index.len();
+                index.entry(*local).or_insert(next);
+            }
+        });
+        let empty = FixedBitSet::with_capacity(index.len());
+        Live {
+            func,
+            target,
+            exits: exits.to_vec(),
+            labels: FxHashMap::from_iter([(func.entry_block(), empty.clone())]),
+            after: empty,
+            index,
+        }
+    }
+
+    fn empty(&self) -> FixedBitSet {
+        FixedBitSet::with_capacity(self.index.len())
+    }
+
+    /// Whether `local` is live where the loop is left.
+    fn live_after(&self, local: LocalId) -> bool {
+        self.index
+            .get(&local)
+            .is_some_and(|&i| self.after.contains(i))
+    }
+
     /// What is live at the top of `seq`, given what is live after it.
-    fn seq(&mut self, seq: InstrSeqId, mut live: HashSet<LocalId>) -> HashSet<LocalId> {
+    fn seq(&mut self, seq: InstrSeqId, mut live: FixedBitSet) -> FixedBitSet {
         for (instr, _) in self.func.block(seq).instrs.iter().rev() {
             match instr {
-                Instr::LocalGet(LocalGet { local }) => {
-                    live.insert(*local);
-                }
+                Instr::LocalGet(LocalGet { local }) => live.insert(self.index[local]),
                 Instr::LocalSet(LocalSet { local }) | Instr::LocalTee(LocalTee { local }) => {
-                    live.remove(local);
+                    live.set(self.index[local], false);
                 }
                 Instr::Br(Br { block }) => live = self.at(*block),
-                Instr::BrIf(BrIf { block }) => live.extend(self.at(*block)),
+                Instr::BrIf(BrIf { block }) => self.join(&mut live, *block),
                 Instr::BrTable(BrTable { blocks, default }) => {
-                    live = HashSet::new();
+                    live.clear();
                     for block in blocks.iter().chain([default]) {
-                        live.extend(self.at(*block));
+                        self.join(&mut live, *block);
                     }
                 }
                 Instr::Return(_)
                 | Instr::ReturnCall(_)
                 | Instr::ReturnCallIndirect(_)
                 | Instr::ReturnCallRef(_)
-                | Instr::Unreachable(_) => live = HashSet::new(),
+                | Instr::Unreachable(_) => live.clear(),
                 Instr::Block(b) => {
                     self.labels.insert(b.seq, live.clone());
                     live = self.seq(b.seq, live);
@@ -139,22 +178,23 @@ impl Live<'_> {
                     self.labels.insert(i.consequent, live.clone());
                     self.labels.insert(i.alternative, live.clone());
                     let mut then = self.seq(i.consequent, live.clone());
-                    then.extend(self.seq(i.alternative, live));
+                    then.union_with(&self.seq(i.alternative, live));
                     live = then;
                 }
                 Instr::Loop(l) => {
                     if l.seq == self.target {
-                        self.after.extend(live.iter().copied());
-                        for exit in self.exits.clone() {
-                            let at = self.at(exit);
-                            self.after.extend(at);
+                        self.after.union_with(&live);
+                        for k in 0..self.exits.len() {
+                            let mut after = std::mem::take(&mut self.after);
+                            self.join(&mut after, self.exits[k]);
+                            self.after = after;
                         }
                     }
                     let mut head = self.at(l.seq);
                     loop {
                         self.labels.insert(l.seq, head.clone());
                         let mut top = self.seq(l.seq, live.clone());
-                        top.extend(head.iter().copied());
+                        top.union_with(&head);
                         if top == head {
                             break;
                         }
@@ -170,8 +210,18 @@ impl Live<'_> {
 
     /// What is live where a branch to `label` lands (nothing yet for a
     /// loop header not yet seen).
-    fn at(&self, label: InstrSeqId) -> HashSet<LocalId> {
-        self.labels.get(&label).cloned().unwrap_or_default()
+    fn at(&self, label: InstrSeqId) -> FixedBitSet {
+        match self.labels.get(&label) {
+            Some(set) => set.clone(),
+            None => self.empty(),
+        }
+    }
+
+    /// Adds to `live` what is live where a branch to `label` lands.
+    fn join(&self, live: &mut FixedBitSet, label: InstrSeqId) {
+        if let Some(set) = self.labels.get(&label) {
+            live.union_with(set);
+        }
     }
 }
 
