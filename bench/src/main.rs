@@ -22,6 +22,7 @@ mod prepare;
 mod proc;
 mod quiet;
 mod real;
+mod real_t3;
 mod report;
 mod scale;
 mod stats;
@@ -127,6 +128,32 @@ enum Bench {
         /// or `asyncify`.
         #[arg(long, default_value = "returns")]
         capture: String,
+        /// Minimum T3 samples per program (0 skips T3).
+        #[arg(long, default_value_t = 200)]
+        t3_samples: usize,
+        /// T3's wait between checkpoint requests, `LO-HI` milliseconds.
+        #[arg(long, default_value = "20-50")]
+        t3_interval_ms: t3::Interval,
+    },
+    /// One T3 run of a real program, in a process of its own so that the
+    /// program's input can be its stdin (used by `real`).
+    #[command(hide = true)]
+    T3Child {
+        /// The prepared module.
+        #[arg(long)]
+        module: PathBuf,
+        /// Where to write the samples.
+        #[arg(long)]
+        samples_to: PathBuf,
+        /// Wait between checkpoint requests.
+        #[arg(long)]
+        interval_ms: t3::Interval,
+        /// A writable directory for the program: HOST::GUEST.
+        #[arg(long)]
+        dir: Option<String>,
+        /// The program's arguments.
+        #[arg(last = true)]
+        args: Vec<String>,
     },
     /// Checkpoint capture and restore time vs live memory.
     T2 {
@@ -365,6 +392,8 @@ fn main() -> anyhow::Result<()> {
             only,
             wasmtime,
             capture,
+            t3_samples,
+            t3_interval_ms,
         } => real::run(
             &paths,
             &real::Options {
@@ -373,8 +402,28 @@ fn main() -> anyhow::Result<()> {
                 wasmtime,
                 capture,
                 root: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")),
+                t3_samples,
+                t3_every: t3_interval_ms,
+                out: cli.out.clone(),
             },
         )?,
+        Bench::T3Child {
+            module,
+            samples_to,
+            interval_ms,
+            dir,
+            args,
+        } => {
+            let dir = dir
+                .map(|d| match d.split_once("::") {
+                    Some((host, guest)) => Ok((PathBuf::from(host), guest.to_string())),
+                    None => Err(anyhow::anyhow!("--dir {d:?}: give HOST::GUEST")),
+                })
+                .transpose()?;
+            let rt = runtime(&paths)?;
+            real_t3::child(&rt, &module, &args, dir, interval_ms, &samples_to)?;
+            return Ok(());
+        }
         Bench::T2 { sizes, samples } => {
             let rt = runtime(&paths)?;
             let mut rows = Vec::new();

@@ -23,7 +23,7 @@ use roam_testkit::real::{Program, Size, Suite};
 use crate::paths::Paths;
 use crate::proc::run_cpu;
 use crate::report::{Report, Table};
-use crate::stats::{geomean, median, percentile};
+use crate::stats::{geomean, median, percentile, us};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -38,6 +38,12 @@ pub struct Options {
     pub root: PathBuf,
     /// `roam prepare --capture` (`asyncify`, `eh` or `returns`).
     pub capture: String,
+    /// Minimum T3 samples per program (0: no T3).
+    pub t3_samples: usize,
+    /// Wait between T3's checkpoint requests.
+    pub t3_every: crate::t3::Interval,
+    /// Where the report goes (passed on to the T3 child processes).
+    pub out: PathBuf,
 }
 
 /// One timed run, its output checked: CPU seconds of the child.
@@ -118,8 +124,13 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         "roam first run s",
         "module KiB",
         "prepared KiB",
+        "T3 samples",
+        "T3 p50 µs",
+        "T3 p99 µs",
+        "T3 max µs",
     ]);
-    let (mut ratios, mut medians) = (Vec::new(), Vec::new());
+    let exe = std::env::current_exe().context("cannot find roam-bench's own executable")?;
+    let (mut ratios, mut medians, mut t3_all) = (Vec::new(), Vec::new(), Vec::new());
     for p in &suite.programs {
         let Some(bench) = &p.bench else { continue };
         if opts.only.as_ref().is_some_and(|o| !o.contains(&p.name)) {
@@ -191,7 +202,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         ratios.push((p.name.clone(), ratio));
         medians.push(of_medians);
         let kib = |f: &Path| std::fs::metadata(f).map(|m| m.len() / 1024).unwrap_or(0);
-        table.push(vec![
+        let mut row = vec![
             p.name.clone(),
             format!("{s:.2}"),
             format!("{r:.2}"),
@@ -202,7 +213,34 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
             format!("{first:.1}"),
             kib(&module).to_string(),
             kib(&prepared).to_string(),
-        ]);
+        ];
+        if opts.t3_samples > 0 {
+            let t3 = crate::real_t3::measure(
+                &exe,
+                &opts.out,
+                p,
+                bench,
+                &prepared,
+                &real,
+                &scratch,
+                opts.t3_every,
+                opts.t3_samples,
+            )?;
+            let xs: Vec<f64> = t3.response.iter().map(|d| us(*d)).collect();
+            eprintln!(
+                "real: {} T3: {} samples in {} runs, p99 {:.0} µs",
+                p.name,
+                xs.len(),
+                t3.runs,
+                percentile(&xs, 99.0).unwrap_or(f64::NAN)
+            );
+            let at = |q: f64| percentile(&xs, q).map_or("-".into(), |x| format!("{x:.0}"));
+            row.extend([xs.len().to_string(), at(50.0), at(99.0), at(100.0)]);
+            t3_all.extend(xs);
+        } else {
+            row.extend(["-".into(), "-".into(), "-".into(), "-".into()]);
+        }
+        table.push(row);
     }
     if ratios.is_empty() {
         bail!("no program of the suite was selected");
@@ -222,6 +260,15 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         ),
         format!("baseline: `{version}`, each module compiled ahead with `wasmtime compile` and run with `wasmtime run --allow-precompiled`; roam runs the default preparation with `--capture {}`, its compile cache warm", opts.capture),
         "CPU time (user + system) of each process, the fastest of the repetitions (the run the rest of the machine disturbed least; the ratio of the medians is beside it), the two interleaved; both outputs are checked against the manifest on every run".into(),
+        match percentile(&t3_all, 99.0) {
+            Some(p99) => format!(
+                "T3, all programs pooled: {} samples, p99 **{p99:.0} µs** (target ≤ 1 ms: {}); continue checkpoints requested every {} (jittered), each after the previous one was served, in the bench's own process with the program's input on stdin; every run's output checked against the manifest",
+                t3_all.len(),
+                if p99 <= 1000.0 { "met" } else { "NOT met" },
+                opts.t3_every,
+            ),
+            None => "T3 not measured (`--t3-samples 0`)".into(),
+        },
         "prepare s: `roam prepare` with default options but the capture (reused when newer than both its input and the `roam` binary, with the time recorded when it was made); roam first run: a run at test size with an empty compile cache, compile included".into(),
     ];
     Ok(Report {
@@ -234,8 +281,8 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
             opts.capture
         ),
         setup: format!(
-            "`roam-bench real --reps {} --capture {}`, bench sizes of workloads/real/suite.toml",
-            opts.reps, opts.capture
+            "`roam-bench real --reps {} --capture {} --t3-samples {}`, bench sizes of workloads/real/suite.toml",
+            opts.reps, opts.capture, opts.t3_samples
         ),
         table,
         notes,

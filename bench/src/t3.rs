@@ -111,12 +111,12 @@ pub struct Samples {
 /// Run one cell to exit while another thread requests Continue checkpoints
 /// every `every` (20–50 ms by default), each after the previous one was
 /// served.
-fn one_run(
+pub fn one_run(
     rt: &Runtime,
     wasm: &Path,
-    size: &str,
+    args: &[String],
     every: Interval,
-    data: Option<&Path>,
+    preopens: Vec<Preopen>,
     out: &mut Samples,
 ) -> anyhow::Result<()> {
     let module = rt.load_file(wasm)?;
@@ -125,16 +125,8 @@ fn one_run(
         .unwrap_or_default()
         .to_string_lossy()
         .into_owned();
-    let preopens = data
-        .map(|d| {
-            vec![Preopen {
-                host: d.to_path_buf(),
-                guest: "/data".into(),
-            }]
-        })
-        .unwrap_or_default();
     let cfg = WasiConfig {
-        args: vec![name, size.into()],
+        args: std::iter::once(name).chain(args.iter().cloned()).collect(),
         env: vec![],
         preopens,
         ..Default::default()
@@ -206,8 +198,16 @@ pub fn measure_file(
         } else {
             None
         };
+        let preopens = data
+            .map(|d| {
+                vec![Preopen {
+                    host: d,
+                    guest: "/data".into(),
+                }]
+            })
+            .unwrap_or_default();
         let _quiet = crate::quiet::Quiet::new()?;
-        one_run(rt, wasm, size, every, data.as_deref(), &mut s)?;
+        one_run(rt, wasm, &[size.into()], every, preopens, &mut s)?;
     }
     Ok(s)
 }
