@@ -27,7 +27,8 @@ pub struct Cache {
 
 impl Cache {
     /// The default location: `$ROAM_CACHE_DIR`, else `$XDG_CACHE_HOME/roam`,
-    /// else `$HOME/.cache/roam`, else a directory under the system temp dir.
+    /// else `$HOME/.cache/roam`, else `roam-cache-<uid>` under the system
+    /// temp dir (this user's own, never one shared by every user).
     pub fn default_dir() -> PathBuf {
         if let Some(d) = std::env::var_os("ROAM_CACHE_DIR") {
             return PathBuf::from(d);
@@ -38,14 +39,35 @@ impl Cache {
         if let Some(h) = std::env::var_os("HOME") {
             return PathBuf::from(h).join(".cache").join("roam");
         }
-        std::env::temp_dir().join("roam-cache")
+        std::env::temp_dir().join(format!(
+            "roam-cache-{}",
+            rustix::process::geteuid().as_raw()
+        ))
     }
 
     /// Open (and create) a cache rooted at `root`.
+    ///
+    /// Compiled code found in the cache is loaded and run as this user, so
+    /// the cache must be this user's alone: `root` and its subdirectories
+    /// must belong to this user and be writable by no one else. A cache
+    /// anyone else can write to (a shared `/tmp/roam-cache`, a directory
+    /// planted by another user) is refused, not used. Directories this
+    /// creates are `0700`.
     pub fn open(root: impl Into<PathBuf>) -> std::io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
         let root = root.into();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)?;
+        check_private(&root)?;
         for sub in ["modules", "prepared", "compiled", "verified"] {
-            std::fs::create_dir_all(root.join(sub))?;
+            let sub = root.join(sub);
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&sub)?;
+            check_private(&sub)?;
         }
         Ok(Cache { root })
     }
@@ -113,6 +135,39 @@ pub fn hex(bytes: &[u8]) -> String {
         })
 }
 
+/// `dir` must be a directory of this user that no one else can write to.
+fn check_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir)?;
+    let me = rustix::process::geteuid().as_raw();
+    let refuse = |why: String| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} {why}; compiled code in the cache runs as this user, so roam uses only a \
+                 cache of this user's own: set ROAM_CACHE_DIR (or --cache-dir) to one",
+                dir.display()
+            ),
+        ))
+    };
+    if !m.is_dir() {
+        return refuse("is not a directory".into());
+    }
+    if m.uid() != me {
+        return refuse(format!(
+            "belongs to uid {}, not to this user (uid {me})",
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        return refuse(format!(
+            "is writable by other users (mode {:o}); `chmod go-w` it if it is yours",
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
 fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
     for attempt in 0u32..100 {
         let name = format!(
@@ -156,6 +211,51 @@ mod tests {
             .collect();
         assert_eq!(names.len(), 1);
         assert!(cache.get(&cache.module_path(&[8; 32])).is_none());
+    }
+
+    #[test]
+    fn a_cache_others_can_write_to_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let err = Cache::open(&shared).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("writable by other users"), "{err}");
+        // A subdirectory planted writable inside a private root, too.
+        let root = dir.path().join("mine");
+        Cache::open(&root).unwrap();
+        let compiled = root.join("compiled");
+        std::fs::set_permissions(&compiled, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = Cache::open(&root).unwrap_err();
+        assert!(err.to_string().contains("compiled"), "{err}");
+        // What it creates is private.
+        let fresh = dir.path().join("a/b/cache");
+        Cache::open(&fresh).unwrap();
+        for d in [fresh.clone(), fresh.join("modules")] {
+            let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", d.display());
+        }
+    }
+
+    #[test]
+    fn a_cache_of_another_user_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        // Only root can give a directory away; as anyone else, the
+        // directory of another user is the temp dir's parent chain: `/`.
+        let other = if me == 0 {
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            theirs
+        } else {
+            PathBuf::from("/")
+        };
+        let err = Cache::open(&other).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("not to this user"), "{err}");
     }
 
     #[test]

@@ -477,6 +477,7 @@ impl ClusterStore for RedbStore {
     async fn put_module(&self, hash: &str, bytes: &[u8]) -> StoreResult<()> {
         record::check_hash(hash)?;
         record::check_module_size(hash, bytes.len())?;
+        record::check_module_name(hash, bytes)?;
         let hash = hash.to_string();
         let bytes = bytes.to_vec();
         self.writer
@@ -503,8 +504,12 @@ impl ClusterStore for RedbStore {
         self.run(move |inner| {
             let txn = inner.db.begin_read().or_backend(inner)?;
             let modules = txn.open_table(MODULES).or_backend(inner)?;
-            let got = modules.get(hash.as_str()).or_backend(inner)?;
-            Ok(got.map(|v| v.value().to_vec()))
+            let Some(got) = modules.get(hash.as_str()).or_backend(inner)? else {
+                return Ok(None);
+            };
+            let bytes = got.value().to_vec();
+            record::check_module_read(&format!("modules/{hash}"), &hash, &bytes)?;
+            Ok(Some(bytes))
         })
         .await
     }

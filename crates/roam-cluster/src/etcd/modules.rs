@@ -2,7 +2,8 @@
 //! 1.5 MiB by default), one put each, then the manifest. A reader starts
 //! from the manifest, so it either finds no module or every chunk of it:
 //! never half a module. A writer that dies midway leaves chunks without a
-//! manifest; the next upload of the same module overwrites them.
+//! manifest; the next upload of the same module overwrites them. Bytes
+//! read back are checked against the module's hash (`record.rs`).
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +27,7 @@ fn chunk_key(store: &EtcdStore, hash: &str, n: u32) -> String {
 pub(super) async fn put(store: &EtcdStore, hash: &str, bytes: &[u8]) -> StoreResult<()> {
     record::check_hash(hash)?;
     record::check_module_size(hash, bytes.len())?;
+    record::check_module_name(hash, bytes)?;
     let manifest_key = store.key("manifests", hash);
     if store
         .get_one("read a module", &manifest_key)
@@ -96,6 +98,7 @@ pub(super) async fn get(store: &EtcdStore, hash: &str) -> StoreResult<Option<Vec
         }
         out.extend_from_slice(&chunk);
     }
+    record::check_module_read(&manifest_key, hash, &out)?;
     Ok(Some(out))
 }
 

@@ -354,17 +354,12 @@ pub async fn create_races_have_one_winner<S: ClusterStore>(a: Arc<S>, b: Arc<S>)
 }
 
 fn module_name(bytes: &[u8]) -> String {
-    // The store does not check that a name is the module's BLAKE3 hash
-    // (its caller does): any 64-hex-digit name distinct per module will do.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-    }
-    format!("{h:016x}").repeat(4)
+    blake3::hash(bytes).to_hex().to_string()
 }
 
 /// Modules round trip, several chunks long; storing again is a no-op;
-/// oversized and misnamed ones are refused.
+/// oversized and misnamed ones (not named by their BLAKE3 hash, or not a
+/// hash at all) are refused.
 pub async fn modules_round_trip<S: ClusterStore>(s: &S) {
     let big = pseudo_random((3 << 20) + 12_345, 7);
     let small = pseudo_random(1000, 9);
@@ -394,6 +389,13 @@ pub async fn modules_round_trip<S: ClusterStore>(s: &S) {
         s.module("../x").await,
         Err(StoreError::Invalid(_))
     ));
+    // A name that is not the bytes' hash is refused, and nothing is kept.
+    let misnamed = "2".repeat(64);
+    match s.put_module(&misnamed, &big).await {
+        Err(StoreError::Invalid(why)) => assert!(why.contains("not to the name"), "{why}"),
+        other => panic!("a misnamed module: {other:?}"),
+    }
+    assert_eq!(s.module(&misnamed).await.unwrap(), None);
     let huge = vec![0u8; MAX_MODULE_BYTES + 1];
     match s.put_module(&"1".repeat(64), &huge).await {
         Err(StoreError::Invalid(why)) => assert!(why.contains("256 MiB"), "{why}"),

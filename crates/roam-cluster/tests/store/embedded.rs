@@ -55,7 +55,8 @@ async fn reopen_keeps_everything() {
     })
     .await;
     let module: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
-    store.put_module(&"ef".repeat(32), &module).await.unwrap();
+    let hash = blake3::hash(&module).to_hex().to_string();
+    store.put_module(&hash, &module).await.unwrap();
     let (nodes, cells, modules) = (
         store.nodes().await.unwrap(),
         store.cells().await.unwrap(),
@@ -75,7 +76,7 @@ async fn reopen_keeps_everything() {
     assert_eq!(store.nodes().await.unwrap(), nodes);
     assert_eq!(store.cells().await.unwrap(), cells);
     assert_eq!(store.modules().await.unwrap(), modules);
-    assert_eq!(store.module(&"ef".repeat(32)).await.unwrap(), Some(module));
+    assert_eq!(store.module(&hash).await.unwrap(), Some(module));
     for n in &nodes {
         assert_eq!(n.alive, n.name != "gone", "{n:?}");
     }
@@ -126,6 +127,40 @@ async fn a_damaged_record_is_corrupt_not_a_panic() {
         store.cell("good").await.unwrap().unwrap().value,
         cell("good", "edge-a")
     );
+}
+
+/// A module changed in the database file behind the store's back is
+/// `Corrupt` on read, never handed to a node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_module_is_corrupt_on_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.redb");
+    let module = b"\0asm\x01\0\0\0 the module as uploaded".to_vec();
+    let hash = blake3::hash(&module).to_hex().to_string();
+    let store = RedbStore::open(&path).unwrap();
+    store.put_module(&hash, &module).await.unwrap();
+    assert_eq!(store.module(&hash).await.unwrap(), Some(module.clone()));
+    drop(store);
+    {
+        const MODULES: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("modules");
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        let mut changed = module.clone();
+        changed[9] ^= 0x20;
+        txn.open_table(MODULES)
+            .unwrap()
+            .insert(hash.as_str(), changed.as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = RedbStore::open(&path).unwrap();
+    match store.module(&hash).await {
+        Err(StoreError::Corrupt { key, message }) => {
+            assert_eq!(key, format!("modules/{hash}"));
+            assert!(message.contains("hash to"), "{message}");
+        }
+        other => panic!("a changed module: {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -112,6 +112,36 @@ async fn a_damaged_record_is_corrupt_not_a_panic() {
     ));
 }
 
+/// A module changed in etcd behind the store's back (another client of the
+/// same etcd) is `Corrupt` on read, never handed to a node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_module_is_corrupt_on_read() {
+    let Some(etcd) = Etcd::start_or_skip() else {
+        return;
+    };
+    let s = connect(&etcd).await;
+    let module = b"\0asm\x01\0\0\0 the module as uploaded".to_vec();
+    let hash = blake3::hash(&module).to_hex().to_string();
+    s.put_module(&hash, &module).await.unwrap();
+    assert_eq!(s.module(&hash).await.unwrap(), Some(module.clone()));
+    let mut raw = etcd_client::Client::connect([etcd.url()], None)
+        .await
+        .unwrap();
+    // Same length, so only the hash can tell.
+    let mut changed = module.clone();
+    changed[9] ^= 0x20;
+    raw.put(format!("/roam-test/modules/{hash}/0"), changed, None)
+        .await
+        .unwrap();
+    match s.module(&hash).await {
+        Err(StoreError::Corrupt { key, message }) => {
+            assert_eq!(key, format!("/roam-test/manifests/{hash}"));
+            assert!(message.contains("hash to"), "{message}");
+        }
+        other => panic!("a changed module: {other:?}"),
+    }
+}
+
 /// Killing etcd surfaces as `Backend` errors naming the endpoint, within a
 /// bound, for every kind of call, and the leader learns it lost the lead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
