@@ -111,6 +111,7 @@ pub fn gateway(a: GatewayArgs) -> Result<i32> {
         total_buffer: usize::try_from(a.total_buffer).context("--total-buffer is too large")?,
         max_clients: a.max_clients,
         window: roam_gateway::server::DEFAULT_WINDOW,
+        link_backlog: roam_gateway::server::DEFAULT_LINK_BACKLOG,
     };
     let names: Vec<_> = cfg.services.iter().map(|s| s.name.clone()).collect();
     tokio::runtime::Builder::new_multi_thread()

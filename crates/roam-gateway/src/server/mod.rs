@@ -37,6 +37,9 @@ pub const DEFAULT_MAX_CLIENTS: usize = 10_000;
 /// Default window per connection and direction offered to nodes (a node
 /// may ask for less).
 pub const DEFAULT_WINDOW: u64 = 256 << 10;
+/// Default bytes queued to one node link, beyond the client bytes the
+/// buffers hold, before the gateway gives up on a node that does not read.
+pub const DEFAULT_LINK_BACKLOG: usize = 64 << 20;
 
 /// One service: its name and where its clients connect.
 #[derive(Debug, Clone)]
@@ -72,6 +75,12 @@ pub struct GatewayConfig {
     pub max_clients: usize,
     /// Window per connection and direction offered to nodes.
     pub window: u64,
+    /// Bytes queued to one node link beyond `total_buffer` before the
+    /// gateway closes the link. Frames for connections that are gone (their
+    /// data, `Open`, `Gone`) stay queued until the node reads them, so a
+    /// node that never reads would otherwise grow the gateway's memory for
+    /// as long as clients come and go.
+    pub link_backlog: usize,
 }
 
 impl GatewayConfig {
@@ -91,6 +100,7 @@ impl GatewayConfig {
             total_buffer: DEFAULT_TOTAL_BUFFER,
             max_clients: DEFAULT_MAX_CLIENTS,
             window: DEFAULT_WINDOW,
+            link_backlog: DEFAULT_LINK_BACKLOG,
         }
     }
 }
@@ -241,6 +251,7 @@ impl Gateway {
         let limits = Limits {
             conn_buffer: cfg.conn_buffer,
             total_buffer: cfg.total_buffer,
+            link_queue: cfg.total_buffer.saturating_add(cfg.link_backlog),
         };
         let state = State::new(
             limits,

@@ -4,13 +4,14 @@
 //! its services are held as for any lost link (a node that reconnects and
 //! serves again resumes every connection).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use roam_auth::tokio_rustls::TlsAcceptor;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use super::state::LinkHandle;
 use super::Shared;
@@ -83,21 +84,32 @@ pub(crate) async fn serve(
         return;
     }
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let queued = Arc::new(AtomicUsize::new(0));
+    let stuck = Arc::new(Notify::new());
     let link = shared.lock().add_link(LinkHandle {
         node: hello.node.clone(),
         window,
         tx: tx.clone(),
+        queued: queued.clone(),
+        stuck: stuck.clone(),
     });
     tracing::info!(node = %hello.node, peer = %addr, link, "node link up");
-    let writer = tokio::spawn(async move {
+    let mut writer = tokio::spawn(async move {
         while let Some(b) = rx.recv().await {
             if wr.write_all(&b).await.is_err() {
                 return;
             }
+            queued.fetch_sub(b.len(), Ordering::Relaxed);
         }
         let _ = wr.shutdown().await;
     });
-    let end = links_frames(&shared, link, &mut rd).await;
+    let end = tokio::select! {
+        end = links_frames(&shared, link, &mut rd) => end,
+        () = stuck.notified() => Err(format!(
+            "the node has not read the last {} MiB the gateway sent it",
+            shared.lock().limits.link_queue >> 20
+        )),
+    };
     shared.lock().link_lost(link);
     match end {
         Ok(()) => tracing::warn!(node = %hello.node, "node link closed"),
@@ -115,7 +127,14 @@ pub(crate) async fn serve(
         }
     }
     drop(tx);
-    let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, writer).await;
+    // A node that does not read would keep the writer, and all it holds,
+    // blocked for ever.
+    if tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
 }
 
 fn check_hello(shared: &Shared, h: &Hello, cert: Option<&[u8]>) -> Result<(), String> {

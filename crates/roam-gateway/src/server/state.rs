@@ -10,6 +10,7 @@
 //! the cell's `rx_next`: that is the replay.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -88,6 +89,11 @@ pub(crate) struct LinkHandle {
     pub node: String,
     pub window: u64,
     pub tx: mpsc::UnboundedSender<Vec<u8>>,
+    /// Bytes sent to `tx` and not yet written to the node's socket.
+    pub queued: Arc<AtomicUsize>,
+    /// Told when `queued` would pass [`Limits::link_queue`]: the link's
+    /// task closes the link.
+    pub stuck: Arc<Notify>,
 }
 
 /// Limits of the gateway's buffers.
@@ -95,6 +101,8 @@ pub(crate) struct LinkHandle {
 pub(crate) struct Limits {
     pub conn_buffer: usize,
     pub total_buffer: usize,
+    /// Most bytes queued to one node link.
+    pub link_queue: usize,
 }
 
 /// A node broke the protocol: the gateway refuses it and closes its link.
@@ -188,6 +196,15 @@ impl State {
         let mut buf = Vec::new();
         match m.encode(&mut buf) {
             Ok(()) => {
+                let queued = l.queued.fetch_add(buf.len(), Ordering::Relaxed) + buf.len();
+                if queued > self.limits.link_queue {
+                    // The node reads nothing: drop the frame and close the
+                    // link, whose services are then held as for any lost
+                    // link.
+                    l.queued.fetch_sub(buf.len(), Ordering::Relaxed);
+                    l.stuck.notify_one();
+                    return;
+                }
                 let _ = l.tx.send(buf);
             }
             Err(e) => tracing::error!("cannot encode {}: {e}", m.name()),

@@ -180,3 +180,54 @@ async fn a_client_of_a_plain_service_is_closed_after_the_wait() {
         .unwrap();
     assert!(got.is_empty());
 }
+
+/// A node that serves a service and then reads nothing: clients that come,
+/// send and reset leave their frames queued to it. The gateway closes the
+/// link once the queue passes its bound, instead of growing for ever.
+#[tokio::test]
+async fn a_node_that_never_reads_loses_its_link_at_the_bound() {
+    const BACKLOG: usize = 256 << 10;
+    let gw = TestGateway::start(|c| {
+        c.total_buffer = 64 << 10;
+        c.conn_buffer = 16 << 10;
+        c.link_backlog = BACKLOG;
+    })
+    .await;
+    let mut n = welcomed(&gw, 16 << 10).await;
+    n.send(&ToGateway::Serve {
+        service: "kv".into(),
+        cell: "c-1".into(),
+        generation: 0,
+        conns: vec![],
+    })
+    .await;
+    tokio::time::timeout(LONG, async {
+        while gw.handle.route("kv").is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the service routed to the node");
+    // The node's socket buffers take a few MiB before the gateway's queue
+    // grows at all; 8 KiB per client (half its buffer, so the gateway goes
+    // on reading it and sees the reset), 8,000 clients is 64 MiB at most.
+    let mut clients = 0;
+    while gw.handle.stats().links == 1 {
+        assert!(
+            clients < 8_000,
+            "the link is still up after {clients} clients sent {} MiB it never read",
+            (clients * (8 << 10)) >> 20
+        );
+        let mut c = TcpStream::connect(gw.service).await.unwrap();
+        c.write_all(&[b'x'; 8 << 10]).await.unwrap();
+        // Wait until the gateway has taken the bytes, then reset: the
+        // connection is forgotten, its frames stay queued.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        #[allow(deprecated)] // A reset is the point; the socket has nothing left to send.
+        c.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(c);
+        clients += 1;
+    }
+    // Its service is held, as for any lost link, for a node to serve again.
+    assert!(gw.handle.route("kv").is_none());
+}
