@@ -3,6 +3,7 @@
 //! Exists to hold every piece of OS state the guest can observe in a form that
 //! `save` can turn into plain data and `restore` can rebuild on another host.
 
+use crate::budget::{FdBudget, HostFd};
 use crate::interrupt::Interrupt;
 use crate::net::{ConnId, NetHub};
 use crate::types::rights;
@@ -48,6 +49,12 @@ pub enum SetupError {
         /// The underlying error.
         #[source]
         source: std::io::Error,
+    },
+    /// The guests of this process already hold every host fd they may.
+    #[error("the guests of this process already hold all {limit} host files they may (the open-file limit less a reserve for the host); stop a cell or raise `ulimit -n`")]
+    FdBudget {
+        /// The budget's limit.
+        limit: usize,
     },
     /// A guest path was empty or contained NUL.
     #[error("guest path {0:?} for a preopen is invalid: give a non-empty path without NUL bytes")]
@@ -171,6 +178,9 @@ pub(crate) struct FdEntry {
     pub(crate) rights_base: u64,
     pub(crate) rights_inheriting: u64,
     pub(crate) fdflags: u16,
+    /// The host fd behind a file or directory, counted in the process's
+    /// [`FdBudget`] until the entry is dropped.
+    pub(crate) _held: Option<HostFd>,
 }
 
 impl FdEntry {
@@ -181,6 +191,7 @@ impl FdEntry {
             rights::STDOUT
         };
         FdEntry {
+            _held: None,
             handle,
             origin: Origin::Stdio,
             rights_base: r,
@@ -188,8 +199,9 @@ impl FdEntry {
             fdflags: 0,
         }
     }
-    pub(crate) fn preopen(dir: Dir, index: u32) -> FdEntry {
+    pub(crate) fn preopen(dir: Dir, index: u32, held: HostFd) -> FdEntry {
         FdEntry {
+            _held: Some(held),
             handle: Handle::Dir(dir),
             origin: Origin::Preopen(index),
             rights_base: rights::DIR,
@@ -199,6 +211,7 @@ impl FdEntry {
     }
     pub(crate) fn listener(index: u32) -> FdEntry {
         FdEntry {
+            _held: None,
             handle: Handle::Listener(index),
             origin: Origin::Net,
             rights_base: rights::LISTENER,
@@ -208,6 +221,7 @@ impl FdEntry {
     }
     pub(crate) fn socket(conn: ConnId) -> FdEntry {
         FdEntry {
+            _held: None,
             handle: Handle::Socket(conn),
             origin: Origin::Net,
             rights_base: rights::SOCKET,
@@ -239,6 +253,8 @@ pub struct WasiCtx {
     pub(crate) stderr: Sink,
     /// The cell's sockets, when it has listeners (or restored connections).
     pub(crate) net: Option<Arc<NetHub>>,
+    /// Host fds held by the guests of this process (see [`FdBudget`]).
+    pub(crate) budget: Arc<FdBudget>,
 }
 
 /// Opens the host directory of a preopen (the one place ambient authority is used).
@@ -247,8 +263,18 @@ pub(crate) fn open_preopen(p: &Preopen) -> Result<Dir, std::io::Error> {
 }
 
 impl WasiCtx {
-    /// A fresh context: stdio on fds 0-2, preopens on 3, 4, ...
+    /// A fresh context: stdio on fds 0-2, preopens on 3, 4, ... Its host
+    /// fds count in the process's [`FdBudget`].
     pub fn new(cfg: WasiConfig, interrupt: Arc<Interrupt>) -> Result<WasiCtx, SetupError> {
+        WasiCtx::new_in(cfg, interrupt, FdBudget::process())
+    }
+
+    /// [`WasiCtx::new`], its host fds counted in `budget`.
+    pub fn new_in(
+        cfg: WasiConfig,
+        interrupt: Arc<Interrupt>,
+        budget: Arc<FdBudget>,
+    ) -> Result<WasiCtx, SetupError> {
         let mut fds = BTreeMap::new();
         fds.insert(0, FdEntry::stdio(Handle::Stdin));
         fds.insert(1, FdEntry::stdio(Handle::Stdout));
@@ -262,7 +288,10 @@ impl WasiCtx {
                 guest: p.guest.clone(),
                 source,
             })?;
-            fds.insert(3 + i as u32, FdEntry::preopen(dir, i as u32));
+            let held = budget.take().ok_or(SetupError::FdBudget {
+                limit: budget.limit(),
+            })?;
+            fds.insert(3 + i as u32, FdEntry::preopen(dir, i as u32, held));
         }
         if cfg.listeners.len() > crate::net::MAX_LISTENERS {
             return Err(SetupError::TooManyListeners(cfg.listeners.len()));
@@ -294,6 +323,7 @@ impl WasiCtx {
             stdout: Sink::Inherit,
             stderr: Sink::Inherit,
             net,
+            budget,
         })
     }
 

@@ -19,6 +19,7 @@
 //! through a [`net::NetHub`], so a server moves with its clients' bytes.
 #![deny(missing_docs)]
 
+mod budget;
 mod ctx;
 mod errno;
 mod interrupt;
@@ -30,6 +31,7 @@ mod snapshot;
 mod state;
 mod types;
 
+pub use budget::FdBudget;
 pub use ctx::{CapturedOutput, OutputSink, Preopen, SetupError, WasiConfig, WasiCtx};
 pub use errno::Errno;
 pub use interrupt::Interrupt;

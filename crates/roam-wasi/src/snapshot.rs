@@ -4,6 +4,7 @@
 //! each was reached (preopen + relative path + offset), restoring walks the
 //! same paths under the new machine's preopen directories.
 
+use crate::budget::FdBudget;
 use crate::ctx::{open_preopen, Clock, FdEntry, Handle, Origin, Preopen, Sink, WasiCtx};
 use crate::interrupt::Interrupt;
 use crate::net::NetHub;
@@ -34,6 +35,14 @@ pub enum SaveError {
 /// Why [`WasiCtx::restore`] failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
+    /// The guests of this process already hold every host fd they may.
+    #[error("cannot reopen fd {fd}: the guests of this process already hold all {limit} host files they may; stop a cell or raise `ulimit -n`")]
+    FdBudget {
+        /// The guest fd.
+        fd: u32,
+        /// The budget's limit.
+        limit: usize,
+    },
     /// The state names a guest preopen the caller did not map to a host dir.
     #[error(
         "snapshot needs guest directory {guest:?} but no --dir maps it; add --dir HOST::{guest}"
@@ -156,10 +165,21 @@ impl WasiCtx {
     }
 
     /// Rebuild on this machine; `preopens` map guest paths to host dirs.
+    /// Its host fds count in the process's [`FdBudget`].
     pub fn restore(
         state: OsState,
         preopens: Vec<Preopen>,
         interrupt: Arc<Interrupt>,
+    ) -> Result<WasiCtx, RestoreError> {
+        WasiCtx::restore_in(state, preopens, interrupt, FdBudget::process())
+    }
+
+    /// [`WasiCtx::restore`], its host fds counted in `budget`.
+    pub fn restore_in(
+        state: OsState,
+        preopens: Vec<Preopen>,
+        interrupt: Arc<Interrupt>,
+        budget: Arc<FdBudget>,
     ) -> Result<WasiCtx, RestoreError> {
         let mut mapped = Vec::with_capacity(state.preopens.len());
         let mut roots = Vec::with_capacity(state.preopens.len());
@@ -256,12 +276,22 @@ impl WasiCtx {
                     )
                 }
             };
+            let held = match handle {
+                Handle::Dir(_) | Handle::File(_) => {
+                    Some(budget.take().ok_or(RestoreError::FdBudget {
+                        fd: f.fd,
+                        limit: budget.limit(),
+                    })?)
+                }
+                _ => None,
+            };
             let entry = FdEntry {
                 handle,
                 origin,
                 rights_base: f.rights_base,
                 rights_inheriting: f.rights_inheriting,
                 fdflags: f.fdflags,
+                _held: held,
             };
             tracing::debug!(fd = f.fd, origin = ?entry.origin, "restored fd");
             fds.insert(f.fd, entry);
@@ -284,6 +314,7 @@ impl WasiCtx {
             stdout: Sink::Inherit,
             stderr: Sink::Inherit,
             net,
+            budget,
         })
     }
 }

@@ -50,6 +50,8 @@ impl WasiCtx {
         check_relative(&a.path)?;
         let parent_inh = self.entry(fd)?.rights_inheriting;
         let new_fd = self.check_fd_room()?;
+        // Counted before the host open, so the budget is never passed.
+        let held = self.budget.take().ok_or(Errno::NFILE)?;
         let (dir, preopen, base_path) = self.dir(fd, rights::PATH_OPEN)?;
         let follow = a.dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
         let write = a.base & rights::WRITE_MODE != 0;
@@ -94,6 +96,7 @@ impl WasiCtx {
             rights_base: a.base & parent_inh & mask,
             rights_inheriting: a.inheriting & parent_inh,
             fdflags: a.fdflags,
+            _held: Some(held),
         };
         tracing::trace!(fd = new_fd, origin = ?entry.origin, "path_open");
         self.fds.insert(new_fd, entry);

@@ -177,3 +177,37 @@ fn truncate_with_append_truncates_then_appends() {
     write(&mut c, fd, b"cd");
     assert_eq!(std::fs::read(dir.path().join("j.log")).unwrap(), b"abcd");
 }
+
+/// Host fds held by guests are counted over every context sharing a
+/// budget (a node's cells share the process's): past it, opens fail with
+/// `ENFILE`, and closing gives the room back.
+#[test]
+fn guests_share_one_budget_of_host_fds() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("f"), b"x").unwrap();
+    let budget = crate::FdBudget::new(4);
+    let cfg = || WasiConfig {
+        args: vec!["t".into()],
+        preopens: vec![Preopen {
+            host: dir.path().to_path_buf(),
+            guest: "/sb".into(),
+        }],
+        ..Default::default()
+    };
+    let mut a = WasiCtx::new_in(cfg(), Interrupt::new(), budget.clone()).unwrap();
+    let mut b = WasiCtx::new_in(cfg(), Interrupt::new(), budget.clone()).unwrap();
+    assert_eq!(budget.held(), 2, "each preopen holds one");
+    let fa = open(&mut a, "f", 0, false).unwrap();
+    let _fb = open(&mut b, "f", 0, false).unwrap();
+    assert_eq!(open(&mut a, "f", 0, false), Err(Errno::NFILE));
+    assert_eq!(open(&mut b, "f", 0, false), Err(Errno::NFILE));
+    // A third context cannot even get its preopen.
+    assert!(matches!(
+        WasiCtx::new_in(cfg(), Interrupt::new(), budget.clone()),
+        Err(crate::SetupError::FdBudget { limit: 4 })
+    ));
+    a.fd_close(fa).unwrap();
+    let _again = open(&mut b, "f", 0, false).unwrap();
+    drop(a);
+    assert_eq!(budget.held(), 3, "a's preopen came back");
+}
