@@ -17,6 +17,16 @@ fn hello(window: u64) -> ToGateway {
     })
 }
 
+/// `Serve` of cell `c-1`, generation 0, no connections yet.
+fn serve(service: &str) -> ToGateway {
+    ToGateway::Serve {
+        service: service.into(),
+        cell: "c-1".into(),
+        generation: 0,
+        conns: vec![],
+    }
+}
+
 async fn welcomed(gw: &TestGateway, window: u64) -> RawNode {
     let mut n = RawNode::connect(gw.control).await;
     n.send(&hello(window)).await;
@@ -65,13 +75,7 @@ async fn oversized_frame_is_refused_before_allocating() {
 async fn bad_service_name_is_refused() {
     let gw = TestGateway::start(|_| {}).await;
     let mut n = welcomed(&gw, 256 << 10).await;
-    n.send(&ToGateway::Serve {
-        service: "../kv".into(),
-        cell: "c-1".into(),
-        generation: 0,
-        conns: vec![],
-    })
-    .await;
+    n.send(&serve("../kv")).await;
     let r = refused(&mut n).await;
     assert!(
         r.contains("Serve message: service name \"../kv\" is invalid: it must start with a letter or digit"),
@@ -107,13 +111,7 @@ async fn old_version_and_bad_node_name_are_refused_at_hello() {
 async fn data_beyond_the_window_is_refused_and_the_client_kept() {
     let gw = TestGateway::start(|_| {}).await;
     let mut n = welcomed(&gw, MIN_WINDOW).await;
-    n.send(&ToGateway::Serve {
-        service: "kv".into(),
-        cell: "c-1".into(),
-        generation: 0,
-        conns: vec![],
-    })
-    .await;
+    n.send(&serve("kv")).await;
     let mut client = TcpStream::connect(gw.service).await.unwrap();
     let conn = match n.recv().await {
         Some(ToNode::Open { service, conn, .. }) => {
@@ -194,13 +192,7 @@ async fn a_node_that_never_reads_loses_its_link_at_the_bound() {
     })
     .await;
     let mut n = welcomed(&gw, 16 << 10).await;
-    n.send(&ToGateway::Serve {
-        service: "kv".into(),
-        cell: "c-1".into(),
-        generation: 0,
-        conns: vec![],
-    })
-    .await;
+    n.send(&serve("kv")).await;
     tokio::time::timeout(LONG, async {
         while gw.handle.route("kv").is_none() {
             tokio::time::sleep(Duration::from_millis(5)).await;
