@@ -86,17 +86,22 @@ fn command(
         c.arg("--");
     }
     c.args(&size.args);
-    match &size.stdin {
-        Some(f) => {
-            let f = real.join(f);
-            c.stdin(
-                std::fs::File::open(&f).with_context(|| format!("cannot open {}", f.display()))?,
-            )
-        }
-        None => c.stdin(Stdio::null()),
-    };
+    c.stdin(stdin(real, size)?);
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     Ok(c)
+}
+
+/// The program's stdin at `size`: its input file under `real`, or nothing.
+pub(crate) fn stdin(real: &Path, size: &Size) -> anyhow::Result<Stdio> {
+    Ok(match &size.stdin {
+        Some(f) => {
+            let f = real.join(f);
+            std::fs::File::open(&f)
+                .with_context(|| format!("cannot open {}", f.display()))?
+                .into()
+        }
+        None => Stdio::null(),
+    })
 }
 
 /// Run the comparison and return its report.

@@ -86,17 +86,8 @@ pub fn measure(
                 .arg(format!("{}::{guest}", scratch.display()));
         }
         c.arg("--").args(&size.args);
-        match &size.stdin {
-            Some(f) => {
-                let f = real.join(f);
-                c.stdin(
-                    std::fs::File::open(&f)
-                        .with_context(|| format!("cannot open {}", f.display()))?,
-                )
-            }
-            None => c.stdin(Stdio::null()),
-        };
         let o = c
+            .stdin(crate::real::stdin(real, size)?)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .output()

@@ -140,13 +140,12 @@ pub(crate) fn check_module_size(hash: &str, len: usize) -> StoreResult<()> {
 /// Refuse to store `bytes` under a `hash` that is not their BLAKE3 hash:
 /// a misnamed module would be served to every node that asks for `hash`.
 pub(crate) fn check_module_name(hash: &str, bytes: &[u8]) -> StoreResult<()> {
-    let actual = blake3::hash(bytes);
-    if actual.to_hex().as_str() != hash {
-        return Err(StoreError::Invalid(format!(
+    match misnamed(hash, bytes) {
+        Some(actual) => Err(StoreError::Invalid(format!(
             "module bytes hash to {actual}, not to the name {hash} they were given"
-        )));
+        ))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Check a module read back from the store against its name. The store's
@@ -154,17 +153,22 @@ pub(crate) fn check_module_name(hash: &str, bytes: &[u8]) -> StoreResult<()> {
 /// clients write to) is not trusted to hand back what was put: bytes that
 /// do not hash to `hash` are `Corrupt`, never passed on to a node.
 pub(crate) fn check_module_read(key: &str, hash: &str, bytes: &[u8]) -> StoreResult<()> {
-    let actual = blake3::hash(bytes);
-    if actual.to_hex().as_str() != hash {
-        return Err(StoreError::Corrupt {
+    match misnamed(hash, bytes) {
+        Some(actual) => Err(StoreError::Corrupt {
             key: key.to_string(),
             message: format!(
                 "its {} bytes hash to {actual}, not to {hash}: the stored module was changed",
                 bytes.len()
             ),
-        });
+        }),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// The BLAKE3 hash of `bytes`, when it is not `hash`.
+fn misnamed(hash: &str, bytes: &[u8]) -> Option<blake3::Hash> {
+    let actual = blake3::hash(bytes);
+    (actual.to_hex().as_str() != hash).then_some(actual)
 }
 
 #[cfg(test)]

@@ -184,10 +184,10 @@ impl<'a> Live<'a> {
                 Instr::Loop(l) => {
                     if l.seq == self.target {
                         self.after.union_with(&live);
-                        for k in 0..self.exits.len() {
-                            let mut after = std::mem::take(&mut self.after);
-                            self.join(&mut after, self.exits[k]);
-                            self.after = after;
+                        for exit in &self.exits {
+                            if let Some(set) = self.labels.get(exit) {
+                                self.after.union_with(set);
+                            }
                         }
                     }
                     let mut head = self.at(l.seq);

@@ -56,18 +56,13 @@ impl Cache {
     pub fn open(root: impl Into<PathBuf>) -> std::io::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
         let root = root.into();
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&root)?;
-        check_private(&root)?;
-        for sub in ["modules", "prepared", "compiled", "verified"] {
-            let sub = root.join(sub);
+        let subs = ["modules", "prepared", "compiled", "verified"].map(|s| root.join(s));
+        for dir in std::iter::once(&root).chain(&subs) {
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
-                .create(&sub)?;
-            check_private(&sub)?;
+                .create(dir)?;
+            check_private(dir)?;
         }
         Ok(Cache { root })
     }
