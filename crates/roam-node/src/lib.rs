@@ -19,24 +19,29 @@
 
 #![deny(missing_docs)]
 
-mod api;
-mod cell;
-mod fence;
-mod kept;
-mod kept_api;
-pub mod limits;
-mod log;
-mod metrics;
-mod migrate;
-mod node;
-mod planner;
-mod secure;
-mod service;
+// The modules, from the bottom layer up: each uses only those above it
+// in this list (`tests/layers.rs` checks it).
 pub mod size;
+mod ids;
+pub mod limits;
+mod config;
+mod error;
+mod log;
+mod cell;
+mod metrics;
+mod secure;
+mod state;
+mod cells;
+mod kept;
+mod cluster;
+mod migrate;
+mod http;
+mod node;
 pub use roam_api::{client, sysinfo, types};
 
 pub use client::{Client, ClientAuth, ClientError};
 pub use limits::NodeLimits;
-pub use node::{Node, NodeConfig};
+pub use config::NodeConfig;
+pub use node::Node;
 pub use roam_auth;
 pub use secure::ExposureError;

@@ -18,7 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::node::{unix_ms, NodeInner};
+use crate::cell::CellEntry;
+use crate::ids::unix_ms;
 use crate::types::CellState;
 
 type Labels = Vec<(String, String)>;
@@ -139,7 +140,7 @@ impl Metrics {
     }
 
     /// The text of a scrape.
-    pub(crate) fn render(&self, n: &NodeInner) -> String {
+    pub(crate) fn render(&self, cells: &HashMap<String, CellEntry>) -> String {
         self.cells.clear();
         self.checkpoint_age.clear();
         let now = unix_ms();
@@ -148,7 +149,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        for (id, e) in n.cells().iter() {
+        for (id, e) in cells {
             let state = match &e.state {
                 CellState::Running => "running",
                 CellState::Migrating => "migrating",

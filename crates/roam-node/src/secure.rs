@@ -13,7 +13,7 @@ use roam_auth::tokio_rustls::{TlsAcceptor, TlsConnector};
 use roam_auth::{Identity, Token, ALPN_HTTP, ALPN_MIGRATE};
 
 use crate::client::ClientAuth;
-use crate::node::NodeConfig;
+use crate::config::NodeConfig;
 
 pub(crate) use roam_api::serve::HANDSHAKE_TIMEOUT;
 
@@ -126,10 +126,6 @@ impl NodeAuth {
         })
     }
 }
-
-// The control API's TLS listener and token check are shared with the
-// planner, which serves the same rules (`roam_api::serve`).
-pub(crate) use roam_api::serve::{guard, TlsListener};
 
 /// Does the node serve TLS? Used for the scheme of addresses it gives out.
 pub(crate) fn scheme(auth: &NodeAuth) -> &'static str {

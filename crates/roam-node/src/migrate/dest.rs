@@ -9,8 +9,6 @@
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, State};
-use axum::Json;
 use roam_runtime::{Cell, CellOptions, LazyMemory, LoadedModule};
 use roam_snapshot::{PageKind, Snapshot};
 use roam_transfer::Decoder;
@@ -20,11 +18,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::pages::{IncomingTarget, PostCopyPages};
 use super::transport::Conn;
-use super::{Inbound, ReadHalf, WriteHalf};
-use crate::api::{make_preopens, on_end, register, AppError};
+use super::{ReadHalf, WriteHalf};
 use crate::cell;
+use crate::cells::{make_preopens, on_end, register};
+use crate::error::NodeError;
 use crate::log::CellLog;
-use crate::node::NodeInner;
+use crate::state::{Inbound, NodeInner};
 use crate::types::{DestTimings, Resolution};
 
 /// Longest silence of the source before the final state.
@@ -192,7 +191,7 @@ fn admit(n: &NodeInner, offer: &mut Offer) -> Result<crate::limits::Admission, S
     if let Some(service) = &offer.cell.service {
         n.check_can_serve(service)?;
     }
-    let admission = crate::limits::admit_offer(n, offer)?;
+    let admission = crate::cells::admit::admit_offer(n, offer)?;
     let m = crate::sysinfo::Machine::read();
     let need = offer.memory_bytes + n.cfg.memory_reserve;
     if m.memory_available > 0 && need > m.memory_available {
@@ -631,7 +630,7 @@ fn start(
     // A planner's cell starts here only once this node owns it: the
     // transaction names the source and the generation it was given.
     if let (Some(_), Some(generation)) = (&n.planner, spec.generation) {
-        match crate::planner::take(n, &spec.id, inbound.source(), generation) {
+        match crate::cluster::planner::take(n, &spec.id, inbound.source(), generation) {
             Ok(g) => spec.generation = Some(g),
             Err(e) => {
                 inbound.unstart();
@@ -663,28 +662,14 @@ fn inbound_of(n: &NodeInner, id: &str) -> Option<Arc<Inbound>> {
 
 /// `POST /v1/migrations/{id}/resolve`: a source whose connection broke asks
 /// whether the cell started here. An unstarted migration is aborted for good.
-pub(crate) async fn resolve(
-    State(n): State<Arc<NodeInner>>,
-    Path(id): Path<String>,
-) -> Result<Json<Resolution>, AppError> {
-    Ok(Json(
-        inbound_of(&n, &id).map_or(Resolution::Aborted, |i| i.abort()),
-    ))
+pub(crate) fn resolve(n: &NodeInner, id: &str) -> Resolution {
+    inbound_of(n, id).map_or(Resolution::Aborted, |i| i.abort())
 }
 
 /// `GET /v1/migrations/{id}/timings`: the destination's share of the
 /// commit of a migration it received, for the source's summary.
-pub(crate) async fn timings_of(
-    State(n): State<Arc<NodeInner>>,
-    Path(id): Path<String>,
-) -> Result<Json<DestTimings>, AppError> {
-    inbound_of(&n, &id)
-        .and_then(|i| i.timings())
-        .map(Json)
-        .ok_or_else(|| {
-            AppError(
-                axum::http::StatusCode::NOT_FOUND,
-                format!("no started incoming migration {id} on this node"),
-            )
-        })
+pub(crate) fn timings_of(n: &NodeInner, id: &str) -> Result<DestTimings, NodeError> {
+    inbound_of(n, id).and_then(|i| i.timings()).ok_or_else(|| {
+        NodeError::NotFound(format!("no started incoming migration {id} on this node"))
+    })
 }

@@ -304,10 +304,10 @@ pub(crate) async fn send_log(stream: &Stream, log: &CellLog) -> Result<u64, Stri
 
 /// The destination's receiver for an arriving cell, with the node's caps.
 pub(crate) fn receiver(
-    n: &crate::node::NodeInner,
+    n: &crate::state::NodeInner,
     offer: &roam_wire::Offer,
 ) -> Result<FileReceiver, String> {
-    let preopens = crate::api::make_preopens(n, &offer.cell.id, &offer.cell.dirs)
+    let preopens = crate::cells::make_preopens(n, &offer.cell.id, &offer.cell.dirs)
         .map_err(|e| format!("cannot create the cell's directories: {e}"))?;
     let caps = TreeCaps {
         bytes: n.cfg.limits.max_files_bytes,

@@ -9,16 +9,11 @@
 //! resolve the migration: the destination answers `running` if it started
 //! the cell, or promises never to start it and answers `aborted`.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::PoisonError;
 
-use axum::extract::{Path, State};
-use axum::Json;
-
-use crate::api::AppError;
-use crate::node::NodeInner;
-use crate::types::{MigrationStatus, MigrationSummary, Resolution};
+use crate::error::NodeError;
+use crate::state::NodeInner;
+use crate::types::MigrationStatus;
 
 pub(crate) mod dest;
 mod files;
@@ -33,104 +28,16 @@ pub(crate) type ReadHalf = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 /// The writing half of a migration connection (plain TCP or TLS).
 pub(crate) type WriteHalf = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
 
-/// A migration this node drives, as seen by `GET /v1/migrations/{id}`.
-pub(crate) struct Migration {
-    pub id: String,
-    pub cell: String,
-    pub mode: roam_wire::Mode,
-    pub started: Instant,
-    pub round: AtomicU32,
-    pub pages_in: AtomicU64,
-    pub wire_bytes: Arc<AtomicU64>,
-    pub memory_bytes: AtomicU64,
-    /// The gateway was told to hold the cell's service: a failed migration
-    /// must serve it again from here.
-    pub held: std::sync::atomic::AtomicBool,
-    phase: Mutex<String>,
-    end: Mutex<Option<Result<MigrationSummary, String>>>,
-}
-
-impl Migration {
-    pub(crate) fn new(id: String, cell: String, mode: roam_wire::Mode) -> Migration {
-        Migration {
-            id,
-            cell,
-            mode,
-            started: Instant::now(),
-            round: AtomicU32::new(0),
-            pages_in: AtomicU64::new(0),
-            wire_bytes: Arc::new(AtomicU64::new(0)),
-            memory_bytes: AtomicU64::new(0),
-            held: std::sync::atomic::AtomicBool::new(false),
-            phase: Mutex::new("connecting".into()),
-            end: Mutex::new(None),
-        }
-    }
-
-    pub(crate) fn phase(&self, p: impl Into<String>) {
-        let p = p.into();
-        tracing::info!(migration = %self.id, cell = %self.cell, phase = %p, "migration phase");
-        *self.phase.lock().unwrap_or_else(PoisonError::into_inner) = p;
-    }
-
-    pub(crate) fn finish(&self, r: Result<MigrationSummary, String>) {
-        match &r {
-            Ok(s) => tracing::info!(
-                migration = %self.id, cell = %self.cell, total_ms = s.total_ms,
-                downtime_ms = s.downtime_ms, wire_bytes = s.wire_bytes, "migration done"
-            ),
-            Err(e) => {
-                tracing::warn!(migration = %self.id, cell = %self.cell, error = %e, "migration failed")
-            }
-        }
-        self.phase(if r.is_ok() { "done" } else { "failed" });
-        *self.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
-    }
-
-    fn status(&self) -> MigrationStatus {
-        let end = self
-            .end
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        MigrationStatus {
-            id: self.id.clone(),
-            cell: self.cell.clone(),
-            mode: self.mode.as_str().into(),
-            phase: self
-                .phase
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-            round: self.round.load(Ordering::Relaxed),
-            pages_in: self.pages_in.load(Ordering::Relaxed),
-            wire_bytes: self.wire_bytes.load(Ordering::Relaxed),
-            memory_bytes: self.memory_bytes.load(Ordering::Relaxed),
-            elapsed_ms: self.started.elapsed().as_millis() as u64,
-            done: end.is_some(),
-            error: end.as_ref().and_then(|r| r.as_ref().err().cloned()),
-            summary: end.and_then(Result::ok),
-        }
-    }
-}
-
-/// `GET /v1/migrations/{id}`.
-pub(crate) async fn status(
-    State(n): State<Arc<NodeInner>>,
-    Path(id): Path<String>,
-) -> Result<Json<MigrationStatus>, AppError> {
+/// The status of migration `id`, driven by this node.
+pub(crate) fn status(n: &NodeInner, id: &str) -> Result<MigrationStatus, NodeError> {
     let m = n
         .migrations
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .get(&id)
+        .get(id)
         .cloned();
-    m.map(|m| Json(m.status())).ok_or_else(|| {
-        AppError(
-            axum::http::StatusCode::NOT_FOUND,
-            format!("no migration {id} driven by this node"),
-        )
-    })
+    m.map(|m| m.status())
+        .ok_or_else(|| NodeError::NotFound(format!("no migration {id} driven by this node")))
 }
 
 /// Put the non-zero pages of `mem` into the node's chunk store, so that a
@@ -164,96 +71,3 @@ pub(crate) fn unix_ms(t: std::time::SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
-/// A migration this node receives: the commit state the resolve endpoint
-/// and the receiving thread agree on.
-pub(crate) struct Inbound {
-    /// The source node's name (from its hello).
-    source: String,
-    state: Mutex<InboundState>,
-    timings: Mutex<Option<crate::types::DestTimings>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum InboundState {
-    Receiving,
-    Started,
-    Aborted,
-}
-
-impl Inbound {
-    pub(crate) fn new(source: &str) -> Arc<Inbound> {
-        Arc::new(Inbound {
-            source: source.to_string(),
-            state: Mutex::new(InboundState::Receiving),
-            timings: Mutex::new(None),
-        })
-    }
-
-    /// The source node's name.
-    pub(crate) fn source(&self) -> &str {
-        &self.source
-    }
-
-    /// The cell was about to start but must not after all (its ownership
-    /// transaction lost): it never starts.
-    pub(crate) fn unstart(&self) {
-        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = InboundState::Aborted;
-    }
-
-    /// Record the destination's share of the commit (once started).
-    pub(crate) fn set_timings(&self, t: crate::types::DestTimings) {
-        *self.timings.lock().unwrap_or_else(PoisonError::into_inner) = Some(t);
-    }
-
-    /// The destination's share of the commit, once the cell started.
-    pub(crate) fn timings(&self) -> Option<crate::types::DestTimings> {
-        self.timings
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// The receiver wants to start the cell: allowed unless aborted.
-    pub(crate) fn try_start(&self) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if *s == InboundState::Receiving {
-            *s = InboundState::Started;
-        }
-        *s == InboundState::Started
-    }
-
-    /// The migration failed here, or the source gave up: never start.
-    /// Returns what actually holds.
-    pub(crate) fn abort(&self) -> Resolution {
-        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if *s == InboundState::Receiving {
-            *s = InboundState::Aborted;
-        }
-        match *s {
-            InboundState::Started => Resolution::Running,
-            _ => Resolution::Aborted,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_aborted_migration_never_starts_and_a_started_one_stays_running() {
-        let a = Inbound::new("src");
-        assert_eq!(a.abort(), Resolution::Aborted);
-        assert!(!a.try_start(), "aborted before the start: must never start");
-        assert_eq!(a.abort(), Resolution::Aborted);
-
-        let b = Inbound::new("src");
-        assert!(b.try_start());
-        assert_eq!(
-            b.abort(),
-            Resolution::Running,
-            "a started cell cannot be aborted"
-        );
-        assert!(b.try_start());
-    }
-}

@@ -4,8 +4,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, State};
-use axum::Json;
 use roam_runtime::{DirtyTracker, TrackMethod};
 use roam_snapshot::{EncodeOptions, MemoryImage, PAGE_SIZE};
 use roam_transfer::{AdaptConfig, Codec, EncoderConfig, Mode as XMode, ModeSelect, StoreSummary};
@@ -14,10 +12,12 @@ use roam_wire::{recv, Final, Mode, Msg, Offer};
 use tokio::sync::mpsc;
 
 use super::stream::{write_loop, Out, Stream, Writer};
-use super::{Migration, ReadHalf};
-use crate::api::{running_handle, AppError};
+use super::ReadHalf;
 use crate::cell::{CellHandle, Decision, Paused, PAUSE_TIMEOUT};
-use crate::node::{new_id, NodeInner};
+use crate::cells::running_handle;
+use crate::error::NodeError;
+use crate::ids::new_id;
+use crate::state::{Migration, NodeInner};
 use crate::types::*;
 
 /// Pre-copy stops after this many rounds in a row that did not lower the
@@ -26,11 +26,11 @@ const PLATEAU: u32 = 3;
 
 /// `POST /v1/cells/{id}/migrate`: start a migration; progress is polled.
 pub(crate) async fn start(
-    State(n): State<Arc<NodeInner>>,
-    Path(id): Path<String>,
-    Json(req): Json<MigrateRequest>,
-) -> Result<Json<MigrateResponse>, AppError> {
-    let bad = |m: String| AppError(axum::http::StatusCode::BAD_REQUEST, m);
+    n: &Arc<NodeInner>,
+    id: &str,
+    req: MigrateRequest,
+) -> Result<MigrateResponse, NodeError> {
+    let bad = NodeError::BadRequest;
     let mode = Mode::parse(&req.mode).ok_or_else(|| {
         bad(format!(
             "unknown mode `{}`: use stop-and-copy, pre-copy or post-copy",
@@ -43,9 +43,9 @@ pub(crate) async fn start(
         Some(b) => Some(roam_link::parse_rate(b).map_err(|e| bad(e.to_string()))?),
         None => None,
     };
-    let handle = running_handle(&n, &id)?;
-    n.set_state(&id, CellState::Migrating);
-    let m = Arc::new(Migration::new(new_id("m-"), id.clone(), mode));
+    let handle = running_handle(n, id)?;
+    n.set_state(id, CellState::Migrating);
+    let m = Arc::new(Migration::new(new_id("m-"), id.to_string(), mode));
     n.migrations
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -90,9 +90,9 @@ pub(crate) async fn start(
         );
         mig.finish(r);
     });
-    Ok(Json(MigrateResponse {
+    Ok(MigrateResponse {
         migration: m.id.clone(),
-    }))
+    })
 }
 
 /// How pre-copy's final round is encoded.
@@ -305,7 +305,7 @@ async fn run(
         }
     }
 
-    let preopens = crate::api::make_preopens(n, &spec.id, &spec.dirs)
+    let preopens = crate::cells::make_preopens(n, &spec.id, &spec.dirs)
         .map_err(|e| format!("cannot open the cell's directories: {e}"))?;
     let mut ctx = Ctx {
         n,
@@ -428,17 +428,17 @@ async fn run(
         // With a planner the destination owns the cell (at the generation
         // after the source's): the source resumes only if it takes it back.
         if let (Verdict::Resume(_), Some(_), Some(g)) = (&verdict, &n.planner, spec.generation) {
-            match crate::planner::take_from(n, &m.cell, &peer.node, g + 1).await {
-                crate::planner::Back::Won(g) => {
+            match crate::cluster::planner::take_from(n, &m.cell, &peer.node, g + 1).await {
+                crate::cluster::planner::Back::Won(g) => {
                     if let Some(c) = n.cells().get_mut(&m.cell) {
                         c.spec.generation = Some(g);
                     }
                 }
                 // The planner does not handle the cell: today's rules.
-                crate::planner::Back::Unknown(why) => {
+                crate::cluster::planner::Back::Unknown(why) => {
                     tracing::warn!(cell = %m.cell, %why, "the planner cannot settle the broken post-copy");
                 }
-                crate::planner::Back::Lost(why) => {
+                crate::cluster::planner::Back::Lost(why) => {
                     verdict = Verdict::Stay(format!(
                         "the planner did not give the cell back ({why}), so it stays on the destination"
                     ));
@@ -1039,19 +1039,19 @@ async fn commit(ctx: &mut Ctx<'_>, fin: Final, to: &crate::client::Client) -> Re
             // started the cell only if it took ownership first.
             if let (Some(_), Some(generation)) = (&ctx.n.planner, ctx.spec.generation) {
                 tracing::warn!(error = %e, "commit interrupted; asking the planner for the cell back");
-                match crate::planner::take_back(ctx.n, &ctx.m.cell, generation).await {
-                    crate::planner::Back::Won(g) => {
+                match crate::cluster::planner::take_back(ctx.n, &ctx.m.cell, generation).await {
+                    crate::cluster::planner::Back::Won(g) => {
                         tracing::info!(cell = %ctx.m.cell, generation = g, "the planner gave the cell back: it resumes here");
                         if let Some(c) = ctx.n.cells().get_mut(&ctx.m.cell) {
                             c.spec.generation = Some(g);
                         }
                         return Ok(false);
                     }
-                    crate::planner::Back::Lost(why) => {
+                    crate::cluster::planner::Back::Lost(why) => {
                         tracing::info!(cell = %ctx.m.cell, %why, "the destination owns the cell: it never resumes here");
                         return Ok(true);
                     }
-                    crate::planner::Back::Unknown(why) => {
+                    crate::cluster::planner::Back::Unknown(why) => {
                         tracing::warn!(cell = %ctx.m.cell, %why, "the planner cannot settle the commit; asking the destination");
                     }
                 }

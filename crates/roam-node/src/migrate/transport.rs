@@ -15,7 +15,7 @@
 use tokio::net::TcpStream;
 
 use super::{ReadHalf, WriteHalf};
-use crate::node::NodeInner;
+use crate::state::NodeInner;
 use crate::secure::HANDSHAKE_TIMEOUT;
 
 /// An open migration connection.

@@ -14,7 +14,7 @@ use roam_api::planner::{HeartbeatRequest, NodeStatus, OwnerRequest, RegisterRequ
 use roam_api::{PlannerClient, PlannerError};
 
 use crate::cell::Decision;
-use crate::node::NodeInner;
+use crate::state::NodeInner;
 use crate::types::CellState;
 
 /// Heartbeat period until the planner gives one.
@@ -134,7 +134,7 @@ async fn stop_lost(n: &Arc<NodeInner>, id: &str) {
         n.set_state(id, CellState::Failed { error: why.into() });
         return;
     }
-    let Ok(h) = crate::api::running_handle(n, id) else {
+    let Ok(h) = crate::cells::running_handle(n, id) else {
         return;
     };
     tracing::warn!(cell = id, "{why}");

@@ -339,7 +339,7 @@ impl Holder {
         let path = self.path(id);
         let tmp = self
             .dir
-            .join(format!(".{id}.{}.tmp", crate::node::new_id("")));
+            .join(format!(".{id}.{}.tmp", crate::ids::new_id("")));
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

@@ -26,7 +26,7 @@ use roam_gateway::link::GatewayLink;
 use roam_wasi::net::NetHub;
 use roam_wire::CellSpec;
 
-use crate::node::NodeInner;
+use super::NodeInner;
 
 impl NodeInner {
     /// The link and the service name, for a service cell on a node with a
@@ -90,7 +90,7 @@ impl NodeInner {
 /// Connect the node's gateway link (`--gateway`), with the node's TLS
 /// identity when it has one. It connects in the background, and keeps
 /// reconnecting.
-pub(crate) fn connect(cfg: &crate::NodeConfig) -> anyhow::Result<Option<GatewayLink>> {
+pub(crate) fn connect(cfg: &crate::config::NodeConfig) -> anyhow::Result<Option<GatewayLink>> {
     let Some(addr) = &cfg.gateway else {
         return Ok(None);
     };

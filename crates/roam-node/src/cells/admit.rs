@@ -1,0 +1,125 @@
+//! Admission: whether a cell may start or arrive here, under the node's
+//! caps (`crate::limits`), counting the cells already admitted.
+
+use std::collections::HashMap;
+use std::sync::PoisonError;
+
+use crate::limits::Admission;
+use crate::size::human;
+use crate::state::NodeInner;
+use crate::types::CellState;
+
+/// What a node has committed: cells and memory limits.
+struct Use {
+    cells: usize,
+    memory: u64,
+}
+
+fn in_use(n: &NodeInner, pending: &HashMap<String, u64>) -> Use {
+    let cells = n.cells();
+    let live = cells
+        .values()
+        .filter(|e| matches!(e.state, CellState::Running | CellState::Migrating));
+    let (mut count, mut memory) = (0, 0u64);
+    for e in live {
+        count += 1;
+        memory = memory.saturating_add(e.spec.max_memory);
+    }
+    Use {
+        cells: count + pending.len(),
+        memory: memory.saturating_add(pending.values().sum::<u64>()),
+    }
+}
+
+/// The memory all cells' limits may add up to on this node.
+pub(crate) fn total_memory_cap(n: &NodeInner) -> u64 {
+    n.cfg.limits.max_total_memory.unwrap_or_else(|| {
+        let total = crate::sysinfo::Machine::read().memory_total;
+        if total == 0 {
+            u64::MAX
+        } else {
+            total.saturating_sub(n.cfg.memory_reserve)
+        }
+    })
+}
+
+/// Admit one more cell with memory limit `max_memory`, or say which cap
+/// refuses it. The admission holds until dropped: drop it once the cell is
+/// in the cell table (or has failed to start).
+pub(crate) fn admit(
+    n: &NodeInner,
+    key: &str,
+    max_memory: u64,
+) -> Result<Admission, String> {
+    let l = &n.cfg.limits;
+    if max_memory > l.max_cell_memory {
+        return Err(format!(
+            "the cell's memory limit {} is over node {}'s per-cell maximum {} \
+             (raise it with roam node --max-cell-memory)",
+            human(max_memory),
+            n.cfg.name,
+            human(l.max_cell_memory)
+        ));
+    }
+    let mut map = n.pending.map.lock().unwrap_or_else(PoisonError::into_inner);
+    let used = in_use(n, &map);
+    if used.cells >= l.max_cells {
+        return Err(format!(
+            "node {} is full: {} cells run or arrive here, its limit is {} \
+             (stop or move a cell, or raise roam node --max-cells)",
+            n.cfg.name, used.cells, l.max_cells
+        ));
+    }
+    let cap = total_memory_cap(n);
+    if used.memory.saturating_add(max_memory) > cap {
+        return Err(format!(
+            "node {} lacks memory for the cell: its cells' limits add up to {} of {}, \
+             the cell needs {} more (ask for a smaller --max-memory, or raise roam node \
+             --max-total-memory)",
+            n.cfg.name,
+            human(used.memory),
+            human(cap),
+            human(max_memory)
+        ));
+    }
+    map.insert(key.to_string(), max_memory);
+    Ok(Admission {
+        pending: n.pending.clone(),
+        key: key.to_string(),
+    })
+}
+
+/// Admit an arriving cell (a migration offer), or say which cap refuses
+/// it. The cell's memory limit becomes the smaller of its own and this
+/// node's per-cell maximum; its memory now must fit under it.
+pub(crate) fn admit_offer(
+    n: &NodeInner,
+    offer: &mut roam_wire::Offer,
+) -> Result<Admission, String> {
+    let l = &n.cfg.limits;
+    if offer.module_len > l.max_module_bytes {
+        return Err(format!(
+            "the cell's module is {}, over node {}'s limit of {} \
+             (raise it with roam node --max-module-size)",
+            human(offer.module_len),
+            n.cfg.name,
+            human(l.max_module_bytes)
+        ));
+    }
+    let limit = offer.cell.max_memory.min(l.max_cell_memory);
+    if offer.memory_bytes > limit {
+        return Err(format!(
+            "the cell's memory is {}, over its limit of {} on node {} \
+             (the cell's own limit is {}, the node's per-cell maximum {}; \
+             raise it with roam node --max-cell-memory)",
+            human(offer.memory_bytes),
+            human(limit),
+            n.cfg.name,
+            human(offer.cell.max_memory),
+            human(l.max_cell_memory)
+        ));
+    }
+    offer.cell.max_memory = limit;
+    admit(n, &offer.migration_id, limit)
+}
+

@@ -1,0 +1,309 @@
+//! The cells of a node: starting them, looking at them, stopping them.
+//!
+//! Why one module: a cell begins here in three ways (a launch, a restore
+//! from a kept checkpoint, a migration's arrival) and each must pass the
+//! same checks, take the same admission and enter the cell table the same
+//! way, so that what the gateway, the planner and the fence see does not
+//! depend on how the cell came. [`start`] is that one path; the migration
+//! destination uses its [`register`] half, because its receiving thread
+//! becomes the cell's thread.
+//!
+//! Everything here answers with a [`NodeError`]; only `http` knows status
+//! codes.
+
+use std::sync::Arc;
+
+use roam_runtime::{Cell, CellOptions, LoadedModule};
+use roam_wasi::Preopen;
+use roam_wire::CellSpec;
+
+use crate::cell::{self, CellEntry, CellHandle, KILL_WAIT, PAUSE_TIMEOUT};
+use crate::error::NodeError;
+use crate::ids::{new_id, unix_ms};
+use crate::log::CellLog;
+use crate::state::NodeInner;
+use crate::types::*;
+
+pub(crate) mod admit;
+mod start;
+
+pub(crate) use start::{check, start, Begin, Rebuild, Start};
+
+/// What this node is, for `GET /v1/node`.
+pub(crate) fn node_info(n: &NodeInner) -> NodeInfo {
+    let running = n
+        .cells()
+        .values()
+        .filter(|e| matches!(e.state, CellState::Running | CellState::Migrating))
+        .count();
+    NodeInfo {
+        name: n.cfg.name.clone(),
+        isa: roam_runtime::host_isa().to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        migrate_addr: n
+            .cfg
+            .advertise_migrate
+            .clone()
+            .unwrap_or_else(|| n.migrate_addr.to_string()),
+        userfaultfd: n.features().userfaultfd,
+        cells_running: running,
+        machine: crate::sysinfo::Machine::read(),
+    }
+}
+
+/// Load (validate, prepare, compile, cache) an uploaded module.
+pub(crate) async fn upload_module(
+    n: Arc<NodeInner>,
+    body: bytes::Bytes,
+) -> Result<ModuleInfo, NodeError> {
+    let module = tokio::task::spawn_blocking(move || n.rt.load_bytes(&body))
+        .await?
+        .map_err(|e| NodeError::bad(format!("module refused: {e}")))?;
+    Ok(ModuleInfo {
+        hash: roam_runtime::cache::hex(module.hash()),
+        bytes: module.bytes().len() as u64,
+    })
+}
+
+/// A module hash given in hex.
+pub(crate) fn parse_hash(s: &str) -> Result<[u8; 32], NodeError> {
+    roam_wire::ident::parse_module_hash(s).map_err(NodeError::bad)
+}
+
+/// A module this node has, by hash.
+pub(crate) fn module(n: &NodeInner, hash: &[u8; 32]) -> Result<Arc<LoadedModule>, NodeError> {
+    n.rt.load_by_hash(hash, None)
+        .map_err(|e| NodeError::NotFound(e.to_string()))
+}
+
+/// Host directories for a cell's guest directories, created empty.
+pub(crate) fn make_preopens(
+    n: &NodeInner,
+    id: &str,
+    dirs: &[String],
+) -> std::io::Result<Vec<Preopen>> {
+    dirs.iter()
+        .enumerate()
+        .map(|(i, guest)| {
+            let host = n.cell_dir(id).join("dirs").join(i.to_string());
+            std::fs::create_dir_all(&host)?;
+            Ok(Preopen {
+                host,
+                guest: guest.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Put a cell into the table with its handle, and route its service's
+/// clients to it. The caller then runs it.
+pub(crate) fn register(
+    n: &Arc<NodeInner>,
+    spec: CellSpec,
+    log: Arc<CellLog>,
+    cell: &mut Cell,
+) -> Arc<CellHandle> {
+    let handle = cell::handle_for(cell, log.clone());
+    n.cells().insert(
+        spec.id.clone(),
+        CellEntry {
+            spec: spec.clone(),
+            state: CellState::Running,
+            log,
+            handle: Some(handle.clone()),
+        },
+    );
+    n.serve(&spec, handle.net.as_ref());
+    handle
+}
+
+/// What to do when a cell's thread ends: record the state it ended in.
+pub(crate) fn on_end(n: &Arc<NodeInner>, id: &str) -> cell::OnEnd {
+    let node = n.clone();
+    let id = id.to_string();
+    Box::new(move |st| {
+        if let Some(st) = st {
+            node.set_state(&id, st);
+        }
+    })
+}
+
+/// The options of a cell with these guest directories and memory limit.
+fn options(dirs: &[String], max_memory: u64) -> CellOptions {
+    CellOptions {
+        with_files: !dirs.is_empty(),
+        max_memory,
+        ..CellOptions::default()
+    }
+}
+
+/// `POST /v1/cells`: launch a program.
+pub(crate) async fn launch(
+    n: &Arc<NodeInner>,
+    req: LaunchRequest,
+) -> Result<LaunchResponse, NodeError> {
+    let id = match &req.id {
+        Some(id) => {
+            roam_wire::ident::check_cell_id(id).map_err(NodeError::bad)?;
+            if n.cells().contains_key(id) {
+                return Err(NodeError::Conflict(format!(
+                    "a cell {id} already exists on this node: choose another id"
+                )));
+            }
+            id.clone()
+        }
+        None => new_id("c-"),
+    };
+    let s = Start {
+        id: id.clone(),
+        module: parse_hash(&req.module)?,
+        args: req.args,
+        env: req.env,
+        dirs: req.dirs,
+        service: req.service,
+        max_memory: req.max_memory,
+        generation: req.generation,
+        begin: Begin::Fresh,
+    };
+    start(n, s).await?;
+    Ok(LaunchResponse { id })
+}
+
+/// A cell's row in `roam cells`.
+pub(crate) fn info(e: &CellEntry) -> CellInfo {
+    CellInfo {
+        id: e.spec.id.clone(),
+        state: e.state.clone(),
+        program: e.spec.args.first().cloned().unwrap_or_default(),
+        module: roam_runtime::cache::hex(&e.spec.module_hash),
+        memory_bytes: e.handle.as_ref().map_or(0, |h| h.memory.len() as u64),
+        max_memory: e.spec.max_memory,
+        log_dropped_bytes: e.log.dropped(),
+        uptime_ms: unix_ms().saturating_sub(e.spec.launched_unix_ms),
+        hops: e.spec.hops,
+        service: e.spec.service.clone(),
+    }
+}
+
+/// Every cell on this node, by id.
+pub(crate) fn list(n: &NodeInner) -> Vec<CellInfo> {
+    let mut v: Vec<CellInfo> = n.cells().values().map(info).collect();
+    v.sort_by(|a, b| a.id.cmp(&b.id));
+    v
+}
+
+/// One cell.
+pub(crate) fn status(n: &NodeInner, id: &str) -> Result<CellInfo, NodeError> {
+    n.cells()
+        .get(id)
+        .map(info)
+        .ok_or_else(|| not_found(id))
+}
+
+fn not_found(id: &str) -> NodeError {
+    NodeError::NotFound(format!("no cell {id} on this node"))
+}
+
+/// A cell's output, or where it moved.
+pub(crate) enum Logs {
+    /// The output kept here, with a note of what was dropped first.
+    Here(Vec<u8>),
+    /// The cell moved: its logs are at this URL.
+    Moved(String),
+}
+
+/// `GET /v1/cells/{id}/logs`.
+pub(crate) fn logs(n: &NodeInner, id: &str) -> Result<Logs, NodeError> {
+    let cells = n.cells();
+    let e = cells.get(id).ok_or_else(|| not_found(id))?;
+    if let CellState::Moved { to } = &e.state {
+        let url = if to.contains("://") {
+            format!("{}/v1/cells/{id}/logs", to.trim_end_matches('/'))
+        } else {
+            format!(
+                "{}://{to}/v1/cells/{id}/logs",
+                crate::secure::scheme(&n.auth)
+            )
+        };
+        return Ok(Logs::Moved(url));
+    }
+    let mut body = Vec::new();
+    let dropped = e.log.dropped();
+    if dropped > 0 {
+        body.extend_from_slice(
+            format!(
+                "[roam: {} of earlier output dropped]\n",
+                crate::size::human(dropped)
+            )
+            .as_bytes(),
+        );
+    }
+    body.extend(e.log.contents());
+    Ok(Logs::Here(body))
+}
+
+/// The handle of a cell that runs here now.
+pub(crate) fn running_handle(n: &NodeInner, id: &str) -> Result<Arc<CellHandle>, NodeError> {
+    let cells = n.cells();
+    let e = cells.get(id).ok_or_else(|| not_found(id))?;
+    match (&e.state, &e.handle) {
+        (CellState::Running, Some(h)) => Ok(h.clone()),
+        (state, _) => Err(NodeError::Conflict(format!(
+            "cell {id} is not running here (state: {state:?})"
+        ))),
+    }
+}
+
+/// `POST /v1/cells/{id}/kill`.
+pub(crate) async fn kill(n: &NodeInner, id: &str) -> Result<CellInfo, NodeError> {
+    let h = running_handle(n, id)?;
+    if n.fence.release(id) {
+        // Held by the fence: already paused.
+        n.set_state(id, CellState::Killed);
+        return status(n, id);
+    }
+    // A kill keeps nothing of the program, so it needs no checkpoint: end
+    // it at its next loop header, function entry or point, whatever it runs.
+    n.set_state(id, CellState::Migrating);
+    if !h.kill(KILL_WAIT).await {
+        tracing::warn!(
+            cell = %id,
+            "the killed cell's thread is still in a host call; it runs no more wasm code"
+        );
+    }
+    n.set_state(id, CellState::Killed);
+    status(n, id)
+}
+
+/// A checkpoint-and-continue of a running cell.
+pub(crate) async fn checkpoint_now(
+    h: &CellHandle,
+) -> Result<cell::Checkpoint, NodeError> {
+    tokio::time::timeout(PAUSE_TIMEOUT, h.checkpoint())
+        .await
+        .map_err(|_| NodeError::internal("the cell did not reach a migration point in time"))?
+        .map_err(|_| NodeError::internal("the cell ended before the checkpoint"))?
+        .map_err(NodeError::Internal)
+}
+
+/// `POST /v1/cells/{id}/checkpoint`: a snapshot file in the cell's
+/// directory; its path and size.
+pub(crate) async fn checkpoint(
+    n: &NodeInner,
+    id: &str,
+) -> Result<(std::path::PathBuf, u64), NodeError> {
+    let h = running_handle(n, id)?;
+    let snap = checkpoint_now(&h).await?.snapshot;
+    let dir = n.cell_dir(id).join("checkpoints");
+    let path = dir.join(format!("{}.roamsnap", unix_ms()));
+    let bytes = tokio::task::spawn_blocking({
+        let path = path.clone();
+        move || -> Result<u64, String> {
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            snap.write_file(&path).map_err(|e| e.to_string())
+        }
+    })
+    .await?
+    .map_err(NodeError::Internal)?;
+    Ok((path, bytes))
+}

@@ -1,0 +1,9 @@
+//! Kept checkpoints: a cell's owner checkpoints it without stopping it and
+//! sends it to another node, the holder; if the owner dies, any node
+//! restores the cell from it (`docs/control-plane.md`, "Kept checkpoints").
+//!
+//! [`store`] is the format and the holder's files; [`ops`] the operations
+//! of the owner, the holder and the restoring node.
+
+pub(crate) mod ops;
+pub(crate) mod store;
