@@ -52,4 +52,3 @@ pub struct NodeConfig {
     /// URL), told to the planner. `None`: the bound address.
     pub advertise: Option<String>,
 }
-

@@ -16,4 +16,3 @@ pub(crate) fn new_id(prefix: &str) -> String {
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!("{prefix}{hex}")
 }
-

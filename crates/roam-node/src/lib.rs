@@ -21,27 +21,27 @@
 
 // The modules, from the bottom layer up: each uses only those above it
 // in this list (`tests/layers.rs` checks it).
-pub mod size;
-mod ids;
-pub mod limits;
+mod cell;
+mod cells;
+mod cluster;
 mod config;
 mod error;
-mod log;
-mod cell;
-mod metrics;
-mod secure;
-mod state;
-mod cells;
-mod kept;
-mod cluster;
-mod migrate;
 mod http;
+mod ids;
+mod kept;
+pub mod limits;
+mod log;
+mod metrics;
+mod migrate;
 mod node;
+mod secure;
+pub mod size;
+mod state;
 pub use roam_api::{client, sysinfo, types};
 
 pub use client::{Client, ClientAuth, ClientError};
-pub use limits::NodeLimits;
 pub use config::NodeConfig;
+pub use limits::NodeLimits;
 pub use node::Node;
 pub use roam_auth;
 pub use secure::ExposureError;

@@ -109,7 +109,11 @@ fn every_module_uses_only_the_layers_below_it() {
             }
         }
     }
-    assert!(upward.is_empty(), "imports that run upward:\n{}", upward.join("\n"));
+    assert!(
+        upward.is_empty(),
+        "imports that run upward:\n{}",
+        upward.join("\n")
+    );
 }
 
 #[test]
@@ -128,14 +132,21 @@ fn only_the_http_layer_knows_axum() {
             }
         }
     }
-    assert!(found.is_empty(), "axum outside http/:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "axum outside http/:\n{}",
+        found.join("\n")
+    );
 }
 
 #[test]
 fn the_checks_see_a_module_that_runs_upward() {
     // The test above must be able to fail: a line of the state that names
     // the HTTP layer is one it reports.
-    assert_eq!(crate_refs(code("use crate::http::serve; // crate::x")), ["http"]);
+    assert_eq!(
+        crate_refs(code("use crate::http::serve; // crate::x")),
+        ["http"]
+    );
     let order = layers();
     let pos = |m: &str| order.iter().position(|x| x == m).expect(m);
     assert!(pos("state") < pos("http"));

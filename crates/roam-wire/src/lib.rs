@@ -26,8 +26,8 @@ mod msg;
 pub use frame::{read_frame, write_frame, FrameError, FRAME_HEADER, MAX_FRAME};
 pub use ident::{IdentKind, InvalidIdent};
 pub use msg::{
-    Accept, CellSpec, Features, FileHeader, FileKind, Final, Hello, Mode, Msg, Offer, CHUNK_MAX,
-    HELLO_MAGIC, PROTOCOL_VERSION,
+    Accept, CellSpec, Features, FileHeader, FileKind, Final, Hello, Mode, Msg, Offer, PageKind,
+    CHUNK_MAX, HELLO_MAGIC, PROTOCOL_VERSION,
 };
 
 /// Read one frame and decode the message in it.

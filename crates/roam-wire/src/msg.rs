@@ -257,10 +257,10 @@ pub enum Msg {
     /// Source → destination: the paused cell's execution state.
     Final(Box<Final>),
     /// Source → destination (post-copy): kind of every page of the final
-    /// memory (0 zero, 1 initial, 2 data), one byte each.
+    /// memory, one byte each on the wire.
     PageKinds {
         /// The kinds.
-        kinds: Vec<u8>,
+        kinds: Vec<PageKind>,
     },
     /// Destination → source: the cell runs here now.
     Running,
@@ -274,6 +274,19 @@ pub enum Msg {
     /// Destination → source (post-copy): every page is present; the source
     /// may drop its copy.
     Complete,
+}
+
+/// What a page of a paused cell's memory holds, as post-copy announces it
+/// before the pages themselves travel. Encoded as one byte (0, 1, 2); any
+/// other byte fails to decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PageKind {
+    /// All zero: the destination fills it with zeros.
+    Zero,
+    /// Equal to the module's initial image: the destination has it.
+    Initial,
+    /// Written by the program: it travels.
+    Data,
 }
 
 impl Msg {
@@ -391,6 +404,22 @@ mod tests {
         for m in msgs {
             assert_eq!(Msg::decode(&m.encode().unwrap()).unwrap(), m);
         }
+    }
+
+    #[test]
+    fn page_kinds_are_one_byte_each_and_nothing_else_decodes() {
+        use PageKind::*;
+        let m = Msg::PageKinds {
+            kinds: vec![Zero, Initial, Data, Data],
+        };
+        let bytes = m.encode().unwrap();
+        // Variant, length, then the kinds as 0, 1, 2: what older nodes
+        // sent as raw bytes.
+        assert_eq!(bytes[bytes.len() - 4..], [0, 1, 2, 2]);
+        assert_eq!(Msg::decode(&bytes).unwrap(), m);
+        let mut bad = bytes.clone();
+        *bad.last_mut().unwrap() = 3;
+        assert!(Msg::decode(&bad).is_err(), "page kind 3 decoded");
     }
 
     #[test]

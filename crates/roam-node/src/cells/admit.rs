@@ -46,11 +46,7 @@ pub(crate) fn total_memory_cap(n: &NodeInner) -> u64 {
 /// Admit one more cell with memory limit `max_memory`, or say which cap
 /// refuses it. The admission holds until dropped: drop it once the cell is
 /// in the cell table (or has failed to start).
-pub(crate) fn admit(
-    n: &NodeInner,
-    key: &str,
-    max_memory: u64,
-) -> Result<Admission, String> {
+pub(crate) fn admit(n: &NodeInner, key: &str, max_memory: u64) -> Result<Admission, String> {
     let l = &n.cfg.limits;
     if max_memory > l.max_cell_memory {
         return Err(format!(
@@ -122,4 +118,3 @@ pub(crate) fn admit_offer(
     offer.cell.max_memory = limit;
     admit(n, &offer.migration_id, limit)
 }
-

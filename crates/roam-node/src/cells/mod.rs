@@ -194,10 +194,7 @@ pub(crate) fn list(n: &NodeInner) -> Vec<CellInfo> {
 
 /// One cell.
 pub(crate) fn status(n: &NodeInner, id: &str) -> Result<CellInfo, NodeError> {
-    n.cells()
-        .get(id)
-        .map(info)
-        .ok_or_else(|| not_found(id))
+    n.cells().get(id).map(info).ok_or_else(|| not_found(id))
 }
 
 fn not_found(id: &str) -> NodeError {
@@ -276,9 +273,7 @@ pub(crate) async fn kill(n: &NodeInner, id: &str) -> Result<CellInfo, NodeError>
 }
 
 /// A checkpoint-and-continue of a running cell.
-pub(crate) async fn checkpoint_now(
-    h: &CellHandle,
-) -> Result<cell::Checkpoint, NodeError> {
+pub(crate) async fn checkpoint_now(h: &CellHandle) -> Result<cell::Checkpoint, NodeError> {
     tokio::time::timeout(PAUSE_TIMEOUT, h.checkpoint())
         .await
         .map_err(|_| NodeError::internal("the cell did not reach a migration point in time"))?

@@ -127,12 +127,10 @@ pub(crate) async fn missing(
         return Err(NodeError::bad(format!("`{h}` is not a BLAKE3 hash in hex")));
     }
     let max = n.cfg.limits.max_cell_memory;
-    Ok(
-        tokio::task::spawn_blocking(move || {
-            Holder::new(&n.cfg.state_dir).missing(&id, &hashes, max)
-        })
-        .await??,
-    )
+    Ok(tokio::task::spawn_blocking(move || {
+        Holder::new(&n.cfg.state_dir).missing(&id, &hashes, max)
+    })
+    .await??)
 }
 
 /// `PUT /v1/kept/{cell}`: store a kept checkpoint; `{snapshot, bytes}`.

@@ -481,7 +481,7 @@ fn assemble(
     let learn_after = post.is_none() && !learn_inline();
     let mut decoder = Decoder::with_store(n.store.clone(), !learn_after);
     let mut written = Vec::new();
-    let mut kinds: Option<Vec<u8>> = None;
+    let mut kinds: Option<Vec<roam_wire::PageKind>> = None;
     let mut files = match super::files::receiver(&n, &offer) {
         Ok(f) => f,
         Err(e) => {
@@ -580,7 +580,7 @@ fn start(
     mut incoming: roam_runtime::Incoming,
     offer: &Offer,
     fin: Final,
-    kinds: Option<Vec<u8>>,
+    kinds: Option<Vec<roam_wire::PageKind>>,
     log: CellLog,
     inbound: &Inbound,
     post: Option<Arc<PostCopyPages>>,
@@ -602,12 +602,11 @@ fn start(
             let kinds = kinds
                 .iter()
                 .map(|k| match k {
-                    0 => Ok(PageKind::Zero),
-                    1 => Ok(PageKind::Initial),
-                    2 => Ok(PageKind::Data),
-                    k => Err(format!("page kind {k} is not 0, 1 or 2")),
+                    roam_wire::PageKind::Zero => PageKind::Zero,
+                    roam_wire::PageKind::Initial => PageKind::Initial,
+                    roam_wire::PageKind::Data => PageKind::Data,
                 })
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect();
             let (cell, lazy) = incoming
                 .finish_lazy(&snapshot, preopens, kinds, Box::new(post.source()))
                 .map_err(|e| e.to_string())?;

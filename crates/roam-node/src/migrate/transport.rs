@@ -15,8 +15,8 @@
 use tokio::net::TcpStream;
 
 use super::{ReadHalf, WriteHalf};
-use crate::state::NodeInner;
 use crate::secure::HANDSHAKE_TIMEOUT;
+use crate::state::NodeInner;
 
 /// An open migration connection.
 pub(crate) struct Conn {
