@@ -45,6 +45,10 @@ pub enum ClientError {
     /// The node answered with an error.
     #[error("{0}")]
     Api(String),
+    /// The node answered that it has no such thing (`404`): a cell, a
+    /// migration or a kept checkpoint it does not know.
+    #[error("{0}")]
+    NotFound(String),
     /// The TLS configuration could not be built.
     #[error("cannot set up TLS for {addr}")]
     Tls {
@@ -165,7 +169,12 @@ impl Client {
             let msg = serde_json::from_slice::<ApiError>(&body)
                 .map(|e| e.error)
                 .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
-            return Err(ClientError::Api(format!("{} ({status})", msg)));
+            let msg = format!("{msg} ({status})");
+            return Err(if status == reqwest::StatusCode::NOT_FOUND {
+                ClientError::NotFound(msg)
+            } else {
+                ClientError::Api(msg)
+            });
         }
         serde_json::from_slice(&body)
             .map_err(|e| ClientError::Api(format!("unexpected answer from {}: {e}", self.base)))

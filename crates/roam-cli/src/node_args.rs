@@ -101,6 +101,11 @@ pub struct NodeArgs {
     /// ownership transactions.
     #[arg(long, value_name = "URL[,URL...]")]
     pub planner: Option<String>,
+    /// Seconds an ownership transaction waits for the planner's answer
+    /// before the migration it belongs to gives up (the source then asks
+    /// the planner for the cell back).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub planner_timeout: u64,
     /// This node's control API address as the planner and other nodes
     /// reach it (`host:port` or a URL) [default: the address --listen
     /// bound].

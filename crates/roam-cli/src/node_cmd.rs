@@ -102,6 +102,7 @@ pub fn node(a: NodeArgs) -> Result<i32> {
         },
         gateway: a.gateway,
         planner: a.planner,
+        planner_timeout: std::time::Duration::from_secs(a.planner_timeout),
         advertise: a.advertise,
     };
     runtime()?.block_on(async move {

@@ -6,6 +6,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default [`NodeConfig::planner_timeout`].
+pub const DEFAULT_PLANNER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How to run a node.
 #[derive(Debug, Clone)]
@@ -48,6 +52,9 @@ pub struct NodeConfig {
     /// only through ownership transactions (`docs/control-plane.md`).
     /// `None`: a node on its own.
     pub planner: Option<String>,
+    /// How long an ownership transaction waits for the planner's answer
+    /// ([`DEFAULT_PLANNER_TIMEOUT`]).
+    pub planner_timeout: Duration,
     /// The control API's address as others reach it (`host:port` or a
     /// URL), told to the planner. `None`: the bound address.
     pub advertise: Option<String>,

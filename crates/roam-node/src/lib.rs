@@ -40,7 +40,7 @@ mod state;
 pub use roam_api::{client, sysinfo, types};
 
 pub use client::{Client, ClientAuth, ClientError};
-pub use config::NodeConfig;
+pub use config::{NodeConfig, DEFAULT_PLANNER_TIMEOUT};
 pub use limits::NodeLimits;
 pub use node::Node;
 pub use roam_auth;

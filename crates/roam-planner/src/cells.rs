@@ -413,6 +413,22 @@ pub(crate) async fn settle(n: &Inner, c: &CellRecord) -> Result<Option<CellRecor
     Ok(rec)
 }
 
+/// Whether cell `c`'s live owner answers that it does not know the cell
+/// at all: not running, not ended, not arriving. Any other answer, or
+/// none, is not that.
+pub(crate) async fn unknown_to_owner(n: &Inner, c: &CellRecord) -> bool {
+    let Some(node) = get_node(n, &c.owner).await.ok().filter(|x| x.alive) else {
+        return false;
+    };
+    let Ok(client) = n.node_client(&node) else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(OWNER_ASK, client.cell(&c.id)).await,
+        Ok(Err(roam_api::ClientError::NotFound(_)))
+    )
+}
+
 /// How long a status read waits for the owner's word.
 const OWNER_ASK: std::time::Duration = std::time::Duration::from_secs(2);
 

@@ -11,6 +11,12 @@
 //! The rule is a state, not an event: every tick, each cell that has not
 //! ended and whose owner is dead is restored. A planner that takes the
 //! lead after another died therefore finishes what the other left.
+//!
+//! So is a cell whose owner is alive but does not have it: its heartbeats
+//! leave the cell out, and asked, it answers that it does not know it (not
+//! even as arriving). That happens when a destination took a cell's
+//! ownership and then gave up on it; its source normally takes the cell
+//! back, and the leader waits a lease for that before it restores.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -61,11 +67,23 @@ pub(crate) async fn run(n: Arc<Inner>) {
 /// What the leader remembers from one tick to the next.
 #[derive(Default)]
 struct Seen {
+    /// Cells whose live owner said it does not know them: since when (Unix
+    /// ms), for the owner and generation of the record then. Filled by the
+    /// tasks that ask owners (see [`absent_on_owner`]).
+    absent: Arc<std::sync::Mutex<HashMap<String, Absent>>>,
     /// Node → whether it was alive, to report each death once.
     alive: HashMap<String, bool>,
     /// Cell → the owner's heartbeat (Unix ms) after which the leader asked
     /// the owner whether the cell ended: asked once per heartbeat.
     asked: HashMap<String, u64>,
+}
+
+/// A live owner's word that it does not have a cell its record gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Absent {
+    owner: String,
+    generation: u64,
+    since_ms: u64,
 }
 
 async fn tick(n: &Arc<Inner>, seen: &mut Seen) -> Result<(), crate::api::AppError> {
@@ -93,23 +111,47 @@ async fn tick(n: &Arc<Inner>, seen: &mut Seen) -> Result<(), crate::api::AppErro
         .map(|c| c.id.as_str())
         .collect();
     seen.asked.retain(|id, _| live.contains(id.as_str()));
+    // An owner's "absent" holds only for the record it was said about.
+    lock(&seen.absent).retain(|id, a| {
+        cells
+            .iter()
+            .any(|c| &c.id == id && c.owner == a.owner && c.generation == a.generation)
+    });
     for c in &cells {
         if c.state.ended() || lock(&n.busy).contains(&c.id) {
             continue;
         }
-        if let Some(beat) = unlisted(&by_name, c) {
-            if seen.asked.insert(c.id.clone(), beat) != Some(beat) {
-                let (n, c) = (n.clone(), c.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = crate::cells::settle(&n, &c).await {
-                        tracing::debug!(cell = %c.id, "cannot settle the cell's end: {}", e.1);
-                    }
-                });
+        match unlisted(&by_name, c) {
+            Some(beat) => {
+                if seen.asked.insert(c.id.clone(), beat) != Some(beat) {
+                    let (n, c, absent) = (n.clone(), c.clone(), seen.absent.clone());
+                    tokio::spawn(async move {
+                        match crate::cells::settle(&n, &c).await {
+                            Ok(Some(_)) => {}
+                            Ok(None) => absent_on_owner(&n, &c, &absent).await,
+                            Err(e) => {
+                                tracing::debug!(cell = %c.id, "cannot settle the cell's end: {}", e.1)
+                            }
+                        }
+                    });
+                }
+            }
+            None => {
+                lock(&seen.absent).remove(&c.id);
             }
         }
+        let gone = lock(&seen.absent)
+            .get(&c.id)
+            .is_some_and(|a| now >= a.since_ms.saturating_add(grace(n)));
         if !alive(&c.owner) {
             let (n, c) = (n.clone(), c.clone());
-            tokio::spawn(async move { evacuate(&n, c).await });
+            tokio::spawn(async move { evacuate(&n, c, Why::Dead).await });
+        } else if gone {
+            lock(&seen.absent).remove(&c.id);
+            tracing::warn!(cell = %c.id, owner = %c.owner,
+                "the cell's owner is alive but does not run it: restoring it from its kept checkpoint");
+            let (n, c) = (n.clone(), c.clone());
+            tokio::spawn(async move { evacuate(&n, c, Why::Absent).await });
         } else if c.state == CellState::Running && due(n, c, now) {
             let (n, id) = (n.clone(), c.id.clone());
             tokio::spawn(async move {
@@ -133,6 +175,44 @@ fn unlisted(nodes: &HashMap<&str, &NodeRecord>, c: &CellRecord) -> Option<u64> {
     let owner = nodes.get(c.owner.as_str()).filter(|x| x.alive)?;
     let listed = owner.status.cells.contains(&c.id);
     (!listed && owner.heartbeat_ms > c.created_ms).then_some(owner.heartbeat_ms)
+}
+
+/// How long a live owner must keep saying it does not know a cell before
+/// the leader restores the cell elsewhere: a lease. A migration that
+/// failed at its commit settles within that time (its source takes the
+/// cell back), and a restore takes the cell only if its record did not
+/// change meanwhile.
+fn grace(n: &Inner) -> u64 {
+    n.cfg.lease.as_millis() as u64
+}
+
+/// Ask cell `c`'s owner whether it has the cell; if it says it does not
+/// know it (not even arriving), remember since when.
+async fn absent_on_owner(
+    n: &Inner,
+    c: &CellRecord,
+    absent: &std::sync::Mutex<HashMap<String, Absent>>,
+) {
+    if !crate::cells::unknown_to_owner(n, c).await {
+        lock(absent).remove(&c.id);
+        return;
+    }
+    let mut a = lock(absent);
+    let same = a
+        .get(&c.id)
+        .is_some_and(|x| x.owner == c.owner && x.generation == c.generation);
+    if !same {
+        tracing::info!(cell = %c.id, owner = %c.owner,
+            "the cell's owner does not know the cell; it is restored if that lasts a lease");
+        a.insert(
+            c.id.clone(),
+            Absent {
+                owner: c.owner.clone(),
+                generation: c.generation,
+                since_ms: unix_ms(),
+            },
+        );
+    }
 }
 
 /// For a cell without periodic checkpoints whose only copy is on its
@@ -163,13 +243,32 @@ fn due(n: &Inner, c: &CellRecord, now: u64) -> bool {
     now >= last.max(failed).saturating_add(interval)
 }
 
-/// Restore cell `c`, whose owner is dead, on another node from its newest
-/// kept checkpoint; without one, it is lost.
-async fn evacuate(n: &Arc<Inner>, c: CellRecord) {
+/// Why a cell is restored away from its owner.
+#[derive(Debug, Clone, Copy)]
+enum Why {
+    /// The owner is dead.
+    Dead,
+    /// The owner is alive but does not have the cell.
+    Absent,
+}
+
+impl Why {
+    /// What happened to the owner, for messages.
+    fn owner(self, owner: &str) -> String {
+        match self {
+            Why::Dead => format!("its owner {owner} died"),
+            Why::Absent => format!("its owner {owner} no longer had it"),
+        }
+    }
+}
+
+/// Restore cell `c` on another node from its newest kept checkpoint;
+/// without one, it is lost.
+async fn evacuate(n: &Arc<Inner>, c: CellRecord, why: Why) {
     let Ok(_busy) = claim(n, &c.id) else {
         return;
     };
-    match restore(n, &c).await {
+    match restore(n, &c, why).await {
         Ok(()) => n.metrics.evacuation("restored"),
         Err(Gone::Lost(e)) => {
             n.metrics.evacuation("lost");
@@ -211,28 +310,30 @@ async fn lose(n: &Inner, c: &CellRecord, error: String) -> Gone {
 /// How many nodes one restoration tries before the cell counts as lost.
 const RESTORE_TRIES: usize = 3;
 
-async fn restore(n: &Arc<Inner>, c: &CellRecord) -> Result<(), Gone> {
+async fn restore(n: &Arc<Inner>, c: &CellRecord, why: Why) -> Result<(), Gone> {
     let Some(kept) = c.kept.clone() else {
         return Err(lose(
             n,
             c,
             format!(
-                "its owner {} died and it had no kept checkpoint (its checkpoint interval is {} s)",
-                c.owner, c.checkpoint_interval_s
+                "{} and it had no kept checkpoint (its checkpoint interval is {} s)",
+                why.owner(&c.owner),
+                c.checkpoint_interval_s
             ),
         )
         .await);
     };
     // The record as this restoration last left it.
     let mut now = c.clone();
-    let mut exclude = vec![(c.owner.clone(), "the cell's dead owner")];
+    let mut exclude = vec![(c.owner.clone(), "the cell's owner, which lost it")];
     let mut failed: Vec<String> = Vec::new();
     for _ in 0..RESTORE_TRIES {
         let (nodes, cells) = snapshot(n).await.map_err(|e| Gone::Retry(e.1))?;
         let Some(holder) = nodes.iter().find(|x| x.name == kept.holder && x.alive) else {
             let error = format!(
-                "its owner {} died and so did {}, the holder of its kept checkpoint",
-                c.owner, kept.holder
+                "{} and {}, the holder of its kept checkpoint, is dead",
+                why.owner(&c.owner),
+                kept.holder
             );
             return Err(lose(n, &now, error).await);
         };
@@ -262,8 +363,8 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord) -> Result<(), Gone> {
         }
     }
     let error = format!(
-        "its owner {} died and restoring it from the checkpoint kept on {} failed {}: {}",
-        c.owner,
+        "{} and restoring it from the checkpoint kept on {} failed {}: {}",
+        why.owner(&c.owner),
         kept.holder,
         if failed.len() == 1 {
             "once"

@@ -192,9 +192,25 @@ pub(crate) fn list(n: &NodeInner) -> Vec<CellInfo> {
     v
 }
 
-/// One cell.
+/// One cell. A cell that is arriving by a migration is not in the table
+/// yet, but it is not absent either: the planner restores a cell whose
+/// owner says it does not know it, so such a cell answers `409`.
 pub(crate) fn status(n: &NodeInner, id: &str) -> Result<CellInfo, NodeError> {
-    n.cells().get(id).map(info).ok_or_else(|| not_found(id))
+    if let Some(e) = n.cells().get(id) {
+        return Ok(info(e));
+    }
+    let arriving = n
+        .inbound
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .values()
+        .any(|i| i.brings(id));
+    if arriving {
+        return Err(NodeError::Conflict(format!(
+            "cell {id} is arriving on this node by a migration"
+        )));
+    }
+    Err(not_found(id))
 }
 
 fn not_found(id: &str) -> NodeError {

@@ -21,9 +21,6 @@ use crate::types::CellState;
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
 /// Longest wait between two attempts while the planner is unreachable.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// How long one ownership transaction may take before it counts as
-/// unanswered.
-const OWNER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the node stands with the planner, for logging state changes once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,9 +166,9 @@ pub(crate) fn take(n: &NodeInner, id: &str, from: &str, generation: u64) -> Resu
         generation,
         to: n.cfg.name.clone(),
     };
-    let r = n
-        .tokio
-        .block_on(async { tokio::time::timeout(OWNER_TIMEOUT, planner.owner(id, &req)).await });
+    let r = n.tokio.block_on(async {
+        tokio::time::timeout(n.cfg.planner_timeout, planner.owner(id, &req)).await
+    });
     match r {
         Ok(Ok(won)) if won.owner == n.cfg.name => Ok(won.generation),
         Ok(Ok(won)) => Err(format!(
@@ -184,7 +181,7 @@ pub(crate) fn take(n: &NodeInner, id: &str, from: &str, generation: u64) -> Resu
         Err(_) => Err(format!(
             "the planner did not answer the ownership transaction of cell {id} within {} s, \
              so it does not start here",
-            OWNER_TIMEOUT.as_secs()
+            n.cfg.planner_timeout.as_secs_f64()
         )),
     }
 }
@@ -223,7 +220,7 @@ pub(crate) async fn take_from(n: &NodeInner, id: &str, from: &str, generation: u
     let mut backoff = Duration::from_millis(200);
     let mut logged = false;
     loop {
-        match tokio::time::timeout(OWNER_TIMEOUT, planner.owner(id, &req)).await {
+        match tokio::time::timeout(n.cfg.planner_timeout, planner.owner(id, &req)).await {
             Ok(Ok(won)) if won.owner == n.cfg.name => return Back::Won(won.generation),
             Ok(Ok(won)) => return Back::Lost(format!("the planner says {} owns it", won.owner)),
             Ok(Err(PlannerError::Conflict(e))) => return Back::Lost(e),

@@ -122,7 +122,7 @@ async fn receive(n: Arc<NodeInner>, conn: Conn) -> Result<(), String> {
         .await;
         return Err(reason);
     }
-    let inbound = Inbound::new(&peer.node);
+    let inbound = Inbound::new(&peer.node, &offer.cell.id);
     n.inbound
         .lock()
         .unwrap_or_else(PoisonError::into_inner)

@@ -69,7 +69,7 @@ pub(crate) async fn after_broken_post_copy(client: &Client, cell: &str, all_sent
                     ))
                 }
             },
-            Ok(Err(ClientError::Api(m))) if m.contains("404") => {
+            Ok(Err(ClientError::NotFound(_))) => {
                 return Verdict::Resume(
                     "the destination no longer knows the cell (it restarted)".into(),
                 )

@@ -97,6 +97,8 @@ impl Migration {
 pub(crate) struct Inbound {
     /// The source node's name (from its hello).
     source: String,
+    /// The arriving cell's id.
+    cell: String,
     state: Mutex<InboundState>,
     timings: Mutex<Option<crate::types::DestTimings>>,
 }
@@ -109,9 +111,10 @@ enum InboundState {
 }
 
 impl Inbound {
-    pub(crate) fn new(source: &str) -> Arc<Inbound> {
+    pub(crate) fn new(source: &str, cell: &str) -> Arc<Inbound> {
         Arc::new(Inbound {
             source: source.to_string(),
+            cell: cell.to_string(),
             state: Mutex::new(InboundState::Receiving),
             timings: Mutex::new(None),
         })
@@ -120,6 +123,13 @@ impl Inbound {
     /// The source node's name.
     pub(crate) fn source(&self) -> &str {
         &self.source
+    }
+
+    /// Whether this migration brings cell `id` and has not been aborted
+    /// (a started one enters the cell table a moment after it starts).
+    pub(crate) fn brings(&self, id: &str) -> bool {
+        self.cell == id
+            && *self.state.lock().unwrap_or_else(PoisonError::into_inner) != InboundState::Aborted
     }
 
     /// The cell was about to start but must not after all (its ownership
@@ -170,12 +180,12 @@ mod tests {
 
     #[test]
     fn an_aborted_migration_never_starts_and_a_started_one_stays_running() {
-        let a = Inbound::new("src");
+        let a = Inbound::new("src", "c");
         assert_eq!(a.abort(), Resolution::Aborted);
         assert!(!a.try_start(), "aborted before the start: must never start");
         assert_eq!(a.abort(), Resolution::Aborted);
 
-        let b = Inbound::new("src");
+        let b = Inbound::new("src", "c");
         assert!(b.try_start());
         assert_eq!(
             b.abort(),
