@@ -19,8 +19,10 @@
 
 #![deny(missing_docs)]
 
-// The modules, from the bottom layer up: each uses only those above it
-// in this list (`tests/layers.rs` checks it).
+// The modules form layers, from the bottom up: size, ids, limits,
+// config, error, log, cell, metrics, secure, state, cells, kept, cluster,
+// migrate, http, node. Each uses only the layers below it
+// (`tests/layers.rs` checks it).
 mod cell;
 mod cells;
 mod cluster;

@@ -1,0 +1,306 @@
+//! Nodes, a planner and faults, all in this process: what the migration
+//! tests need to run the failure matrix without spawning `roam`.
+//!
+//! Each [`TestNode`] is a real [`Node`] on loopback ports, serving on the
+//! test's tokio runtime, with its own state directory; they share one
+//! compile cache. A [`Planner`] is a real planner over a real store (an
+//! embedded redb, or an etcd the test starts). A [`Delay`] is a TCP proxy
+//! that can hold back one direction of its connections, to stand for a
+//! slow answer.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use roam_node::types::{CellInfo, CellState, LaunchRequest, MigrateRequest, MigrationStatus};
+use roam_node::{Client, Node, NodeConfig, NodeLimits};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crate lives at crates/roam-node")
+        .to_path_buf()
+}
+
+/// A workload module built by `workloads/build.sh`.
+pub fn workload(name: &str) -> Vec<u8> {
+    let p = repo_root()
+        .join("target/workloads")
+        .join(format!("{name}.wasm"));
+    std::fs::read(&p).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: run workloads/build.sh (or scripts/test.sh)",
+            p.display()
+        )
+    })
+}
+
+/// One compile cache for every node of this test binary.
+fn cache_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("a temp dir"))
+        .path()
+}
+
+/// A node serving in this process until dropped.
+pub struct TestNode {
+    pub name: String,
+    pub client: Client,
+    pub url: String,
+    stop: Option<oneshot::Sender<()>>,
+    _state: tempfile::TempDir,
+}
+
+/// How to set up a test node.
+#[derive(Clone, Default)]
+pub struct Setup {
+    pub planner: Option<String>,
+    pub limits: Option<NodeLimits>,
+    pub planner_timeout: Option<Duration>,
+}
+
+impl TestNode {
+    pub async fn start(name: &str, setup: Setup) -> TestNode {
+        let state = tempfile::tempdir().expect("a temp dir");
+        let cfg = NodeConfig {
+            name: name.to_string(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            migrate_listen: "127.0.0.1:0".parse().unwrap(),
+            advertise_migrate: None,
+            state_dir: state.path().to_path_buf(),
+            cache_dir: cache_dir().to_path_buf(),
+            capture: roam_prepare::Capture::default(),
+            chunk_store_bytes: 64 << 20,
+            memory_reserve: 0,
+            tls: None,
+            token: None,
+            insecure: false,
+            limits: setup.limits.unwrap_or_default(),
+            gateway: None,
+            planner: setup.planner,
+            planner_timeout: setup
+                .planner_timeout
+                .unwrap_or(roam_node::DEFAULT_PLANNER_TIMEOUT),
+            advertise: None,
+        };
+        let node = Node::bind(cfg).await.expect("the node binds");
+        let url = node.control_url();
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(node.serve(async {
+            let _ = rx.await;
+        }));
+        TestNode {
+            name: name.to_string(),
+            client: Client::new(&url),
+            url,
+            stop: Some(tx),
+            _state: state,
+        }
+    }
+
+    /// Upload a workload; its hash.
+    pub async fn upload(&self, name: &str) -> String {
+        self.client
+            .upload_module(workload(name))
+            .await
+            .expect("the module uploads")
+            .hash
+    }
+
+    /// Launch `module` with `args` under `id`.
+    pub async fn launch(&self, module: &str, id: &str, args: &[&str]) {
+        let mut argv = vec!["prog".to_string()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        let req = LaunchRequest {
+            module: module.to_string(),
+            args: argv,
+            env: Vec::new(),
+            dirs: Vec::new(),
+            max_memory: Some(64 << 20),
+            service: None,
+            id: Some(id.to_string()),
+            generation: None,
+        };
+        self.client.launch(&req).await.expect("the cell launches");
+    }
+
+    /// The cell's state here, if this node knows it.
+    pub async fn cell(&self, id: &str) -> Option<CellInfo> {
+        self.client.cell(id).await.ok()
+    }
+
+    /// Wait until the cell ended here; its output.
+    pub async fn output(&self, id: &str, limit: Duration) -> (CellState, Vec<u8>) {
+        let state = wait_for(
+            &format!("cell {id} to end on {}", self.name),
+            limit,
+            || async {
+                let c = self.cell(id).await?;
+                (!matches!(c.state, CellState::Running | CellState::Migrating)).then_some(c.state)
+            },
+        )
+        .await;
+        let log = self.client.logs(id).await.expect("the cell's log");
+        (state, log)
+    }
+
+    /// Start a migration of `id` to `to` and wait for its end.
+    pub async fn migrate(&self, id: &str, to: &TestNode, mode: &str) -> MigrationStatus {
+        let req = MigrateRequest {
+            to: to.url.clone(),
+            mode: mode.to_string(),
+            transfer: Default::default(),
+        };
+        let m = self
+            .client
+            .migrate(id, &req)
+            .await
+            .expect("the migration starts")
+            .migration;
+        wait_for("the migration to end", Duration::from_secs(120), || async {
+            let st = self.client.migration(&m).await.ok()?;
+            st.done.then_some(st)
+        })
+        .await
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Poll `f` every 50 ms until it gives a value; panic after `limit`.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A TCP proxy to `target` whose answers (target → client) can be held
+/// back by a given time.
+pub struct Delay {
+    pub addr: std::net::SocketAddr,
+    delay_ms: Arc<AtomicU64>,
+}
+
+impl Delay {
+    pub async fn start(target: std::net::SocketAddr) -> Delay {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let d = delay_ms.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = l.accept().await {
+                let Ok(server) = TcpStream::connect(target).await else {
+                    continue;
+                };
+                let d = d.clone();
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::spawn(async move { tokio::io::copy(&mut cr, &mut sw).await });
+                    let mut buf = vec![0u8; 16 << 10];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let ms = d.load(Ordering::SeqCst);
+                        if ms > 0 {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    up.abort();
+                });
+            }
+        });
+        Delay { addr, delay_ms }
+    }
+
+    /// Hold back every answer by `d` from now on.
+    pub fn set(&self, d: Duration) {
+        self.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+}
+
+/// A planner serving in this process until dropped.
+pub struct Planner {
+    pub url: String,
+    pub addr: std::net::SocketAddr,
+    pub client: roam_api::PlannerClient,
+    stop: Option<oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Planner {
+    /// A planner on `store` (`redb:PATH`, `etcd://...`), or on an
+    /// embedded store of its own.
+    pub async fn start(store: Option<String>) -> Planner {
+        let dir = tempfile::tempdir().unwrap();
+        let spec: roam_cluster::StoreSpec = store
+            .unwrap_or_else(|| format!("redb:{}", dir.path().join("cluster.redb").display()))
+            .parse()
+            .expect("a store spec");
+        let store = spec.open().await.expect("the store opens");
+        let mut cfg = roam_planner::PlannerConfig::new("127.0.0.1:0".parse().unwrap());
+        cfg.checkpoint_interval_s = 0;
+        let p = roam_planner::Planner::bind(cfg, store)
+            .await
+            .expect("the planner binds");
+        let (url, addr) = (p.url(), p.local_addr());
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(p.serve(async {
+            let _ = rx.await;
+        }));
+        let client = roam_api::PlannerClient::with_auth(&url, &roam_api::ClientAuth::default())
+            .expect("a planner client");
+        Planner {
+            url,
+            addr,
+            client,
+            stop: Some(tx),
+            _dir: dir,
+        }
+    }
+
+    /// Wait until `n` nodes are alive.
+    pub async fn wait_alive(&self, n: usize) {
+        wait_for("the nodes to register", Duration::from_secs(30), || async {
+            let nodes = self.client.nodes().await.ok()?;
+            (nodes.iter().filter(|x| x.alive).count() >= n).then_some(())
+        })
+        .await
+    }
+}
+
+impl Drop for Planner {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! Migrations between two nodes in this process: every mode moves a cell
+//! with its output intact, and a refusal leaves the cell running where it
+//! was. The same failure matrix as the process tests, without spawning.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use roam_node::types::CellState;
+use roam_node::NodeLimits;
+
+/// `dirty`: 8 MiB of state rewritten at 4 MiB/s for 4 s.
+const ARGS: [&str; 3] = ["8", "4", "4"];
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_mode_moves_a_cell_and_keeps_its_output() {
+    let a = TestNode::start("a", Setup::default()).await;
+    let b = TestNode::start("b", Setup::default()).await;
+    let module = a.upload("dirty").await;
+    a.launch(&module, "reference", &ARGS).await;
+    let (state, reference) = a.output("reference", LIMIT).await;
+    assert_eq!(state, CellState::Exited { code: 0 });
+    assert!(
+        String::from_utf8_lossy(&reference).contains("checksum: "),
+        "{}",
+        String::from_utf8_lossy(&reference)
+    );
+    for mode in ["stop-and-copy", "pre-copy", "post-copy"] {
+        let id = format!("c-{mode}");
+        a.launch(&module, &id, &ARGS).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let st = a.migrate(&id, &b, mode).await;
+        assert!(st.error.is_none(), "{mode}: {:?}", st.error);
+        let (state, out) = b.output(&id, LIMIT).await;
+        assert_eq!(state, CellState::Exited { code: 0 }, "{mode}");
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&reference),
+            "{mode}: the moved cell's output differs from an uninterrupted run"
+        );
+        let here = a.cell(&id).await.expect("the source remembers the cell");
+        assert!(
+            matches!(here.state, CellState::Moved { .. }),
+            "{mode}: {:?}",
+            here.state
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_offer_leaves_the_cell_running_on_the_source() {
+    let a = TestNode::start("a", Setup::default()).await;
+    // Too small for the cell's 8 MiB: the destination refuses the offer.
+    let small = NodeLimits {
+        cell_memory: 4 << 20,
+        max_cell_memory: 4 << 20,
+        ..NodeLimits::default()
+    };
+    let b = TestNode::start(
+        "b",
+        Setup {
+            limits: Some(small),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let module = a.upload("dirty").await;
+    a.launch(&module, "reference", &ARGS).await;
+    a.launch(&module, "moving", &ARGS).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = a.migrate("moving", &b, "pre-copy").await;
+    let error = st.error.expect("the migration fails");
+    assert!(error.contains("refused"), "{error}");
+    assert!(error.contains("keeps running on this node"), "{error}");
+    assert!(
+        b.cell("moving").await.is_none(),
+        "the destination knows the cell"
+    );
+    let (_, reference) = a.output("reference", LIMIT).await;
+    let (state, out) = a.output("moving", LIMIT).await;
+    assert_eq!(state, CellState::Exited { code: 0 });
+    assert_eq!(out, reference);
+}

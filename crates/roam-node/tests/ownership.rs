@@ -1,0 +1,110 @@
+//! Ownership through a planner when its answer comes late: the
+//! destination gives up waiting after the planner has already given it the
+//! cell. The cell must run on, exactly once, and finish with the output of
+//! an uninterrupted run; the planner must end up naming the node that runs
+//! it. Over the embedded store and over a real etcd.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use roam_api::planner::PlaceRequest;
+use roam_node::types::CellState;
+
+const ARGS: [&str; 3] = ["8", "4", "5"];
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_ownership_answer_loses_no_cell_embedded() {
+    late_ownership_answer(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_ownership_answer_loses_no_cell_etcd() {
+    let Some(etcd) = roam_testkit::etcd::Etcd::start_or_skip() else {
+        return;
+    };
+    late_ownership_answer(Some(format!("etcd://{}/roam-test", etcd.endpoint()))).await;
+}
+
+async fn late_ownership_answer(store: Option<String>) {
+    let p = Planner::start(store).await;
+    // The destination reaches the planner through a proxy that can hold
+    // the planner's answers back.
+    let slow = Delay::start(p.addr).await;
+    let a = TestNode::start(
+        "a",
+        Setup {
+            planner: Some(p.url.clone()),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let b = TestNode::start(
+        "b",
+        Setup {
+            planner: Some(format!("http://{}", slow.addr)),
+            planner_timeout: Some(Duration::from_secs(1)),
+            ..Setup::default()
+        },
+    )
+    .await;
+    p.wait_alive(2).await;
+    let module = a.upload("dirty").await;
+    a.launch(&module, "reference", &ARGS).await;
+    let uploaded = p
+        .client
+        .upload_module(workload("dirty"))
+        .await
+        .expect("the planner takes the module");
+    let placed = p
+        .client
+        .place(&PlaceRequest {
+            module: uploaded.hash,
+            args: std::iter::once("prog")
+                .chain(ARGS)
+                .map(str::to_string)
+                .collect(),
+            env: Vec::new(),
+            dirs: Vec::new(),
+            max_memory: Some(64 << 20),
+            service: None,
+            node: Some("a".into()),
+            checkpoint_interval_s: Some(0),
+        })
+        .await
+        .expect("the planner places the cell");
+    let id = placed.id.clone();
+    wait_for("the cell to run on a", LIMIT, || async {
+        a.cell(&id).await.filter(|c| c.state == CellState::Running)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // From now on the planner's answers reach b 3 s late, past its 1 s
+    // timeout: b's ownership transaction is applied, and b gives up.
+    slow.set(Duration::from_secs(3));
+    let st = a.migrate(&id, &b, "stop-and-copy").await;
+    slow.set(Duration::ZERO);
+    let error = st.error.expect("the migration fails");
+    assert!(error.contains("keeps running on this node"), "{error}");
+
+    let (state, out) = a.output(&id, LIMIT).await;
+    assert_eq!(
+        state,
+        CellState::Exited { code: 0 },
+        "the cell did not finish on its source"
+    );
+    let (_, reference) = a.output("reference", LIMIT).await;
+    assert_eq!(
+        out, reference,
+        "the cell's output differs from an uninterrupted run"
+    );
+    assert!(b.cell(&id).await.is_none(), "the cell ran on b");
+    let rec = wait_for("the planner to record the end", LIMIT, || async {
+        let c = p.client.cell(&id).await.ok()?;
+        c.state.ended().then_some(c)
+    })
+    .await;
+    assert_eq!(rec.owner, "a", "{rec:?}");
+}
