@@ -16,9 +16,14 @@
 //!   the cell exits, fails or is killed                   ─► unserve
 //! ```
 //!
-//! The generation is the cell's `hops`: the gateway follows a `Serve` only
-//! if its generation is at least the current one, so a stale message of a
-//! node the cell has left never takes the clients back.
+//! The gateway follows a `Serve` only if its generation is at least the
+//! current one, so a stale message of a node the cell has left never takes
+//! the clients back. The generation is [`route_generation`]: the planner's
+//! ownership generation for a cell the planner placed, which grows with
+//! every move and every restore from a kept checkpoint, and the cell's
+//! `hops` otherwise. (`hops` alone starts again at 0 on a restore, so the
+//! gateway ignored a restored cell until its old node's link dropped, and
+//! an old node back from a partition could take the route from it.)
 
 use std::sync::Arc;
 
@@ -27,6 +32,11 @@ use roam_wasi::net::NetHub;
 use roam_wire::CellSpec;
 
 use super::NodeInner;
+
+/// The generation the gateway orders a service's cells by.
+pub(crate) fn route_generation(spec: &CellSpec) -> u64 {
+    spec.generation.unwrap_or(u64::from(spec.hops))
+}
 
 impl NodeInner {
     /// The link and the service name, for a service cell on a node with a
@@ -46,7 +56,7 @@ impl NodeInner {
             tracing::error!(cell = %spec.id, service, "a service cell without sockets; nothing to route to");
             return;
         };
-        if let Err(e) = link.serve(service, &spec.id, u64::from(spec.hops), hub.clone()) {
+        if let Err(e) = link.serve(service, &spec.id, route_generation(spec), hub.clone()) {
             tracing::error!(cell = %spec.id, service, error = %e, "cannot serve the service");
         }
     }
@@ -57,7 +67,7 @@ impl NodeInner {
         let Some((link, service)) = self.service_link(spec) else {
             return false;
         };
-        match link.hold(service, &spec.id, u64::from(spec.hops)) {
+        match link.hold(service, &spec.id, route_generation(spec)) {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!(cell = %spec.id, service, error = %e, "cannot hold the service");
@@ -71,7 +81,7 @@ impl NodeInner {
         let Some((link, service)) = self.service_link(spec) else {
             return;
         };
-        if let Err(e) = link.unserve(service, &spec.id, u64::from(spec.hops)) {
+        if let Err(e) = link.unserve(service, &spec.id, route_generation(spec)) {
             tracing::warn!(cell = %spec.id, service, error = %e, "cannot unserve the service");
         }
     }
@@ -98,4 +108,35 @@ pub(crate) fn connect(cfg: &crate::config::NodeConfig) -> anyhow::Result<Option<
     GatewayLink::connect(addr, tls, &cfg.name)
         .map(Some)
         .map_err(|e| anyhow::anyhow!("--gateway {addr}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(hops: u32, generation: Option<u64>) -> CellSpec {
+        CellSpec {
+            id: "c-1".into(),
+            module_hash: [0; 32],
+            args: vec!["prog".into()],
+            env: Vec::new(),
+            dirs: Vec::new(),
+            launched_unix_ms: 0,
+            hops,
+            max_memory: 1 << 20,
+            service: Some("web".into()),
+            generation,
+        }
+    }
+
+    #[test]
+    fn a_restored_cell_outranks_the_copy_it_replaces() {
+        // Moved three times (generation 4), then its node died and the
+        // planner restored it elsewhere at generation 5, with hops reset.
+        let before = spec(3, Some(4));
+        let restored = spec(0, Some(5));
+        assert!(route_generation(&restored) > route_generation(&before));
+        // Without a planner, the migration count orders them.
+        assert_eq!(route_generation(&spec(2, None)), 2);
+    }
 }
