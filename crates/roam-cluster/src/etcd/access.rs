@@ -236,6 +236,15 @@ pub(crate) fn hint(access: &EtcdAccess, prefix: &str, e: &etcd_client::Error) ->
             None => "etcd requires a login: give --etcd-user and --etcd-password-file".into(),
         });
     }
+    // Nobody listening, or no route: etcd is down or elsewhere, which the
+    // error says already.
+    if has(&[
+        "connection refused",
+        "tcp connect error",
+        "no route to host",
+    ]) {
+        return None;
+    }
     if !access.tls() {
         if has(&[
             "connection closed",

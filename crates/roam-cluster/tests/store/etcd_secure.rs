@@ -195,6 +195,13 @@ async fn tls_refusals_name_the_flag_to_fix() {
         .await
         .unwrap();
     assert_eq!(all.count(), 1, "only the spec test's cell is stored");
+
+    // A dead etcd is a dead etcd, not a refused certificate.
+    let mut etcd = etcd;
+    etcd.kill();
+    let m = backend_message(connect(&etcd, &pki.access("ca", Some("planner"))).await);
+    println!("a dead etcd over TLS: {m}");
+    assert!(!m.contains("--etcd-"), "{m}");
 }
 
 /// A client of etcd with the planner's own certificate, for checks
