@@ -233,6 +233,10 @@ pub(crate) fn hint(access: &EtcdAccess, prefix: &str, e: &etcd_client::Error) ->
                  (etcdctl role grant-permission ROLE --prefix=true readwrite {prefix})",
                 login()
             ),
+            None if access.client_cert() => format!(
+                "etcd requires a login: give --etcd-user and --etcd-password-file, or an \
+                 --etcd-cert whose common name is an etcd user allowed to read and write {prefix}"
+            ),
             None => "etcd requires a login: give --etcd-user and --etcd-password-file".into(),
         });
     }

@@ -223,7 +223,10 @@ async fn raw_client(etcd: &Etcd, pki: &Pki) -> Client {
 /// whose role grants read and write under [`PREFIX`] only: the least a
 /// planner needs, as `docs/control-plane.md` describes it.
 async fn enable_auth(etcd: &Etcd) {
-    let raw = Client::connect([etcd.url()], None).await.unwrap();
+    enable_auth_with(Client::connect([etcd.url()], None).await.unwrap()).await;
+}
+
+async fn enable_auth_with(raw: Client) {
     let mut auth = raw.auth_client();
     auth.user_add("root", ROOT_PASSWORD, None).await.unwrap();
     auth.user_grant_role("root", "root").await.unwrap();
@@ -336,4 +339,33 @@ async fn an_expired_login_is_renewed() {
     assert_eq!(s.cell("c-1").await.unwrap().unwrap().value.owner, "edge-a");
     s.create_cell(cell("c-2", "edge-a")).await.unwrap();
     assert_eq!(s.cells().await.unwrap().len(), 2);
+}
+
+/// With client certificates and users both on, etcd takes a client that
+/// does not log in as the user its certificate's common name names (as
+/// `docs/control-plane.md` warns): the certificate alone is a login.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_alone_logs_in_as_its_common_name() {
+    let pki = Pki::new();
+    let v = Validity { days: 1 };
+    let ca = Pem {
+        cert: std::fs::read_to_string(pki.path("ca.pem")).unwrap(),
+        key: std::fs::read_to_string(pki.path("ca-key.pem")).unwrap(),
+    };
+    let roam = make_client(&ca, "roam", v).unwrap();
+    std::fs::write(pki.path("roam.pem"), &roam.cert).unwrap();
+    std::fs::write(pki.path("roam-key.pem"), &roam.key).unwrap();
+    let Some(etcd) = Etcd::start_with_or_skip(&pki.server()) else {
+        return;
+    };
+    enable_auth_with(raw_client(&etcd, &pki).await).await;
+    // CN "roam": the user whose role reaches the prefix.
+    let s = connect(&etcd, &pki.access("ca", Some("roam")))
+        .await
+        .unwrap();
+    s.create_cell(cell("c-1", "edge-a")).await.unwrap();
+    // CN "roam-planner": no such user, so nothing.
+    let m = backend_message(connect(&etcd, &pki.access("ca", Some("planner"))).await);
+    println!("a certificate naming no user: {m}");
+    assert!(m.contains("--etcd-user"), "{m}");
 }
