@@ -31,7 +31,7 @@ mod token;
 pub use tls::{
     cert_names_node, ClientTls, Identity, LoadError, NameError, TlsFiles, ALPN_HTTP, ALPN_MIGRATE,
 };
-pub use token::{Token, TokenError};
+pub use token::{readable_by_others, Token, TokenError};
 
 pub use rustls;
 pub use tokio_rustls;

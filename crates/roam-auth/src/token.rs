@@ -63,7 +63,7 @@ impl Token {
             why: "it is not UTF-8 text".into(),
         })?;
         let mut t = Token::new(value.trim(), &from)?;
-        t.loose_permissions = loose(path);
+        t.loose_permissions = readable_by_others(path);
         Ok(t)
     }
 
@@ -117,14 +117,18 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// Whether a secret's file can be read (or written) by its group or by
+/// others: the caller should warn, as secrets belong in mode 0600 files.
+/// False when the file's mode cannot be read, and off Unix.
 #[cfg(unix)]
-fn loose(path: &Path) -> bool {
+pub fn readable_by_others(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0)
 }
 
+/// Whether a secret's file can be read by others: never known off Unix.
 #[cfg(not(unix))]
-fn loose(_: &Path) -> bool {
+pub fn readable_by_others(_: &Path) -> bool {
     false
 }
 

@@ -9,6 +9,7 @@
 mod args;
 mod cert;
 mod cluster_cmd;
+mod etcd_args;
 mod gateway_cmd;
 mod inspect;
 mod listen;

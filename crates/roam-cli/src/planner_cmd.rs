@@ -21,10 +21,13 @@ pub struct PlannerArgs {
     pub listen: SocketAddr,
     /// Where the cluster state lives: `redb:PATH` (one crash-safe file, for
     /// one planner) or `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (several
-    /// planners, one leads) [default: redb:$ROAM_STATE_DIR/cluster.redb or
+    /// planners, one leads; `etcds://` for etcd over TLS, with --etcd-ca)
+    /// [default: redb:$ROAM_STATE_DIR/cluster.redb or
     /// redb:~/.local/state/roam/planner/cluster.redb].
     #[arg(long, value_name = "STORE")]
     pub store: Option<StoreSpec>,
+    #[command(flatten)]
+    pub etcd: crate::etcd_args::EtcdArgs,
     /// Seconds between kept checkpoints of a cell whose launch names no
     /// interval (0: none).
     #[arg(long, value_name = "SECS", default_value_t = roam_planner::DEFAULT_CHECKPOINT_INTERVAL_S)]
@@ -79,6 +82,7 @@ pub fn planner(a: PlannerArgs) -> Result<i32> {
         );
     }
     let spec = a.store.unwrap_or_else(default_store);
+    let access = a.etcd.load(&spec)?;
     if let StoreSpec::Redb(path) = &spec {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
@@ -109,16 +113,20 @@ pub fn planner(a: PlannerArgs) -> Result<i32> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let store: Arc<dyn roam_planner::roam_cluster::ClusterStore> = spec
-            .open()
+            .open_with(&access)
             .await
             .with_context(|| format!("cannot open the cluster store {}", spec))?;
         let lease = cfg.lease;
         let interval = cfg.checkpoint_interval_s;
         let planner = Planner::bind(cfg, store).await?;
         eprintln!(
-            "roam planner listening: {} store {} (nodes are dead after {} without a heartbeat; {})",
+            "roam planner listening: {} store {}{} (nodes are dead after {} without a heartbeat; {})",
             planner.url(),
             spec,
+            access
+                .user()
+                .map(|u| format!(" as etcd user {u}"))
+                .unwrap_or_default(),
             secs(lease),
             if interval == 0 {
                 "no kept checkpoints by default".to_string()

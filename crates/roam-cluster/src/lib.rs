@@ -24,7 +24,10 @@ mod spec;
 mod types;
 
 pub use embedded::RedbStore;
-pub use etcd::{EtcdStore, CALL_TIMEOUT as ETCD_CALL_TIMEOUT, LEADER_TTL as ETCD_LEADER_TTL};
+pub use etcd::{
+    EtcdAccess, EtcdAccessError, EtcdAccessFiles, EtcdStore, CALL_TIMEOUT as ETCD_CALL_TIMEOUT,
+    LEADER_TTL as ETCD_LEADER_TTL, MAX_PASSWORD_BYTES as ETCD_MAX_PASSWORD_BYTES,
+};
 pub use spec::{StoreSpec, StoreSpecError, DEFAULT_ETCD_PREFIX};
 pub use types::*;
 

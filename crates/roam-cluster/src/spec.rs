@@ -4,13 +4,20 @@
 //!
 //! - `redb:PATH`: the embedded store in the file `PATH`;
 //! - `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`: etcd at those endpoints,
-//!   keys under `/PREFIX/` (default `/roam/`).
+//!   keys under `/PREFIX/` (default `/roam/`), over plain HTTP/2;
+//! - `etcds://...`: the same over TLS, which needs the CA that signed
+//!   etcd's certificate (`--etcd-ca`, in [`EtcdAccess`]).
+//!
+//! Whether the connection is encrypted is part of the spec, not only of
+//! the flags beside it, so that the spec a planner prints says it, and a
+//! CA given for a plain `etcd://` (or none for `etcds://`) is an error
+//! rather than a silent guess.
 
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::{ClusterStore, EtcdStore, RedbStore, StoreResult};
+use crate::{ClusterStore, EtcdAccess, EtcdStore, RedbStore, StoreError, StoreResult};
 
 /// The key prefix when an etcd spec names none.
 pub const DEFAULT_ETCD_PREFIX: &str = "/roam/";
@@ -26,14 +33,19 @@ pub enum StoreSpec {
         endpoints: Vec<String>,
         /// Every key lives under it; ends with `/`.
         prefix: String,
+        /// Over TLS (`etcds://`).
+        tls: bool,
     },
 }
 
 /// Why a `--store` value is not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreSpecError {
-    /// Neither `redb:` nor `etcd://`.
-    #[error("{0:?} is not a store; write redb:PATH or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]")]
+    /// Neither `redb:` nor `etcd://` nor `etcds://`.
+    #[error(
+        "{0:?} is not a store; write redb:PATH or etcd://HOST:PORT[,HOST:PORT...][/PREFIX] \
+         (etcds:// for etcd over TLS)"
+    )]
     Scheme(String),
     /// `redb:` with nothing after it.
     #[error("redb: needs a file, e.g. redb:/var/lib/roam/cluster.redb")]
@@ -53,7 +65,11 @@ impl FromStr for StoreSpec {
             }
             return Ok(StoreSpec::Redb(PathBuf::from(path)));
         }
-        let Some(rest) = s.strip_prefix("etcd://") else {
+        let (rest, tls) = if let Some(rest) = s.strip_prefix("etcd://") {
+            (rest, false)
+        } else if let Some(rest) = s.strip_prefix("etcds://") {
+            (rest, true)
+        } else {
             return Err(StoreSpecError::Scheme(s.chars().take(200).collect()));
         };
         let (hosts, prefix) = match rest.split_once('/') {
@@ -73,7 +89,11 @@ impl FromStr for StoreSpec {
             }
             endpoints.push(host.to_string());
         }
-        Ok(StoreSpec::Etcd { endpoints, prefix })
+        Ok(StoreSpec::Etcd {
+            endpoints,
+            prefix,
+            tls,
+        })
     }
 }
 
@@ -81,10 +101,15 @@ impl std::fmt::Display for StoreSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreSpec::Redb(path) => write!(f, "redb:{}", path.display()),
-            StoreSpec::Etcd { endpoints, prefix } => {
+            StoreSpec::Etcd {
+                endpoints,
+                prefix,
+                tls,
+            } => {
                 write!(
                     f,
-                    "etcd://{}{}",
+                    "{}://{}{}",
+                    if *tls { "etcds" } else { "etcd" },
                     endpoints.join(","),
                     prefix.trim_end_matches('/')
                 )
@@ -94,10 +119,20 @@ impl std::fmt::Display for StoreSpec {
 }
 
 impl StoreSpec {
-    /// Open (or connect to) the store. Opening a redb file is blocking
-    /// and may take a while after a crash (redb repairs the file), so it
-    /// runs on the blocking pool.
+    /// Open (or connect to) the store, connecting to etcd plainly and
+    /// anonymously. Opening a redb file is blocking and may take a while
+    /// after a crash (redb repairs the file), so it runs on the blocking
+    /// pool.
     pub async fn open(&self) -> StoreResult<Arc<dyn ClusterStore>> {
+        self.open_with(&EtcdAccess::default()).await
+    }
+
+    /// [`StoreSpec::open`], reaching etcd with `access` (TLS, login). An
+    /// `etcds://` spec needs TLS in `access`, an `etcd://` one refuses it,
+    /// and a redb store refuses any `access` at all: each mismatch is
+    /// [`StoreError::Invalid`], naming the flags.
+    pub async fn open_with(&self, access: &EtcdAccess) -> StoreResult<Arc<dyn ClusterStore>> {
+        self.check_access(access)?;
         match self {
             StoreSpec::Redb(path) => {
                 let path = path.clone();
@@ -109,10 +144,29 @@ impl StoreSpec {
                     })??;
                 Ok(Arc::new(store))
             }
-            StoreSpec::Etcd { endpoints, prefix } => {
-                Ok(Arc::new(EtcdStore::connect(endpoints, prefix).await?))
-            }
+            StoreSpec::Etcd {
+                endpoints, prefix, ..
+            } => Ok(Arc::new(
+                EtcdStore::connect_with(endpoints, prefix, access).await?,
+            )),
         }
+    }
+
+    /// Whether `access` fits this spec (see [`StoreSpec::open_with`]).
+    pub fn check_access(&self, access: &EtcdAccess) -> StoreResult<()> {
+        let why = match self {
+            StoreSpec::Redb(_) if access.tls() || access.user().is_some() => {
+                "the --etcd-* flags are for an etcd store; this store is a redb file"
+            }
+            StoreSpec::Etcd { tls: true, .. } if !access.tls() => {
+                "etcds:// is etcd over TLS: give --etcd-ca, the CA that signed etcd's certificate"
+            }
+            StoreSpec::Etcd { tls: false, .. } if access.tls() => {
+                "--etcd-ca (and --etcd-cert) are for TLS: write the store as etcds://HOST:PORT..."
+            }
+            _ => return Ok(()),
+        };
+        Err(StoreError::Invalid(format!("{self}: {why}")))
     }
 }
 
@@ -133,6 +187,15 @@ mod tests {
                 StoreSpec::Etcd {
                     endpoints: vec!["10.0.0.5:2379".into()],
                     prefix: "/roam/".into(),
+                    tls: false,
+                },
+            ),
+            (
+                "etcds://10.0.0.5:2379/secure",
+                StoreSpec::Etcd {
+                    endpoints: vec!["10.0.0.5:2379".into()],
+                    prefix: "/secure/".into(),
+                    tls: true,
                 },
             ),
             (
@@ -140,6 +203,7 @@ mod tests {
                 StoreSpec::Etcd {
                     endpoints: vec!["a:2379".into(), "b:2379".into()],
                     prefix: "/prod/roam/".into(),
+                    tls: false,
                 },
             ),
         ];
@@ -164,10 +228,30 @@ mod tests {
             ("etcd://a:1,:2", StoreSpecError::Endpoint(":2".into())),
             ("etcd://a:99999", StoreSpecError::Endpoint("a:99999".into())),
             ("etcd://u@a:1", StoreSpecError::Endpoint("u@a:1".into())),
+            ("etcds://", StoreSpecError::Endpoint(String::new())),
+            (
+                "https://a:2379",
+                StoreSpecError::Scheme("https://a:2379".into()),
+            ),
         ] {
             assert_eq!(text.parse::<StoreSpec>().unwrap_err(), want, "{text}");
         }
         let e = "x".parse::<StoreSpec>().unwrap_err().to_string();
         assert!(e.contains("redb:PATH"), "{e}");
+        assert!(e.contains("etcds://"), "{e}");
+    }
+
+    #[test]
+    fn tls_flags_must_match_the_scheme() {
+        let plain = EtcdAccess::default();
+        let redb: StoreSpec = "redb:c.redb".parse().unwrap();
+        let etcd: StoreSpec = "etcd://a:2379".parse().unwrap();
+        let etcds: StoreSpec = "etcds://a:2379".parse().unwrap();
+        redb.check_access(&plain).unwrap();
+        etcd.check_access(&plain).unwrap();
+        match etcds.check_access(&plain) {
+            Err(StoreError::Invalid(m)) => assert!(m.contains("--etcd-ca"), "{m}"),
+            other => panic!("etcds:// without a CA: {other:?}"),
+        }
     }
 }

@@ -1,6 +1,7 @@
-//! A real etcd server for tests: Debian's `etcd`, one member, on two free
+//! A real etcd server for tests: Debian's `etcd`, one member, on free
 //! loopback ports, with its data in a temporary directory, killed when the
-//! [`Etcd`] is dropped.
+//! [`Etcd`] is dropped. It speaks plain HTTP, or TLS with certificates the
+//! test made ([`EtcdTls`]), optionally requiring a client certificate.
 //!
 //! Why a real one: what the cluster store relies on (leases that run out,
 //! transactions that compare revisions, elections) is etcd's behaviour, and
@@ -49,11 +50,42 @@ pub enum EtcdError {
     },
 }
 
+/// The TLS an etcd server is started with: its clients reach it over
+/// `https://` only.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// The CA etcd trusts for client certificates (`--trusted-ca-file`).
+    pub ca: PathBuf,
+    /// Etcd's server certificate (`--cert-file`); it must name
+    /// `127.0.0.1`.
+    pub cert: PathBuf,
+    /// Its private key (`--key-file`).
+    pub key: PathBuf,
+    /// Refuse clients without a certificate chained to `ca`
+    /// (`--client-cert-auth`).
+    pub client_cert_auth: bool,
+}
+
+/// How a test's etcd is started; the default is plain, with etcd's own
+/// defaults.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdConfig {
+    /// Serve clients over TLS only.
+    pub tls: Option<EtcdTls>,
+    /// Seconds an idle authentication token lasts (`--auth-token-ttl`;
+    /// etcd's default is 300), for tests of clients that must log in again.
+    pub auth_token_ttl: Option<u32>,
+}
+
 /// A running etcd server, killed on drop.
 #[derive(Debug)]
 pub struct Etcd {
     child: Option<Child>,
     client: SocketAddr,
+    /// Where `/health` answers over plain HTTP (the client port, or a
+    /// metrics port when the client port speaks TLS).
+    health: SocketAddr,
+    tls: bool,
     dir: tempfile::TempDir,
 }
 
@@ -62,20 +94,32 @@ impl Etcd {
     /// [`missing`] (which fails the test under CI).
     #[track_caller]
     pub fn start_or_skip() -> Option<Etcd> {
+        Etcd::start_with_or_skip(&EtcdConfig::default())
+    }
+
+    /// [`Etcd::start_or_skip`], configured.
+    #[track_caller]
+    pub fn start_with_or_skip(config: &EtcdConfig) -> Option<Etcd> {
         if !have("etcd") {
             missing(&ETCD, "`etcd --version` did not run");
             return None;
         }
-        Some(Etcd::start().unwrap_or_else(|e| panic!("{e}")))
+        Some(Etcd::start_with(config).unwrap_or_else(|e| panic!("{e}")))
     }
 
     /// Start etcd and wait until it answers its health check.
     pub fn start() -> Result<Etcd, EtcdError> {
+        Etcd::start_with(&EtcdConfig::default())
+    }
+
+    /// Start etcd as `config` says and wait until it answers its health
+    /// check.
+    pub fn start_with(config: &EtcdConfig) -> Result<Etcd, EtcdError> {
         // A port chosen free may be taken before etcd binds it: try again
         // with new ports a few times.
         let mut last = None;
         for _ in 0..3 {
-            match Etcd::start_once() {
+            match Etcd::start_once(config) {
                 Ok(etcd) => return Ok(etcd),
                 Err(e @ EtcdError::NotReady { .. }) => last = Some(e),
                 Err(e) => return Err(e),
@@ -84,7 +128,8 @@ impl Etcd {
         Err(last.expect("three attempts were made"))
     }
 
-    fn start_once() -> Result<Etcd, EtcdError> {
+    fn start_once(config: &EtcdConfig) -> Result<Etcd, EtcdError> {
+        let tls = config.tls.as_ref();
         let dir = tempfile::Builder::new()
             .prefix("roam-etcd")
             .tempdir()
@@ -103,9 +148,27 @@ impl Etcd {
             path: log_path.clone(),
             source,
         })?;
-        let client_url = format!("http://{client}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://{client}");
         let peer_url = format!("http://{peer}");
-        let child = Command::new("etcd")
+        let mut cmd = Command::new("etcd");
+        // Over TLS, the health check goes to a plain metrics port.
+        let health = match tls {
+            None => client,
+            Some(tls) => {
+                let metrics = free_port();
+                cmd.arg(format!("--cert-file={}", tls.cert.display()))
+                    .arg(format!("--key-file={}", tls.key.display()))
+                    .arg(format!("--trusted-ca-file={}", tls.ca.display()))
+                    .arg(format!("--client-cert-auth={}", tls.client_cert_auth))
+                    .arg(format!("--listen-metrics-urls=http://{metrics}"));
+                metrics
+            }
+        };
+        if let Some(ttl) = config.auth_token_ttl {
+            cmd.arg(format!("--auth-token-ttl={ttl}"));
+        }
+        let child = cmd
             .arg("--name=roam-test")
             .arg(format!("--data-dir={}", dir.path().join("data").display()))
             .arg(format!("--listen-client-urls={client_url}"))
@@ -122,6 +185,8 @@ impl Etcd {
         let mut etcd = Etcd {
             child: Some(child),
             client,
+            health,
+            tls: tls.is_some(),
             dir,
         };
         etcd.wait_ready()?;
@@ -136,7 +201,7 @@ impl Etcd {
                     return Err(self.not_ready(format!("it exited with {status}")));
                 }
             }
-            if healthy(self.client) {
+            if healthy(self.health) {
                 return Ok(());
             }
             if started.elapsed() > READY_WITHIN {
@@ -163,9 +228,10 @@ impl Etcd {
         self.client.to_string()
     }
 
-    /// Its client URL, `http://127.0.0.1:PORT`.
+    /// Its client URL, `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.client)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.client)
     }
 
     /// Its data directory's parent (it holds `etcd.log`).

@@ -43,10 +43,12 @@ pub(super) async fn lead(store: &EtcdStore, id: &str) -> StoreResult<Leadership>
     // Campaigning waits for as long as another planner leads, so it runs
     // on its own connection without the per-call timeout; HTTP/2 pings
     // still notice a dead etcd.
-    let options = ConnectOptions::new()
-        .with_connect_timeout(CALL_TIMEOUT)
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
-        .with_keep_alive_while_idle(true);
+    let options = store.access.apply(
+        ConnectOptions::new()
+            .with_connect_timeout(CALL_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive_while_idle(true),
+    );
     let client = bounded(
         &store.endpoints,
         "connect for the election",

@@ -18,7 +18,15 @@
 //! Every call is bounded by [`CALL_TIMEOUT`]: an etcd that died or cannot
 //! be reached is a [`StoreError::Backend`] naming the endpoints, never a
 //! hang.
+//!
+//! The connection may use TLS and log in as an etcd user ([`EtcdAccess`]);
+//! an etcd that refuses either is told apart from one that is down, and
+//! the error names the flag to fix.
 
+mod access;
+mod call;
+pub use access::{EtcdAccess, EtcdAccessError, EtcdAccessFiles, MAX_PASSWORD_BYTES};
+use call::{backend, bounded, explained};
 mod cells;
 mod lead;
 pub use lead::LEADER_TTL;
@@ -58,6 +66,8 @@ pub struct EtcdStore {
     client: Client,
     endpoints: Vec<String>,
     prefix: String,
+    /// TLS and login, for the election's own connection too.
+    access: EtcdAccess,
     /// The node records this planner last wrote in a heartbeat, with their
     /// `mod_revision`: a heartbeat then needs no read.
     seen: Arc<Mutex<HashMap<String, (StoredNode, i64)>>>,
@@ -68,6 +78,7 @@ impl std::fmt::Debug for EtcdStore {
         f.debug_struct("EtcdStore")
             .field("endpoints", &self.endpoints)
             .field("prefix", &self.prefix)
+            .field("access", &self.access)
             .finish()
     }
 }
@@ -75,9 +86,20 @@ impl std::fmt::Debug for EtcdStore {
 impl EtcdStore {
     /// Connect to etcd at `endpoints` (`host:port` or `http://host:port`)
     /// and keep every key under `prefix` (e.g. `/roam/`; a `/` is added if
-    /// it does not end with one). Fails if no endpoint answers within
-    /// [`CALL_TIMEOUT`].
+    /// it does not end with one), over a plain connection and without
+    /// logging in. Fails if no endpoint answers within [`CALL_TIMEOUT`].
     pub async fn connect(endpoints: &[String], prefix: &str) -> StoreResult<EtcdStore> {
+        EtcdStore::connect_with(endpoints, prefix, &EtcdAccess::default()).await
+    }
+
+    /// [`EtcdStore::connect`] with TLS and a login as `access` says. With
+    /// TLS, give endpoints as `host:port` (or `https://host:port`). A
+    /// refused certificate or login fails here, and says so.
+    pub async fn connect_with(
+        endpoints: &[String],
+        prefix: &str,
+        access: &EtcdAccess,
+    ) -> StoreResult<EtcdStore> {
         if endpoints.is_empty() {
             return Err(StoreError::Invalid(
                 "no etcd endpoint given; name at least one, as host:port".into(),
@@ -93,31 +115,42 @@ impl EtcdStore {
             prefix.push('/');
         }
         let endpoints = endpoints.to_vec();
-        let options = ConnectOptions::new()
-            .with_connect_timeout(CALL_TIMEOUT)
-            .with_timeout(CALL_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-        let client = bounded(
+        let options = access.apply(
+            ConnectOptions::new()
+                .with_connect_timeout(CALL_TIMEOUT)
+                .with_timeout(CALL_TIMEOUT)
+                .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2)),
+        );
+        // A refused certificate or login shows first here, or at the
+        // first call: both say what to fix.
+        let hint = {
+            let prefix = prefix.clone();
+            move |e: &etcd_client::Error| access::hint(access, &prefix, e)
+        };
+        let client = explained(
             &endpoints,
             "connect",
             Client::connect(&endpoints, Some(options)),
+            &hint,
         )
         .await?;
         let store = EtcdStore {
             client,
             endpoints,
             prefix,
+            access: access.clone(),
             seen: Arc::default(),
         };
         // Connecting is lazy; ask once so a wrong address fails here (a
         // key under the prefix: etcd roles may grant nothing else).
         let ping = format!("{}ping", store.prefix);
-        store
-            .call(
-                "connect",
-                |c| async move { c.kv_client().get(ping, None).await },
-            )
-            .await?;
+        explained(
+            &store.endpoints,
+            "connect",
+            store.client.kv_client().get(ping, None),
+            &hint,
+        )
+        .await?;
         Ok(store)
     }
 
@@ -272,33 +305,6 @@ impl EtcdStore {
                 c.lease_client().revoke(lease).await
             })
             .await;
-    }
-}
-
-/// Bound `fut` by [`CALL_TIMEOUT`]; its errors as backend errors.
-async fn bounded<T>(
-    endpoints: &[String],
-    what: &str,
-    fut: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> StoreResult<T> {
-    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(backend(endpoints, what, e)),
-        Err(_) => Err(backend(
-            endpoints,
-            what,
-            format!(
-                "no answer within {} s; is etcd running and reachable?",
-                CALL_TIMEOUT.as_secs()
-            ),
-        )),
-    }
-}
-
-fn backend(endpoints: &[String], what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend {
-        backend: "etcd",
-        message: format!("{} ({what}): {e}", endpoints.join(",")),
     }
 }
 

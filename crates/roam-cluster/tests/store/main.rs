@@ -5,3 +5,4 @@
 mod contract;
 mod embedded;
 mod etcd;
+mod etcd_secure;
