@@ -281,10 +281,24 @@ impl Client {
         .await
     }
 
-    /// `GET /v1/kept/{cell}` (asked of a holder): the kept checkpoint.
-    pub async fn get_kept(&self, cell: &str) -> Result<Vec<u8>, ClientError> {
+    /// `POST /v1/kept/{cell}/commit` (asked of a holder by the planner):
+    /// the planner recorded kept checkpoint `snapshot`; older ones go.
+    pub async fn commit_kept(&self, cell: &str, snapshot: &str) -> Result<(), ClientError> {
+        let body = serde_json::json!({ "snapshot": snapshot });
+        let _: serde_json::Value = self
+            .post_json(&format!("/v1/kept/{cell}/commit"), &body)
+            .await?;
+        Ok(())
+    }
+
+    /// `GET /v1/kept/{cell}?snapshot=NAME` (asked of a holder): the kept
+    /// checkpoint of that name.
+    pub async fn get_kept(&self, cell: &str, snapshot: &str) -> Result<Vec<u8>, ClientError> {
         let r = self
-            .authed(self.http.get(self.url(&format!("/v1/kept/{cell}"))))
+            .authed(
+                self.http
+                    .get(self.url(&format!("/v1/kept/{cell}?snapshot={snapshot}"))),
+            )
             .send()
             .await;
         let r = r.map_err(|source| ClientError::Unreachable {

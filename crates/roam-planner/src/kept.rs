@@ -161,6 +161,19 @@ async fn keep_inner(n: &Inner, id: &str) -> Result<Kept, AppError> {
             format!("cell {id} changed owner during the checkpoint; it was not recorded"),
         ));
     }
+    // Recorded: the holder may drop the versions before it. Until it
+    // hears this, it keeps them (a failed record leaves the older one
+    // named, and still there).
+    let committed = match n.node_client(holder) {
+        Ok(h) => h
+            .commit_kept(id, &kept.snapshot)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = committed {
+        tracing::warn!(cell = %id, holder = %holder.name, "cannot tell the holder the checkpoint was recorded; it keeps older ones until the next: {e}");
+    }
     n.events.send(Event::Checkpoint {
         cell: id.to_string(),
         owner: c.owner,

@@ -1,7 +1,7 @@
 //! Handlers of kept checkpoints (the operations are in `crate::kept::ops`).
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -41,8 +41,24 @@ pub(super) async fn put(
     Ok(Json(ops::put(n, id, body).await?))
 }
 
-pub(super) async fn get(State(n): N, Path(id): Path<String>) -> Answer<Response> {
-    let b = ops::get(n, id).await?;
+/// The query of `GET /v1/kept/{cell}`.
+#[derive(serde::Deserialize)]
+pub(super) struct Which {
+    snapshot: Option<String>,
+}
+
+/// The body of `POST /v1/kept/{cell}/commit`.
+#[derive(serde::Deserialize)]
+pub(super) struct Commit {
+    snapshot: String,
+}
+
+pub(super) async fn get(
+    State(n): N,
+    Path(id): Path<String>,
+    Query(w): Query<Which>,
+) -> Answer<Response> {
+    let b = ops::get(n, id, w.snapshot).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], b).into_response())
 }
 
@@ -51,4 +67,13 @@ pub(super) async fn restore(
     Json(req): Json<RestoreRequest>,
 ) -> Answer<Json<CellInfo>> {
     Ok(Json(ops::restore(&n, req).await?))
+}
+
+pub(super) async fn commit(
+    State(n): N,
+    Path(id): Path<String>,
+    Json(c): Json<Commit>,
+) -> Answer<Json<serde_json::Value>> {
+    ops::commit(n, id, c.snapshot).await?;
+    Ok(Json(serde_json::json!({})))
 }

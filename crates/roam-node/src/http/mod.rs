@@ -71,6 +71,7 @@ fn router(n: Arc<NodeInner>) -> Router {
             get(kept::get).put(kept::put.layer(DefaultBodyLimit::max(kept::body_limit(&n)))),
         )
         .route("/v1/kept/{id}/missing", post(kept::missing))
+        .route("/v1/kept/{id}/commit", post(kept::commit))
         .route("/v1/cells/{id}/migrate", post(migrate::start))
         .route("/v1/migrations/{id}", get(migrate::status))
         .route("/v1/migrations/{id}/resolve", post(migrate::resolve))

@@ -2,8 +2,9 @@
 //! sends it to another node, the holder; if the owner dies, any node
 //! restores the cell from it (`docs/control-plane.md`, "Kept checkpoints").
 //!
-//! [`store`] is the format and the holder's files; [`ops`] the operations
+//! [`store`] is the format, [`holder`] the holder's files; [`ops`] the operations
 //! of the owner, the holder and the restoring node.
 
+pub(crate) mod holder;
 pub(crate) mod ops;
 pub(crate) mod store;

@@ -16,12 +16,15 @@ use crate::log::CellLog;
 use crate::state::NodeInner;
 use crate::types::*;
 
-use super::store::{self as kept, Holder, KeptError, Manifest};
+use super::holder::Holder;
+use super::store::{self as kept, KeptError, Manifest};
 
 impl From<KeptError> for NodeError {
     fn from(e: KeptError) -> NodeError {
         match e {
             KeptError::Io { .. } => NodeError::internal(e),
+            KeptError::Stale(_) => NodeError::Conflict(e.to_string()),
+            KeptError::Unknown(_) => NodeError::NotFound(e.to_string()),
             _ => NodeError::bad(e),
         }
     }
@@ -149,12 +152,41 @@ pub(crate) async fn put(
     }))
 }
 
-/// `GET /v1/kept/{cell}`: the stored kept checkpoint.
-pub(crate) async fn get(n: Arc<NodeInner>, id: String) -> Result<Vec<u8>, NodeError> {
-    let nid = id.clone();
-    tokio::task::spawn_blocking(move || Holder::new(&n.cfg.state_dir).read(&nid))
+/// `GET /v1/kept/{cell}[?snapshot=NAME]`: a stored kept checkpoint (by
+/// name; without one, the committed one, else the newest).
+pub(crate) async fn get(
+    n: Arc<NodeInner>,
+    id: String,
+    snapshot: Option<String>,
+) -> Result<Vec<u8>, NodeError> {
+    if let Some(s) = &snapshot {
+        roam_wire::ident::parse_module_hash(s)
+            .map_err(|_| NodeError::bad(format!("snapshot `{s}` is not a BLAKE3 hash in hex")))?;
+    }
+    let (nid, ns) = (id.clone(), snapshot.clone());
+    tokio::task::spawn_blocking(move || Holder::new(&n.cfg.state_dir).read(&nid, ns.as_deref()))
         .await??
-        .ok_or_else(|| NodeError::NotFound(format!("no kept checkpoint of cell {id} on this node")))
+        .ok_or_else(|| {
+            NodeError::NotFound(match snapshot {
+                Some(s) => format!("no kept checkpoint {s} of cell {id} on this node"),
+                None => format!("no kept checkpoint of cell {id} on this node"),
+            })
+        })
+}
+
+/// `POST /v1/kept/{cell}/commit {snapshot}`: the planner recorded this
+/// version; older ones go.
+pub(crate) async fn commit(
+    n: Arc<NodeInner>,
+    id: String,
+    snapshot: String,
+) -> Result<(), NodeError> {
+    roam_wire::ident::parse_module_hash(&snapshot).map_err(|_| {
+        NodeError::bad(format!("snapshot `{snapshot}` is not a BLAKE3 hash in hex"))
+    })?;
+    tokio::task::spawn_blocking(move || Holder::new(&n.cfg.state_dir).commit(&id, &snapshot))
+        .await??;
+    Ok(())
 }
 
 /// `POST /v1/cells/restore`.
@@ -175,15 +207,15 @@ pub(crate) async fn restore(
     // Its own copy if this node holds the checkpoint asked for, else the
     // holder's.
     let (nn, id, want) = (n.clone(), req.id.clone(), req.snapshot.clone());
-    let local = tokio::task::spawn_blocking(move || Holder::new(&nn.cfg.state_dir).read(&id))
-        .await??
-        .filter(|b| kept::unframe(b, max).is_ok_and(|f| f.m.snapshot == want));
+    let local =
+        tokio::task::spawn_blocking(move || Holder::new(&nn.cfg.state_dir).read(&id, Some(&want)))
+            .await??;
     let file = match local {
         Some(b) => b,
         None => n
             .client(&req.holder)
             .map_err(|e| NodeError::Upstream(e.to_string()))?
-            .get_kept(&req.id)
+            .get_kept(&req.id, &req.snapshot)
             .await
             .map_err(|e| {
                 NodeError::Upstream(format!(

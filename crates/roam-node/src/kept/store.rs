@@ -20,12 +20,10 @@
 //! restored cell's log holds its output before the checkpoint once, and
 //! what it writes again after it.
 //!
-//! One file per cell, `state_dir/kept/{cell}.kept`: a 4-byte little-endian
-//! manifest length, the manifest (JSON), the state, the log, then the pages
-//! in the manifest's order. Written to a new temporary file, synced, renamed.
+//! A stored version (see `holder`) is a 4-byte little-endian manifest
+//! length, the manifest (JSON), the state, the log, then the pages in the
+//! manifest's order, the same layout as a `PUT` body.
 
-use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::PathBuf;
 
 use roam_snapshot::{MemoryImage, Snapshot, PAGE_SIZE};
@@ -70,6 +68,10 @@ pub(crate) enum KeptError {
     Malformed(String),
     #[error("kept checkpoint does not verify: {0}")]
     Mismatch(String),
+    #[error("{0}")]
+    Stale(String),
+    #[error("{0}")]
+    Unknown(String),
     #[error("cannot store the kept checkpoint in {path}: {source}")]
     Io {
         path: PathBuf,
@@ -234,136 +236,6 @@ pub(crate) fn unframe(b: &[u8], max_memory: u64) -> Result<Framed<'_>, KeptError
     })
 }
 
-/// The holder's store of kept checkpoints, under `state_dir/kept`.
-pub(crate) struct Holder {
-    dir: PathBuf,
-}
-
-impl Holder {
-    pub(crate) fn new(state_dir: &std::path::Path) -> Holder {
-        Holder {
-            dir: state_dir.join("kept"),
-        }
-    }
-
-    /// The file of cell `id`, whose id must have been checked.
-    fn path(&self, id: &str) -> PathBuf {
-        if let Err(e) = roam_wire::ident::check_cell_id(id) {
-            panic!("bug: an unchecked cell id reached the file system: {e}");
-        }
-        self.dir.join(format!("{id}.kept"))
-    }
-
-    /// The stored kept checkpoint of `id`, if any.
-    pub(crate) fn read(&self, id: &str) -> Result<Option<Vec<u8>>, KeptError> {
-        let path = self.path(id);
-        match std::fs::read(&path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(KeptError::Io { path, source }),
-        }
-    }
-
-    /// The hashes of `wanted` that the stored checkpoint of `id` lacks.
-    pub(crate) fn missing(
-        &self,
-        id: &str,
-        wanted: &[String],
-        max: u64,
-    ) -> Result<Vec<String>, KeptError> {
-        let have: HashSet<String> = match self.read(id)? {
-            Some(b) => match unframe(&b, max) {
-                Ok(f) => f.m.sent.into_iter().collect(),
-                // A damaged file is replaced by the next complete one.
-                Err(_) => HashSet::new(),
-            },
-            None => HashSet::new(),
-        };
-        Ok(wanted
-            .iter()
-            .filter(|h| !have.contains(*h))
-            .cloned()
-            .collect())
-    }
-
-    /// Store a `PUT`'s checkpoint: the new pages from the body, the others
-    /// from the stored one. Fails, keeping the old one, if a page is in
-    /// neither.
-    pub(crate) fn put(&self, id: &str, body: &[u8], max: u64) -> Result<Manifest, KeptError> {
-        let Framed {
-            mut m,
-            state,
-            log,
-            pages: new,
-        } = unframe(body, max)?;
-        let old = self.read(id)?;
-        let old = old.as_deref().and_then(|b| unframe(b, max).ok());
-        let mut by_hash: HashMap<&str, &[u8]> = HashMap::new();
-        if let Some(o) = &old {
-            for (h, p) in o.m.sent.iter().zip(&o.pages) {
-                by_hash.insert(h, p);
-            }
-        }
-        for (h, p) in m.sent.iter().zip(&new) {
-            by_hash.insert(h, p);
-        }
-        let mut pages = Vec::with_capacity(m.pages.len());
-        for (i, h) in &m.pages {
-            let p = by_hash.get(h.as_str()).ok_or_else(|| {
-                KeptError::Malformed(format!("page {i} ({h}) was neither sent nor held here"))
-            })?;
-            pages.push(*p);
-        }
-        m.sent = m.pages.iter().map(|(_, h)| h.clone()).collect();
-        let file = frame(&m, state, log, &pages);
-        self.write_atomic(id, &file)?;
-        Ok(m)
-    }
-
-    /// Write `bytes` as the file of `id`: into a new temporary file (never
-    /// through a symbolic link: it is created exclusively), synced, then
-    /// renamed over the old one.
-    fn write_atomic(&self, id: &str, bytes: &[u8]) -> Result<(), KeptError> {
-        let io = |path: &std::path::Path| {
-            let path = path.to_path_buf();
-            move |source| KeptError::Io { path, source }
-        };
-        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
-        let meta = std::fs::symlink_metadata(&self.dir).map_err(io(&self.dir))?;
-        if !meta.is_dir() {
-            return Err(KeptError::Io {
-                path: self.dir.clone(),
-                source: std::io::Error::other("not a directory (a symbolic link?)"),
-            });
-        }
-        let path = self.path(id);
-        let tmp = self
-            .dir
-            .join(format!(".{id}.{}.tmp", crate::ids::new_id("")));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(io(&tmp))?;
-        let written = f.write_all(bytes).and_then(|()| f.sync_all());
-        if let Err(source) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(KeptError::Io { path: tmp, source });
-        }
-        std::fs::rename(&tmp, &path).map_err(|source| {
-            let _ = std::fs::remove_file(&tmp);
-            KeptError::Io {
-                path: path.clone(),
-                source,
-            }
-        })?;
-        if let Ok(d) = std::fs::File::open(&self.dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    }
-}
-
 /// Rebuild the snapshot of a verified kept checkpoint, for `initial` (the
 /// module's initial image on the restoring node).
 pub(crate) fn rebuild(
@@ -389,83 +261,5 @@ pub(crate) fn rebuild(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn page(b: u8) -> Vec<u8> {
-        vec![b; PAGE_SIZE]
-    }
-
-    const LOG: &[u8] = b"output before the checkpoint\n";
-
-    fn manifest(state: &[u8], pages: &[(u32, &[u8])], sent: &[&[u8]]) -> Manifest {
-        let hash = |p: &[u8]| hex(blake3::hash(p).as_bytes());
-        let pages: Vec<(u32, String)> = pages.iter().map(|(i, p)| (*i, hash(p))).collect();
-        let mut m = Manifest {
-            snapshot: String::new(),
-            taken_ms: 1,
-            generation: Some(1),
-            memory_bytes: 65536,
-            state_len: state.len() as u64,
-            state_hash: hash(state),
-            log_len: LOG.len() as u64,
-            log_hash: hash(LOG),
-            log_dropped: 0,
-            pages,
-            sent: sent.iter().map(|p| hash(p)).collect(),
-        };
-        m.snapshot = digest(&m);
-        m
-    }
-
-    #[test]
-    fn a_second_put_needs_only_the_new_pages_and_rebuilds_the_same_bytes() {
-        let dir = tempfile::tempdir().unwrap();
-        let h = Holder::new(dir.path());
-        let (a, b, c) = (page(1), page(2), page(3));
-        let m1 = manifest(b"state1", &[(0, &a), (3, &b)], &[&a, &b]);
-        h.put("c-1", &frame(&m1, b"state1", LOG, &[&a, &b]), 1 << 30)
-            .unwrap();
-        // The second checkpoint: page 0 unchanged, page 3 rewritten.
-        let m2 = manifest(b"state2", &[(0, &a), (3, &c)], &[]);
-        let all: Vec<String> = m2.pages.iter().map(|(_, h)| h.clone()).collect();
-        let missing = h.missing("c-1", &all, 1 << 30).unwrap();
-        assert_eq!(missing, vec![m2.pages[1].1.clone()]);
-        let m2 = manifest(b"state2", &[(0, &a), (3, &c)], &[&c]);
-        h.put("c-1", &frame(&m2, b"state2", LOG, &[&c]), 1 << 30)
-            .unwrap();
-        let stored = h.read("c-1").unwrap().unwrap();
-        let f = unframe(&stored, 1 << 30).unwrap();
-        assert_eq!(f.m.snapshot, m2.snapshot);
-        assert_eq!(f.state, b"state2");
-        assert_eq!(f.log, LOG);
-        assert_eq!(f.pages, vec![&a[..], &c[..]]);
-    }
-
-    #[test]
-    fn a_put_lacking_a_page_or_with_a_bad_page_keeps_the_old_checkpoint() {
-        let dir = tempfile::tempdir().unwrap();
-        let h = Holder::new(dir.path());
-        let (a, b) = (page(1), page(2));
-        let m1 = manifest(b"s", &[(0, &a)], &[&a]);
-        h.put("c-1", &frame(&m1, b"s", LOG, &[&a]), 1 << 30)
-            .unwrap();
-        let lacking = manifest(b"s", &[(0, &a), (1, &b)], &[]);
-        assert!(h
-            .put("c-1", &frame(&lacking, b"s", LOG, &[]), 1 << 30)
-            .is_err());
-        let mut forged = manifest(b"s", &[(0, &a), (1, &b)], &[&b]);
-        forged.sent = vec![forged.pages[0].1.clone()];
-        assert!(matches!(
-            h.put("c-1", &frame(&forged, b"s", LOG, &[&b]), 1 << 30),
-            Err(KeptError::Mismatch(_))
-        ));
-        let truncated = frame(&m1, b"s", LOG, &[&a]);
-        assert!(h
-            .put("c-1", &truncated[..truncated.len() - 1], 1 << 30)
-            .is_err());
-        let stored = h.read("c-1").unwrap().unwrap();
-        let f = unframe(&stored, 1 << 30).unwrap();
-        assert_eq!(f.m.snapshot, m1.snapshot);
-    }
-}
+#[path = "store_tests.rs"]
+mod tests;

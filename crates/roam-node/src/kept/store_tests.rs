@@ -1,0 +1,147 @@
+use super::*;
+use crate::kept::holder::Holder;
+
+fn page(b: u8) -> Vec<u8> {
+    vec![b; PAGE_SIZE]
+}
+
+const LOG: &[u8] = b"output before the checkpoint\n";
+
+fn manifest(state: &[u8], pages: &[(u32, &[u8])], sent: &[&[u8]]) -> Manifest {
+    manifest_at(1, state, pages, sent)
+}
+
+fn manifest_at(taken_ms: u64, state: &[u8], pages: &[(u32, &[u8])], sent: &[&[u8]]) -> Manifest {
+    let hash = |p: &[u8]| hex(blake3::hash(p).as_bytes());
+    let pages: Vec<(u32, String)> = pages.iter().map(|(i, p)| (*i, hash(p))).collect();
+    let mut m = Manifest {
+        snapshot: String::new(),
+        taken_ms,
+        generation: Some(1),
+        memory_bytes: 65536,
+        state_len: state.len() as u64,
+        state_hash: hash(state),
+        log_len: LOG.len() as u64,
+        log_hash: hash(LOG),
+        log_dropped: 0,
+        pages,
+        sent: sent.iter().map(|p| hash(p)).collect(),
+    };
+    m.snapshot = digest(&m);
+    m
+}
+
+#[test]
+fn a_second_put_needs_only_the_new_pages_and_rebuilds_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Holder::new(dir.path());
+    let (a, b, c) = (page(1), page(2), page(3));
+    let m1 = manifest(b"state1", &[(0, &a), (3, &b)], &[&a, &b]);
+    h.put("c-1", &frame(&m1, b"state1", LOG, &[&a, &b]), 1 << 30)
+        .unwrap();
+    // The second checkpoint: page 0 unchanged, page 3 rewritten.
+    let m2 = manifest_at(2, b"state2", &[(0, &a), (3, &c)], &[]);
+    let all: Vec<String> = m2.pages.iter().map(|(_, h)| h.clone()).collect();
+    let missing = h.missing("c-1", &all, 1 << 30).unwrap();
+    assert_eq!(missing, vec![m2.pages[1].1.clone()]);
+    let m2 = manifest_at(2, b"state2", &[(0, &a), (3, &c)], &[&c]);
+    h.put("c-1", &frame(&m2, b"state2", LOG, &[&c]), 1 << 30)
+        .unwrap();
+    let stored = h.read("c-1", None).unwrap().unwrap();
+    let f = unframe(&stored, 1 << 30).unwrap();
+    assert_eq!(f.m.snapshot, m2.snapshot);
+    assert_eq!(f.state, b"state2");
+    assert_eq!(f.log, LOG);
+    assert_eq!(f.pages, vec![&a[..], &c[..]]);
+}
+
+#[test]
+fn a_put_lacking_a_page_or_with_a_bad_page_keeps_the_old_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Holder::new(dir.path());
+    let (a, b) = (page(1), page(2));
+    let m1 = manifest(b"s", &[(0, &a)], &[&a]);
+    h.put("c-1", &frame(&m1, b"s", LOG, &[&a]), 1 << 30)
+        .unwrap();
+    let lacking = manifest(b"s", &[(0, &a), (1, &b)], &[]);
+    assert!(h
+        .put("c-1", &frame(&lacking, b"s", LOG, &[]), 1 << 30)
+        .is_err());
+    let mut forged = manifest(b"s", &[(0, &a), (1, &b)], &[&b]);
+    forged.sent = vec![forged.pages[0].1.clone()];
+    assert!(matches!(
+        h.put("c-1", &frame(&forged, b"s", LOG, &[&b]), 1 << 30),
+        Err(KeptError::Mismatch(_))
+    ));
+    let truncated = frame(&m1, b"s", LOG, &[&a]);
+    assert!(h
+        .put("c-1", &truncated[..truncated.len() - 1], 1 << 30)
+        .is_err());
+    let stored = h.read("c-1", None).unwrap().unwrap();
+    let f = unframe(&stored, 1 << 30).unwrap();
+    assert_eq!(f.m.snapshot, m1.snapshot);
+}
+
+/// Store `state` with one page as the checkpoint taken at `taken_ms`.
+fn put_one(h: &Holder, taken_ms: u64, state: &[u8]) -> Manifest {
+    let a = page(taken_ms as u8);
+    let m = manifest_at(taken_ms, state, &[(0, &a)], &[&a]);
+    h.put("c-1", &frame(&m, state, LOG, &[&a]), 1 << 30)
+        .unwrap();
+    m
+}
+
+fn stored(h: &Holder, snapshot: Option<&str>) -> Option<String> {
+    let b = h.read("c-1", snapshot).unwrap()?;
+    Some(unframe(&b, 1 << 30).unwrap().m.snapshot)
+}
+
+#[test]
+fn a_newer_checkpoint_keeps_the_older_until_the_planner_commits_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Holder::new(dir.path());
+    let m1 = put_one(&h, 1, b"one");
+    h.commit("c-1", &m1.snapshot).unwrap();
+    // The next checkpoint arrives, but the planner's record still
+    // names the first (its compare-and-swap failed): both are there.
+    let m2 = put_one(&h, 2, b"two");
+    assert_eq!(stored(&h, Some(&m1.snapshot)), Some(m1.snapshot.clone()));
+    assert_eq!(stored(&h, Some(&m2.snapshot)), Some(m2.snapshot.clone()));
+    // Without a name, the committed one.
+    assert_eq!(stored(&h, None), Some(m1.snapshot.clone()));
+    // Unconfirmed versions are bounded; the committed one stays.
+    let m3 = put_one(&h, 3, b"three");
+    let m4 = put_one(&h, 4, b"four");
+    assert_eq!(
+        stored(&h, Some(&m2.snapshot)),
+        None,
+        "the oldest unconfirmed stays"
+    );
+    assert!(stored(&h, Some(&m1.snapshot)).is_some());
+    assert!(stored(&h, Some(&m3.snapshot)).is_some());
+    // A commit removes what is older than it.
+    h.commit("c-1", &m4.snapshot).unwrap();
+    assert_eq!(stored(&h, Some(&m1.snapshot)), None);
+    assert_eq!(stored(&h, Some(&m3.snapshot)), None);
+    assert_eq!(stored(&h, None), Some(m4.snapshot.clone()));
+    assert!(matches!(
+        h.commit("c-1", &m1.snapshot),
+        Err(KeptError::Unknown(_))
+    ));
+}
+
+#[test]
+fn an_older_checkpoint_than_the_newest_held_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Holder::new(dir.path());
+    let m2 = put_one(&h, 2, b"two");
+    let a = page(1);
+    let m1 = manifest_at(1, b"one", &[(0, &a)], &[&a]);
+    let e = h
+        .put("c-1", &frame(&m1, b"one", LOG, &[&a]), 1 << 30)
+        .unwrap_err();
+    assert!(matches!(e, KeptError::Stale(_)), "{e}");
+    assert_eq!(stored(&h, None), Some(m2.snapshot.clone()));
+    // The same checkpoint again is not older: it is a retry.
+    put_one(&h, 2, b"two");
+}

@@ -1,0 +1,75 @@
+//! Kept checkpoints between nodes in this process: a holder keeps the
+//! checkpoint the planner's record names even after a newer one arrived,
+//! so a restore from it works, and the restored cell finishes with the
+//! output of an uninterrupted run.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use roam_node::types::{CellState, KeepRequest, RestoreRequest};
+
+const ARGS: [&str; 3] = ["8", "4", "4"];
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restore_from_the_older_of_two_kept_checkpoints_works() {
+    let owner = TestNode::start("owner", Setup::default()).await;
+    let holder = TestNode::start("holder", Setup::default()).await;
+    let spare = TestNode::start("spare", Setup::default()).await;
+    let module = owner.upload("dirty").await;
+    spare.upload("dirty").await;
+    owner.launch(&module, "reference", &ARGS).await;
+    owner.launch(&module, "kept", &ARGS).await;
+    let keep = || async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let req = KeepRequest {
+            holder: holder.url.clone(),
+            holder_name: holder.name.clone(),
+        };
+        owner
+            .client
+            .keep("kept", &req)
+            .await
+            .expect("the checkpoint is kept")
+            .snapshot
+    };
+    // The first is what the planner's record would name; the second
+    // arrives, but its record fails (no planner here commits it).
+    let first = keep().await;
+    let second = keep().await;
+    assert_ne!(first, second);
+    owner
+        .client
+        .kill("kept")
+        .await
+        .expect("the owner's copy stops");
+    let restored = spare
+        .client
+        .restore(&RestoreRequest {
+            id: "kept".into(),
+            module: module.clone(),
+            args: std::iter::once("prog")
+                .chain(ARGS)
+                .map(str::to_string)
+                .collect(),
+            env: Vec::new(),
+            dirs: Vec::new(),
+            max_memory: Some(64 << 20),
+            service: None,
+            generation: 2,
+            holder: holder.url.clone(),
+            snapshot: first,
+        })
+        .await;
+    assert!(restored.is_ok(), "{restored:?}");
+    let (state, out) = spare.output("kept", LIMIT).await;
+    assert_eq!(state, CellState::Exited { code: 0 });
+    let (_, reference) = owner.output("reference", LIMIT).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&reference),
+        "the restored cell's output differs from an uninterrupted run"
+    );
+}
