@@ -74,9 +74,19 @@ impl Client {
             .expect("a client without TLS material builds")
     }
 
-    /// A client presenting `auth`. A bare `host:port` means `https://` when
-    /// `auth` has TLS material, `http://` otherwise.
+    /// A client of a node presenting `auth`. A bare `host:port` means
+    /// `https://` when `auth` has TLS material, `http://` otherwise. Under
+    /// TLS the server's certificate must carry the `node` role.
     pub fn with_auth(addr: &str, auth: &ClientAuth) -> Result<Client, ClientError> {
+        Client::for_role(addr, auth, roam_auth::Role::Node)
+    }
+
+    /// [`Client::with_auth`] for a server of `role`.
+    pub(crate) fn for_role(
+        addr: &str,
+        auth: &ClientAuth,
+        role: roam_auth::Role,
+    ) -> Result<Client, ClientError> {
         let base = if addr.starts_with("http://") || addr.starts_with("https://") {
             addr.trim_end_matches('/').to_string()
         } else if auth.tls.is_some() {
@@ -90,7 +100,7 @@ impl Client {
         match &auth.tls {
             Some(tls) => {
                 let cfg = tls
-                    .config(roam_auth::ALPN_HTTP)
+                    .config_for(roam_auth::ALPN_HTTP, role)
                     .map_err(|source| ClientError::Tls {
                         addr: base.clone(),
                         source,

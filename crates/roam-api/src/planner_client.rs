@@ -76,7 +76,8 @@ impl PlannerError {
 impl PlannerClient {
     /// A client of the planner at `addrs` (`host:port` or an `http(s)://`
     /// URL; several, comma-separated, for planners that share one etcd)
-    /// presenting `auth`.
+    /// presenting `auth`. Under TLS the server must hold a `planner`
+    /// certificate.
     pub fn with_auth(addrs: &str, auth: &ClientAuth) -> Result<PlannerClient, PlannerError> {
         let list: Vec<&str> = addrs.split(',').map(str::trim).collect();
         if list.len() > MAX_PLANNERS || list.iter().any(|a| a.is_empty()) {
@@ -86,7 +87,7 @@ impl PlannerClient {
         }
         let clients = list
             .iter()
-            .map(|a| Client::with_auth(a, auth))
+            .map(|a| Client::for_role(a, auth, roam_auth::Role::Planner))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(PlannerClient {
             clients,

@@ -1,5 +1,6 @@
-//! Serving a roam API: the TLS listener and the bearer-token check that
-//! a node's control API and the planner's API share (`docs/trust.md`).
+//! Serving a roam API: the TLS listener, with the certificate roles it
+//! admits, and the bearer-token check that a node's control API and the
+//! planner's API share (`docs/trust.md`).
 //!
 //! Why here: both daemons must admit exactly the same callers under the
 //! same rules; one copy of the code keeps one reading of them.
@@ -7,30 +8,80 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::extract::connect_info::Connected;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::serve::IncomingStream;
 use roam_auth::tokio_rustls::{server::TlsStream, TlsAcceptor};
-use roam_auth::Token;
+use roam_auth::{PeerId, Role, Token};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 /// How long a peer may take to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The control API's listener over TLS, for `axum::serve`. Handshakes run
-/// in tasks of their own (with a timeout), so a client that connects and
-/// says nothing holds up no one else.
+/// The roles a node's control API admits: other nodes (a source calls
+/// the destination's `resolve`, an owner stores kept checkpoints on a
+/// holder), the planner and operators. Never a gateway: the part of the
+/// cluster that faces the internet must not be able to launch or push
+/// cells.
+pub const NODE_API_ROLES: &[Role] = &[Role::Node, Role::Planner, Role::Client];
+
+/// Who is at the other end of an API connection: its address and, under
+/// TLS, what its certificate says (already admitted by the listener). The
+/// `ConnectInfo` of both listeners, for handlers that check more than the
+/// role.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// The remote address.
+    pub addr: SocketAddr,
+    /// The certificate's role and name; `None` without TLS.
+    pub id: Option<PeerId>,
+}
+
+impl Connected<IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+        stream.remote_addr().clone()
+    }
+}
+
+impl Connected<IncomingStream<'_, TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
+        Peer {
+            addr: *stream.remote_addr(),
+            id: None,
+        }
+    }
+}
+
+/// An API's listener over TLS, for `axum::serve`. Handshakes run in tasks
+/// of their own (with a timeout), so a client that connects and says
+/// nothing holds up no one else. A peer whose certificate's role is not
+/// admitted gets `403` and the reason, and its connection never reaches
+/// the router.
 pub struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
     local: SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl TlsListener {
-    /// Accept TLS connections on `l` with `acceptor`.
+    /// Accept TLS connections on `l` with `acceptor`, admitting the roles
+    /// of a node's control API ([`NODE_API_ROLES`]).
     pub fn new(l: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<TlsListener> {
+        TlsListener::admitting(l, acceptor, NODE_API_ROLES)
+    }
+
+    /// Accept TLS connections on `l` with `acceptor`, admitting peers whose
+    /// certificate carries one of `roles`.
+    pub fn admitting(
+        l: TcpListener,
+        acceptor: TlsAcceptor,
+        roles: &'static [Role],
+    ) -> std::io::Result<TlsListener> {
         let local = l.local_addr()?;
         let (tx, rx) = mpsc::channel(64);
         let task = tokio::spawn(async move {
@@ -45,20 +96,82 @@ impl TlsListener {
                 };
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
-                        Ok(Ok(s)) => {
-                            let _ = tx.send((s, peer)).await;
-                        }
+                    let s = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock))
+                        .await
+                    {
+                        Ok(Ok(s)) => s,
                         Ok(Err(e)) => {
-                            tracing::warn!(%peer, "control API: TLS handshake refused: {e}")
+                            tracing::warn!(%peer, "API: TLS handshake refused: {e}");
+                            return;
                         }
-                        Err(_) => tracing::warn!(%peer, "control API: TLS handshake timed out"),
+                        Err(_) => {
+                            tracing::warn!(%peer, "API: TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let cert = s.get_ref().1.peer_certificates().and_then(|c| c.first());
+                    let admitted = match cert {
+                        Some(c) => roam_auth::role::admit(c, roles),
+                        // The acceptor requires a certificate; this is a bug.
+                        None => {
+                            tracing::error!(%peer, "API: a TLS peer without a certificate");
+                            return;
+                        }
+                    };
+                    match admitted {
+                        Ok(id) => {
+                            let _ = tx
+                                .send((
+                                    s,
+                                    Peer {
+                                        addr: peer,
+                                        id: Some(id),
+                                    },
+                                ))
+                                .await;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%peer, "API: refused: {e}");
+                            forbid(s, &e.to_string()).await;
+                        }
                     }
                 });
             }
         });
         Ok(TlsListener { rx, local, task })
     }
+}
+
+/// Answer a refused peer's first request with `403` and `why`, then
+/// close. The request head is read first (bounded in size and time), so
+/// the answer is not lost to a reset from unread bytes.
+async fn forbid(mut s: TlsStream<TcpStream>, why: &str) {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        while head.len() < 16 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    let body = serde_json::to_vec(&crate::types::ApiError {
+        error: format!("forbidden: {why}"),
+    })
+    .unwrap_or_default();
+    let mut out = format!(
+        "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        s.write_all(&out).await?;
+        s.shutdown().await
+    })
+    .await;
 }
 
 impl Drop for TlsListener {
@@ -69,7 +182,7 @@ impl Drop for TlsListener {
 
 impl axum::serve::Listener for TlsListener {
     type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
+    type Addr = Peer;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         match self.rx.recv().await {
@@ -80,7 +193,10 @@ impl axum::serve::Listener for TlsListener {
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
+        Ok(Peer {
+            addr: self.local,
+            id: None,
+        })
     }
 }
 
@@ -119,3 +235,6 @@ where
         None => router,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,16 +1,22 @@
 //! Making the cluster's certificates (what `roam cert` writes).
 //!
-//! Three kinds, in the style of etcd's and Kubernetes' set-up:
-//! - the **cluster CA**, self-signed, which every node and client trusts;
-//! - a **node certificate**: the node name as CN and DNS name, plus
-//!   `localhost`, `127.0.0.1`, `::1` and any extra DNS names and addresses,
-//!   with both the server-auth and client-auth usages (a node is a server
-//!   on its two ports and a client of other nodes);
-//! - a **client certificate** for an operator: the name as CN only, client
-//!   auth only, so it opens the control API but can never pose as a node
-//!   on a migration port.
+//! In the style of etcd's and Kubernetes' set-up: one **cluster CA**,
+//! self-signed, which every party trusts, and one certificate per party,
+//! each carrying exactly one role (`crate::role`, a `roam:role:...` URI):
+//! - **node**: the node name as CN and DNS name, plus any extra DNS names
+//!   and addresses; server and client auth (a node serves two ports and
+//!   calls other nodes, gateways and the planner);
+//! - **gateway**: like a node's, but server auth only: it serves nodes on
+//!   its control port and calls no one;
+//! - **planner**: like a node's (it serves its API and calls nodes);
+//! - **client** (an operator): the name as CN only, client auth only, so it
+//!   opens control APIs but can never serve or pose as a node.
 //!
-//! Keys are ECDSA P-256. All three are PEM.
+//! `localhost` and the loopback addresses are never added unless asked for
+//! ([`Reach::local`]): a certificate that names `127.0.0.1` vouches for
+//! whatever answers on that port of any machine it is copied to.
+//!
+//! Keys are ECDSA P-256. Everything is PEM.
 
 use std::net::IpAddr;
 
@@ -19,6 +25,8 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
 use time::{Duration, OffsetDateTime};
+
+use crate::role::Role;
 
 /// A certificate and its private key, PEM.
 #[derive(Clone)]
@@ -118,17 +126,50 @@ fn sign(ca: &Pem, p: CertificateParams) -> Result<Pem, CertError> {
     })
 }
 
-/// A node certificate for `name`, signed by `ca`, also valid for the
-/// extra DNS names and addresses.
-pub fn make_node(
+/// Where a server certificate may be reached: extra DNS names and
+/// addresses besides its name.
+#[derive(Debug, Clone, Default)]
+pub struct Reach {
+    /// Extra DNS names.
+    pub dns: Vec<String>,
+    /// Addresses.
+    pub ips: Vec<IpAddr>,
+    /// Also `localhost`, `127.0.0.1` and `::1` (`roam cert --local`): for a
+    /// daemon reached on the same machine. Off by default, so that a
+    /// certificate does not vouch for whatever answers on a loopback port.
+    pub local: bool,
+}
+
+fn check_client_name(name: &str) -> Result<(), CertError> {
+    if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+        return Err(CertError::BadName(name.to_string()));
+    }
+    Ok(())
+}
+
+/// A certificate for a server role (node, gateway, planner): `name` as CN
+/// and DNS name, the extra names of `reach`, the role URI and `ekus`.
+fn make_server(
     ca: &Pem,
+    role: Role,
     name: &str,
-    dns: &[String],
-    ips: &[IpAddr],
+    reach: &Reach,
+    ekus: Vec<ExtendedKeyUsagePurpose>,
     v: Validity,
 ) -> Result<Pem, CertError> {
-    let mut names: Vec<String> = vec![name.to_string(), "localhost".to_string()];
-    for d in dns {
+    if !valid_node_name(name) {
+        return Err(CertError::BadName(name.to_string()));
+    }
+    let mut names: Vec<String> = vec![name.to_string()];
+    let mut addrs: Vec<IpAddr> = Vec::new();
+    if reach.local {
+        names.push("localhost".into());
+        addrs.extend([
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ]);
+    }
+    for d in &reach.dns {
         if !valid_node_name(d) {
             return Err(CertError::BadName(d.clone()));
         }
@@ -136,11 +177,7 @@ pub fn make_node(
             names.push(d.clone());
         }
     }
-    if !valid_node_name(name) {
-        return Err(CertError::BadName(name.to_string()));
-    }
-    let mut addrs: Vec<IpAddr> = vec![[127, 0, 0, 1].into(), std::net::Ipv6Addr::LOCALHOST.into()];
-    for ip in ips {
+    for ip in &reach.ips {
         if !addrs.contains(ip) {
             addrs.push(*ip);
         }
@@ -148,10 +185,7 @@ pub fn make_node(
     let mut p = params(name, v)?;
     p.is_ca = IsCa::ExplicitNoCa;
     p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    p.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
+    p.extended_key_usages = ekus;
     for n in names {
         let ia5 = n
             .as_str()
@@ -161,18 +195,87 @@ pub fn make_node(
     }
     p.subject_alt_names
         .extend(addrs.into_iter().map(SanType::IpAddress));
+    p.subject_alt_names.push(role_san(role)?);
     sign(ca, p)
 }
 
-/// An operator's client certificate for `name`, signed by `ca`.
+fn role_san(role: Role) -> Result<SanType, CertError> {
+    Ok(SanType::URI(role.uri().as_str().try_into()?))
+}
+
+/// A node certificate for `name`, signed by `ca`, also valid for the
+/// extra DNS names and addresses (and nothing else: `localhost` and the
+/// loopback addresses only through [`make_node_reach`] with `local`).
+/// Role `node`; server and client auth.
+pub fn make_node(
+    ca: &Pem,
+    name: &str,
+    dns: &[String],
+    ips: &[IpAddr],
+    v: Validity,
+) -> Result<Pem, CertError> {
+    let reach = Reach {
+        dns: dns.to_vec(),
+        ips: ips.to_vec(),
+        local: false,
+    };
+    make_node_reach(ca, name, &reach, v)
+}
+
+/// A node certificate for `name`, reachable as `reach` says.
+pub fn make_node_reach(ca: &Pem, name: &str, reach: &Reach, v: Validity) -> Result<Pem, CertError> {
+    make_server(
+        ca,
+        Role::Node,
+        name,
+        reach,
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+        v,
+    )
+}
+
+/// A gateway certificate for `name`: role `gateway`, server auth only (the
+/// gateway serves nodes on its control port and calls no one, so it can
+/// never be a client of a node or of the planner).
+pub fn make_gateway(ca: &Pem, name: &str, reach: &Reach, v: Validity) -> Result<Pem, CertError> {
+    make_server(
+        ca,
+        Role::Gateway,
+        name,
+        reach,
+        vec![ExtendedKeyUsagePurpose::ServerAuth],
+        v,
+    )
+}
+
+/// The planner's certificate for `name`: role `planner`, server auth (its
+/// API) and client auth (its calls to nodes).
+pub fn make_planner(ca: &Pem, name: &str, reach: &Reach, v: Validity) -> Result<Pem, CertError> {
+    make_server(
+        ca,
+        Role::Planner,
+        name,
+        reach,
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+        v,
+    )
+}
+
+/// An operator's client certificate for `name`, signed by `ca`: role
+/// `client`, client auth only, no DNS name.
 pub fn make_client(ca: &Pem, name: &str, v: Validity) -> Result<Pem, CertError> {
-    if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
-        return Err(CertError::BadName(name.to_string()));
-    }
+    check_client_name(name)?;
     let mut p = params(name, v)?;
     p.is_ca = IsCa::ExplicitNoCa;
     p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    p.subject_alt_names.push(role_san(Role::Client)?);
     sign(ca, p)
 }
 

@@ -1,5 +1,6 @@
-//! PEM files into rustls configurations: mutual TLS for a node's two
-//! listeners and for every client of a node.
+//! PEM files into rustls configurations: mutual TLS for the listeners of
+//! nodes, gateways and the planner and for their clients, and the checks of
+//! a peer's certificate (its node name, its role).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,6 +13,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+use crate::role::{self, PeerId, Role, RoleError};
 
 /// ALPN of the control API (HTTP/1.1).
 pub const ALPN_HTTP: &[u8] = b"http/1.1";
@@ -64,6 +67,16 @@ pub enum LoadError {
     /// A client certificate was given without its key, or the reverse.
     #[error("a client certificate needs both --tls-cert and --tls-key")]
     HalfIdentity,
+    /// The certificate carries no usable role (made by an older
+    /// `roam cert`, or not by `roam cert` at all).
+    #[error("{} cannot be used", path.display())]
+    Role {
+        /// The certificate file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: RoleError,
+    },
     /// The certificate and key do not make a usable identity, or its
     /// certificate does not chain to the CA.
     #[error("{} cannot be used with {} and the CA {}: make the certificate with `roam cert` from that CA", files.cert.display(), files.key.display(), files.ca.display())]
@@ -84,7 +97,20 @@ pub struct NameError {
     pub name: String,
     /// Why.
     #[source]
-    pub source: rustls::Error,
+    pub source: NameCheck,
+}
+
+/// Which check of [`NameError`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NameCheck {
+    /// The TLS check: chain to the CA, validity, server-auth usage, the
+    /// name as a DNS name.
+    #[error(transparent)]
+    Tls(#[from] rustls::Error),
+    /// The role: not a node certificate, or one whose name (CN) is another
+    /// node's, which an extra `--dns` name would otherwise allow.
+    #[error(transparent)]
+    Role(#[from] RoleError),
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -172,6 +198,28 @@ impl ClientTls {
         let b = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .with_root_certificates(self.roots.clone());
+        self.finish(b, alpn)
+    }
+
+    /// [`ClientTls::config`], and the server's certificate must also carry
+    /// `role`: a node linking to its gateway does not accept a node's or
+    /// the planner's certificate that happens to name the same address.
+    pub fn config_for(&self, alpn: &[u8], role: Role) -> Result<Arc<ClientConfig>, rustls::Error> {
+        let inner = WebPkiServerVerifier::builder_with_provider(self.roots.clone(), provider())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let b = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(RoleVerifier { inner, role }));
+        self.finish(b, alpn)
+    }
+
+    fn finish(
+        &self,
+        b: rustls::ConfigBuilder<ClientConfig, rustls::client::WantsClientCert>,
+        alpn: &[u8],
+    ) -> Result<Arc<ClientConfig>, rustls::Error> {
         let mut cfg = match &self.identity {
             Some((chain, key)) => b.with_client_auth_cert(chain.clone(), key.clone_key())?,
             None => b.with_no_client_auth(),
@@ -181,9 +229,59 @@ impl ClientTls {
     }
 }
 
-/// A node's identity: the cluster CA, and the node's certificate and key,
-/// which it uses as a server (both listeners) and as a client (calls to
-/// other nodes).
+/// The CA's check of a server's certificate, then its role.
+#[derive(Debug)]
+struct RoleVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+    role: Role,
+}
+
+impl ServerCertVerifier for RoleVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let ok =
+            self.inner
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)?;
+        // `General`, not `CertificateError::Other`: rustls prints the
+        // latter with `Debug`, and this message is for the operator.
+        role::admit(end_entity, &[self.role]).map_err(|e| {
+            rustls::Error::General(format!("the server's certificate is refused: {e}"))
+        })?;
+        Ok(ok)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// A daemon's identity (a node's, the gateway's, the planner's): the
+/// cluster CA, and its certificate and key, which it uses as a server and,
+/// except for the gateway, as a client (calls to nodes and the planner).
 #[derive(Clone)]
 pub struct Identity {
     files: TlsFiles,
@@ -191,6 +289,7 @@ pub struct Identity {
     chain: Vec<CertificateDer<'static>>,
     key: Arc<PrivateKeyDer<'static>>,
     peers: Arc<WebPkiServerVerifier>,
+    own: PeerId,
 }
 
 impl std::fmt::Debug for Identity {
@@ -202,8 +301,10 @@ impl std::fmt::Debug for Identity {
 }
 
 impl Identity {
-    /// Load the three files and check that they fit: the key matches the
-    /// certificate, and the certificate chains to the CA as a client.
+    /// Load the three files and check that they fit: the certificate
+    /// carries a role, the key matches it, and it chains to the CA (as a
+    /// server for a gateway, which has no client usage; as a client for
+    /// every other role).
     pub fn load(files: &TlsFiles) -> Result<Identity, LoadError> {
         let client = ClientTls::load(&files.ca, Some(&files.cert), Some(&files.key))?;
         let (chain, key) = client.identity.clone().expect("loaded with an identity");
@@ -214,22 +315,47 @@ impl Identity {
         let peers = WebPkiServerVerifier::builder_with_provider(client.roots.clone(), provider())
             .build()
             .map_err(|e| bad(rustls::Error::General(e.to_string())))?;
+        let own = role::peer_id(&chain[0]).map_err(|source| LoadError::Role {
+            path: files.cert.clone(),
+            source,
+        })?;
         let id = Identity {
             files: files.clone(),
             client,
             chain,
             key,
             peers,
+            own,
         };
         // Both configurations must build (the key matches the certificate).
         id.server_config(ALPN_HTTP).map_err(bad)?;
         id.client.config(ALPN_HTTP).map_err(bad)?;
         // The certificate must chain to the CA.
-        let verifier = id.client_verifier().map_err(bad)?;
-        verifier
-            .verify_client_cert(&id.chain[0], &id.chain[1..], UnixTime::now())
-            .map_err(bad)?;
+        if id.own.role == Role::Gateway {
+            let name = ServerName::try_from(id.own.name.clone())
+                .map_err(|e| bad(rustls::Error::General(format!("not a DNS name: {e}"))))?;
+            id.peers
+                .verify_server_cert(&id.chain[0], &id.chain[1..], &name, &[], UnixTime::now())
+                .map_err(bad)?;
+        } else {
+            let verifier = id.client_verifier().map_err(bad)?;
+            verifier
+                .verify_client_cert(&id.chain[0], &id.chain[1..], UnixTime::now())
+                .map_err(bad)?;
+        }
         Ok(id)
+    }
+
+    /// Who this identity's certificate says it is.
+    pub fn id(&self) -> &PeerId {
+        &self.own
+    }
+
+    /// Check that this identity's certificate carries `role`: a daemon
+    /// started with another party's certificate (the gateway with a node's,
+    /// say) fails at start.
+    pub fn check_own_role(&self, role: Role) -> Result<(), RoleError> {
+        role::admit(&self.chain[0], &[role]).map(|_| ())
     }
 
     /// The files this identity came from.
@@ -269,50 +395,60 @@ impl Identity {
 
     /// Check that `cert` (a peer's, DER) is a node certificate of this
     /// cluster issued for `name`: chained to the CA, valid now, with the
-    /// server-auth usage and `name` as a DNS name. Operator (client)
-    /// certificates have neither, so they cannot pose as a node.
+    /// server-auth usage and `name` as a DNS name, the `node` role, and
+    /// `name` as its common name. Operator, gateway and planner
+    /// certificates are refused, and so is node A's certificate that also
+    /// lists B as an extra DNS name.
     pub fn check_node(&self, cert: &[u8], name: &str) -> Result<(), NameError> {
-        let err = |source| NameError {
-            name: name.to_string(),
-            source,
-        };
-        let server_name = ServerName::try_from(name.to_string())
-            .map_err(|e| err(rustls::Error::General(format!("not a DNS name: {e}"))))?;
-        self.peers
-            .verify_server_cert(
-                &CertificateDer::from(cert.to_vec()),
-                &[],
-                &server_name,
-                &[],
-                UnixTime::now(),
-            )
-            .map(|_| ())
-            .map_err(err)
+        node_check(&self.peers, cert, name)
     }
+
+    /// Read the role and name of a peer's certificate (DER) that the
+    /// handshake already verified against this identity's CA, admitted only
+    /// if its role is in `allowed`.
+    pub fn admit(&self, cert: &[u8], allowed: &[Role]) -> Result<PeerId, RoleError> {
+        role::admit(cert, allowed)
+    }
+}
+
+fn node_check(peers: &WebPkiServerVerifier, cert: &[u8], name: &str) -> Result<(), NameError> {
+    let err = |source: NameCheck| NameError {
+        name: name.to_string(),
+        source,
+    };
+    let server_name = ServerName::try_from(name.to_string())
+        .map_err(|e| err(rustls::Error::General(format!("not a DNS name: {e}")).into()))?;
+    peers
+        .verify_server_cert(
+            &CertificateDer::from(cert.to_vec()),
+            &[],
+            &server_name,
+            &[],
+            UnixTime::now(),
+        )
+        .map_err(|e| err(e.into()))?;
+    let peer = role::admit(cert, &[Role::Node]).map_err(|e| err(e.into()))?;
+    if peer.name != name {
+        return Err(err(NameCheck::Role(RoleError::NotAdmitted {
+            allowed: format!("node `{name}`'s own certificate"),
+            peer,
+        })));
+    }
+    Ok(())
 }
 
 /// Check, without a loaded identity, that `cert` (DER) is a node
 /// certificate for `name` from the CA in `ca` (DER). Used by tests and
 /// tools; nodes use [`Identity::check_node`].
 pub fn cert_names_node(ca: &[u8], cert: &[u8], name: &str) -> Result<(), NameError> {
-    let err = |source| NameError {
+    let err = |source: rustls::Error| NameError {
         name: name.to_string(),
-        source,
+        source: source.into(),
     };
     let mut store = RootCertStore::empty();
     store.add(CertificateDer::from(ca.to_vec())).map_err(err)?;
     let v = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider())
         .build()
         .map_err(|e| err(rustls::Error::General(e.to_string())))?;
-    let server_name = ServerName::try_from(name.to_string())
-        .map_err(|e| err(rustls::Error::General(format!("not a DNS name: {e}"))))?;
-    v.verify_server_cert(
-        &CertificateDer::from(cert.to_vec()),
-        &[],
-        &server_name,
-        &[],
-        UnixTime::now(),
-    )
-    .map(|_| ())
-    .map_err(err)
+    node_check(&v, cert, name)
 }

@@ -1,5 +1,8 @@
-//! `roam cert`: make the cluster CA, node certificates and operators'
-//! client certificates, in the style of etcd's and Kubernetes' set-up.
+//! `roam cert`: make the cluster CA and one certificate per party, in the
+//! style of etcd's and Kubernetes' set-up. Each certificate carries one
+//! role (`roam cert node|gateway|planner|client`), and each port admits
+//! only the roles it serves (`docs/trust.md`); a subcommand per role reads
+//! better than a `--role` flag, and cannot be forgotten.
 //!
 //! Why it refuses so much: these files are credentials. A key written
 //! through a symlink someone planted, or over another node's key, or
@@ -15,7 +18,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use roam_node::roam_auth::cert::{self, Pem, Validity};
+use roam_node::roam_auth::cert::{self, Pem, Reach, Validity};
+use roam_node::roam_auth::Role;
 
 /// `roam cert`.
 #[derive(Args, Debug)]
@@ -30,7 +34,11 @@ pub enum CertCommand {
     /// Make a cluster CA: DIR/ca.pem and DIR/ca-key.pem.
     Ca(CaArgs),
     /// Make a node certificate signed by the CA: DIR/NAME.pem, DIR/NAME-key.pem.
-    Node(NodeCertArgs),
+    Node(ServerCertArgs),
+    /// Make the gateway's certificate (serves nodes; calls no one).
+    Gateway(ServerCertArgs),
+    /// Make the planner's certificate (serves its API; calls nodes).
+    Planner(ServerCertArgs),
     /// Make an operator's client certificate: DIR/NAME.pem, DIR/NAME-key.pem.
     Client(ClientCertArgs),
 }
@@ -52,10 +60,10 @@ pub struct CaArgs {
     pub force: bool,
 }
 
-/// `roam cert node`.
+/// `roam cert node|gateway|planner`.
 #[derive(Args, Debug)]
-pub struct NodeCertArgs {
-    /// The node's name (`roam node --name`); a DNS name.
+pub struct ServerCertArgs {
+    /// The name: for a node, its `roam node --name`; a DNS name.
     pub name: String,
     /// Directory holding ca.pem and ca-key.pem.
     #[arg(long)]
@@ -63,14 +71,17 @@ pub struct NodeCertArgs {
     /// Directory to write into (created, mode 0700, if missing).
     #[arg(long)]
     pub out: PathBuf,
-    /// An address clients reach the node at (repeatable; 127.0.0.1 and ::1
-    /// are always included).
+    /// An address others reach it at (repeatable).
     #[arg(long = "ip", value_name = "ADDR")]
     pub ips: Vec<IpAddr>,
-    /// A DNS name clients reach the node by (repeatable; NAME and
-    /// localhost are always included).
+    /// A DNS name others reach it by (repeatable; NAME is always
+    /// included).
     #[arg(long = "dns", value_name = "NAME")]
     pub dns: Vec<String>,
+    /// Also name localhost, 127.0.0.1 and ::1: only for a daemon reached on
+    /// its own machine (a test rig, a one-machine cluster).
+    #[arg(long)]
+    pub local: bool,
     /// Validity, days.
     #[arg(long, default_value_t = 365)]
     pub days: u32,
@@ -102,7 +113,9 @@ pub struct ClientCertArgs {
 pub fn main(a: CertArgs) -> Result<i32> {
     match a.what {
         CertCommand::Ca(a) => ca(a),
-        CertCommand::Node(a) => node(a),
+        CertCommand::Node(a) => server(Role::Node, a),
+        CertCommand::Gateway(a) => server(Role::Gateway, a),
+        CertCommand::Planner(a) => server(Role::Planner, a),
         CertCommand::Client(a) => client(a),
     }
 }
@@ -120,48 +133,95 @@ fn ca(a: CaArgs) -> Result<i32> {
         "wrote {} (the CA's private key, mode 0600: it can sign any node; keep it off the nodes)",
         k.display()
     );
-    println!("next, one per node and one per operator:");
+    println!("next, one per node, gateway, planner and operator:");
     println!("  roam cert node NAME --ca {out} --out {out} [--ip ADDR] [--dns NAME]");
+    println!("  roam cert gateway NAME --ca {out} --out {out} --ip ADDR");
+    println!("  roam cert planner NAME --ca {out} --out {out} --ip ADDR");
     println!("  roam cert client NAME --ca {out} --out {out}");
     Ok(0)
 }
 
-fn node(a: NodeCertArgs) -> Result<i32> {
+fn server(role: Role, a: ServerCertArgs) -> Result<i32> {
     if !cert::valid_node_name(&a.name) {
         bail!(
-            "`{}` cannot be a node name in a certificate: use letters, digits, `-` and `.` \
-             (a DNS name), and start the node with the same --name",
-            a.name
+            "`{}` cannot be a {role} name in a certificate: use letters, digits, `-` and `.` \
+             (a DNS name){}",
+            a.name,
+            if role == Role::Node {
+                ", and start the node with the same --name"
+            } else {
+                ""
+            }
         );
     }
     let ca = read_ca(&a.ca)?;
-    let pem = cert::make_node(&ca, &a.name, &a.dns, &a.ips, Validity { days: a.days })?;
+    let reach = Reach {
+        dns: a.dns.clone(),
+        ips: a.ips.clone(),
+        local: a.local,
+    };
+    let v = Validity { days: a.days };
+    let pem = match role {
+        Role::Node => cert::make_node_reach(&ca, &a.name, &reach, v)?,
+        Role::Gateway => cert::make_gateway(&ca, &a.name, &reach, v)?,
+        Role::Planner => cert::make_planner(&ca, &a.name, &reach, v)?,
+        Role::Client => unreachable!("client certificates are made by `client`"),
+    };
     let (c, k) = (
         a.out.join(format!("{}.pem", a.name)),
         a.out.join(format!("{}-key.pem", a.name)),
     );
     write_pair(&a.out, &c, &k, &pem, a.force)?;
-    let mut dns = vec![a.name.clone(), "localhost".into()];
+    let mut dns = vec![a.name.clone()];
+    let mut ips = Vec::new();
+    if a.local {
+        dns.push("localhost".into());
+        ips.extend(["127.0.0.1".to_string(), "::1".into()]);
+    }
     dns.extend(a.dns.iter().cloned());
-    let mut ips = vec!["127.0.0.1".to_string(), "::1".into()];
     ips.extend(a.ips.iter().map(ToString::to_string));
+    let usage = match role {
+        Role::Gateway => "server auth only",
+        _ => "server and client auth",
+    };
     println!(
-        "wrote {} (node certificate for {}: DNS {}; IP {}; server and client auth; {} days)",
+        "wrote {} ({role} certificate for {}: DNS {}; IP {}; {usage}; {} days)",
         c.display(),
         a.name,
         dns.join(", "),
-        ips.join(", "),
+        if ips.is_empty() {
+            "none".to_string()
+        } else {
+            ips.join(", ")
+        },
         a.days
     );
     println!("wrote {} (its private key, mode 0600)", k.display());
-    println!("next: copy the CA certificate and these two files to the node, and start it with");
-    println!(
-        "  roam node --name {} --tls-ca {} --tls-cert {} --tls-key {} --listen ADDR:PORT",
-        a.name,
-        a.ca.join("ca.pem").display(),
-        c.display(),
-        k.display()
-    );
+    if ips.is_empty() && a.dns.is_empty() {
+        println!(
+            "note: others can reach it only by the name {}; add --ip ADDR or --dns NAME for \
+             the addresses they use (--local for this machine's loopback)",
+            a.name
+        );
+    }
+    let (ca_pem, cert, key) = (a.ca.join("ca.pem"), c.display(), k.display());
+    let ca_pem = ca_pem.display();
+    let start = match role {
+        Role::Node => format!(
+            "roam node --name {} --tls-ca {ca_pem} --tls-cert {cert} --tls-key {key} \
+             --listen ADDR:PORT",
+            a.name
+        ),
+        Role::Gateway => format!(
+            "roam gateway --tls-ca {ca_pem} --tls-cert {cert} --tls-key {key} \
+             --control ADDR:PORT --service NAME --listen ADDR:PORT"
+        ),
+        _ => format!(
+            "roam planner --tls-ca {ca_pem} --tls-cert {cert} --tls-key {key} --listen ADDR:PORT"
+        ),
+    };
+    println!("next: copy the CA certificate and these two files to its machine, and start it with");
+    println!("  {start}");
     Ok(0)
 }
 
@@ -180,7 +240,7 @@ fn client(a: ClientCertArgs) -> Result<i32> {
     );
     write_pair(&a.out, &c, &k, &pem, a.force)?;
     println!(
-        "wrote {} (client certificate for {}: client auth only; {} days)",
+        "wrote {} (client certificate for {}: role client, client auth only; {} days)",
         c.display(),
         a.name,
         a.days

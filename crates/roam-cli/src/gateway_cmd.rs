@@ -33,18 +33,19 @@ pub struct GatewayArgs {
     #[arg(long, default_value = "127.0.0.1:7800")]
     pub control: SocketAddr,
     /// Cluster CA certificate (PEM). With --tls-cert and --tls-key, nodes
-    /// must connect with mutual TLS and their node certificates.
+    /// must connect with mutual TLS and their own node certificates.
     #[arg(long, requires_all = ["tls_cert", "tls_key"])]
     pub tls_ca: Option<PathBuf>,
-    /// The gateway's certificate (`roam cert node gw --ip ...`).
+    /// The gateway's certificate (`roam cert gateway gw --ip ...`).
     #[arg(long, requires_all = ["tls_ca", "tls_key"])]
     pub tls_cert: Option<PathBuf>,
     /// Its private key.
     #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
     pub tls_key: Option<PathBuf>,
     /// Allow a plain control port on a non-loopback address: anyone who
-    /// reaches it can pose as a node. Only on a network that is itself
-    /// trusted.
+    /// reaches it can pose as a node and take over its clients. Only on a
+    /// network that is itself trusted. (A plain control port on loopback
+    /// trusts every process of this machine.)
     #[arg(long)]
     pub insecure: bool,
     /// How long a client waits for a service's cell (not launched yet,

@@ -47,7 +47,7 @@ pub struct PlannerArgs {
     /// certificate to nodes.
     #[arg(long, requires_all = ["tls_cert", "tls_key"])]
     pub tls_ca: Option<PathBuf>,
-    /// The planner's certificate (`roam cert node planner`).
+    /// The planner's certificate (`roam cert planner NAME --ip ...`).
     #[arg(long, requires_all = ["tls_ca", "tls_key"])]
     pub tls_cert: Option<PathBuf>,
     /// Its private key.

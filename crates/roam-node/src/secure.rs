@@ -1,6 +1,6 @@
-//! Who may use a node: mutual TLS on both listeners, the bearer token on
-//! the control API, and the rule that a node without either listens only
-//! on loopback (`docs/trust.md`).
+//! Who may use a node: mutual TLS on both listeners, the certificate roles
+//! each admits, the bearer token on the control API, and the rule that a
+//! node without either listens only on loopback (`docs/trust.md`).
 //!
 //! Why here and not in the API or migration code: those only see
 //! connections that were already admitted. Everything that decides whether
@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 
 use roam_auth::tokio_rustls::{TlsAcceptor, TlsConnector};
-use roam_auth::{Identity, Token, ALPN_HTTP, ALPN_MIGRATE};
+use roam_auth::{Identity, Role, Token, ALPN_HTTP, ALPN_MIGRATE};
 
 use crate::client::ClientAuth;
 use crate::config::NodeConfig;
@@ -52,6 +52,22 @@ pub enum ExposureError {
         could: &'static str,
         /// The token alternative, where it applies.
         token: &'static str,
+    },
+    /// The node's certificate is not a node certificate (a gateway's, the
+    /// planner's, an operator's, or one made before roles existed).
+    #[error(
+        "the certificate {} is not a node certificate: make one with `roam cert node {name}` \
+         (see docs/trust.md)",
+        cert.display()
+    )]
+    WrongRole {
+        /// The node name.
+        name: String,
+        /// The certificate file.
+        cert: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: roam_auth::RoleError,
     },
     /// The node's certificate does not name it.
     #[error(
@@ -107,6 +123,12 @@ impl NodeAuth {
                 token: cfg.token.clone(),
             });
         };
+        id.check_own_role(Role::Node)
+            .map_err(|source| ExposureError::WrongRole {
+                name: cfg.name.clone(),
+                cert: id.files().cert.clone(),
+                source,
+            })?;
         id.check_own_name(&cfg.name)
             .map_err(|source| ExposureError::WrongName {
                 name: cfg.name.clone(),
@@ -117,7 +139,10 @@ impl NodeAuth {
             identity: Some(id.clone()),
             control: Some(TlsAcceptor::from(id.server_config(ALPN_HTTP)?)),
             migrate: Some(TlsAcceptor::from(id.server_config(ALPN_MIGRATE)?)),
-            connector: Some(TlsConnector::from(id.client().config(ALPN_MIGRATE)?)),
+            // A source pushes a cell only into a node.
+            connector: Some(TlsConnector::from(
+                id.client().config_for(ALPN_MIGRATE, Role::Node)?,
+            )),
             client: ClientAuth {
                 tls: Some(id.client().clone()),
                 token: cfg.token.clone(),

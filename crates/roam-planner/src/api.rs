@@ -14,7 +14,7 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use roam_api::planner::{
     HeartbeatRequest, HeartbeatResponse, PoliciesResponse, PolicyInfo, PolicyRequest,
     RegisterRequest,
@@ -22,6 +22,7 @@ use roam_api::planner::{
 use roam_api::types::{ApiError, ModuleInfo};
 use roam_cluster::{CellState, NodeRecord, NodeState, NodeStatus, StoreError};
 
+use crate::caller::{self, Caller};
 use crate::events::Event;
 use crate::{cells, policy, unix_ms, Inner};
 
@@ -84,6 +85,12 @@ pub(crate) fn router(n: Arc<Inner>) -> Router {
         .route("/v1/events", get(events))
         .route("/metrics", get(metrics))
         .route_layer(axum::middleware::from_fn(check_path_ids))
+        // Outermost, so it runs first: who is calling, before anything of
+        // the request is looked at.
+        .route_layer(axum::middleware::from_fn_with_state(
+            n.clone(),
+            caller::identify,
+        ))
         .layer(DefaultBodyLimit::max(limit));
     // The token check wraps every route: no handler runs without it.
     roam_api::serve::guard(router, n.cfg.token.as_ref()).with_state(n)
@@ -198,9 +205,11 @@ pub(crate) async fn stop_list(
 
 async fn register(
     State(n): P,
+    Extension(caller): Extension<Caller>,
     Json(r): Json<RegisterRequest>,
 ) -> Result<Json<HeartbeatResponse>, AppError> {
     check_register(&r)?;
+    caller.may_act_as(&r.name)?;
     let nodes = n.timed("nodes", n.store.nodes()).await?;
     // A node that registers again stays draining if it was.
     let state = nodes
@@ -233,8 +242,10 @@ async fn register(
 async fn heartbeat(
     State(n): P,
     Path(name): Path<String>,
+    Extension(caller): Extension<Caller>,
     Json(h): Json<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, AppError> {
+    caller.may_act_as(&name)?;
     check_status(&h.status)?;
     let running = h.status.cells.clone();
     n.timed("heartbeat", n.store.heartbeat(&name, h.status))

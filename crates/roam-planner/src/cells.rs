@@ -519,8 +519,13 @@ pub(crate) async fn kill(
 pub(crate) async fn owner(
     State(n): P,
     Path(id): Path<String>,
+    axum::Extension(caller): axum::Extension<crate::caller::Caller>,
     Json(r): Json<OwnerRequest>,
 ) -> Result<Json<OwnerResponse>, AppError> {
+    roam_wire::ident::check_node_name(&r.to).map_err(|e| bad(e.to_string()))?;
+    // A node takes a cell only to itself (at a migration's commit point,
+    // or back after an ambiguous one); never to another node.
+    caller.may_act_as(&r.to)?;
     owner_change(&n, &id, &r).await.map(Json)
 }
 

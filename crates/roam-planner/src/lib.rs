@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 
 mod api;
+mod caller;
 mod cells;
 #[cfg(test)]
 mod evac_tests;
@@ -33,6 +34,8 @@ mod moves;
 mod placement;
 pub mod policy;
 #[cfg(test)]
+mod role_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, HashSet};
@@ -40,9 +43,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use roam_api::serve::Peer;
 use roam_api::{Client, ClientAuth, ClientError};
 use roam_auth::tokio_rustls::TlsAcceptor;
-use roam_auth::{Identity, Token, ALPN_HTTP};
+use roam_auth::{Identity, Role, Token, ALPN_HTTP};
 use roam_cluster::{ClusterStore, NodeRecord, StoreResult};
 use tokio::net::TcpListener;
 
@@ -71,8 +75,8 @@ pub struct PlannerConfig {
     pub checkpoint_interval_s: u64,
     /// A node without a heartbeat for this long is dead ([`DEFAULT_LEASE`]).
     pub lease: Duration,
-    /// Mutual TLS: the planner's certificate (`roam cert node planner`),
-    /// also presented to nodes when it calls them.
+    /// Mutual TLS: the planner's certificate (`roam cert planner NAME`,
+    /// role `planner`), also presented to nodes when it calls them.
     pub tls: Option<Identity>,
     /// The bearer token the API requires and the planner sends to nodes.
     pub token: Option<Token>,
@@ -113,6 +117,12 @@ pub enum BindError {
         /// The address.
         addr: SocketAddr,
     },
+    /// The certificate is not a planner's.
+    #[error(
+        "the planner's certificate cannot be used: make one with `roam cert planner NAME` \
+         (see docs/trust.md)"
+    )]
+    Role(#[source] roam_auth::RoleError),
     /// The TLS configuration could not be built.
     #[error("cannot build the TLS configuration")]
     Tls(#[from] roam_auth::rustls::Error),
@@ -221,6 +231,9 @@ impl Planner {
         {
             return Err(BindError::Unauthenticated { addr: cfg.listen });
         }
+        if let Some(id) = &cfg.tls {
+            id.check_own_role(Role::Planner).map_err(BindError::Role)?;
+        }
         let acceptor = match &cfg.tls {
             Some(id) => Some(TlsAcceptor::from(id.server_config(ALPN_HTTP)?)),
             None => None,
@@ -306,10 +319,13 @@ impl Planner {
             Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>,
         > = match acceptor {
             Some(acceptor) => {
-                let l = roam_api::serve::TlsListener::new(listener, acceptor)?;
+                let l =
+                    roam_api::serve::TlsListener::admitting(listener, acceptor, caller::ADMITTED)?;
+                let app = app.into_make_service_with_connect_info::<Peer>();
                 Box::pin(async move { axum::serve(l, app).with_graceful_shutdown(graceful).await })
             }
             None => Box::pin(async move {
+                let app = app.into_make_service_with_connect_info::<Peer>();
                 axum::serve(listener, app)
                     .with_graceful_shutdown(graceful)
                     .await

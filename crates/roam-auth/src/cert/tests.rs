@@ -3,6 +3,15 @@ use std::path::Path;
 use super::*;
 use crate::{cert_names_node, ClientTls, Identity, TlsFiles, ALPN_HTTP};
 
+mod roles;
+
+fn local() -> Reach {
+    Reach {
+        local: true,
+        ..Reach::default()
+    }
+}
+
 const YEAR: Validity = Validity { days: 365 };
 
 fn der(pem: &str) -> Vec<u8> {
@@ -40,8 +49,15 @@ fn node_and_client_certificates_round_trip_through_the_loader() {
     let node = make_node(&ca, "edge-a", &["edge-a.local".into()], &[ip], YEAR).unwrap();
     let id = identity(d.path(), &ca_file, "edge-a", &node).unwrap();
     id.check_own_name("edge-a").unwrap();
-    for n in ["edge-a", "edge-a.local", "localhost"] {
-        cert_names_node(&der(&ca.cert), &der(&node.cert), n).unwrap();
+    id.check_own_role(Role::Node).unwrap();
+    // The node's name is its CN: an extra DNS name is where it can be
+    // reached, not who it is.
+    cert_names_node(&der(&ca.cert), &der(&node.cert), "edge-a").unwrap();
+    for n in ["edge-a.local", "localhost"] {
+        assert!(
+            cert_names_node(&der(&ca.cert), &der(&node.cert), n).is_err(),
+            "{n}"
+        );
     }
     let other = id.check_own_name("edge-b").unwrap_err();
     assert_eq!(other.name, "edge-b");
@@ -125,7 +141,7 @@ async fn the_server_refuses_clients_without_a_certificate_of_its_ca() {
         d.path(),
         &ca_file,
         "edge-a",
-        &make_node(&ca, "edge-a", &[], &[], YEAR).unwrap(),
+        &make_node_reach(&ca, "edge-a", &local(), YEAR).unwrap(),
     )
     .unwrap();
     let good = make_client(&ca, "alice", YEAR).unwrap();

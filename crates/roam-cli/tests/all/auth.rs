@@ -43,17 +43,26 @@ fn pki() -> &'static Pki {
         let evil = dir.join("evil");
         let e = evil.to_str().unwrap();
         let mut outputs = Vec::new();
+        // The daemons of these tests are reached on 127.0.0.1, so their
+        // certificates name it (--local).
         for args in [
             vec!["ca", "--out", d],
-            vec!["node", "node-a", "--ca", d, "--out", d],
+            vec!["node", "node-a", "--ca", d, "--out", d, "--local"],
             vec![
                 "node", "node-b", "--ca", d, "--out", d, "--ip", "10.0.0.5", "--dns", "b.local",
+                "--local",
             ],
             vec!["client", "alice", "--ca", d, "--out", d],
             // Another cluster: its certificates must open nothing here.
             vec!["ca", "--out", e],
             vec!["client", "mallory", "--ca", e, "--out", e],
-            vec!["node", "node-c", "--ca", e, "--out", e],
+            vec!["node", "node-c", "--ca", e, "--out", e, "--local"],
+            vec!["gateway", "gw", "--ca", d, "--out", d, "--local"],
+            vec!["planner", "plan", "--ca", d, "--out", d, "--local"],
+            // Not --local: a certificate names loopback only when asked.
+            vec![
+                "node", "node-far", "--ca", d, "--out", d, "--ip", "10.0.0.7",
+            ],
         ] {
             let out = roam_cert(&args);
             assert!(
@@ -266,6 +275,20 @@ fn cert_writes_the_files_with_safe_modes_and_says_what_next() {
         "{node_out}"
     );
     assert!(node_out.contains("--tls-cert"), "{node_out}");
+    assert!(node_out.contains("node certificate"), "{node_out}");
+    let far_out = text(&pki.outputs[9].stdout);
+    assert!(
+        far_out.contains("10.0.0.7")
+            && !far_out.contains("127.0.0.1")
+            && !far_out.contains("localhost"),
+        "{far_out}"
+    );
+    let gw_out = text(&pki.outputs[7].stdout);
+    assert!(
+        gw_out.contains("gateway certificate") && gw_out.contains("server auth only"),
+        "{gw_out}"
+    );
+    assert!(text(&pki.outputs[8].stdout).contains("planner certificate"));
 
     // Nothing is overwritten without --force, and nothing is written at all.
     let d = tempfile::tempdir().unwrap();
@@ -425,6 +448,55 @@ fn clients_without_the_right_credentials_are_refused_and_launch_nothing() {
     let out = try_launch(&n, &pki.alice());
     assert!(out.status.success(), "{}\n{}", text(&out.stderr), n.log());
     assert_eq!(n.cells(&pki.alice()).len(), 1);
+}
+
+#[test]
+fn a_gateway_certificate_opens_no_node_and_the_planners_does() {
+    let pki = pki();
+    let node = AuthNode::start(&pki.node_flags("node-a"));
+    let gw = pki.client("ca.pem", Some("gw"), None);
+    let out = try_launch(&node, &gw);
+    assert!(
+        !out.status.success(),
+        "a gateway certificate launched a cell"
+    );
+    let out = run_client(&["cells", "--node", &node.url, "--json"], &gw);
+    assert!(!out.status.success(), "a gateway certificate listed cells");
+    // The planner (and operators) are served.
+    let plan = pki.client("ca.pem", Some("plan"), None);
+    let out = run_client(&["cells", "--node", &node.url, "--json"], &plan);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stderr),
+        node.log()
+    );
+    assert!(node.cells(&pki.alice()).is_empty());
+}
+
+#[test]
+fn a_node_refuses_a_certificate_of_another_role_at_start() {
+    let pki = pki();
+    for (cert, role) in [("gw", "gateway"), ("plan", "planner"), ("alice", "client")] {
+        let err = node_fails(&[
+            "--name",
+            cert,
+            "--listen",
+            "127.0.0.1:0",
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--tls-ca",
+            &pki.p("ca.pem"),
+            "--tls-cert",
+            &pki.p(&format!("{cert}.pem")),
+            "--tls-key",
+            &pki.p(&format!("{cert}-key.pem")),
+        ]);
+        assert!(
+            err.contains("not a node certificate") && err.contains(role),
+            "{role}: {err}"
+        );
+    }
 }
 
 #[test]

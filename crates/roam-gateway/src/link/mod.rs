@@ -123,7 +123,7 @@ impl GatewayLink {
     /// Start a link from node `node` to the gateway's control address
     /// `addr` (`host:port`), with mutual TLS when `tls` is given (the
     /// node's certificate; the gateway's is checked against the CA for
-    /// `host`). Returns at once; the link connects in the background and
+    /// `host`, and must carry the `gateway` role). Returns at once; the link connects in the background and
     /// keeps reconnecting. Must be called inside a tokio runtime.
     pub fn connect(
         addr: &str,
@@ -137,7 +137,9 @@ impl GatewayLink {
             }
             _ => return Err(LinkError::Address(addr.to_string())),
         };
-        let tls = tls.map(|t| t.config(crate::ALPN_GATEWAY)).transpose()?;
+        let tls = tls
+            .map(|t| t.config_for(crate::ALPN_GATEWAY, roam_auth::Role::Gateway))
+            .transpose()?;
         let rt = tokio::runtime::Handle::try_current().map_err(|_| LinkError::NoRuntime)?;
         let (stop, stop_rx) = watch::channel(false);
         let inner = Arc::new(Inner {

@@ -121,8 +121,11 @@ pub enum BindError {
     #[error("{0}")]
     Limit(String),
     /// A plain control port on a non-loopback address without `--insecure`.
-    #[error("refusing a plain control port on {0}: any host that reaches it could pose as a node and read every client's bytes. Give --tls-ca, --tls-cert and --tls-key (`roam cert node NAME`), or listen on 127.0.0.1, or add --insecure if the network itself is trusted (see docs/gateway.md)")]
+    #[error("refusing a plain control port on {0}: any host that reaches it could pose as a node and read every client's bytes. Give --tls-ca, --tls-cert and --tls-key (`roam cert gateway NAME`), or listen on 127.0.0.1, or add --insecure if the network itself is trusted (see docs/gateway.md)")]
     Unauthenticated(SocketAddr),
+    /// The gateway's certificate is not a gateway's.
+    #[error("the gateway's certificate cannot be used: make one with `roam cert gateway NAME --ip ADDR` (see docs/trust.md)")]
+    Role(#[source] roam_auth::RoleError),
     /// The TLS configuration could not be built.
     #[error("cannot build the TLS configuration of the control port")]
     Tls(#[from] roam_auth::rustls::Error),
@@ -231,6 +234,12 @@ impl Gateway {
         }
         if cfg.tls.is_none() && !cfg.insecure && !cfg.control.ip().is_loopback() {
             return Err(BindError::Unauthenticated(cfg.control));
+        }
+        if let Some(id) = &cfg.tls {
+            // A gateway started with a node's (or the planner's)
+            // certificate would hold a key that opens nodes' control APIs.
+            id.check_own_role(roam_auth::Role::Gateway)
+                .map_err(BindError::Role)?;
         }
         let acceptor = cfg
             .tls

@@ -8,7 +8,10 @@
 //!
 //! With TLS, both sides present node certificates of the cluster CA. A peer
 //! without one, with one of another CA, or speaking plain TCP fails the
-//! handshake, before any protocol message is read or sent. After the
+//! handshake, before any protocol message is read or sent; so does a
+//! destination whose certificate is not a node's (the connector checks its
+//! role). An accepted peer whose certificate is not a node's (an
+//! operator's, the planner's) is dropped before any message too. After the
 //! `Hello` exchange, [`check_peer`] checks that the peer's certificate was
 //! issued for the node name its `Hello` claims.
 
@@ -102,9 +105,12 @@ pub(crate) async fn accept(n: &NodeInner, sock: TcpStream) -> Result<Conn, Strin
         .peer_certificates()
         .and_then(|c| c.first())
         .map(|c| c.to_vec());
-    if cert.is_none() {
+    let Some(der) = &cert else {
         return Err("the peer presented no certificate".into());
-    }
+    };
+    // Only nodes push cells: refuse any other role before reading a byte.
+    roam_auth::role::admit(der, &[roam_auth::Role::Node])
+        .map_err(|e| format!("refused before any message: {e}"))?;
     Ok(split(tls, cert))
 }
 

@@ -1,6 +1,7 @@
 //! A node with mutual TLS links to a gateway with mutual TLS, with its own
 //! node certificate (`roam node --gateway` reuses `--tls-*`), and a service
-//! cell it launches is reachable through the gateway.
+//! cell it launches is reachable through the gateway, which holds a gateway
+//! certificate.
 
 use super::*;
 
@@ -30,16 +31,11 @@ fn an_mtls_node_serves_a_cell_through_an_mtls_gateway() {
     let log = dir.path().join("gateway.log");
     let (port, control) = (free_port(), format!("127.0.0.1:{}", free_port()));
     let mut cmd = roam(Isa::X86_64);
-    // The gateway presents a node certificate of the cluster (node-b's).
+    // The gateway presents its gateway certificate.
     cmd.args(["gateway", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--service", "kv", "--resp", "--control", &control])
-        .args([
-            "--tls-ca",
-            &pki.p("ca.pem"),
-            "--tls-cert",
-            &pki.p("node-b.pem"),
-        ])
-        .args(["--tls-key", &pki.p("node-b-key.pem")])
+        .args(["--tls-ca", &pki.p("ca.pem"), "--tls-cert", &pki.p("gw.pem")])
+        .args(["--tls-key", &pki.p("gw-key.pem")])
         .stdout(Stdio::null())
         .stderr(File::create(&log).unwrap());
     let gw = KillOnDrop(cmd.spawn().unwrap());

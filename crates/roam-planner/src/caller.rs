@@ -1,0 +1,126 @@
+//! Who may call which planner route (`docs/trust.md`).
+//!
+//! Why a module of its own: the planner serves two kinds of caller with
+//! one API. Nodes register, heartbeat and take the ownership of cells that
+//! migrate to them; operators do everything else. Under TLS each call is
+//! tied to the certificate that made it, so a node can speak only for
+//! itself (its certificate's name must be the node the request names) and
+//! can do nothing an operator does, and an operator cannot pose as a node
+//! (heartbeat for a dead one, overwrite its addresses). The listener has
+//! already refused every role but `node` and `client` ([`ADMITTED`]);
+//! gateways never reach a handler.
+//!
+//! Without TLS (plain or token mode) there is no identity to check: every
+//! caller that passed the token check is trusted alike.
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use roam_api::serve::Peer;
+use roam_auth::Role;
+
+use crate::api::{AppError, P};
+
+/// The roles the planner's listener admits.
+pub(crate) const ADMITTED: &[Role] = &[Role::Node, Role::Client];
+
+/// Who made a request, as the route handlers see it.
+#[derive(Debug, Clone)]
+pub(crate) enum Caller {
+    /// No TLS: no identity to check.
+    Anyone,
+    /// A node, by its certificate's name.
+    Node(String),
+    /// An operator, by its certificate's name.
+    Operator(String),
+}
+
+impl Caller {
+    /// May this caller speak for node `node` (register it, heartbeat for
+    /// it, take a cell's ownership to it)? Only that node itself, or
+    /// anyone without TLS.
+    pub(crate) fn may_act_as(&self, node: &str) -> Result<(), AppError> {
+        match self {
+            Caller::Anyone => Ok(()),
+            Caller::Node(me) if me == node => Ok(()),
+            Caller::Node(me) => Err(AppError(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "the certificate is node `{me}`'s: it may speak only for `{me}`, \
+                     not for `{node}`"
+                ),
+            )),
+            Caller::Operator(who) => Err(AppError(
+                StatusCode::FORBIDDEN,
+                format!("`{who}` holds a client certificate: only node `{node}` may do this"),
+            )),
+        }
+    }
+}
+
+/// The routes only nodes call: `POST /v1/nodes`,
+/// `POST /v1/nodes/{name}/heartbeat`, `POST /v1/cells/{id}/owner`. `path`
+/// is a path the router matched (this runs as a route layer), so each
+/// `{...}` is exactly one segment.
+fn node_route(method: &Method, path: &str) -> bool {
+    let seg: Vec<&str> = path.split('/').collect();
+    method == Method::POST
+        && matches!(
+            seg.as_slice(),
+            ["", "v1", "nodes"]
+                | ["", "v1", "nodes", _, "heartbeat"]
+                | ["", "v1", "cells", _, "owner"]
+        )
+}
+
+/// Middleware: tell who the caller is, refuse a node on an operator's
+/// route and an operator on a node's, and give the handlers the
+/// [`Caller`].
+pub(crate) async fn identify(State(n): P, mut req: Request, next: Next) -> Response {
+    let caller = if n.cfg.tls.is_none() {
+        Caller::Anyone
+    } else {
+        let id = req
+            .extensions()
+            .get::<ConnectInfo<Peer>>()
+            .and_then(|c| c.0.id.clone());
+        match id {
+            Some(id) if id.role == Role::Node => Caller::Node(id.name),
+            Some(id) if id.role == Role::Client => Caller::Operator(id.name),
+            Some(id) => return forbidden(format!("a {id} certificate may not call the planner")),
+            // Under TLS every connection carries its peer's certificate;
+            // without one, refuse rather than guess.
+            None => {
+                return AppError(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "bug: a request without its peer's certificate on a TLS planner".into(),
+                )
+                .into_response()
+            }
+        }
+    };
+    let for_nodes = node_route(req.method(), req.uri().path());
+    match (&caller, for_nodes) {
+        (Caller::Node(name), false) => {
+            return forbidden(format!(
+                "node `{name}`'s certificate may only register, heartbeat and take \
+                 ownership of cells; this call needs an operator's client certificate \
+                 (`roam cert client NAME`)"
+            ))
+        }
+        (Caller::Operator(name), true) => {
+            return forbidden(format!(
+                "`{name}` holds a client certificate: registering, heartbeats and ownership \
+                 changes are made by nodes, with their own node certificates"
+            ))
+        }
+        _ => {}
+    }
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+fn forbidden(why: String) -> Response {
+    AppError(StatusCode::FORBIDDEN, why).into_response()
+}
