@@ -83,3 +83,34 @@ async fn a_refused_offer_leaves_the_cell_running_on_the_source() {
     assert_eq!(state, CellState::Exited { code: 0 });
     assert_eq!(out, reference);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_file_deleted_while_the_cell_was_away_stays_deleted_when_it_returns() {
+    let a = TestNode::start("a", Setup::default()).await;
+    let b = TestNode::start("b", Setup::default()).await;
+    let module = a.upload("dirty").await;
+    // Long enough for two moves.
+    a.launch_with(&module, "roundtrip", &["8", "4", "8"], &["/data"])
+        .await;
+    // A file in the cell's sandbox, as the program would write it.
+    std::fs::write(a.sandbox("roundtrip").join("note.txt"), b"written on a").unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = a.migrate("roundtrip", &b, "stop-and-copy").await;
+    assert!(st.error.is_none(), "{:?}", st.error);
+    let on_b = b.sandbox("roundtrip").join("note.txt");
+    assert_eq!(std::fs::read(&on_b).unwrap(), b"written on a");
+    wait_for("the source to drop its sandbox", LIMIT, || async {
+        (!a.sandbox("roundtrip").exists()).then_some(())
+    })
+    .await;
+    // The program deletes the file on b; then the cell comes back.
+    std::fs::remove_file(&on_b).unwrap();
+    let st = b.migrate("roundtrip", &a, "stop-and-copy").await;
+    assert!(st.error.is_none(), "{:?}", st.error);
+    assert!(
+        !a.sandbox("roundtrip").join("note.txt").exists(),
+        "a file deleted while the cell was away came back"
+    );
+    let (state, _) = a.output("roundtrip", LIMIT).await;
+    assert_eq!(state, CellState::Exited { code: 0 });
+}

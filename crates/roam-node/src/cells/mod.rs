@@ -95,6 +95,24 @@ pub(crate) fn make_preopens(
         .collect()
 }
 
+/// The cell left this node: remove its sandbox directories. Its files live
+/// on at the destination; left here, a file the program deleted there
+/// would come back if the cell returned. Runs off the caller's thread.
+pub(crate) fn forget_files(n: &NodeInner, id: &str) {
+    let dirs = n.cell_dir(id).join("dirs");
+    let id = id.to_string();
+    let remove = move || match std::fs::remove_dir_all(&dirs) {
+        Ok(()) => tracing::debug!(cell = %id, "removed the departed cell's sandbox"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(cell = %id, "cannot remove {}: {e}", dirs.display()),
+    };
+    if tokio::runtime::Handle::try_current().is_ok() {
+        tokio::task::spawn_blocking(remove);
+    } else {
+        remove();
+    }
+}
+
 /// Put a cell into the table with its handle, and route its service's
 /// clients to it. The caller then runs it.
 pub(crate) fn register(

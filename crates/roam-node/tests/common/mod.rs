@@ -117,13 +117,28 @@ impl TestNode {
 
     /// Launch `module` with `args` under `id`.
     pub async fn launch(&self, module: &str, id: &str, args: &[&str]) {
+        self.launch_with(module, id, args, &[]).await
+    }
+
+    /// The host directory of a cell's first sandbox directory here.
+    pub fn sandbox(&self, id: &str) -> PathBuf {
+        self._state
+            .path()
+            .join("cells")
+            .join(id)
+            .join("dirs")
+            .join("0")
+    }
+
+    /// Launch `module` with `args` and guest directories `dirs`.
+    pub async fn launch_with(&self, module: &str, id: &str, args: &[&str], dirs: &[&str]) {
         let mut argv = vec!["prog".to_string()];
         argv.extend(args.iter().map(|s| s.to_string()));
         let req = LaunchRequest {
             module: module.to_string(),
             args: argv,
             env: Vec::new(),
-            dirs: Vec::new(),
+            dirs: dirs.iter().map(|d| d.to_string()).collect(),
             max_memory: Some(64 << 20),
             service: None,
             id: Some(id.to_string()),

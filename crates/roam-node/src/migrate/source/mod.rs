@@ -416,6 +416,7 @@ async fn run(
             to: plan.req.to.clone(),
         },
     );
+    crate::cells::forget_files(n, &m.cell);
     drop(stream);
     writer.finish().await;
     Ok(MigrationSummary {
