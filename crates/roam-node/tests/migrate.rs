@@ -114,3 +114,50 @@ async fn a_file_deleted_while_the_cell_was_away_stays_deleted_when_it_returns() 
     let (state, _) = a.output("roundtrip", LIMIT).await;
     assert_eq!(state, CellState::Exited { code: 0 });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_offer_that_reuses_a_migration_id_is_refused() {
+    use roam_wire::{recv, send, Features, Hello, Mode, Msg, Offer};
+    let a = TestNode::start("a", Setup::default()).await;
+    let b = TestNode::start("b", Setup::default()).await;
+    let module = a.upload("dirty").await;
+    a.launch(&module, "first", &ARGS).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = a.migrate("first", &b, "stop-and-copy").await;
+    assert!(st.error.is_none(), "{:?}", st.error);
+    // A peer offers another cell under the id of that migration: were it
+    // taken, b's resolve endpoint would answer for the wrong migration.
+    let info = b.client.node().await.unwrap();
+    let sock = tokio::net::TcpStream::connect(&info.migrate_addr)
+        .await
+        .unwrap();
+    let (mut rd, mut wr) = sock.into_split();
+    let hello = Hello::new("peer", "x86_64", Features::default());
+    send(&mut wr, &Msg::Hello(hello)).await.unwrap();
+    assert!(matches!(recv(&mut rd).await.unwrap(), Msg::Hello(_)));
+    let offer = Offer {
+        migration_id: st.id.clone(),
+        cell: roam_wire::CellSpec {
+            id: "second".into(),
+            module_hash: [0; 32],
+            args: vec!["prog".into()],
+            env: Vec::new(),
+            dirs: Vec::new(),
+            launched_unix_ms: 0,
+            hops: 0,
+            max_memory: 64 << 20,
+            service: None,
+            generation: None,
+        },
+        mode: Mode::StopAndCopy,
+        module_len: 1,
+        memory_bytes: 65536,
+    };
+    send(&mut wr, &Msg::Offer(offer)).await.unwrap();
+    match recv(&mut rd).await.unwrap() {
+        Msg::Abort { reason } => assert!(reason.contains("already known"), "{reason}"),
+        m => panic!("`{}` instead of Abort", m.name()),
+    }
+    let (state, _) = b.output("first", LIMIT).await;
+    assert_eq!(state, CellState::Exited { code: 0 });
+}

@@ -58,6 +58,15 @@ pub(crate) fn admit(n: &NodeInner, key: &str, max_memory: u64) -> Result<Admissi
         ));
     }
     let mut map = n.pending.map.lock().unwrap_or_else(PoisonError::into_inner);
+    // A key taken twice would be released by the first drop and leave the
+    // second uncounted: a peer that reuses a migration id must not fit more
+    // than the caps allow.
+    if map.contains_key(key) {
+        return Err(format!(
+            "{key} is already being admitted on node {}: one at a time",
+            n.cfg.name
+        ));
+    }
     let used = in_use(n, &map);
     if used.cells >= l.max_cells {
         return Err(format!(
@@ -116,5 +125,7 @@ pub(crate) fn admit_offer(
         ));
     }
     offer.cell.max_memory = limit;
-    admit(n, &offer.migration_id, limit)
+    // Keys of migrations and of launches never meet, whatever ids a peer
+    // chooses.
+    admit(n, &format!("migration {}", offer.migration_id), limit)
 }

@@ -83,7 +83,7 @@ pub(crate) async fn start(n: &Arc<NodeInner>, s: Start) -> Result<(), NodeError>
         )));
     }
     let max_memory = s.max_memory.unwrap_or(n.cfg.limits.cell_memory);
-    let admission = super::admit::admit(n, &s.id, max_memory).map_err(|e| {
+    let admission = super::admit::admit(n, &format!("cell {}", s.id), max_memory).map_err(|e| {
         if max_memory > n.cfg.limits.max_cell_memory {
             NodeError::BadRequest(e)
         } else {

@@ -183,6 +183,20 @@ async fn linger(rd: &mut ReadHalf, wr: &mut WriteHalf) {
 /// Refuse, before the source pauses anything, a cell this node cannot take.
 /// The admission counts against the node's caps until dropped.
 fn admit(n: &NodeInner, offer: &mut Offer) -> Result<crate::limits::Admission, String> {
+    // The source chooses the migration id, and the resolve endpoint answers
+    // by it: an id this node has seen must not replace what it knows.
+    let known = n
+        .inbound
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains_key(&offer.migration_id);
+    if known {
+        return Err(format!(
+            "migration id {} is already known on this node: a source must choose a new id \
+             for every migration",
+            offer.migration_id
+        ));
+    }
     if let Some(e) = n.cells().get(&offer.cell.id) {
         if e.handle.is_some() {
             return Err(format!("cell {} already runs on this node", offer.cell.id));
