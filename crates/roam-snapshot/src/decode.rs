@@ -132,9 +132,23 @@ impl Snapshot {
 
     /// Like [`Snapshot::decode`], also returning the file header.
     pub fn decode_with_header(bytes: &[u8]) -> Result<(Snapshot, Header), DecodeError> {
+        Self::decode_limited(bytes, u64::MAX)
+    }
+
+    /// Decode an execution state whose memory travelled on its own (a
+    /// migration's final state, a kept checkpoint's state): it must store
+    /// no page. A state that declares stored pages is refused after its
+    /// metadata is read, before any memory is allocated or decompressed.
+    pub fn decode_state(bytes: &[u8]) -> Result<Snapshot, DecodeError> {
+        Self::decode_limited(bytes, 0).map(|(s, _)| s)
+    }
+
+    /// Decode, refusing more than `max_stored` bytes of stored pages
+    /// before decompressing any.
+    fn decode_limited(bytes: &[u8], max_stored: u64) -> Result<(Snapshot, Header), DecodeError> {
         let header = peek_header(bytes)?;
         if header.version.major == 2 {
-            return crate::v2::decode(&header, bytes).map(|s| (s, header));
+            return crate::v2::decode(&header, bytes, max_stored).map(|s| (s, header));
         }
         let payload = &bytes[HEADER_LEN..];
         if (payload.len() as u64) < header.compressed_len {
@@ -154,7 +168,7 @@ impl Snapshot {
         if !cfg!(fuzzing) && blake3::hash(payload).as_bytes() != &header.payload_hash {
             return Err(DecodeError::ChecksumMismatch { what: "payload" });
         }
-        let snap = decode_payload(payload, &header)?;
+        let snap = decode_payload(payload, &header, max_stored)?;
         Ok((snap, header))
     }
 }
@@ -171,7 +185,11 @@ pub(crate) fn metadata_sections(r: &mut Sections) -> Result<[Vec<u8>; 4], Decode
     Ok([next(0)?, next(1)?, next(2)?, next(3)?])
 }
 
-fn decode_payload(payload: &[u8], header: &Header) -> Result<Snapshot, DecodeError> {
+fn decode_payload(
+    payload: &[u8],
+    header: &Header,
+    max_stored: u64,
+) -> Result<Snapshot, DecodeError> {
     let mut r = Sections::new(payload, header.uncompressed_len)?;
     let [meta_bytes, module_bytes, os_state, files_bytes] = metadata_sections(&mut r)?;
 
@@ -180,6 +198,7 @@ fn decode_payload(payload: &[u8], header: &Header) -> Result<Snapshot, DecodeErr
     let kinds = page_kinds(&meta)?;
     let m = &meta.memory;
     let stored = kinds.iter().filter(|k| **k == PageKind::Data).count() as u64;
+    check_stored(stored, max_stored)?;
     let data = r.section(SECTIONS[4], stored * PAGE_SIZE as u64)?;
     if data.len() as u64 != stored * PAGE_SIZE as u64 {
         return Err(DecodeError::malformed(
@@ -191,6 +210,19 @@ fn decode_payload(payload: &[u8], header: &Header) -> Result<Snapshot, DecodeErr
     let memory = MemoryImage::from_parts(m.byte_len, m.initial_digest, kinds, Store::Heap(data))
         .map_err(|d| DecodeError::malformed("memory", d))?;
     assemble(header, meta, [module_bytes, os_state, files_bytes], memory)
+}
+
+/// Refuse `stored` pages when they are more than `max` bytes.
+pub(crate) fn check_stored(stored: u64, max: u64) -> Result<(), DecodeError> {
+    let len = stored.saturating_mul(PAGE_SIZE as u64);
+    if len > max {
+        return Err(DecodeError::TooLarge {
+            what: "stored memory pages",
+            len,
+            max,
+        });
+    }
+    Ok(())
 }
 
 /// Check the memory size and expand the page map of decoded metadata.

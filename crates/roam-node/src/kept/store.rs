@@ -246,7 +246,7 @@ pub(crate) fn rebuild(
     if pages.len() != m.pages.len() {
         return Err("a stored kept checkpoint lacks pages".into());
     }
-    let mut snap = Snapshot::decode(state).map_err(|e| format!("the kept state: {e}"))?;
+    let mut snap = Snapshot::decode_state(state).map_err(|e| format!("the kept state: {e}"))?;
     if snap.memory.byte_len() != m.memory_bytes {
         return Err("the kept state's memory size differs from its manifest's".into());
     }

@@ -600,7 +600,10 @@ fn start(
     post: Option<Arc<PostCopyPages>>,
 ) -> Result<StartedCell, String> {
     let picked = Instant::now();
-    let mut snapshot = Snapshot::decode(&fin.snapshot).map_err(|e| format!("final state: {e}"))?;
+    // A final state carries no pages (they came on their own): one that
+    // declares some is refused before any is decompressed.
+    let mut snapshot =
+        Snapshot::decode_state(&fin.snapshot).map_err(|e| format!("final state: {e}"))?;
     if snapshot.memory.byte_len() != fin.memory_bytes || snapshot.memory.stored_pages() != 0 {
         return Err("final state: its memory record does not match the streamed memory".into());
     }

@@ -306,3 +306,29 @@ fn inconsistent_contents_are_malformed() {
     b.extend_from_slice(&junk);
     assert!(matches!(err(&b), DecodeError::Malformed { .. }));
 }
+
+#[test]
+fn a_state_that_stores_pages_is_refused_before_they_are_decompressed() {
+    let (initial, _, snap) = sample_snapshot(4, 41);
+    assert!(snap.memory.stored_pages() > 0, "the sample stores pages");
+    for format in [Format::V1, Format::V2] {
+        let opts = EncodeOptions {
+            format,
+            ..Default::default()
+        };
+        let bytes = snap.encode(&opts).unwrap();
+        match Snapshot::decode_state(&bytes) {
+            Err(DecodeError::TooLarge { what, max: 0, .. }) => {
+                assert_eq!(what, "stored memory pages")
+            }
+            other => panic!("{format:?}: {other:?}"),
+        }
+        // The same snapshot with its memory as a placeholder is a state.
+        let mut state = snap.clone();
+        state.memory = MemoryImage::placeholder(snap.memory.byte_len(), &initial);
+        let bytes = state.encode(&opts).unwrap();
+        let back = Snapshot::decode_state(&bytes).unwrap();
+        assert_eq!(back.memory.byte_len(), snap.memory.byte_len());
+        assert_eq!(back.memory.stored_pages(), 0);
+    }
+}

@@ -62,17 +62,27 @@ impl Source for FileSource {
 }
 
 /// Decode a v2 snapshot held in memory; `header` was read from `bytes`.
-pub(crate) fn decode(header: &Header, bytes: &[u8]) -> Result<Snapshot, DecodeError> {
-    decode_from(header, bytes)
+pub(crate) fn decode(
+    header: &Header,
+    bytes: &[u8],
+    max_stored: u64,
+) -> Result<Snapshot, DecodeError> {
+    decode_from(header, bytes, max_stored)
 }
 
 /// Decode a v2 snapshot file of `len` bytes, reading only what it declares.
 pub(crate) fn read_file(header: &Header, file: File, len: u64) -> Result<Snapshot, DecodeError> {
-    decode_from(header, &FileSource { file, len })
+    decode_from(header, &FileSource { file, len }, u64::MAX)
 }
 
-fn decode_from(header: &Header, src: &(impl Source + ?Sized)) -> Result<Snapshot, DecodeError> {
+fn decode_from(
+    header: &Header,
+    src: &(impl Source + ?Sized),
+    max_stored: u64,
+) -> Result<Snapshot, DecodeError> {
     let p = parse(header, src)?;
+    let stored = p.kinds.iter().filter(|k| **k == PageKind::Data).count() as u64;
+    crate::decode::check_stored(stored, max_stored)?;
     let m = &p.meta.memory;
     let memory = decode_memory(
         src,
