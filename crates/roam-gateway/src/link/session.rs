@@ -259,6 +259,18 @@ async fn reader<R: AsyncRead + Unpin>(inner: &Inner, rd: &mut R) -> Result<(), S
                     hub_result(inner, conn, "delivery", h.delivered(conn, offset));
                 }
             }
+            ToNode::Stale {
+                service,
+                cell,
+                generation,
+                current,
+            } => {
+                tracing::error!(
+                    gateway = %inner.addr, service, cell, generation, current,
+                    "the gateway routes the service to a later copy of the cell elsewhere: \
+                     this node's copy gets no clients (it is stale, and should be stopped)"
+                );
+            }
             ToNode::Refused { reason } => return Err(SessionError::Refused(reason)),
             m @ ToNode::Welcome { .. } => return Err(SessionError::Unexpected(m.name())),
         }

@@ -18,6 +18,7 @@
 //! | 0x85 | `Eof` | conn u64, offset u64 |
 //! | 0x86 | `Gone` | conn u64 |
 //! | 0x87 | `Delivered` | conn u64, offset u64 |
+//! | 0x88 | `Stale` (protocol 2) | service str, cell str, generation u64, current u64 |
 //!
 //! Every service, cell and node name is checked with `roam_wire::ident`
 //! on receipt; windows must lie in [`MIN_WINDOW`]..=[`MAX_WINDOW`]; a
@@ -505,6 +506,7 @@ impl ToNode {
             ToNode::Eof { .. } => "Eof",
             ToNode::Gone { .. } => "Gone",
             ToNode::Delivered { .. } => "Delivered",
+            ToNode::Stale { .. } => "Stale",
         }
     }
 
@@ -555,6 +557,18 @@ impl ToNode {
                 w.u64(*offset);
                 0x87
             }
+            ToNode::Stale {
+                service,
+                cell,
+                generation,
+                current,
+            } => {
+                w.str("service", service, ident::MAX_IDENT_LEN)?;
+                w.str("cell", cell, ident::MAX_IDENT_LEN)?;
+                w.u64(*generation);
+                w.u64(*current);
+                0x88
+            }
         };
         put_frame(out, kind, &w.b);
         Ok(())
@@ -570,6 +584,7 @@ impl ToNode {
             0x85 => "Eof",
             0x86 => "Gone",
             0x87 => "Delivered",
+            0x88 => "Stale",
             k => return Err(DecodeError::UnknownType(k)),
         };
         let mut r = Reader {
@@ -604,9 +619,15 @@ impl ToNode {
             0x86 => ToNode::Gone {
                 conn: r.u64("conn")?,
             },
-            _ => ToNode::Delivered {
+            0x87 => ToNode::Delivered {
                 conn: r.u64("conn")?,
                 offset: r.u64("offset")?,
+            },
+            _ => ToNode::Stale {
+                service: r.service()?,
+                cell: r.cell()?,
+                generation: r.u64("generation")?,
+                current: r.u64("current")?,
             },
         };
         r.end(m)

@@ -69,6 +69,12 @@ fn all_to_node() -> Vec<ToNode> {
         ToNode::Eof { conn: 7, offset: 9 },
         ToNode::Gone { conn: 7 },
         ToNode::Delivered { conn: 7, offset: 9 },
+        ToNode::Stale {
+            service: "kv".into(),
+            cell: "c-1".into(),
+            generation: 3,
+            current: 5,
+        },
     ]
 }
 

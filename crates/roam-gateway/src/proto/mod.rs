@@ -43,8 +43,11 @@ pub use frame::{put_frame, read_frame, write_frame, FrameError, Header, FRAME_HE
 /// life (and, with a random high half, across its restarts).
 pub type ConnId = u64;
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks. Version 2 adds [`ToNode::Stale`];
+/// the gateway sends it only on links that speak 2.
+pub const PROTOCOL_VERSION: u16 = 2;
+/// The first version with [`ToNode::Stale`].
+pub const STALE_VERSION: u16 = 2;
 /// The oldest version this build accepts from a peer.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 
@@ -168,6 +171,19 @@ pub enum ToNode {
     Refused {
         /// Why, and what to do.
         reason: String,
+    },
+    /// The gateway ignored a `Serve` (or `Hold`) from this node: `service`
+    /// runs at a later generation elsewhere. The node's copy of `cell` is
+    /// not the one clients reach (protocol 2).
+    Stale {
+        /// The service.
+        service: String,
+        /// The cell the node served.
+        cell: String,
+        /// The generation it served at.
+        generation: u64,
+        /// The service's current generation.
+        current: u64,
     },
     /// A client connected to `service`.
     Open {

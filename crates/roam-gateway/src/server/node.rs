@@ -76,10 +76,8 @@ pub(crate) async fn serve(
     };
     let window = hello.window.min(shared.window);
     let mut buf = Vec::new();
-    let welcome = ToNode::Welcome {
-        version: hello.version.min(PROTOCOL_VERSION),
-        window,
-    };
+    let version = hello.version.min(PROTOCOL_VERSION);
+    let welcome = ToNode::Welcome { version, window };
     if welcome.encode(&mut buf).is_err() || wr.write_all(&buf).await.is_err() {
         return;
     }
@@ -88,6 +86,7 @@ pub(crate) async fn serve(
     let stuck = Arc::new(Notify::new());
     let link = shared.lock().add_link(LinkHandle {
         node: hello.node.clone(),
+        version,
         window,
         tx: tx.clone(),
         queued: queued.clone(),

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use super::state::{LinkId, Route, State};
-use crate::proto::{ConnId, ConnResume, ToNode};
+use crate::proto::{ConnId, ConnResume, ToNode, STALE_VERSION};
 
 impl State {
     /// `Serve` from `link`: the service runs there now, with `conns`.
@@ -38,6 +38,22 @@ impl State {
                     current = r.generation,
                     "stale Serve ignored: the service runs at a later generation"
                 );
+                let current = r.generation;
+                let answers = self
+                    .links
+                    .get(&link)
+                    .is_some_and(|l| l.version >= STALE_VERSION);
+                if answers {
+                    self.send(
+                        link,
+                        &ToNode::Stale {
+                            service: service.to_string(),
+                            cell: cell.to_string(),
+                            generation,
+                            current,
+                        },
+                    );
+                }
                 return;
             }
         }

@@ -87,6 +87,8 @@ pub(crate) struct Service {
 /// A node's link, as the state sees it.
 pub(crate) struct LinkHandle {
     pub node: String,
+    /// The protocol version the session speaks.
+    pub version: u16,
     pub window: u64,
     pub tx: mpsc::UnboundedSender<Vec<u8>>,
     /// Bytes sent to `tx` and not yet written to the node's socket.

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use roam_gateway::proto::{Hello, ToGateway, ToNode, MIN_WINDOW, PROTOCOL_VERSION};
+use roam_gateway::proto::{
+    Hello, ToGateway, ToNode, MIN_PROTOCOL_VERSION, MIN_WINDOW, PROTOCOL_VERSION,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -95,7 +97,9 @@ async fn old_version_and_bad_node_name_are_refused_at_hello() {
     }))
     .await;
     let r = refused(&mut n).await;
-    assert!(r.contains("protocol version 0, this gateway 1..=1"), "{r}");
+    let want =
+        format!("protocol version 0, this gateway {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}");
+    assert!(r.contains(&want), "{r}");
     let mut n = RawNode::connect(gw.control).await;
     n.send(&ToGateway::Hello(Hello {
         version: 1,
@@ -222,4 +226,60 @@ async fn a_node_that_never_reads_loses_its_link_at_the_bound() {
     }
     // Its service is held, as for any lost link, for a node to serve again.
     assert!(gw.handle.route("kv").is_none());
+}
+
+/// A node whose `Serve` is older than the service's route is told so
+/// (protocol 2), and still loses nothing: the route stays.
+#[tokio::test]
+async fn a_stale_serve_is_answered_and_changes_nothing() {
+    let gw = TestGateway::start(|_| {}).await;
+    let mut current = RawNode::connect(gw.control).await;
+    current
+        .send(&ToGateway::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            node: "node-b".into(),
+            window: MIN_WINDOW,
+        }))
+        .await;
+    assert!(matches!(current.recv().await, Some(ToNode::Welcome { .. })));
+    current
+        .send(&ToGateway::Serve {
+            service: "kv".into(),
+            cell: "c-1".into(),
+            generation: 5,
+            conns: vec![],
+        })
+        .await;
+    let mut old = welcomed(&gw, MIN_WINDOW).await;
+    // Wait until the gateway routes to node-b, then serve from node-a at 3.
+    let started = std::time::Instant::now();
+    while gw.handle.route("kv").map(|r| r.2) != Some(5) {
+        assert!(started.elapsed() < LONG, "node-b's Serve was not followed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    old.send(&ToGateway::Serve {
+        service: "kv".into(),
+        cell: "c-1".into(),
+        generation: 3,
+        conns: vec![],
+    })
+    .await;
+    match tokio::time::timeout(LONG, old.recv()).await {
+        Ok(Some(ToNode::Stale {
+            service,
+            cell,
+            generation,
+            current,
+        })) => {
+            assert_eq!((service.as_str(), cell.as_str()), ("kv", "c-1"));
+            assert_eq!((generation, current), (3, 5));
+        }
+        other => panic!("expected Stale, got {other:?}"),
+    }
+    let r = gw.handle.route("kv").expect("a route");
+    assert_eq!(
+        (r.0.as_str(), r.2),
+        ("node-b", 5),
+        "the stale Serve took the route"
+    );
 }
