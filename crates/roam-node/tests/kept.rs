@@ -50,10 +50,7 @@ async fn a_restore_from_the_older_of_two_kept_checkpoints_works() {
         .restore(&RestoreRequest {
             id: "kept".into(),
             module: module.clone(),
-            args: std::iter::once("prog")
-                .chain(ARGS)
-                .map(str::to_string)
-                .collect(),
+            args: argv(&ARGS),
             env: Vec::new(),
             dirs: Vec::new(),
             max_memory: Some(64 << 20),

@@ -62,10 +62,7 @@ async fn late_ownership_answer(store: Option<String>) {
         .client
         .place(&PlaceRequest {
             module: uploaded.hash,
-            args: std::iter::once("prog")
-                .chain(ARGS)
-                .map(str::to_string)
-                .collect(),
+            args: argv(&ARGS),
             env: Vec::new(),
             dirs: Vec::new(),
             max_memory: Some(64 << 20),

@@ -43,6 +43,14 @@ pub fn workload(name: &str) -> Vec<u8> {
     })
 }
 
+/// `prog` followed by `args`: a program's argv.
+pub fn argv(args: &[&str]) -> Vec<String> {
+    std::iter::once("prog")
+        .chain(args.iter().copied())
+        .map(str::to_string)
+        .collect()
+}
+
 /// One compile cache for every node of this test binary.
 fn cache_dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
@@ -132,11 +140,9 @@ impl TestNode {
 
     /// Launch `module` with `args` and guest directories `dirs`.
     pub async fn launch_with(&self, module: &str, id: &str, args: &[&str], dirs: &[&str]) {
-        let mut argv = vec!["prog".to_string()];
-        argv.extend(args.iter().map(|s| s.to_string()));
         let req = LaunchRequest {
             module: module.to_string(),
-            args: argv,
+            args: argv(args),
             env: Vec::new(),
             dirs: dirs.iter().map(|d| d.to_string()).collect(),
             max_memory: Some(64 << 20),
