@@ -316,9 +316,21 @@ impl Node {
         self.get_json("/v1/node").unwrap()
     }
 
-    /// The cell as this node sees it, or `None` when it never saw it.
+    /// The cell as this node sees it, or `None` when it never saw it. A
+    /// cell that is arriving by a migration (`409`) is `{"state":
+    /// "arriving"}`.
     pub(crate) fn cell(&self, id: &str) -> Option<Value> {
-        self.get_json(&format!("/v1/cells/{id}"))
+        let path = format!("/v1/cells/{id}");
+        let (st, body) = http_get(&self.addr, &path)
+            .unwrap_or_else(|e| panic!("GET {path} on {}: {e}\n{}", self.addr, self.log()));
+        match st {
+            200 => Some(serde_json::from_slice(&body).unwrap()),
+            404 => None,
+            409 if text(&body).contains("arriving") => {
+                Some(serde_json::json!({ "id": id, "state": "arriving" }))
+            }
+            _ => panic!("GET {path}: {st} {}\n{}", text(&body), self.log()),
+        }
     }
 
     fn state(&self, id: &str) -> String {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use etcd_client::{Client, Permission};
-use roam_auth::cert::{make_ca, make_client, make_node, Pem, Validity};
+use roam_auth::cert::{make_ca, make_client, make_node_reach, Pem, Reach, Validity};
 use roam_cluster::{ClusterStore, EtcdAccess, EtcdAccessFiles, EtcdStore, StoreError, StoreSpec};
 use roam_testkit::etcd::{Etcd, EtcdConfig, EtcdTls};
 
@@ -39,9 +39,14 @@ impl Pki {
         };
         let ca = make_ca("etcd-test-ca", v).unwrap();
         write("ca", &ca);
-        // A node certificate names localhost and 127.0.0.1, as etcd's
-        // must for clients that dial it there.
-        write("etcd", &make_node(&ca, "etcd", &[], &[], v).unwrap());
+        // etcd's certificate must name the address clients dial:
+        // localhost and 127.0.0.1 (only added when asked for).
+        let local = Reach {
+            dns: Vec::new(),
+            ips: Vec::new(),
+            local: true,
+        };
+        write("etcd", &make_node_reach(&ca, "etcd", &local, v).unwrap());
         write("planner", &make_client(&ca, "roam-planner", v).unwrap());
         let stranger = make_ca("stranger-ca", v).unwrap();
         write("stranger-ca", &stranger);

@@ -217,11 +217,15 @@ pub(crate) async fn restore(
             .map_err(|e| NodeError::Upstream(e.to_string()))?
             .get_kept(&req.id, &req.snapshot)
             .await
-            .map_err(|e| {
-                NodeError::Upstream(format!(
+            .map_err(|e| match e {
+                crate::client::ClientError::NotFound(_) => NodeError::NotFound(format!(
+                    "the holder {} has no kept checkpoint {} of cell {}",
+                    req.holder, req.snapshot, req.id
+                )),
+                e => NodeError::Upstream(format!(
                     "cannot fetch the kept checkpoint from {}: {e}",
                     req.holder
-                ))
+                )),
             })?,
     };
     let (want, generation, capacity) = (req.snapshot.clone(), req.generation, n.log_capacity());

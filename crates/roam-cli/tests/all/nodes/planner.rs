@@ -299,11 +299,27 @@ fn keep_kill_restore(to: Isa) {
         "id": id, "module": hash, "args": argv, "generation": 2,
         "holder": b.addr, "snapshot": second["snapshot"],
     });
-    // A snapshot the holder does not have is refused, and runs nothing.
+    // No planner committed either checkpoint, so the holder still has the
+    // first beside the second (a failed record would still name it).
+    let (st, body) = http_get(
+        &b.addr,
+        &format!(
+            "/v1/kept/{id}?snapshot={}",
+            first["snapshot"].as_str().unwrap()
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        st,
+        200,
+        "the first kept checkpoint is gone: {}",
+        text(&body)
+    );
+    // A snapshot the holder never kept is refused, and runs nothing.
     let mut wrong = restore.clone();
-    wrong["snapshot"] = first["snapshot"].clone();
+    wrong["snapshot"] = serde_json::json!("0".repeat(64));
     let (st, body) = http_post(&b.addr, "/v1/cells/restore", &wrong).unwrap();
-    assert_eq!(st, 400, "{}", text(&body));
+    assert_eq!(st, 404, "{}", text(&body));
     assert!(b.cell(&id).is_none(), "a refused restore left a cell");
     let restored = post_ok(&b.addr, "/v1/cells/restore", &restore);
     assert_eq!(restored["state"], "running", "{restored}");
