@@ -253,6 +253,14 @@ enum Why {
 }
 
 impl Why {
+    /// Why placement must not choose the owner.
+    fn exclusion(self) -> &'static str {
+        match self {
+            Why::Dead => "the cell's dead owner",
+            Why::Absent => "the cell's owner, which lost it",
+        }
+    }
+
     /// What happened to the owner, for messages.
     fn owner(self, owner: &str) -> String {
         match self {
@@ -325,7 +333,7 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord, why: Why) -> Result<(), Gone> {
     };
     // The record as this restoration last left it.
     let mut now = c.clone();
-    let mut exclude = vec![(c.owner.clone(), "the cell's owner, which lost it")];
+    let mut exclude = vec![(c.owner.clone(), why.exclusion())];
     let mut failed: Vec<String> = Vec::new();
     for _ in 0..RESTORE_TRIES {
         let (nodes, cells) = snapshot(n).await.map_err(|e| Gone::Retry(e.1))?;
