@@ -6,7 +6,7 @@
 //! data consistent (a cell that stops being here leaves the gateway's
 //! routing, an id is checked before it becomes a path); the operations on
 //! cells, kept checkpoints, migrations and the planner live in the modules
-//! above it (`docs/architecture.md`, "roam-node").
+//! above it (`docs/architecture.md`, "Inside roam-node").
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
