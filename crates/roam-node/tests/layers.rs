@@ -13,8 +13,8 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-/// The crate's modules, from the bottom layer up (`docs/architecture.md`,
-/// "roam-node").
+/// The crate's modules, from the bottom layer up (`docs/architecture.md`, "Inside
+/// roam-node").
 const LAYERS: &[&str] = &[
     "size", "ids", "limits", "config", "error", "log", "cell", "metrics", "secure", "state",
     "cells", "kept", "cluster", "migrate", "http", "node",
