@@ -182,6 +182,11 @@ pub struct HeartbeatResponse {
     /// Cells the node runs but does not own (it lost them while cut off):
     /// it must stop them now, without telling anyone else.
     pub stop: Vec<String>,
+    /// For each cell of `stop`, the generation of the record the planner
+    /// decided it on. A node that owns the cell at a later generation (it
+    /// took the cell back after this answer was decided) ignores the stop.
+    #[serde(default)]
+    pub stop_generations: std::collections::BTreeMap<String, u64>,
 }
 
 /// `POST /v1/nodes/{name}/heartbeat`.

@@ -173,10 +173,12 @@ fn check_register(r: &RegisterRequest) -> Result<(), AppError> {
 /// The answer to a registration or heartbeat of `node` reporting `running`.
 async fn answer(n: &Inner, node: &str, running: &[String]) -> Result<HeartbeatResponse, AppError> {
     let lease_ms = n.cfg.lease.as_millis() as u64;
+    let stop = stop_list(n, node, running).await?;
     Ok(HeartbeatResponse {
         heartbeat_ms: (lease_ms / 3).max(1),
         lease_ms,
-        stop: stop_list(n, node, running).await?,
+        stop: stop.iter().map(|(id, _)| id.clone()).collect(),
+        stop_generations: stop.into_iter().collect(),
     })
 }
 
@@ -184,11 +186,12 @@ async fn answer(n: &Inner, node: &str, running: &[String]) -> Result<HeartbeatRe
 /// ended (killed while the node was cut off). A cell the cluster does not
 /// know (launched on the node directly) is left alone, and so is a cell
 /// migrating to `node` (it owns it once the migration commits).
+/// Each with the generation of the record it was decided on.
 pub(crate) async fn stop_list(
     n: &Inner,
     node: &str,
     running: &[String],
-) -> Result<Vec<String>, AppError> {
+) -> Result<Vec<(String, u64)>, AppError> {
     let mut stop = Vec::new();
     for id in running {
         let Some(c) = n.timed("cell", n.store.cell(id)).await? else {
@@ -197,7 +200,7 @@ pub(crate) async fn stop_list(
         let c = c.value;
         let arriving = matches!(&c.state, CellState::Migrating { to } if to == node);
         if (c.owner != node && !arriving) || c.state.ended() {
-            stop.push(id.clone());
+            stop.push((id.clone(), c.generation));
         }
     }
     Ok(stop)

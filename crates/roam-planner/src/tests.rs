@@ -157,6 +157,9 @@ async fn ownership_transaction_wins_once_and_heartbeats_fence_the_loser() {
     let (st, v) = p.post("/v1/nodes/edge-a/heartbeat", hb.clone()).await;
     assert_eq!(st, 200);
     assert_eq!(v["stop"], json!(["c-1"]));
+    // With the generation it was decided at: a node that owns the cell at
+    // a later one ignores it.
+    assert_eq!(v["stop_generations"], json!({"c-1": 2}));
     let (_, v) = p.post("/v1/nodes/edge-b/heartbeat", hb).await;
     assert_eq!(v["stop"], json!([]));
     // A transaction to a node the cluster does not know is refused.

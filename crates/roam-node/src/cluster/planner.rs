@@ -97,6 +97,13 @@ pub(crate) async fn heartbeats(n: Arc<NodeInner>, planner: PlannerClient) {
                 }
                 // Cells given away first, so the fence never resumes them.
                 for id in a.stop {
+                    let local = n.cells().get(&id).and_then(|e| e.spec.generation);
+                    let decided = a.stop_generations.get(&id).copied();
+                    if stale_stop(local, decided) {
+                        tracing::info!(cell = %id, ?local, ?decided,
+                            "a stop decided before this node took the cell back; ignored");
+                        continue;
+                    }
                     stop_lost(&n, &id).await;
                 }
                 n.fence.renew(sent, Duration::from_millis(a.lease_ms));
@@ -119,6 +126,15 @@ pub(crate) async fn heartbeats(n: Arc<NodeInner>, planner: PlannerClient) {
             }
         }
     }
+}
+
+/// Whether a heartbeat's stop is older than this node's ownership: the
+/// planner decided it on a record of generation `decided`, and this node
+/// owns the cell at `local`, a later one (it took the cell back since,
+/// while the answer was on its way). Every ownership change raises the
+/// generation, so a later local generation was won after that record.
+fn stale_stop(local: Option<u64>, decided: Option<u64>) -> bool {
+    matches!((local, decided), (Some(l), Some(d)) if l > d)
 }
 
 /// Stop a cell the planner says this node no longer owns: it was restored
@@ -244,5 +260,24 @@ pub(crate) async fn take_from(n: &NodeInner, id: &str, from: &str, generation: u
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stale_stop;
+
+    #[test]
+    fn only_a_stop_decided_before_this_nodes_ownership_is_ignored() {
+        // The destination took the cell (3 -> 4), the heartbeat answer was
+        // decided then; the source took it back (4 -> 5) and resumed.
+        assert!(stale_stop(Some(5), Some(4)));
+        // The cell really went elsewhere, or ended, at or after what this
+        // node holds.
+        assert!(!stale_stop(Some(4), Some(4)));
+        assert!(!stale_stop(Some(3), Some(4)));
+        // A planner that sends no generation, or a cell without one: stop.
+        assert!(!stale_stop(Some(5), None));
+        assert!(!stale_stop(None, Some(4)));
     }
 }
