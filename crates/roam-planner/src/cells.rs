@@ -378,21 +378,42 @@ pub(crate) async fn status(
     Path(id): Path<String>,
 ) -> Result<Json<CellRecord>, AppError> {
     let c = get_cell(&n, &id).await?.value;
-    if let Some(rec) = settle(&n, &c).await? {
-        return Ok(Json(rec));
+    if let Settled::Ended(rec) = settle(&n, &c).await? {
+        return Ok(Json(*rec));
     }
     Ok(Json(get_cell(&n, &id).await?.value))
 }
 
-/// If `c` (a record that says running) ended on its owner, record how: the
-/// new record. Nodes do not report exits; the planner asks when someone
-/// reads the cell, and when the owner's heartbeat no longer lists it.
-pub(crate) async fn settle(n: &Inner, c: &CellRecord) -> Result<Option<CellRecord>, AppError> {
+/// What settling a running cell's record found on its owner.
+pub(crate) enum Settled {
+    /// It ended there: the new record.
+    Ended(Box<CellRecord>),
+    /// The live owner answered that it does not know the cell at all (not
+    /// running, not ended, not arriving).
+    Unknown,
+    /// Neither: it runs, the record changed, or the owner did not answer.
+    Unchanged,
+}
+
+/// If `c` (a record that says running) ended on its owner, record how.
+/// Nodes do not report exits; the planner asks when someone reads the
+/// cell, and when the owner's heartbeat no longer lists it.
+pub(crate) async fn settle(n: &Inner, c: &CellRecord) -> Result<Settled, AppError> {
+    use roam_api::types::CellState as OnNode;
     if c.state != CellState::Running {
-        return Ok(None);
+        return Ok(Settled::Unchanged);
     }
-    let Some(ended) = ended_on_owner(n, c).await else {
-        return Ok(None);
+    let ended = match ask_owner(n, c).await {
+        Some(Ok(info)) => match info.state {
+            OnNode::Exited { code } => CellState::Exited { code },
+            OnNode::Failed { error } => CellState::Failed { error },
+            OnNode::Killed => CellState::Killed,
+            OnNode::Running | OnNode::Migrating | OnNode::Moved { .. } => {
+                return Ok(Settled::Unchanged)
+            }
+        },
+        Some(Err(roam_api::ClientError::NotFound(_))) => return Ok(Settled::Unknown),
+        Some(Err(_)) | None => return Ok(Settled::Unchanged),
     };
     let rec = update(n, &c.id, |x| {
         let same = x.owner == c.owner && x.generation == c.generation;
@@ -403,52 +424,33 @@ pub(crate) async fn settle(n: &Inner, c: &CellRecord) -> Result<Option<CellRecor
         false
     })
     .await?;
-    if rec.is_some() {
-        n.events.send(crate::events::Event::Ended {
-            cell: c.id.clone(),
-            node: c.owner.clone(),
-            state: ended,
-        });
-    }
-    Ok(rec)
-}
-
-/// Whether cell `c`'s live owner answers that it does not know the cell
-/// at all: not running, not ended, not arriving. Any other answer, or
-/// none, is not that.
-pub(crate) async fn unknown_to_owner(n: &Inner, c: &CellRecord) -> bool {
-    let Some(node) = get_node(n, &c.owner).await.ok().filter(|x| x.alive) else {
-        return false;
+    let Some(rec) = rec else {
+        return Ok(Settled::Unchanged);
     };
-    let Ok(client) = n.node_client(&node) else {
-        return false;
-    };
-    matches!(
-        tokio::time::timeout(OWNER_ASK, client.cell(&c.id)).await,
-        Ok(Err(roam_api::ClientError::NotFound(_)))
-    )
+    n.events.send(crate::events::Event::Ended {
+        cell: c.id.clone(),
+        node: c.owner.clone(),
+        state: ended,
+    });
+    Ok(Settled::Ended(Box::new(rec)))
 }
 
 /// How long a status read waits for the owner's word.
 const OWNER_ASK: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// How a cell the record says is running ended on its owner, if it did.
-async fn ended_on_owner(n: &Inner, c: &CellRecord) -> Option<CellState> {
-    use roam_api::types::CellState as OnNode;
+/// Cell `c`'s live owner's answer about it; `None` when the owner is not
+/// alive, cannot be called, or does not answer within [`OWNER_ASK`] (a
+/// node alive by its lease but frozen or cut off must not hold up a status
+/// read: the record's word stands).
+async fn ask_owner(
+    n: &Inner,
+    c: &CellRecord,
+) -> Option<Result<roam_api::types::CellInfo, roam_api::ClientError>> {
     let node = get_node(n, &c.owner).await.ok().filter(|x| x.alive)?;
-    // A node that is alive by its lease but does not answer (frozen, cut
-    // off) must not hold up a status read: the record's word stands.
     let client = n.node_client(&node).ok()?;
-    let info = tokio::time::timeout(OWNER_ASK, client.cell(&c.id))
+    tokio::time::timeout(OWNER_ASK, client.cell(&c.id))
         .await
-        .ok()?
-        .ok()?;
-    match info.state {
-        OnNode::Exited { code } => Some(CellState::Exited { code }),
-        OnNode::Failed { error } => Some(CellState::Failed { error }),
-        OnNode::Killed => Some(CellState::Killed),
-        OnNode::Running | OnNode::Migrating | OnNode::Moved { .. } => None,
-    }
+        .ok()
 }
 
 pub(crate) async fn logs(State(n): P, Path(id): Path<String>) -> Result<Response, AppError> {

@@ -127,8 +127,10 @@ async fn tick(n: &Arc<Inner>, seen: &mut Seen) -> Result<(), crate::api::AppErro
                     let (n, c, absent) = (n.clone(), c.clone(), seen.absent.clone());
                     tokio::spawn(async move {
                         match crate::cells::settle(&n, &c).await {
-                            Ok(Some(_)) => {}
-                            Ok(None) => absent_on_owner(&n, &c, &absent).await,
+                            Ok(crate::cells::Settled::Unknown) => absent_on_owner(&c, &absent),
+                            Ok(_) => {
+                                lock(&absent).remove(&c.id);
+                            }
                             Err(e) => {
                                 tracing::debug!(cell = %c.id, "cannot settle the cell's end: {}", e.1)
                             }
@@ -186,17 +188,9 @@ fn grace(n: &Inner) -> u64 {
     n.cfg.lease.as_millis() as u64
 }
 
-/// Ask cell `c`'s owner whether it has the cell; if it says it does not
-/// know it (not even arriving), remember since when.
-async fn absent_on_owner(
-    n: &Inner,
-    c: &CellRecord,
-    absent: &std::sync::Mutex<HashMap<String, Absent>>,
-) {
-    if !crate::cells::unknown_to_owner(n, c).await {
-        lock(absent).remove(&c.id);
-        return;
-    }
+/// Cell `c`'s live owner said it does not know the cell: remember since
+/// when, unless it said so already about the same record.
+fn absent_on_owner(c: &CellRecord, absent: &std::sync::Mutex<HashMap<String, Absent>>) {
     let mut a = lock(absent);
     let same = a
         .get(&c.id)
