@@ -97,7 +97,8 @@ pub(crate) fn make_preopens(
 
 /// The cell left this node: remove its sandbox directories. Its files live
 /// on at the destination; left here, a file the program deleted there
-/// would come back if the cell returned. Runs off the caller's thread.
+/// would come back if the cell returned. Runs on a blocking thread of the
+/// node's runtime.
 pub(crate) fn forget_files(n: &NodeInner, id: &str) {
     let dirs = n.cell_dir(id).join("dirs");
     let id = id.to_string();
@@ -106,11 +107,7 @@ pub(crate) fn forget_files(n: &NodeInner, id: &str) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!(cell = %id, "cannot remove {}: {e}", dirs.display()),
     };
-    if tokio::runtime::Handle::try_current().is_ok() {
-        tokio::task::spawn_blocking(remove);
-    } else {
-        remove();
-    }
+    tokio::task::spawn_blocking(remove);
 }
 
 /// Put a cell into the table with its handle, and route its service's
