@@ -276,15 +276,20 @@ impl Client {
     }
 
     /// `PUT /v1/kept/{cell}` (asked of a holder): a kept checkpoint's
-    /// manifest, state and the pages the holder lacked.
+    /// manifest, state and the pages the holder lacked, streamed from
+    /// `chunks` as the sender produces them, so that neither end holds the
+    /// whole body. An error from `chunks` aborts the request.
     pub async fn put_kept(
         &self,
         cell: &str,
-        body: Vec<u8>,
+        chunks: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, std::io::Error>>,
     ) -> Result<serde_json::Value, ClientError> {
+        let stream = futures_util::stream::unfold(chunks, |mut rx| async move {
+            rx.recv().await.map(|c| (c, rx))
+        });
         self.parse(
             self.authed(self.http.put(self.url(&format!("/v1/kept/{cell}"))))
-                .body(body)
+                .body(reqwest::Body::wrap_stream(stream))
                 .send()
                 .await,
         )
@@ -302,8 +307,16 @@ impl Client {
     }
 
     /// `GET /v1/kept/{cell}?snapshot=NAME` (asked of a holder): the kept
-    /// checkpoint of that name.
-    pub async fn get_kept(&self, cell: &str, snapshot: &str) -> Result<Vec<u8>, ClientError> {
+    /// checkpoint of that name, written to `out` as it arrives. Refused
+    /// once it passes `limit` bytes; returns the bytes written.
+    pub async fn get_kept(
+        &self,
+        cell: &str,
+        snapshot: &str,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+        limit: u64,
+    ) -> Result<u64, ClientError> {
+        use tokio::io::AsyncWriteExt;
         let r = self
             .authed(
                 self.http
@@ -311,11 +324,35 @@ impl Client {
             )
             .send()
             .await;
-        let r = r.map_err(|source| ClientError::Unreachable {
+        let mut r = r.map_err(|source| ClientError::Unreachable {
             addr: self.base.clone(),
             source,
         })?;
-        self.body_of(r).await
+        if !r.status().is_success() {
+            return self.parse::<u64>(Ok(r)).await;
+        }
+        let mut written = 0u64;
+        loop {
+            let chunk = r.chunk().await.map_err(|source| ClientError::Unreachable {
+                addr: self.base.clone(),
+                source,
+            })?;
+            let Some(chunk) = chunk else { break };
+            written = written.saturating_add(chunk.len() as u64);
+            if written > limit {
+                return Err(ClientError::Api(format!(
+                    "the kept checkpoint from {} is larger than this node's limit of {limit} bytes",
+                    self.base
+                )));
+            }
+            out.write_all(&chunk)
+                .await
+                .map_err(|e| ClientError::Api(format!("cannot store the kept checkpoint: {e}")))?;
+        }
+        out.flush()
+            .await
+            .map_err(|e| ClientError::Api(format!("cannot store the kept checkpoint: {e}")))?;
+        Ok(written)
     }
 
     /// `GET /v1/cells`.

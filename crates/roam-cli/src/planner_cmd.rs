@@ -32,6 +32,12 @@ pub struct PlannerArgs {
     /// interval (0: none).
     #[arg(long, value_name = "SECS", default_value_t = roam_planner::DEFAULT_CHECKPOINT_INTERVAL_S)]
     pub checkpoint_interval: u64,
+    /// Most kept checkpoints taken at once in the cluster; the others wait
+    /// for a later tick (each costs its owner a copy of the cell's memory
+    /// and the network its pages).
+    #[arg(long, value_name = "N", default_value_t = roam_planner::DEFAULT_KEPT_PARALLEL as u16,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub kept_parallel: u16,
     /// A node that sends no heartbeat for this many seconds is dead and its
     /// cells are restored elsewhere.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
@@ -102,6 +108,7 @@ pub fn planner(a: PlannerArgs) -> Result<i32> {
         cfg.id = id;
     }
     cfg.checkpoint_interval_s = a.checkpoint_interval;
+    cfg.kept_parallel = usize::from(a.kept_parallel);
     cfg.lease = Duration::from_secs_f64(a.lease);
     cfg.max_module_bytes = a.max_module_size;
     cfg.tls = tls;

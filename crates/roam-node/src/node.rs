@@ -78,6 +78,8 @@ impl Node {
             tokio: tokio::runtime::Handle::current(),
             metrics: crate::metrics::Metrics::new(),
             fence: crate::state::Fence::default(),
+            copies: Arc::new(tokio::sync::Semaphore::new(1)),
+            uploads: tokio::sync::Semaphore::new(crate::state::UPLOADS),
         });
         Ok(Node {
             inner,

@@ -70,3 +70,65 @@ async fn a_restore_from_the_older_of_two_kept_checkpoints_works() {
         "the restored cell's output differs from an uninterrupted run"
     );
 }
+
+/// In a cluster, a node keeps room for one kept checkpoint of its largest
+/// cell: a checkpoint is one more copy of a cell's memory, and a node whose
+/// cells' limits fill its memory would run out on a checkpoint tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clustered_node_keeps_room_for_a_kept_checkpoint() {
+    let limits = roam_node::NodeLimits {
+        max_total_memory: Some(200 << 20),
+        cell_memory: 128 << 20,
+        ..Default::default()
+    };
+    // Alone, 128 MiB of 200 fits.
+    let alone = TestNode::start(
+        "alone",
+        Setup {
+            limits: Some(limits.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let module = alone.upload("dirty").await;
+    alone.launch(&module, "fits", &ARGS).await;
+    // With a planner, it needs 128 MiB more free for the checkpoint.
+    let planner = Planner::start(None).await;
+    let clustered = TestNode::start(
+        "clustered",
+        Setup {
+            planner: Some(planner.url.clone()),
+            limits: Some(limits),
+            ..Default::default()
+        },
+    )
+    .await;
+    let module = clustered.upload("dirty").await;
+    let e = clustered
+        .client
+        .launch(&launch(&module, None))
+        .await
+        .expect_err("no room is left for a checkpoint");
+    assert!(
+        e.to_string().contains("stays free for a kept checkpoint"),
+        "{e}"
+    );
+    let small = clustered
+        .client
+        .launch(&launch(&module, Some(64 << 20)))
+        .await;
+    assert!(small.is_ok(), "64 MiB and 64 MiB of room fit: {small:?}");
+}
+
+fn launch(module: &str, max_memory: Option<u64>) -> roam_node::types::LaunchRequest {
+    roam_node::types::LaunchRequest {
+        module: module.to_string(),
+        args: argv(&ARGS),
+        env: Vec::new(),
+        dirs: Vec::new(),
+        max_memory,
+        service: None,
+        id: None,
+        generation: None,
+    }
+}

@@ -155,8 +155,15 @@ async fn tick(n: &Arc<Inner>, seen: &mut Seen) -> Result<(), crate::api::AppErro
             let (n, c) = (n.clone(), c.clone());
             tokio::spawn(async move { evacuate(&n, c, Why::Absent).await });
         } else if c.state == CellState::Running && due(n, c, now) {
+            // At most `kept_parallel` at once; the others are still due on
+            // the next tick.
+            let Ok(permit) = n.keeping.clone().try_acquire_owned() else {
+                tracing::debug!(cell = %c.id, "kept checkpoint due; waiting for one under way");
+                continue;
+            };
             let (n, id) = (n.clone(), c.id.clone());
             tokio::spawn(async move {
+                let _permit = permit;
                 if let Err(e) = keep_now(&n, &id).await {
                     lock(&n.keep_failed).insert(id.clone(), unix_ms());
                     tracing::warn!(cell = %id, "kept checkpoint failed: {}", e.1);

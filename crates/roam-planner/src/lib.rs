@@ -28,6 +28,8 @@ mod cells;
 mod evac_tests;
 pub mod events;
 mod kept;
+#[cfg(test)]
+mod kept_tests;
 mod leader;
 pub mod metrics;
 mod moves;
@@ -59,6 +61,11 @@ pub const DEFAULT_CHECKPOINT_INTERVAL_S: u64 = 30;
 /// Default largest module accepted by `POST /v1/modules`.
 pub const DEFAULT_MAX_MODULE_BYTES: u64 = 256 << 20;
 
+/// Default [`PlannerConfig::kept_parallel`]. Each kept checkpoint costs
+/// its owner one more copy of the cell's memory while it is sent, and the
+/// network its pages: started all at once on a tick, they would add up.
+pub const DEFAULT_KEPT_PARALLEL: usize = 2;
+
 /// How long open connections (event streams) get to close after the
 /// shutdown signal.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -75,6 +82,10 @@ pub struct PlannerConfig {
     pub checkpoint_interval_s: u64,
     /// A node without a heartbeat for this long is dead ([`DEFAULT_LEASE`]).
     pub lease: Duration,
+    /// Most kept checkpoints the leader takes at once
+    /// ([`DEFAULT_KEPT_PARALLEL`]); a cell whose checkpoint is due waits
+    /// for a later tick when this many are under way.
+    pub kept_parallel: usize,
     /// Mutual TLS: the planner's certificate (`roam cert planner NAME`,
     /// role `planner`), also presented to nodes when it calls them.
     pub tls: Option<Identity>,
@@ -95,6 +106,7 @@ impl PlannerConfig {
             id: format!("planner-{}", random_hex(4)),
             checkpoint_interval_s: DEFAULT_CHECKPOINT_INTERVAL_S,
             lease: DEFAULT_LEASE,
+            kept_parallel: DEFAULT_KEPT_PARALLEL,
             tls: None,
             token: None,
             insecure: false,
@@ -167,6 +179,8 @@ pub(crate) struct Inner {
     /// Cell → when its last kept checkpoint failed (Unix ms): the next try
     /// waits a full interval.
     pub keep_failed: Mutex<HashMap<String, u64>>,
+    /// Kept checkpoints the leader may still start ([`PlannerConfig::kept_parallel`]).
+    pub keeping: Arc<tokio::sync::Semaphore>,
     /// The owners of the cells that have not ended, for placements (see
     /// [`cells::Owners`]).
     pub owners: Mutex<cells::Owners>,
@@ -242,6 +256,7 @@ impl Planner {
             tls: cfg.tls.as_ref().map(|id| id.client().clone()),
             token: cfg.token.clone(),
         };
+        let kept_parallel = cfg.kept_parallel.max(1);
         let listener = TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| BindError::Bind {
@@ -260,6 +275,7 @@ impl Planner {
             busy: Mutex::default(),
             uploaded: Mutex::default(),
             keep_failed: Mutex::default(),
+            keeping: Arc::new(tokio::sync::Semaphore::new(kept_parallel)),
             owners: Mutex::default(),
         });
         Ok(Planner {

@@ -61,7 +61,7 @@ pub use encode::{EncodeError, EncodeOptions, Format};
 pub use file::{Opened, ReadFileError, WriteFileError};
 pub use header::{peek_header, Header, Version, FLAG_FILES, FLAG_MODULE_EMBEDDED, HEADER_LEN};
 pub use initial::InitialImage;
-pub use memory::{MemoryImage, PageKind, RestoreError};
+pub use memory::{MemoryImage, PageBuilder, PageKind, RestoreError};
 pub use model::{
     FileEntry, FileKind, FileTree, GlobalVal, GlobalValue, ModuleRef, Origin, Snapshot,
     UnwoundStack, ASYNCIFY_HEADER_LEN,

@@ -8,6 +8,9 @@
 //! pages stay unmapped.
 
 mod capture;
+mod pages;
+
+pub use pages::PageBuilder;
 
 pub(crate) use capture::is_zero;
 use capture::{capture_with, PARALLEL_MIN_BYTES};

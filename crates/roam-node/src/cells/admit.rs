@@ -13,6 +13,8 @@ use crate::types::CellState;
 struct Use {
     cells: usize,
     memory: u64,
+    /// The largest memory limit among them.
+    largest: u64,
 }
 
 fn in_use(n: &NodeInner, pending: &HashMap<String, u64>) -> Use {
@@ -20,14 +22,16 @@ fn in_use(n: &NodeInner, pending: &HashMap<String, u64>) -> Use {
     let live = cells
         .values()
         .filter(|e| matches!(e.state, CellState::Running | CellState::Migrating));
-    let (mut count, mut memory) = (0, 0u64);
+    let (mut count, mut memory, mut largest) = (0, 0u64, 0u64);
     for e in live {
         count += 1;
         memory = memory.saturating_add(e.spec.max_memory);
+        largest = largest.max(e.spec.max_memory);
     }
     Use {
         cells: count + pending.len(),
         memory: memory.saturating_add(pending.values().sum::<u64>()),
+        largest: largest.max(pending.values().copied().max().unwrap_or(0)),
     }
 }
 
@@ -76,9 +80,25 @@ pub(crate) fn admit(n: &NodeInner, key: &str, max_memory: u64) -> Result<Admissi
         ));
     }
     let cap = total_memory_cap(n);
-    if used.memory.saturating_add(max_memory) > cap {
+    // In a cluster, the planner asks for kept checkpoints, each one more
+    // copy of a cell's memory (one at a time: `NodeInner::copies`), so
+    // room for the largest cell's stays free.
+    let room = if n.planner.is_some() {
+        used.largest.max(max_memory)
+    } else {
+        0
+    };
+    if used.memory.saturating_add(max_memory).saturating_add(room) > cap {
+        let kept = if room > 0 {
+            format!(
+                ", and {} stays free for a kept checkpoint of the largest cell",
+                human(room)
+            )
+        } else {
+            String::new()
+        };
         return Err(format!(
-            "node {} lacks memory for the cell: its cells' limits add up to {} of {}, \
+            "node {} lacks memory for the cell: its cells' limits add up to {} of {}{kept}; \
              the cell needs {} more (ask for a smaller --max-memory, or raise roam node \
              --max-total-memory)",
             n.cfg.name,

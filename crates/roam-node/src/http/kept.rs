@@ -1,21 +1,16 @@
 //! Handlers of kept checkpoints (the operations are in `crate::kept::ops`).
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use tokio::io::AsyncReadExt;
 
 use super::{Answer, N};
+use crate::error::NodeError;
 use crate::kept::ops;
-use crate::state::NodeInner;
 use crate::types::*;
-
-/// Largest body of a kept checkpoint: the largest cell memory, plus room
-/// for its state and manifest.
-pub(super) fn body_limit(n: &NodeInner) -> usize {
-    usize::try_from(n.cfg.limits.max_cell_memory.saturating_add(256 << 20)).unwrap_or(usize::MAX)
-}
 
 pub(super) async fn keep(
     State(n): N,
@@ -33,12 +28,13 @@ pub(super) async fn missing(
     Ok(Json(ops::missing(n, id, hashes).await?))
 }
 
+/// The body is streamed to the holder's disk (`ops::put` bounds it).
 pub(super) async fn put(
     State(n): N,
     Path(id): Path<String>,
-    body: Bytes,
+    body: Body,
 ) -> Answer<Json<serde_json::Value>> {
-    Ok(Json(ops::put(n, id, body).await?))
+    Ok(Json(ops::put(n, id, body.into_data_stream()).await?))
 }
 
 /// The query of `GET /v1/kept/{cell}`.
@@ -58,8 +54,28 @@ pub(super) async fn get(
     Path(id): Path<String>,
     Query(w): Query<Which>,
 ) -> Answer<Response> {
-    let b = ops::get(n, id, w.snapshot).await?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], b).into_response())
+    let f = ops::get(n, id, w.snapshot).await?;
+    let len = f.metadata().map_err(NodeError::internal)?.len();
+    // Streamed from the file, 64 KiB at a time.
+    let chunks = futures_util::stream::unfold(tokio::fs::File::from_std(f), |mut f| async move {
+        let mut buf = vec![0u8; 1 << 16];
+        match f.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(k) => {
+                buf.truncate(k);
+                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), f))
+            }
+            Err(e) => Some((Err(e), f)),
+        }
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::from_stream(chunks),
+    )
+        .into_response())
 }
 
 pub(super) async fn restore(

@@ -10,7 +10,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::handler::Handler;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -66,10 +65,7 @@ fn router(n: Arc<NodeInner>) -> Router {
         .route("/v1/cells/{id}/checkpoint", post(cells::checkpoint))
         .route("/v1/cells/{id}/keep", post(kept::keep))
         .route("/v1/cells/restore", post(kept::restore))
-        .route(
-            "/v1/kept/{id}",
-            get(kept::get).put(kept::put.layer(DefaultBodyLimit::max(kept::body_limit(&n)))),
-        )
+        .route("/v1/kept/{id}", get(kept::get).put(kept::put))
         .route("/v1/kept/{id}/missing", post(kept::missing))
         .route("/v1/kept/{id}/commit", post(kept::commit))
         .route("/v1/cells/{id}/migrate", post(migrate::start))

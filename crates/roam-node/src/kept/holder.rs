@@ -11,10 +11,14 @@
 //! must not win over a newer checkpoint).
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::store::{frame, unframe, Framed, KeptError, Manifest};
+use roam_snapshot::PAGE_SIZE;
+
+use super::file::{self, Head};
+use super::store::{KeptError, Manifest};
 
 /// Versions newer than the committed one that a holder keeps.
 pub(crate) const UNCONFIRMED: usize = 2;
@@ -127,13 +131,10 @@ impl Holder {
         Some(s.to_string())
     }
 
-    /// A stored kept checkpoint of `id`: the version named `snapshot`, or
-    /// without a name the committed one, else the newest.
-    pub(crate) fn read(
-        &self,
-        id: &str,
-        snapshot: Option<&str>,
-    ) -> Result<Option<Vec<u8>>, KeptError> {
+    /// A stored kept checkpoint of `id`, opened: the version named
+    /// `snapshot`, or without a name the committed one, else the newest.
+    /// (Open, it stays readable if a commit or prune removes it.)
+    pub(crate) fn open(&self, id: &str, snapshot: Option<&str>) -> Result<Option<File>, KeptError> {
         let versions = self.versions(id)?;
         let want = snapshot.map(str::to_string).or_else(|| self.committed(id));
         let v = match want {
@@ -141,8 +142,25 @@ impl Holder {
             None => versions.last(),
         };
         match v {
-            Some(v) => std::fs::read(&v.path).map(Some).map_err(Self::io(&v.path)),
+            Some(v) => File::open(&v.path).map(Some).map_err(Self::io(&v.path)),
             None => Ok(None),
+        }
+    }
+
+    /// The newest stored version of `id` and its manifest, if it reads.
+    fn newest(&self, id: &str, max: u64) -> Result<Option<(Version, File, Head)>, KeptError> {
+        let Some(v) = self.versions(id)?.pop() else {
+            return Ok(None);
+        };
+        let f = File::open(&v.path).map_err(Self::io(&v.path))?;
+        let len = f.metadata().map_err(Self::io(&v.path))?.len();
+        match file::read_head(&f, len, max) {
+            Ok(h) => Ok(Some((v, f, h))),
+            Err(e) => {
+                // A damaged file: everything is sent again.
+                tracing::warn!("kept checkpoint {} is damaged: {e}", v.path.display());
+                Ok(None)
+            }
         }
     }
 
@@ -154,16 +172,8 @@ impl Holder {
         wanted: &[String],
         max: u64,
     ) -> Result<Vec<String>, KeptError> {
-        let newest = self.versions(id)?.pop();
-        let have: std::collections::HashSet<String> = match newest {
-            Some(v) => match std::fs::read(&v.path)
-                .ok()
-                .map(|b| unframe(&b, max).map(|f| f.m.sent))
-            {
-                Some(Ok(sent)) => sent.into_iter().collect(),
-                // A damaged file: everything is sent again.
-                _ => Default::default(),
-            },
+        let have: std::collections::HashSet<String> = match self.newest(id, max)? {
+            Some((_, _, h)) => h.m.sent.into_iter().collect(),
             None => Default::default(),
         };
         Ok(wanted
@@ -173,62 +183,95 @@ impl Holder {
             .collect())
     }
 
-    /// Store a `PUT`'s checkpoint as a new version: its new pages from the
-    /// body, the others from the newest stored version. Refused, keeping
-    /// everything, if a page is in neither, or if it is older than the
-    /// newest stored version.
-    pub(crate) fn put(&self, id: &str, body: &[u8], max: u64) -> Result<Manifest, KeptError> {
-        let Framed {
-            mut m,
-            state,
-            log,
-            pages: new,
-        } = unframe(body, max)?;
-        let versions = self.versions(id)?;
-        if let Some(newest) = versions.last() {
-            if newest.snapshot == m.snapshot {
+    /// A temporary file in the holder's directory, for an upload or a
+    /// download (created exclusively: never through a symbolic link),
+    /// removed when dropped.
+    pub(crate) fn temp(&self) -> Result<Temp, KeptError> {
+        self.ensure_dir()?;
+        let path = self.dir.join(format!(".{}.tmp", crate::ids::new_id("")));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(Self::io(&path))?;
+        Ok(Temp {
+            path: Some(path),
+            file,
+        })
+    }
+
+    /// Store the checkpoint uploaded to file `upload` as a new version:
+    /// its new pages from the upload, the others from the newest stored
+    /// version, read and checked one page at a time. Refused, keeping
+    /// everything, if a hash does not match, if a page is in neither, or
+    /// if it is older than the newest stored version.
+    pub(crate) fn put(&self, id: &str, upload: &File, max: u64) -> Result<Manifest, KeptError> {
+        let len = upload
+            .metadata()
+            .map_err(|e| KeptError::Malformed(e.to_string()))?
+            .len();
+        let head = file::read_head(upload, len, max)?;
+        file::verify(upload, &head)?;
+        let m = &head.m;
+        let newest = self.newest(id, max)?;
+        if let Some((v, _, h)) = &newest {
+            if v.snapshot == m.snapshot {
                 // A retry of the newest: nothing to do.
-                let b = std::fs::read(&newest.path).map_err(Self::io(&newest.path))?;
-                return Ok(unframe(&b, max)?.m);
+                return Ok(h.m.clone());
             }
-            if key_of(&m) < newest.key() {
+            if key_of(m) < v.key() {
                 return Err(KeptError::Stale(format!(
-                    "checkpoint {} (generation {}, taken at {} ms) is older than checkpoint {}                      (generation {}, taken at {} ms), which this node already holds",
+                    "checkpoint {} (generation {}, taken at {} ms) is older than checkpoint {} \
+                     (generation {}, taken at {} ms), which this node already holds",
                     m.snapshot,
                     m.generation.unwrap_or(0),
                     m.taken_ms,
-                    newest.snapshot,
-                    newest.generation,
-                    newest.taken_ms
+                    v.snapshot,
+                    v.generation,
+                    v.taken_ms
                 )));
             }
         }
-        let old = match versions.last() {
-            Some(v) => Some(std::fs::read(&v.path).map_err(Self::io(&v.path))?),
-            None => None,
-        };
-        let old = old.as_deref().and_then(|b| unframe(b, max).ok());
-        let mut by_hash: HashMap<&str, &[u8]> = HashMap::new();
-        if let Some(o) = &old {
-            for (h, p) in o.m.sent.iter().zip(&o.pages) {
-                by_hash.insert(h, p);
+        // Where each page comes from: the upload wins over the old version.
+        let mut by_hash: HashMap<&str, (&File, &Head, usize)> = HashMap::new();
+        if let Some((_, f, h)) = &newest {
+            for (k, hash) in h.m.sent.iter().enumerate() {
+                by_hash.insert(hash, (f, h, k));
             }
         }
-        for (h, p) in m.sent.iter().zip(&new) {
-            by_hash.insert(h, p);
+        for (k, hash) in m.sent.iter().enumerate() {
+            by_hash.insert(hash, (upload, &head, k));
         }
-        let mut pages = Vec::with_capacity(m.pages.len());
+        let mut from = Vec::with_capacity(m.pages.len());
         for (i, h) in &m.pages {
-            let p = by_hash.get(h.as_str()).ok_or_else(|| {
+            from.push(*by_hash.get(h.as_str()).ok_or_else(|| {
                 KeptError::Malformed(format!("page {i} ({h}) was neither sent nor held here"))
-            })?;
-            pages.push(*p);
+            })?);
         }
-        m.sent = m.pages.iter().map(|(_, h)| h.clone()).collect();
-        let file = frame(&m, state, log, &pages);
-        self.write_atomic(&self.version_path(id, &m), &file)?;
+        let mut stored = m.clone();
+        stored.sent = m.pages.iter().map(|(_, h)| h.clone()).collect();
+        let (state, log) = file::state_and_log(upload, &head)?;
+        let path = self.version_path(id, &stored);
+        self.write_atomic(&path, |w| {
+            w.write_all(&file::head_bytes(&stored, &state, &log))
+                .map_err(|e| KeptError::Io {
+                    path: path.clone(),
+                    source: e,
+                })?;
+            let mut page = vec![0u8; PAGE_SIZE];
+            for (f, h, k) in &from {
+                // The old version's pages are checked again as they are read.
+                file::page(f, h, *k, &mut page)?;
+                w.write_all(&page).map_err(|e| KeptError::Io {
+                    path: path.clone(),
+                    source: e,
+                })?;
+            }
+            Ok(())
+        })?;
         self.prune(id)?;
-        Ok(m)
+        Ok(stored)
     }
 
     /// The planner recorded version `snapshot` of `id`: older versions go.
@@ -239,7 +282,10 @@ impl Holder {
                 "no kept checkpoint {snapshot} of cell {id} on this node"
             )));
         };
-        self.write_atomic(&self.committed_path(id), snapshot.as_bytes())?;
+        let path = self.committed_path(id);
+        self.write_atomic(&path, |w| {
+            w.write_all(snapshot.as_bytes()).map_err(Self::io(&path))
+        })?;
         for old in versions.iter().filter(|o| o.key() < v.key()) {
             remove(&old.path);
         }
@@ -261,9 +307,9 @@ impl Holder {
         Ok(())
     }
 
-    /// Write `bytes` as `path`: into a new temporary file (never through a
-    /// symbolic link: it is created exclusively), synced, then renamed.
-    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<(), KeptError> {
+    /// The holder's directory, created if need be; refused if it is not a
+    /// directory (a symbolic link).
+    fn ensure_dir(&self) -> Result<(), KeptError> {
         std::fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
         let meta = std::fs::symlink_metadata(&self.dir).map_err(Self::io(&self.dir))?;
         if !meta.is_dir() {
@@ -272,28 +318,52 @@ impl Holder {
                 source: std::io::Error::other("not a directory (a symbolic link?)"),
             });
         }
-        let tmp = self.dir.join(format!(".{}.tmp", crate::ids::new_id("")));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(Self::io(&tmp))?;
-        let written = f.write_all(bytes).and_then(|()| f.sync_all());
-        if let Err(source) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(KeptError::Io { path: tmp, source });
-        }
-        std::fs::rename(&tmp, path).map_err(|source| {
-            let _ = std::fs::remove_file(&tmp);
+        Ok(())
+    }
+
+    /// Write `path` with `fill`: into a new temporary file, synced, then
+    /// renamed. On any error the temporary file goes and `path` is
+    /// unchanged.
+    fn write_atomic(
+        &self,
+        path: &Path,
+        fill: impl FnOnce(&mut BufWriter<&File>) -> Result<(), KeptError>,
+    ) -> Result<(), KeptError> {
+        let mut tmp = self.temp()?;
+        let mut w = BufWriter::with_capacity(1 << 16, &tmp.file);
+        fill(&mut w)?;
+        w.flush().map_err(Self::io(path))?;
+        drop(w);
+        tmp.file.sync_all().map_err(Self::io(path))?;
+        let from = tmp
+            .path
+            .take()
+            .expect("a temporary file has its path until renamed");
+        std::fs::rename(&from, path).map_err(|source| {
+            let _ = std::fs::remove_file(&from);
             KeptError::Io {
                 path: path.to_path_buf(),
                 source,
             }
         })?;
-        if let Ok(d) = std::fs::File::open(&self.dir) {
+        if let Ok(d) = File::open(&self.dir) {
             let _ = d.sync_all();
         }
         Ok(())
+    }
+}
+
+/// A temporary file of the holder, removed when dropped unless renamed.
+pub(crate) struct Temp {
+    path: Option<PathBuf>,
+    pub file: File,
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path {
+            remove(p);
+        }
     }
 }
 

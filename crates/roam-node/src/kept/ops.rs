@@ -16,6 +16,7 @@ use crate::log::CellLog;
 use crate::state::NodeInner;
 use crate::types::*;
 
+use super::file;
 use super::holder::Holder;
 use super::store::{self as kept, KeptError, Manifest};
 
@@ -45,15 +46,19 @@ pub(crate) async fn keep(
     }
     let h = cells::running_handle(n, id)?;
     let generation = n.cells().get(id).and_then(|e| e.spec.generation);
+    // The checkpoint is one more copy of the cell's memory; admission
+    // keeps room for one at a time (`cells::admit`).
+    let _copy = n.copies.acquire().await.map_err(NodeError::internal)?;
     let cp = cells::checkpoint_now(&h).await?;
     let taken_ms = unix_ms();
     let module = h.module.clone();
-    let snap = cp.snapshot;
-    let split = tokio::task::spawn_blocking(move || kept::split(&snap, module.initial_image()))
+    let snap = Arc::new(cp.snapshot);
+    let (s, m) = (snap.clone(), module.clone());
+    let split = tokio::task::spawn_blocking(move || kept::split(&s, m.initial_image()))
         .await?
         .map_err(NodeError::Internal)?;
     let hex = |h: &[u8; 32]| roam_runtime::cache::hex(h);
-    let pages: Vec<(u32, String)> = split.pages.iter().map(|(i, h, _)| (*i, hex(h))).collect();
+    let pages: Vec<(u32, String)> = split.pages.iter().map(|(i, h)| (*i, hex(h))).collect();
     let state_hash = hex(blake3::hash(&split.state).as_bytes());
     let holder = n
         .client(&req.holder)
@@ -72,12 +77,12 @@ pub(crate) async fn keep(
         .collect();
     // Each missing page once, in the order of the manifest.
     let mut sent = Vec::new();
-    let mut send: Vec<&[u8]> = Vec::new();
+    let mut send = Vec::new();
     let mut queued = std::collections::HashSet::new();
-    for ((_, hash), (_, _, page)) in pages.iter().zip(&split.pages) {
+    for (i, hash) in &pages {
         if missing.contains(hash) && queued.insert(hash.clone()) {
             sent.push(hash.clone());
-            send.push(page);
+            send.push(*i);
         }
     }
     let bytes = (split.state.len() + cp.log.len() + pages.len() * roam_snapshot::PAGE_SIZE) as u64;
@@ -96,9 +101,25 @@ pub(crate) async fn keep(
     };
     m.snapshot = kept::digest(&m);
     let snapshot = m.snapshot.clone();
-    let body = kept::frame(&m, &split.state, &cp.log, &send);
-    let sent_bytes = body.len() as u64;
-    holder.put_kept(id, body).await.map_err(unreachable)?;
+    // The body is streamed: its head, then the pages read from the
+    // snapshot a chunk at a time as the holder takes them.
+    let head = file::head_bytes(&m, &split.state, &cp.log);
+    let sent_bytes = (head.len() + send.len() * roam_snapshot::PAGE_SIZE) as u64;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(Ok(head.into()))
+        .await
+        .map_err(|_| NodeError::internal("the body's channel closed"))?;
+    let producer = tokio::task::spawn_blocking(move || {
+        let r = kept::send_pages(&snap, module.initial_image(), &send, &tx);
+        if let Err(e) = &r {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.clone())));
+        }
+        r
+    });
+    let put = holder.put_kept(id, rx).await;
+    let produced = producer.await?;
+    put.map_err(unreachable)?;
+    produced.map_err(NodeError::Internal)?;
     tracing::info!(cell = %id, holder = %req.holder_name, snapshot = %snapshot,
         bytes, sent_bytes, "kept checkpoint sent");
     n.metrics.kept(id, taken_ms, bytes, sent_bytes);
@@ -136,15 +157,48 @@ pub(crate) async fn missing(
     .await??)
 }
 
+/// Largest body of a kept checkpoint: the largest cell memory, plus room
+/// for its state and manifest.
+pub(crate) fn body_limit(n: &NodeInner) -> u64 {
+    n.cfg.limits.max_cell_memory.saturating_add(256 << 20)
+}
+
 /// `PUT /v1/kept/{cell}`: store a kept checkpoint; `{snapshot, bytes}`.
-pub(crate) async fn put(
+/// The body goes to a file as it arrives (at most [`body_limit`] bytes),
+/// and is checked and stored from there.
+pub(crate) async fn put<E: std::fmt::Display>(
     n: Arc<NodeInner>,
     id: String,
-    body: bytes::Bytes,
+    mut body: impl futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
 ) -> Result<serde_json::Value, NodeError> {
-    let max = n.cfg.limits.max_cell_memory;
-    let m = tokio::task::spawn_blocking(move || Holder::new(&n.cfg.state_dir).put(&id, &body, max))
-        .await??;
+    use futures_util::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let _upload = n.uploads.acquire().await.map_err(NodeError::internal)?;
+    let holder = Holder::new(&n.cfg.state_dir);
+    let tmp = tokio::task::spawn_blocking(move || holder.temp()).await??;
+    let mut out = tokio::io::BufWriter::new(tokio::fs::File::from_std(
+        tmp.file.try_clone().map_err(NodeError::internal)?,
+    ));
+    let limit = body_limit(&n);
+    let mut written = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk =
+            chunk.map_err(|e| NodeError::bad(format!("the kept checkpoint broke off: {e}")))?;
+        written = written.saturating_add(chunk.len() as u64);
+        if written > limit {
+            return Err(NodeError::TooLarge(format!(
+                "the kept checkpoint is over this node's limit of {} \
+                 (its largest cell memory and 256 MiB)",
+                crate::size::human(limit)
+            )));
+        }
+        out.write_all(&chunk).await.map_err(NodeError::internal)?;
+    }
+    out.flush().await.map_err(NodeError::internal)?;
+    drop(out);
+    let (max, dir) = (n.cfg.limits.max_cell_memory, n.cfg.state_dir.clone());
+    let m =
+        tokio::task::spawn_blocking(move || Holder::new(&dir).put(&id, &tmp.file, max)).await??;
     tracing::info!(snapshot = %m.snapshot, pages = m.pages.len(), "kept checkpoint stored");
     Ok(serde_json::json!({
         "snapshot": m.snapshot,
@@ -153,18 +207,19 @@ pub(crate) async fn put(
 }
 
 /// `GET /v1/kept/{cell}[?snapshot=NAME]`: a stored kept checkpoint (by
-/// name; without one, the committed one, else the newest).
+/// name; without one, the committed one, else the newest), opened, to be
+/// streamed.
 pub(crate) async fn get(
     n: Arc<NodeInner>,
     id: String,
     snapshot: Option<String>,
-) -> Result<Vec<u8>, NodeError> {
+) -> Result<std::fs::File, NodeError> {
     if let Some(s) = &snapshot {
         roam_wire::ident::parse_module_hash(s)
             .map_err(|_| NodeError::bad(format!("snapshot `{s}` is not a BLAKE3 hash in hex")))?;
     }
     let (nid, ns) = (id.clone(), snapshot.clone());
-    tokio::task::spawn_blocking(move || Holder::new(&n.cfg.state_dir).read(&nid, ns.as_deref()))
+    tokio::task::spawn_blocking(move || Holder::new(&n.cfg.state_dir).open(&nid, ns.as_deref()))
         .await??
         .ok_or_else(|| {
             NodeError::NotFound(match snapshot {
@@ -204,46 +259,65 @@ pub(crate) async fn restore(
     })?;
     cells::check(n, &req.args, &req.dirs, req.service.as_deref())?;
     let max = n.cfg.limits.max_cell_memory;
+    // Rebuilding the memory is one more copy of it (see `keep`).
+    let copy = n
+        .copies
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(NodeError::internal)?;
     // Its own copy if this node holds the checkpoint asked for, else the
-    // holder's.
+    // holder's, downloaded to a file as it arrives.
     let (nn, id, want) = (n.clone(), req.id.clone(), req.snapshot.clone());
     let local =
-        tokio::task::spawn_blocking(move || Holder::new(&nn.cfg.state_dir).read(&id, Some(&want)))
+        tokio::task::spawn_blocking(move || Holder::new(&nn.cfg.state_dir).open(&id, Some(&want)))
             .await??;
-    let file = match local {
-        Some(b) => b,
-        None => n
-            .client(&req.holder)
-            .map_err(|e| NodeError::Upstream(e.to_string()))?
-            .get_kept(&req.id, &req.snapshot)
-            .await
-            .map_err(|e| match e {
-                crate::client::ClientError::NotFound(_) => NodeError::NotFound(format!(
-                    "the holder {} has no kept checkpoint {} of cell {}",
-                    req.holder, req.snapshot, req.id
-                )),
-                e => NodeError::Upstream(format!(
-                    "cannot fetch the kept checkpoint from {}: {e}",
-                    req.holder
-                )),
-            })?,
+    let (file, _download) = match local {
+        Some(f) => (f, None),
+        None => {
+            let nn = n.clone();
+            let tmp = tokio::task::spawn_blocking(move || Holder::new(&nn.cfg.state_dir).temp())
+                .await??;
+            let mut out =
+                tokio::fs::File::from_std(tmp.file.try_clone().map_err(NodeError::internal)?);
+            n.client(&req.holder)
+                .map_err(|e| NodeError::Upstream(e.to_string()))?
+                .get_kept(&req.id, &req.snapshot, &mut out, body_limit(n))
+                .await
+                .map_err(|e| match e {
+                    crate::client::ClientError::NotFound(_) => NodeError::NotFound(format!(
+                        "the holder {} has no kept checkpoint {} of cell {}",
+                        req.holder, req.snapshot, req.id
+                    )),
+                    e => NodeError::Upstream(format!(
+                        "cannot fetch the kept checkpoint from {}: {e}",
+                        req.holder
+                    )),
+                })?;
+            (
+                tmp.file.try_clone().map_err(NodeError::internal)?,
+                Some(tmp),
+            )
+        }
     };
     let (want, generation, capacity) = (req.snapshot.clone(), req.generation, n.log_capacity());
     let rebuild: cells::Rebuild = Box::new(move |module| {
-        let f = kept::unframe(&file, max)?;
-        let m = &f.m;
+        let _copy = copy;
+        let len = file.metadata().map_err(NodeError::internal)?.len();
+        let head = file::read_head(&file, len, max)?;
+        let m = &head.m;
         if m.snapshot != want {
             return Err(NodeError::bad(format!(
                 "the holder has kept checkpoint {}, not {want}",
                 m.snapshot
             )));
         }
-        let snap = kept::rebuild(&f, module.initial_image()).map_err(NodeError::BadRequest)?;
+        let (snap, log) = kept::rebuild(&file, &head, module.initial_image())?;
         tracing::info!(snapshot = %m.snapshot, taken_ms = m.taken_ms, generation,
             "restoring from a kept checkpoint");
         // Its output before the checkpoint; what it wrote after, it writes
         // again.
-        let log = CellLog::with_history(capacity, f.log, m.log_dropped);
+        let log = CellLog::with_history(capacity, &log, m.log_dropped);
         Ok((snap, log))
     });
     let id = req.id.clone();

@@ -26,7 +26,9 @@
 
 use std::path::PathBuf;
 
-use roam_snapshot::{MemoryImage, Snapshot, PAGE_SIZE};
+use roam_snapshot::{MemoryImage, PageBuilder, Snapshot, PAGE_SIZE};
+
+use super::file;
 use serde::{Deserialize, Serialize};
 
 /// What a kept checkpoint holds besides its bytes.
@@ -100,12 +102,14 @@ pub(crate) fn digest(m: &Manifest) -> String {
     hex(h.finalize().as_bytes())
 }
 
-/// A checkpoint split for keeping: its state, and its non-zero pages.
+/// A checkpoint split for keeping: its state, and the hash of each of its
+/// non-zero pages. The pages stay in the snapshot, read again as they are
+/// sent ([`send_pages`]).
 pub(crate) struct Split {
     pub state: Vec<u8>,
     pub memory_bytes: u64,
-    /// (index, hash, page) of every non-zero page.
-    pub pages: Vec<(u32, [u8; 32], Box<[u8]>)>,
+    /// (index, hash) of every non-zero page.
+    pub pages: Vec<(u32, [u8; 32])>,
 }
 
 /// Split a checkpoint taken on this node.
@@ -114,19 +118,22 @@ pub(crate) fn split(
     initial: &roam_snapshot::InitialImage,
 ) -> Result<Split, String> {
     let memory_bytes = snap.memory.byte_len();
-    let len = usize::try_from(memory_bytes).map_err(|e| e.to_string())?;
-    let mut mem = vec![0u8; len];
-    snap.memory
-        .restore_into(&mut mem, initial, false)
-        .map_err(|e| format!("cannot read the checkpoint's memory: {e}"))?;
-    let pages = mem
-        .chunks(PAGE_SIZE)
-        .enumerate()
-        .filter(|(_, p)| p.iter().any(|&b| b != 0))
-        .map(|(i, p)| (i as u32, *blake3::hash(p).as_bytes(), Box::from(p)))
+    let pages = snap
+        .memory
+        .nonzero_pages(initial)
+        .map_err(|e| format!("cannot read the checkpoint's memory: {e}"))?
+        .map(|(i, p)| (i as u32, *blake3::hash(p).as_bytes()))
         .collect();
-    let mut state = snap.clone();
-    state.memory = MemoryImage::placeholder(memory_bytes, initial);
+    // Field by field: a clone of the snapshot would copy its memory.
+    let state = Snapshot {
+        module: snap.module.clone(),
+        origin: snap.origin.clone(),
+        memory: MemoryImage::placeholder(memory_bytes, initial),
+        globals: snap.globals.clone(),
+        stack: snap.stack.clone(),
+        os_state: snap.os_state.clone(),
+        files: snap.files.clone(),
+    };
     let state = state
         .encode(&roam_snapshot::EncodeOptions::default())
         .map_err(|e| format!("cannot encode the checkpoint's state: {e}"))?;
@@ -137,127 +144,77 @@ pub(crate) fn split(
     })
 }
 
-/// A kept checkpoint's parts, borrowed from its bytes.
-pub(crate) struct Framed<'a> {
-    pub m: Manifest,
-    pub state: &'a [u8],
-    pub log: &'a [u8],
-    pub pages: Vec<&'a [u8]>,
-}
+/// Pages per chunk of a streamed body.
+const CHUNK_PAGES: usize = 64;
 
-/// Body layout shared by `PUT /v1/kept/{cell}` and the stored file.
-pub(crate) fn frame(m: &Manifest, state: &[u8], log: &[u8], pages: &[&[u8]]) -> Vec<u8> {
-    let json = serde_json::to_vec(m).expect("a manifest serializes");
-    let mut out =
-        Vec::with_capacity(4 + json.len() + state.len() + log.len() + pages.len() * PAGE_SIZE);
-    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    out.extend_from_slice(&json);
-    out.extend_from_slice(state);
-    out.extend_from_slice(log);
-    for p in pages {
-        out.extend_from_slice(p);
-    }
-    out
-}
-
-/// Most bytes of a manifest (a 4 GiB memory has a million pages of about
-/// 70 bytes of JSON each).
-const MAX_MANIFEST: usize = 96 << 20;
-
-/// Read a framed body: the manifest, the state and the pages that follow,
-/// each length checked before use, each page's hash and the state's hash
-/// verified.
-pub(crate) fn unframe(b: &[u8], max_memory: u64) -> Result<Framed<'_>, KeptError> {
-    let bad = |m: &str| KeptError::Malformed(m.to_string());
-    let len = b
-        .get(..4)
-        .map(|l| u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize)
-        .ok_or_else(|| bad("shorter than its length prefix"))?;
-    if len > MAX_MANIFEST || 4 + len > b.len() {
-        return Err(bad("manifest length past the end"));
-    }
-    let m: Manifest =
-        serde_json::from_slice(&b[4..4 + len]).map_err(|e| KeptError::Malformed(e.to_string()))?;
-    if m.memory_bytes > max_memory || !m.memory_bytes.is_multiple_of(65536) {
-        return Err(KeptError::Malformed(format!(
-            "memory of {} bytes: not whole wasm pages, or over this node's limit of {max_memory}",
-            m.memory_bytes
-        )));
-    }
-    let page_count = m.memory_bytes / PAGE_SIZE as u64;
-    let mut last = None;
-    for (i, _) in &m.pages {
-        if u64::from(*i) >= page_count || last.is_some_and(|l| l >= *i) {
-            return Err(bad("page indices out of range or out of order"));
-        }
-        last = Some(*i);
-    }
-    let rest = &b[4 + len..];
-    let state_len = usize::try_from(m.state_len).map_err(|_| bad("state length"))?;
-    let log_len = usize::try_from(m.log_len).map_err(|_| bad("log length"))?;
-    let want = m
-        .sent
-        .len()
-        .checked_mul(PAGE_SIZE)
-        .and_then(|p| p.checked_add(state_len))
-        .and_then(|p| p.checked_add(log_len))
-        .ok_or_else(|| bad("lengths overflow"))?;
-    if rest.len() != want {
-        return Err(KeptError::Malformed(format!(
-            "{} bytes after the manifest, {want} announced",
-            rest.len()
-        )));
-    }
-    let (state, rest) = rest.split_at(state_len);
-    let (log, pages) = rest.split_at(log_len);
-    if hex(blake3::hash(state).as_bytes()) != m.state_hash {
-        return Err(KeptError::Mismatch("the state's hash".into()));
-    }
-    if hex(blake3::hash(log).as_bytes()) != m.log_hash {
-        return Err(KeptError::Mismatch("the log's hash".into()));
-    }
-    let pages: Vec<&[u8]> = pages.chunks(PAGE_SIZE).collect();
-    for (p, h) in pages.iter().zip(&m.sent) {
-        if hex(blake3::hash(p).as_bytes()) != *h {
-            return Err(KeptError::Mismatch(format!("page {h}")));
-        }
-    }
-    if digest(&m) != m.snapshot {
-        return Err(KeptError::Mismatch(format!(
-            "the manifest does not name snapshot {}",
-            m.snapshot
-        )));
-    }
-    Ok(Framed {
-        m,
-        state,
-        log,
-        pages,
-    })
-}
-
-/// Rebuild the snapshot of a verified kept checkpoint, for `initial` (the
-/// module's initial image on the restoring node).
-pub(crate) fn rebuild(
-    f: &Framed<'_>,
+/// Send the pages of `snap` whose indices are in `send` (increasing) to
+/// `tx`, in chunks of [`CHUNK_PAGES`]: the tail of a `PUT` body. Runs on a
+/// blocking thread; the channel's bound keeps a few chunks in memory.
+pub(crate) fn send_pages(
+    snap: &Snapshot,
     initial: &roam_snapshot::InitialImage,
-) -> Result<Snapshot, String> {
-    let (m, state, pages) = (&f.m, f.state, &f.pages);
-    if pages.len() != m.pages.len() {
-        return Err("a stored kept checkpoint lacks pages".into());
+    send: &[u32],
+    tx: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+) -> Result<(), String> {
+    let mut want = send.iter().copied().peekable();
+    let mut chunk = Vec::with_capacity(CHUNK_PAGES * PAGE_SIZE);
+    let pages = snap
+        .memory
+        .nonzero_pages(initial)
+        .map_err(|e| format!("cannot read the checkpoint's memory: {e}"))?;
+    let gone = || "the holder stopped reading the checkpoint".to_string();
+    for (i, p) in pages {
+        if want.peek() != Some(&(i as u32)) {
+            continue;
+        }
+        want.next();
+        chunk.extend_from_slice(p);
+        if chunk.len() == CHUNK_PAGES * PAGE_SIZE {
+            let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_PAGES * PAGE_SIZE));
+            tx.blocking_send(Ok(full.into())).map_err(|_| gone())?;
+        }
     }
-    let mut snap = Snapshot::decode_state(state).map_err(|e| format!("the kept state: {e}"))?;
+    if let Some(i) = want.next() {
+        return Err(format!("page {i} is not in the checkpoint"));
+    }
+    if !chunk.is_empty() {
+        tx.blocking_send(Ok(chunk.into())).map_err(|_| gone())?;
+    }
+    Ok(())
+}
+
+/// Rebuild the snapshot of a stored kept checkpoint (its head read by
+/// [`file::read_head`]), for `initial` (the module's initial image on the
+/// restoring node). Every hash is checked as its bytes are read, and the
+/// memory is built page by page, never whole.
+pub(crate) fn rebuild(
+    f: &std::fs::File,
+    head: &file::Head,
+    initial: &roam_snapshot::InitialImage,
+) -> Result<(Snapshot, Vec<u8>), KeptError> {
+    let m = &head.m;
+    if m.sent.len() != m.pages.len() || m.sent.iter().zip(&m.pages).any(|(s, (_, p))| s != p) {
+        return Err(KeptError::Malformed(
+            "a stored kept checkpoint lacks pages".into(),
+        ));
+    }
+    let (state, log) = file::state_and_log(f, head)?;
+    let mut snap = Snapshot::decode_state(&state)
+        .map_err(|e| KeptError::Malformed(format!("the kept state: {e}")))?;
     if snap.memory.byte_len() != m.memory_bytes {
-        return Err("the kept state's memory size differs from its manifest's".into());
+        return Err(KeptError::Malformed(
+            "the kept state's memory size differs from its manifest's".into(),
+        ));
     }
-    let len = usize::try_from(m.memory_bytes).map_err(|e| e.to_string())?;
-    let mut mem = vec![0u8; len];
-    for ((i, _), p) in m.pages.iter().zip(pages) {
-        let at = *i as usize * PAGE_SIZE;
-        mem[at..at + PAGE_SIZE].copy_from_slice(p);
+    let mut b =
+        PageBuilder::new(m.memory_bytes, initial, m.pages.len()).map_err(KeptError::Malformed)?;
+    let mut page = vec![0u8; PAGE_SIZE];
+    for (k, (i, _)) in m.pages.iter().enumerate() {
+        file::page(f, head, k, &mut page)?;
+        b.add(u64::from(*i), &page).map_err(KeptError::Malformed)?;
     }
-    snap.memory = MemoryImage::capture(&mem, initial);
-    Ok(snap)
+    snap.memory = b.finish();
+    Ok((snap, log))
 }
 
 #[cfg(test)]

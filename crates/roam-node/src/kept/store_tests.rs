@@ -1,5 +1,54 @@
 use super::*;
+use crate::kept::file::{self, Head};
 use crate::kept::holder::Holder;
+
+/// A body: its head, then the pages.
+fn frame(m: &Manifest, state: &[u8], log: &[u8], pages: &[&[u8]]) -> Vec<u8> {
+    let mut b = file::head_bytes(m, state, log);
+    for p in pages {
+        b.extend_from_slice(p);
+    }
+    b
+}
+
+/// What a PUT of `body` does: the body goes to a file, then to the holder.
+fn put(h: &Holder, id: &str, body: &[u8], max: u64) -> Result<Manifest, KeptError> {
+    use std::io::Write;
+    let mut tmp = tempfile::tempfile().unwrap();
+    tmp.write_all(body).unwrap();
+    h.put(id, &tmp, max)
+}
+
+/// A stored version, read back and checked.
+struct Read {
+    m: Manifest,
+    state: Vec<u8>,
+    log: Vec<u8>,
+    pages: Vec<Vec<u8>>,
+}
+
+fn read(h: &Holder, id: &str, snapshot: Option<&str>) -> Option<Result<Read, KeptError>> {
+    let f = h.open(id, snapshot).unwrap()?;
+    let len = f.metadata().unwrap().len();
+    let check = |f: &std::fs::File| -> Result<Read, KeptError> {
+        let head: Head = file::read_head(f, len, 1 << 30)?;
+        file::verify(f, &head)?;
+        let (state, log) = file::state_and_log(f, &head)?;
+        let mut pages = Vec::new();
+        for k in 0..head.m.sent.len() {
+            let mut p = vec![0u8; PAGE_SIZE];
+            file::page(f, &head, k, &mut p)?;
+            pages.push(p);
+        }
+        Ok(Read {
+            m: head.m,
+            state,
+            log,
+            pages,
+        })
+    };
+    Some(check(&f))
+}
 
 fn page(b: u8) -> Vec<u8> {
     vec![b; PAGE_SIZE]
@@ -37,22 +86,19 @@ fn a_second_put_needs_only_the_new_pages_and_rebuilds_the_same_bytes() {
     let h = Holder::new(dir.path());
     let (a, b, c) = (page(1), page(2), page(3));
     let m1 = manifest(b"state1", &[(0, &a), (3, &b)], &[&a, &b]);
-    h.put("c-1", &frame(&m1, b"state1", LOG, &[&a, &b]), 1 << 30)
-        .unwrap();
+    put(&h, "c-1", &frame(&m1, b"state1", LOG, &[&a, &b]), 1 << 30).unwrap();
     // The second checkpoint: page 0 unchanged, page 3 rewritten.
     let m2 = manifest_at(2, b"state2", &[(0, &a), (3, &c)], &[]);
     let all: Vec<String> = m2.pages.iter().map(|(_, h)| h.clone()).collect();
     let missing = h.missing("c-1", &all, 1 << 30).unwrap();
     assert_eq!(missing, vec![m2.pages[1].1.clone()]);
     let m2 = manifest_at(2, b"state2", &[(0, &a), (3, &c)], &[&c]);
-    h.put("c-1", &frame(&m2, b"state2", LOG, &[&c]), 1 << 30)
-        .unwrap();
-    let stored = h.read("c-1", None).unwrap().unwrap();
-    let f = unframe(&stored, 1 << 30).unwrap();
+    put(&h, "c-1", &frame(&m2, b"state2", LOG, &[&c]), 1 << 30).unwrap();
+    let f = read(&h, "c-1", None).unwrap().unwrap();
     assert_eq!(f.m.snapshot, m2.snapshot);
     assert_eq!(f.state, b"state2");
     assert_eq!(f.log, LOG);
-    assert_eq!(f.pages, vec![&a[..], &c[..]]);
+    assert_eq!(f.pages, vec![a.clone(), c.clone()]);
 }
 
 #[test]
@@ -61,24 +107,18 @@ fn a_put_lacking_a_page_or_with_a_bad_page_keeps_the_old_checkpoint() {
     let h = Holder::new(dir.path());
     let (a, b) = (page(1), page(2));
     let m1 = manifest(b"s", &[(0, &a)], &[&a]);
-    h.put("c-1", &frame(&m1, b"s", LOG, &[&a]), 1 << 30)
-        .unwrap();
+    put(&h, "c-1", &frame(&m1, b"s", LOG, &[&a]), 1 << 30).unwrap();
     let lacking = manifest(b"s", &[(0, &a), (1, &b)], &[]);
-    assert!(h
-        .put("c-1", &frame(&lacking, b"s", LOG, &[]), 1 << 30)
-        .is_err());
+    assert!(put(&h, "c-1", &frame(&lacking, b"s", LOG, &[]), 1 << 30).is_err());
     let mut forged = manifest(b"s", &[(0, &a), (1, &b)], &[&b]);
     forged.sent = vec![forged.pages[0].1.clone()];
     assert!(matches!(
-        h.put("c-1", &frame(&forged, b"s", LOG, &[&b]), 1 << 30),
+        put(&h, "c-1", &frame(&forged, b"s", LOG, &[&b]), 1 << 30),
         Err(KeptError::Mismatch(_))
     ));
     let truncated = frame(&m1, b"s", LOG, &[&a]);
-    assert!(h
-        .put("c-1", &truncated[..truncated.len() - 1], 1 << 30)
-        .is_err());
-    let stored = h.read("c-1", None).unwrap().unwrap();
-    let f = unframe(&stored, 1 << 30).unwrap();
+    assert!(put(&h, "c-1", &truncated[..truncated.len() - 1], 1 << 30).is_err());
+    let f = read(&h, "c-1", None).unwrap().unwrap();
     assert_eq!(f.m.snapshot, m1.snapshot);
 }
 
@@ -86,14 +126,12 @@ fn a_put_lacking_a_page_or_with_a_bad_page_keeps_the_old_checkpoint() {
 fn put_one(h: &Holder, taken_ms: u64, state: &[u8]) -> Manifest {
     let a = page(taken_ms as u8);
     let m = manifest_at(taken_ms, state, &[(0, &a)], &[&a]);
-    h.put("c-1", &frame(&m, state, LOG, &[&a]), 1 << 30)
-        .unwrap();
+    put(h, "c-1", &frame(&m, state, LOG, &[&a]), 1 << 30).unwrap();
     m
 }
 
 fn stored(h: &Holder, snapshot: Option<&str>) -> Option<String> {
-    let b = h.read("c-1", snapshot).unwrap()?;
-    Some(unframe(&b, 1 << 30).unwrap().m.snapshot)
+    Some(read(h, "c-1", snapshot)?.unwrap().m.snapshot)
 }
 
 #[test]
@@ -137,11 +175,78 @@ fn an_older_checkpoint_than_the_newest_held_is_refused() {
     let m2 = put_one(&h, 2, b"two");
     let a = page(1);
     let m1 = manifest_at(1, b"one", &[(0, &a)], &[&a]);
-    let e = h
-        .put("c-1", &frame(&m1, b"one", LOG, &[&a]), 1 << 30)
-        .unwrap_err();
+    let e = put(&h, "c-1", &frame(&m1, b"one", LOG, &[&a]), 1 << 30).unwrap_err();
     assert!(matches!(e, KeptError::Stale(_)), "{e}");
     assert_eq!(stored(&h, None), Some(m2.snapshot.clone()));
     // The same checkpoint again is not older: it is a retry.
     put_one(&h, 2, b"two");
+}
+
+#[test]
+fn a_page_damaged_on_disk_is_not_carried_into_the_next_version() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let h = Holder::new(dir.path());
+    let (a, b, c) = (page(1), page(2), page(3));
+    let m1 = manifest(b"s", &[(0, &a), (1, &b)], &[&a, &b]);
+    put(&h, "c-1", &frame(&m1, b"s", LOG, &[&a, &b]), 1 << 30).unwrap();
+    // One byte of the stored page 1 changes behind the holder's back.
+    let path = std::fs::read_dir(dir.path().join("kept"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "kept"))
+        .unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&[9], len - 1).unwrap();
+    assert!(matches!(
+        read(&h, "c-1", None).unwrap(),
+        Err(KeptError::Mismatch(_))
+    ));
+    // The next checkpoint reuses page 1 from the stored version: refused.
+    let m2 = manifest_at(2, b"s2", &[(0, &c), (1, &b)], &[&c]);
+    let e = put(&h, "c-1", &frame(&m2, b"s2", LOG, &[&c]), 1 << 30).unwrap_err();
+    assert!(matches!(e, KeptError::Mismatch(_)), "{e}");
+    assert_eq!(stored_versions(dir.path()), 1, "no version was added");
+    // Sent whole, it is stored.
+    let m2 = manifest_at(2, b"s2", &[(0, &c), (1, &b)], &[&c, &b]);
+    put(&h, "c-1", &frame(&m2, b"s2", LOG, &[&c, &b]), 1 << 30).unwrap();
+    assert_eq!(
+        read(&h, "c-1", Some(&m2.snapshot)).unwrap().unwrap().pages,
+        vec![c, b]
+    );
+}
+
+#[test]
+fn a_body_announcing_more_than_it_holds_is_refused_before_any_page_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Holder::new(dir.path());
+    let a = page(1);
+    let m = manifest(b"s", &[(0, &a)], &[&a]);
+    let mut body = frame(&m, b"s", LOG, &[&a]);
+    body.extend_from_slice(&page(2));
+    let e = put(&h, "c-1", &body, 1 << 30).unwrap_err();
+    assert!(matches!(e, KeptError::Malformed(_)), "{e}");
+    // A manifest length past the end.
+    let e = put(&h, "c-1", &[0xff, 0xff, 0xff, 0x00, b'{'], 1 << 30).unwrap_err();
+    assert!(matches!(e, KeptError::Malformed(_)), "{e}");
+    // A memory over the node's limit.
+    let e = put(&h, "c-1", &frame(&m, b"s", LOG, &[&a]), 0).unwrap_err();
+    assert!(matches!(e, KeptError::Malformed(_)), "{e}");
+    assert_eq!(stored_versions(dir.path()), 0);
+}
+
+/// Versions stored, and no temporary file left behind.
+fn stored_versions(dir: &std::path::Path) -> usize {
+    let names: Vec<String> = match std::fs::read_dir(dir.join("kept")) {
+        Ok(d) => d
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect(),
+        Err(_) => return 0,
+    };
+    assert!(
+        !names.iter().any(|n| n.ends_with(".tmp")),
+        "temporary files left: {names:?}"
+    );
+    names.iter().filter(|n| n.ends_with(".kept")).count()
 }

@@ -54,7 +54,16 @@ pub(crate) struct NodeInner {
     pub metrics: crate::metrics::Metrics,
     /// The node's own view of its planner lease (see [`Fence`]).
     pub fence: Fence,
+    /// One full copy of a cell's memory outside the cell at a time: a kept
+    /// checkpoint's snapshot on its owner, or a restore's rebuilt memory.
+    /// Admission keeps room for one (`cells::admit`).
+    pub copies: Arc<tokio::sync::Semaphore>,
+    /// Kept checkpoints being received at once (each streams to disk).
+    pub uploads: tokio::sync::Semaphore,
 }
+
+/// Kept checkpoints a holder receives at once.
+pub(crate) const UPLOADS: usize = 2;
 
 impl NodeInner {
     pub(crate) fn cells(&self) -> std::sync::MutexGuard<'_, HashMap<String, CellEntry>> {
