@@ -43,6 +43,8 @@ pub use roam_api::{client, sysinfo, types};
 
 pub use client::{Client, ClientAuth, ClientError};
 pub use config::{NodeConfig, DEFAULT_PLANNER_TIMEOUT};
+#[doc(hidden)]
+pub use kept::fuzz_upload;
 pub use limits::NodeLimits;
 pub use node::Node;
 pub use roam_auth;

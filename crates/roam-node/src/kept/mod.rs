@@ -10,3 +10,17 @@ pub(crate) mod file;
 pub(crate) mod holder;
 pub(crate) mod ops;
 pub(crate) mod store;
+
+/// Store `upload` as a kept checkpoint of a cell in `state_dir`, as a
+/// holder stores a `PUT`'s body: for the fuzz target of this parser.
+#[doc(hidden)]
+pub fn fuzz_upload(
+    state_dir: &std::path::Path,
+    upload: &std::fs::File,
+    max_memory: u64,
+) -> Result<(), String> {
+    holder::Holder::new(state_dir)
+        .put("fuzz", upload, max_memory)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
