@@ -17,9 +17,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use roam_runtime::{
-    Cell, CheckpointKind, CheckpointTiming, Controller, LiveMemory, Outcome, RunError, Trigger,
+    Cell, CheckpointKind, CheckpointTiming, Controller, LiveMemory, Outcome, RunError, Taken,
+    Trigger,
 };
-use roam_snapshot::Snapshot;
+use roam_snapshot::{MemoryImage, Snapshot};
 use roam_wire::CellSpec;
 use tokio::sync::oneshot;
 
@@ -201,24 +202,43 @@ pub(crate) fn run(cell: Cell, h: &CellHandle) -> Option<CellState> {
 
 fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
     loop {
-        let mut on_checkpoint = |s: &Snapshot, _t: CheckpointTiming| {
-            if let Some(tx) = h
+        let mut on_checkpoint = |taken: Taken<'_>, _t: CheckpointTiming| {
+            let Some(tx) = h
                 .checkpoint
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take()
-            {
-                // The cell's thread writes its output: the log holds
-                // exactly what the program wrote before this point.
-                let _ = tx.send(Ok(Checkpoint {
-                    snapshot: Box::new(s.clone()),
+            else {
+                return Ok(());
+            };
+            let reply = match taken {
+                // The memory is taken, not copied: the snapshot's memory is
+                // the one copy outside the cell, and the cell keeps no
+                // buffer for the next capture.
+                Taken::Snapshot(s) => Ok(Checkpoint {
+                    snapshot: Box::new(Snapshot {
+                        module: s.module.clone(),
+                        origin: s.origin.clone(),
+                        memory: std::mem::replace(&mut s.memory, MemoryImage::empty()),
+                        globals: s.globals.clone(),
+                        stack: s.stack.clone(),
+                        os_state: s.os_state.clone(),
+                        files: s.files.take(),
+                    }),
+                    // The cell's thread writes its output: the log holds
+                    // exactly what the program wrote before this point.
                     log: h.log.contents(),
                     log_dropped: h.log.dropped(),
-                }));
-            }
+                }),
+                Taken::Failed(e) => Err(format!(
+                    "the checkpoint failed, and the program runs on: {}",
+                    chain(e)
+                )),
+            };
+            let _ = tx.send(reply);
             Ok(())
         };
-        let (snapshot, timing) = match cell.run(&mut on_checkpoint) {
+        let (snapshot, timing) = match cell.run_taking(&mut on_checkpoint) {
             Ok(Outcome::Exited(code)) => return Some(CellState::Exited { code }),
             Err(RunError::Killed) => return Some(CellState::Killed),
             Ok(Outcome::Paused(s, t)) | Ok(Outcome::Stopped(s, t)) => (s, t),
@@ -281,3 +301,15 @@ pub(crate) const PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a kill waits for the cell's thread to end before it reports the
 /// cell killed anyway (it runs no more wasm code either way).
 pub(crate) const KILL_WAIT: Duration = Duration::from_millis(400);
+
+/// An error and its causes, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}

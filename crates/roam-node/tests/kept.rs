@@ -132,3 +132,43 @@ fn launch(module: &str, max_memory: Option<u64>) -> roam_node::types::LaunchRequ
         generation: None,
     }
 }
+
+/// A cell's files travel in its kept checkpoints. A guest can make a 1 TiB
+/// sparse file in an instant; read whole, it would take the node down with
+/// every cell on it. The checkpoint is refused, naming the file, and the
+/// cell runs on to the output of an uninterrupted run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_huge_sparse_file_fails_the_checkpoint_not_the_node() {
+    let owner = TestNode::start("owner", Setup::default()).await;
+    let holder = TestNode::start("holder", Setup::default()).await;
+    let module = owner.upload("dirty").await;
+    owner.launch(&module, "reference", &ARGS).await;
+    owner
+        .launch_with(&module, "sparse", &ARGS, &["/data"])
+        .await;
+    // What the guest could do with `ftruncate`, done from outside.
+    let f = std::fs::File::create(owner.sandbox("sparse").join("huge")).unwrap();
+    f.set_len(1 << 40).unwrap();
+    let req = KeepRequest {
+        holder: holder.url.clone(),
+        holder_name: holder.name.clone(),
+    };
+    let e = owner
+        .client
+        .keep("sparse", &req)
+        .await
+        .expect_err("the checkpoint is refused");
+    assert!(
+        e.to_string()
+            .contains("more bytes of files than a checkpoint may carry"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("huge"), "{e}");
+    let (state, out) = owner.output("sparse", LIMIT).await;
+    assert_eq!(state, CellState::Exited { code: 0 });
+    let (_, reference) = owner.output("reference", LIMIT).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&reference),
+    );
+}

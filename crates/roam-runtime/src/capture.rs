@@ -122,7 +122,7 @@ fn capture_rest(
     let wasi = &store.data().wasi;
     let os_state = wasi.save()?.encode();
     let files = if h.with_files && with_files {
-        Some(crate::files::capture(wasi.preopens())?)
+        Some(crate::files::capture(wasi.preopens(), &h.files_limits)?)
     } else {
         None
     };

@@ -26,6 +26,10 @@ pub struct CellOptions {
     pub embed_module: bool,
     /// Carry the sandbox directories' files in snapshots. Default false.
     pub with_files: bool,
+    /// Caps on the files a snapshot carries (with `with_files`): past
+    /// them a checkpoint is refused before the files are read. Default
+    /// [`crate::files::FileTreeLimits::DEFAULT`].
+    pub files_limits: crate::files::FileTreeLimits,
     /// Checkpoint-and-stop at the Nth migration point reached (deterministic,
     /// for tests and reproduction; each point then calls the host). Default none.
     pub checkpoint_at_point: Option<u64>,
@@ -47,12 +51,23 @@ impl Default for CellOptions {
         CellOptions {
             embed_module: false,
             with_files: false,
+            files_limits: crate::files::FileTreeLimits::DEFAULT,
             checkpoint_at_point: None,
             checkpoint_every_points: None,
             compression_level: 3,
             max_memory: crate::limits::DEFAULT_MAX_MEMORY,
         }
     }
+}
+
+/// What [`Cell::run_taking`] hands its sink at a checkpoint-and-continue.
+pub enum Taken<'a> {
+    /// The snapshot. The sink may take its memory (leaving
+    /// [`roam_snapshot::MemoryImage::empty`]): then the cell does not keep
+    /// it as the next capture's buffer, and no copy of the memory is made.
+    Snapshot(&'a mut Snapshot),
+    /// The capture failed; the program goes on.
+    Failed(&'a CheckpointError),
 }
 
 /// How a run ended.
@@ -272,6 +287,7 @@ impl Cell {
             module: module.clone(),
             embed_module: opts.embed_module,
             with_files: opts.with_files,
+            files_limits: opts.files_limits,
         };
         let mut store = p.store;
         store.data_mut().hooks = Some(hooks.clone());
@@ -371,6 +387,20 @@ impl Cell {
         &mut self,
         on_checkpoint: &mut dyn FnMut(&Snapshot, CheckpointTiming) -> Result<(), Source>,
     ) -> Result<Outcome, RunError> {
+        self.run_taking(&mut |taken, t| match taken {
+            Taken::Snapshot(s) => on_checkpoint(s, t),
+            Taken::Failed(_) => Ok(()),
+        })
+    }
+
+    /// [`Cell::run`], with a sink that also hears of a checkpoint-and-
+    /// continue that failed (the program goes on), and may take a
+    /// snapshot's memory instead of copying it: what it leaves in
+    /// `snapshot.memory` is kept as the next capture's buffer.
+    pub fn run_taking(
+        &mut self,
+        on_checkpoint: &mut dyn FnMut(Taken<'_>, CheckpointTiming) -> Result<(), Source>,
+    ) -> Result<Outcome, RunError> {
         if self.stopped {
             return Err(RunError::Stopped);
         }
@@ -451,6 +481,13 @@ impl Cell {
                 Err(e) => {
                     // Nothing is lost: the program rewinds and goes on.
                     tracing::error!("checkpoint failed, the program continues: {e}");
+                    if u.req.kind == CheckpointKind::Continue {
+                        let timing = CheckpointTiming {
+                            response: u.point_at.saturating_duration_since(u.req.at),
+                            capture: u.point_at.elapsed(),
+                        };
+                        on_checkpoint(Taken::Failed(&e), timing).map_err(RunError::Sink)?;
+                    }
                     match saved {
                         Saved::Image(image) => {
                             self.store.data_mut().spare = image.into_stored_data()
@@ -484,7 +521,8 @@ impl Cell {
                     return Ok(Outcome::Paused(Box::new(snapshot), timing));
                 }
                 CheckpointKind::Continue => {
-                    on_checkpoint(&snapshot, timing).map_err(RunError::Sink)?;
+                    on_checkpoint(Taken::Snapshot(&mut snapshot), timing)
+                        .map_err(RunError::Sink)?;
                     self.begin_rewind(u.buffer, &snapshot.stack.data)
                         .map_err(CheckpointError::Stack)?;
                     self.store.data_mut().spare = snapshot.memory.into_stored_data();

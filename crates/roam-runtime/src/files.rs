@@ -30,7 +30,7 @@
 //! and the writer here never traverses them.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -108,6 +108,23 @@ pub enum FilesError {
         /// What is wrong.
         why: String,
     },
+    /// The sandbox exceeds a [`FileTreeLimits`] cap at a checkpoint:
+    /// nothing more was read.
+    #[error(
+        "the sandbox holds more {what} than a checkpoint may carry: with {path} it is {found}, \
+         over the limit of {limit}; the checkpoint is refused and the program runs on \
+         (remove files, or raise the limit)"
+    )]
+    SandboxTooLarge {
+        /// The entry that passed the cap.
+        path: PathBuf,
+        /// What was counted.
+        what: &'static str,
+        /// The count with that entry.
+        found: u64,
+        /// The cap.
+        limit: u64,
+    },
     /// The tree exceeds a [`FileTreeLimits`] cap: nothing was written.
     #[error(
         "the snapshot's file tree holds {found} {what}, over the limit of {limit}; \
@@ -130,59 +147,122 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FilesError + '_ {
     }
 }
 
-/// Walk every preopen into a tree.
-pub fn capture(preopens: &[Preopen]) -> Result<FileTree, FilesError> {
-    let mut entries = Vec::new();
+/// Walk every preopen into a tree, within `limits`' entry count and total
+/// file bytes. File sizes are checked before a byte is read: a guest can
+/// make a 1 TiB sparse file in an instant, and reading it whole would take
+/// the host down. Over a limit, the checkpoint is refused, naming the file.
+pub fn capture(preopens: &[Preopen], limits: &FileTreeLimits) -> Result<FileTree, FilesError> {
+    let mut w = Walk {
+        limits,
+        entries: Vec::new(),
+        bytes: 0,
+    };
     for p in preopens {
-        walk(&p.host, &p.host, &p.guest, &mut entries)?;
+        w.walk(&p.host, &p.host, &p.guest)?;
     }
-    Ok(FileTree { entries })
+    Ok(FileTree { entries: w.entries })
 }
 
-fn walk(root: &Path, dir: &Path, guest: &str, out: &mut Vec<FileEntry>) -> Result<(), FilesError> {
-    let mut names: Vec<_> = std::fs::read_dir(dir)
-        .map_err(io(dir))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()
-        .map_err(io(dir))?;
-    names.sort();
-    for name in names {
-        let path = dir.join(&name);
-        let meta = std::fs::symlink_metadata(&path).map_err(io(&path))?;
-        let rel = path
-            .strip_prefix(root)
-            .expect("walk stays under its root")
-            .to_string_lossy()
-            .into_owned();
-        let mtime_ns =
-            (meta.mtime().max(0) as u64) * 1_000_000_000 + meta.mtime_nsec().max(0) as u64;
-        let kind = if meta.file_type().is_symlink() {
-            let target = std::fs::read_link(&path).map_err(io(&path))?;
-            FileKind::Symlink {
-                target: target.to_string_lossy().into_owned(),
-            }
-        } else if meta.is_dir() {
-            FileKind::Dir
-        } else if meta.is_file() {
-            FileKind::File {
-                data: std::fs::read(&path).map_err(io(&path))?,
-            }
-        } else {
-            continue; // sockets, fifos, devices do not travel
-        };
-        let is_dir = matches!(kind, FileKind::Dir);
-        out.push(FileEntry {
-            preopen: guest.to_string(),
-            path: rel,
-            kind,
-            mode: meta.mode() & 0o7777,
-            mtime_ns,
-        });
-        if is_dir {
-            walk(root, &path, guest, out)?;
+/// A capture's walk, with what it has counted so far.
+struct Walk<'a> {
+    limits: &'a FileTreeLimits,
+    entries: Vec<FileEntry>,
+    bytes: u64,
+}
+
+impl Walk<'_> {
+    /// Room for `len` more bytes of files, counted.
+    fn take(&mut self, path: &Path, len: u64) -> Result<(), FilesError> {
+        let total = self.bytes.saturating_add(len);
+        if total > self.limits.max_total_bytes {
+            return Err(FilesError::SandboxTooLarge {
+                path: path.to_path_buf(),
+                what: "bytes of files",
+                found: total,
+                limit: self.limits.max_total_bytes,
+            });
         }
+        self.bytes = total;
+        Ok(())
     }
-    Ok(())
+
+    /// A file's contents, at most the `len` bytes counted for it (a file
+    /// that grew since its size was read is refused, not read on).
+    fn read(&self, path: &Path, len: u64) -> Result<Vec<u8>, FilesError> {
+        let f = std::fs::File::open(path).map_err(io(path))?;
+        let cap = usize::try_from(len).map_err(|_| FilesError::SandboxTooLarge {
+            path: path.to_path_buf(),
+            what: "bytes in one file",
+            found: len,
+            limit: usize::MAX as u64,
+        })?;
+        let mut data = Vec::with_capacity(cap);
+        f.take(len.saturating_add(1))
+            .read_to_end(&mut data)
+            .map_err(io(path))?;
+        if data.len() as u64 > len {
+            return Err(FilesError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other("the file grew while it was read"),
+            });
+        }
+        Ok(data)
+    }
+
+    fn walk(&mut self, root: &Path, dir: &Path, guest: &str) -> Result<(), FilesError> {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .map_err(io(dir))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(io(dir))?;
+        names.sort();
+        for name in names {
+            let path = dir.join(&name);
+            if self.entries.len() >= self.limits.max_entries {
+                return Err(FilesError::SandboxTooLarge {
+                    path,
+                    what: "entries",
+                    found: self.entries.len() as u64 + 1,
+                    limit: self.limits.max_entries as u64,
+                });
+            }
+            let meta = std::fs::symlink_metadata(&path).map_err(io(&path))?;
+            let rel = path
+                .strip_prefix(root)
+                .expect("walk stays under its root")
+                .to_string_lossy()
+                .into_owned();
+            let mtime_ns =
+                (meta.mtime().max(0) as u64) * 1_000_000_000 + meta.mtime_nsec().max(0) as u64;
+            let kind = if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).map_err(io(&path))?;
+                FileKind::Symlink {
+                    target: target.to_string_lossy().into_owned(),
+                }
+            } else if meta.is_dir() {
+                FileKind::Dir
+            } else if meta.is_file() {
+                self.take(&path, meta.len())?;
+                FileKind::File {
+                    data: self.read(&path, meta.len())?,
+                }
+            } else {
+                continue; // sockets, fifos, devices do not travel
+            };
+            let is_dir = matches!(kind, FileKind::Dir);
+            self.entries.push(FileEntry {
+                preopen: guest.to_string(),
+                path: rel,
+                kind,
+                mode: meta.mode() & 0o7777,
+                mtime_ns,
+            });
+            if is_dir {
+                self.walk(root, &path, guest)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Check that `rel` is a plain relative path.
@@ -440,13 +520,52 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_sparse_file_is_refused_before_it_is_read() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("a"), b"small").unwrap();
+        // 1 TiB, no block of it on disk: reading it whole would take the
+        // host's memory.
+        let f = std::fs::File::create(src.path().join("b-huge")).unwrap();
+        f.set_len(1 << 40).unwrap();
+        let e = capture(&preopen(src.path()), &FileTreeLimits::DEFAULT).unwrap_err();
+        match &e {
+            FilesError::SandboxTooLarge { path, what, .. } => {
+                assert!(path.ends_with("b-huge"), "{e}");
+                assert_eq!(*what, "bytes of files");
+            }
+            _ => panic!("{e}"),
+        }
+        // Entries count too.
+        let few = FileTreeLimits {
+            max_entries: 1,
+            ..FileTreeLimits::DEFAULT
+        };
+        std::fs::remove_file(src.path().join("b-huge")).unwrap();
+        std::fs::write(src.path().join("c"), b"").unwrap();
+        assert!(matches!(
+            capture(&preopen(src.path()), &few),
+            Err(FilesError::SandboxTooLarge {
+                what: "entries",
+                ..
+            })
+        ));
+        assert_eq!(
+            capture(&preopen(src.path()), &FileTreeLimits::DEFAULT)
+                .unwrap()
+                .entries
+                .len(),
+            2
+        );
+    }
+
+    #[test]
     fn capture_then_materialize_reproduces_the_tree() {
         let src = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(src.path().join("a/b")).unwrap();
         std::fs::write(src.path().join("a/b/f.txt"), b"hello").unwrap();
         std::fs::write(src.path().join("top"), b"x").unwrap();
         std::os::unix::fs::symlink("top", src.path().join("link")).unwrap();
-        let tree = capture(&preopen(src.path())).unwrap();
+        let tree = capture(&preopen(src.path()), &FileTreeLimits::DEFAULT).unwrap();
         let paths: Vec<_> = tree.entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["a", "a/b", "a/b/f.txt", "link", "top"]);
 

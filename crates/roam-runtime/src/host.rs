@@ -40,6 +40,7 @@ pub(crate) struct Hooks {
     pub module: Arc<LoadedModule>,
     pub embed_module: bool,
     pub with_files: bool,
+    pub files_limits: crate::files::FileTreeLimits,
 }
 
 /// An unwind in progress, with the state read at the migration point.

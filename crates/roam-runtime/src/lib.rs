@@ -48,7 +48,7 @@ mod runtime;
 mod uffd;
 mod unwind;
 
-pub use cell::{Cell, CellOptions, Outcome};
+pub use cell::{Cell, CellOptions, Outcome, Taken};
 pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger, STOP_GRACE};
 pub use dirty::{DirtyTracker, TrackError, TrackMethod};
 pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};

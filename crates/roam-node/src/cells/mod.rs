@@ -144,9 +144,16 @@ pub(crate) fn on_end(n: &Arc<NodeInner>, id: &str) -> cell::OnEnd {
 }
 
 /// The options of a cell with these guest directories and memory limit.
-fn options(dirs: &[String], max_memory: u64) -> CellOptions {
+/// Its kept checkpoints carry its files, within the caps an arriving
+/// cell's files have here.
+pub(crate) fn options(n: &NodeInner, dirs: &[String], max_memory: u64) -> CellOptions {
     CellOptions {
         with_files: !dirs.is_empty(),
+        files_limits: roam_runtime::files::FileTreeLimits {
+            max_entries: usize::try_from(n.cfg.limits.max_file_entries).unwrap_or(usize::MAX),
+            max_total_bytes: n.cfg.limits.max_files_bytes,
+            ..roam_runtime::files::FileTreeLimits::DEFAULT
+        },
         max_memory,
         ..CellOptions::default()
     }

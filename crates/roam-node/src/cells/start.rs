@@ -103,7 +103,7 @@ pub(crate) async fn start(n: &Arc<NodeInner>, s: Start) -> Result<(), NodeError>
 fn build_and_run(n: &Arc<NodeInner>, s: Start, max_memory: u64) -> Result<(), NodeError> {
     let module = module(n, &s.module)?;
     let preopens = make_preopens(n, &s.id, &s.dirs).map_err(NodeError::internal)?;
-    let opts = options(&s.dirs, max_memory);
+    let opts = options(n, &s.dirs, max_memory);
     let (cell, log) = match s.begin {
         Begin::Fresh => {
             let wasi = WasiConfig {

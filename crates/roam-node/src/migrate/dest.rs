@@ -9,7 +9,7 @@
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use roam_runtime::{Cell, CellOptions, LazyMemory, LoadedModule};
+use roam_runtime::{Cell, LazyMemory, LoadedModule};
 use roam_snapshot::{PageKind, Snapshot};
 use roam_transfer::Decoder;
 use roam_wire::{recv, send, Accept, Final, Hello, Mode, Msg, Offer};
@@ -475,11 +475,7 @@ fn assemble(
     inbound: Arc<Inbound>,
     post: Option<Arc<PostCopyPages>>,
 ) {
-    let opts = CellOptions {
-        with_files: !offer.cell.dirs.is_empty(),
-        max_memory: offer.cell.max_memory,
-        ..CellOptions::default()
-    };
+    let opts = crate::cells::options(&n, &offer.cell.dirs, offer.cell.max_memory);
     let mut incoming = match Cell::incoming(&n.rt, module.clone(), opts) {
         Ok(i) => i,
         Err(e) => {
