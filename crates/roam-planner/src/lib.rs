@@ -45,7 +45,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use roam_api::serve::Peer;
 use roam_api::{Client, ClientAuth, ClientError};
 use roam_auth::tokio_rustls::TlsAcceptor;
 use roam_auth::{Identity, Role, Token, ALPN_HTTP};
@@ -326,38 +325,20 @@ impl Planner {
         let app = api::router(inner);
         // Event streams never end on their own: after Ctrl-C, open
         // connections get SHUTDOWN_GRACE to finish, then are dropped.
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let graceful = async move {
-            let mut rx = rx;
-            let _ = rx.wait_for(|stop| *stop).await;
+        let limits = roam_api::serve::ConnLimits {
+            grace: SHUTDOWN_GRACE,
+            ..Default::default()
         };
-        let served: std::pin::Pin<
-            Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>,
-        > = match acceptor {
+        match acceptor {
             Some(acceptor) => {
                 let l =
                     roam_api::serve::TlsListener::admitting(listener, acceptor, caller::ADMITTED)?;
-                let app = app.into_make_service_with_connect_info::<Peer>();
-                Box::pin(async move { axum::serve(l, app).with_graceful_shutdown(graceful).await })
+                roam_api::serve::serve(l, app, limits, shutdown).await;
             }
-            None => Box::pin(async move {
-                let app = app.into_make_service_with_connect_info::<Peer>();
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(graceful)
-                    .await
-            }),
-        };
-        let stop = async move {
-            shutdown.await;
-            let _ = tx.send(true);
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        };
-        let served = tokio::select! {
-            r = served => r,
-            () = stop => Ok(()),
-        };
+            None => roam_api::serve::serve(listener, app, limits, shutdown).await,
+        }
         leader.abort();
         follow.abort();
-        Ok(served?)
+        Ok(())
     }
 }

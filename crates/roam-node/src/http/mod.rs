@@ -86,19 +86,17 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let app = router(n.clone());
-    let served = match n.auth.control.clone() {
+    // A request head within 15 s, at most 1,024 connections at once.
+    let limits = roam_api::serve::ConnLimits::default();
+    match n.auth.control.clone() {
         Some(acceptor) => {
-            axum::serve(TlsListener::new(listener, acceptor)?, app)
-                .with_graceful_shutdown(shutdown)
-                .await
+            let l = TlsListener::new(listener, acceptor)
+                .map_err(|e| anyhow::anyhow!("control API failed: {e}"))?;
+            roam_api::serve::serve(l, app, limits, shutdown).await
         }
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-    };
-    served.map_err(|e| anyhow::anyhow!("control API failed: {e}"))
+        None => roam_api::serve::serve(listener, app, limits, shutdown).await,
+    }
+    Ok(())
 }
 
 /// Largest request body: a module of the node's largest size.
