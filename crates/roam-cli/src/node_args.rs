@@ -79,7 +79,8 @@ pub struct NodeArgs {
     /// Largest module accepted by upload or migration.
     #[arg(long, value_name = "SIZE", value_parser = size, default_value = "256MiB")]
     pub max_module_size: u64,
-    /// Most bytes of sandbox files an arriving cell may bring.
+    /// Most bytes of sandbox files a cell may hold (a write past it fails
+    /// with EDQUOT), keep in a checkpoint or bring when it arrives.
     #[arg(long, value_name = "SIZE", value_parser = size, default_value = "1GiB")]
     pub max_files_size: u64,
     /// Most sandbox file-tree entries an arriving cell may bring.

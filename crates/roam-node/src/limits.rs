@@ -53,8 +53,9 @@ pub struct NodeLimits {
     /// Largest module accepted by upload or migration
     /// (`--max-module-size`).
     pub max_module_bytes: u64,
-    /// Most bytes of sandbox files an arriving cell may bring
-    /// (`--max-files-size`).
+    /// Most bytes of sandbox files a cell may hold (its disk quota: past
+    /// it a write that grows a file fails with `EDQUOT`), carry in a kept
+    /// checkpoint, or bring when it arrives (`--max-files-size`).
     pub max_files_bytes: u64,
     /// Most sandbox file-tree entries an arriving cell may bring
     /// (`--max-file-entries`).

@@ -30,6 +30,10 @@ pub struct CellOptions {
     /// them a checkpoint is refused before the files are read. Default
     /// [`crate::files::FileTreeLimits::DEFAULT`].
     pub files_limits: crate::files::FileTreeLimits,
+    /// Most bytes the sandbox directories' files may add up to; past it a
+    /// write that would grow a file fails with `EDQUOT` (see
+    /// `roam_wasi::WasiCtx::set_disk_quota`). Default none.
+    pub disk_quota: Option<u64>,
     /// Checkpoint-and-stop at the Nth migration point reached (deterministic,
     /// for tests and reproduction; each point then calls the host). Default none.
     pub checkpoint_at_point: Option<u64>,
@@ -52,6 +56,7 @@ impl Default for CellOptions {
             embed_module: false,
             with_files: false,
             files_limits: crate::files::FileTreeLimits::DEFAULT,
+            disk_quota: None,
             checkpoint_at_point: None,
             checkpoint_every_points: None,
             compression_level: 3,
@@ -178,7 +183,10 @@ impl Cell {
         opts: CellOptions,
     ) -> Result<Cell, StartError> {
         let control = Control::new(module.epoch_engine());
-        let ctx = WasiCtx::new(wasi, control.interrupt.clone())?;
+        let mut ctx = WasiCtx::new(wasi, control.interrupt.clone())?;
+        if let Some(q) = opts.disk_quota {
+            ctx.set_disk_quota(q);
+        }
         let host = HostState::new(
             ctx,
             control.clone(),
@@ -257,7 +265,11 @@ impl Cell {
             crate::files::materialize(files, &preopens)?;
         }
         let state = roam_wasi::OsState::decode(&snapshot.os_state)?;
-        parts.store.data_mut().wasi = WasiCtx::restore(state, preopens, control.interrupt.clone())?;
+        let mut wasi = WasiCtx::restore(state, preopens, control.interrupt.clone())?;
+        if let Some(q) = opts.disk_quota {
+            wasi.set_disk_quota(q);
+        }
+        parts.store.data_mut().wasi = wasi;
         let have = parts.memory.data_size(&parts.store) as u64;
         let want = snapshot.memory.byte_len();
         if want != 0 && want != have {

@@ -255,6 +255,9 @@ pub struct WasiCtx {
     pub(crate) net: Option<Arc<NetHub>>,
     /// Host fds held by the guests of this process (see [`FdBudget`]).
     pub(crate) budget: Arc<FdBudget>,
+    /// The bytes the sandbox's files may add up to, if limited (see
+    /// [`WasiCtx::set_disk_quota`]).
+    pub(crate) quota: Option<crate::quota::Quota>,
 }
 
 /// Opens the host directory of a preopen (the one place ambient authority is used).
@@ -324,7 +327,21 @@ impl WasiCtx {
             stderr: Sink::Inherit,
             net,
             budget,
+            quota: None,
         })
+    }
+
+    /// Limit the bytes the sandbox's files may add up to (sizes as the
+    /// guest sees them: a sparse file counts whole), counting what the
+    /// preopens hold now. Past it, writes, truncations and allocations
+    /// that would grow a file fail with `EDQUOT`.
+    pub fn set_disk_quota(&mut self, limit: u64) {
+        self.quota = Some(crate::quota::Quota::measure(&self.preopens, limit));
+    }
+
+    /// The disk quota and the bytes counted against it, if one is set.
+    pub fn disk_quota(&self) -> Option<(u64, u64)> {
+        self.quota.as_ref().map(|q| (q.limit(), q.used()))
     }
 
     /// The hub a network backend uses to feed and drain this cell's

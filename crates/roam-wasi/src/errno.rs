@@ -22,6 +22,7 @@ impl Errno {
     pub const CONNRESET: Errno = Errno(15);
     pub const EXIST: Errno = Errno(20);
     pub const FAULT: Errno = Errno(21);
+    pub const DQUOT: Errno = Errno(19);
     pub const FBIG: Errno = Errno(22);
     pub const ILSEQ: Errno = Errno(25);
     pub const INTR: Errno = Errno(27);
@@ -73,6 +74,7 @@ fn from_host(e: rustix::io::Errno) -> Errno {
         (H::BUSY, Errno::BUSY),
         (H::EXIST, Errno::EXIST),
         (H::FAULT, Errno::FAULT),
+        (H::DQUOT, Errno::DQUOT),
         (H::FBIG, Errno::FBIG),
         (H::ILSEQ, Errno::ILSEQ),
         (H::INTR, Errno::INTR),

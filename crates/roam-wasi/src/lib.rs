@@ -27,6 +27,7 @@ mod linker;
 mod mem;
 pub mod net;
 mod ops;
+mod quota;
 mod snapshot;
 mod state;
 mod types;

@@ -315,6 +315,7 @@ impl WasiCtx {
             stderr: Sink::Inherit,
             net,
             budget,
+            quota: None,
         })
     }
 }

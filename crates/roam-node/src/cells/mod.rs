@@ -144,8 +144,8 @@ pub(crate) fn on_end(n: &Arc<NodeInner>, id: &str) -> cell::OnEnd {
 }
 
 /// The options of a cell with these guest directories and memory limit.
-/// Its kept checkpoints carry its files, within the caps an arriving
-/// cell's files have here.
+/// Its sandbox may hold, and its kept checkpoints carry, as many bytes of
+/// files as an arriving cell may bring here.
 pub(crate) fn options(n: &NodeInner, dirs: &[String], max_memory: u64) -> CellOptions {
     CellOptions {
         with_files: !dirs.is_empty(),
@@ -154,6 +154,8 @@ pub(crate) fn options(n: &NodeInner, dirs: &[String], max_memory: u64) -> CellOp
             max_total_bytes: n.cfg.limits.max_files_bytes,
             ..roam_runtime::files::FileTreeLimits::DEFAULT
         },
+        // What its sandbox may hold is what may travel with it.
+        disk_quota: (!dirs.is_empty()).then_some(n.cfg.limits.max_files_bytes),
         max_memory,
         ..CellOptions::default()
     }

@@ -60,8 +60,7 @@ impl WasiCtx {
             return self.sock_send(mem, fd, iovs, n, out);
         }
         let iovs = mem.iovecs(iovs, n)?;
-        let mut total: u64 = 0;
-        match &e.handle {
+        let total: u64 = match &e.handle {
             Handle::Stdout | Handle::Stderr => {
                 let mut data = Vec::new();
                 for (buf, len) in iovs {
@@ -73,21 +72,35 @@ impl WasiCtx {
                     is_err,
                     &data,
                 )?;
-                total = data.len() as u64;
+                data.len() as u64
             }
             Handle::File(f) => {
-                for (buf, len) in iovs {
-                    let w = rustix::io::write(f, mem.slice(buf, len)?)?;
-                    total += w as u64;
-                    if w < len as usize {
-                        break;
+                let len: u64 = iovs.iter().map(|&(_, l)| u64::from(l)).sum();
+                let append = e.fdflags & fdflags::APPEND != 0;
+                let want = |size: u64| {
+                    let at = if append {
+                        size
+                    } else {
+                        rustix::fs::seek(f, SeekFrom::Current(0))?
+                    };
+                    at.checked_add(len).ok_or(Errno::FBIG)
+                };
+                self.sized(f, want, || {
+                    let mut total = 0u64;
+                    for &(buf, len) in &iovs {
+                        let w = rustix::io::write(f, mem.slice(buf, len)?)?;
+                        total += w as u64;
+                        if w < len as usize {
+                            break;
+                        }
                     }
-                }
+                    Ok(total)
+                })?
             }
             Handle::Dir(_) => return Err(Errno::ISDIR),
             Handle::Stdin => return Err(Errno::BADF),
             Handle::Listener(_) | Handle::Socket(_) => return Err(Errno::NOTCONN),
-        }
+        };
         mem.put_u32(out, total as u32)
     }
 
@@ -198,15 +211,20 @@ impl WasiCtx {
     ) -> Result<(), Errno> {
         let f = self.file(fd, rights::FD_WRITE | rights::FD_SEEK)?;
         let iovs = mem.iovecs(iovs, n)?;
-        let mut total = 0u64;
-        for (buf, len) in iovs {
-            let at = off.checked_add(total).ok_or(Errno::OVERFLOW)?;
-            let w = rustix::io::pwrite(f, mem.slice(buf, len)?, at)?;
-            total += w as u64;
-            if w < len as usize {
-                break;
+        let len: u64 = iovs.iter().map(|&(_, l)| u64::from(l)).sum();
+        let want = |_| off.checked_add(len).ok_or(Errno::FBIG);
+        let total = self.sized(f, want, || {
+            let mut total = 0u64;
+            for &(buf, len) in &iovs {
+                let at = off.checked_add(total).ok_or(Errno::OVERFLOW)?;
+                let w = rustix::io::pwrite(f, mem.slice(buf, len)?, at)?;
+                total += w as u64;
+                if w < len as usize {
+                    break;
+                }
             }
-        }
+            Ok(total)
+        })?;
         mem.put_u32(out, total as u32)
     }
 
@@ -288,10 +306,16 @@ impl WasiCtx {
     pub(crate) fn fd_allocate(&self, fd: u32, off: u64, len: u64) -> Result<(), Errno> {
         let f = self.file(fd, rights::FD_ALLOCATE)?;
         let end = off.checked_add(len).ok_or(Errno::FBIG)?;
-        if end > f.metadata()?.len() {
-            f.set_len(end)?;
-        }
-        Ok(())
+        self.sized(
+            f,
+            |_| Ok(end),
+            || {
+                if end > f.metadata()?.len() {
+                    f.set_len(end)?;
+                }
+                Ok(())
+            },
+        )
     }
 
     /// Guard against a guest exhausting host fds.

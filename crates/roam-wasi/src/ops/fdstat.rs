@@ -129,8 +129,7 @@ impl WasiCtx {
 
     pub(crate) fn fd_filestat_set_size(&self, fd: u32, size: u64) -> Result<(), Errno> {
         let f = self.file(fd, rights::FD_FILESTAT_SET_SIZE)?;
-        f.set_len(size)?;
-        Ok(())
+        self.sized(f, |_| Ok(size), || Ok(f.set_len(size)?))
     }
 
     pub(crate) fn fd_filestat_set_times(

@@ -61,6 +61,47 @@ impl WasiCtx {
         }
     }
 
+    /// Run `op` on file `f`, which may make it as long as `want(its size
+    /// now)`. Under a disk quota the room is taken first (`EDQUOT` past
+    /// it) and the count then follows the size the file has after.
+    pub(crate) fn sized<T>(
+        &self,
+        f: &File,
+        want: impl FnOnce(u64) -> Result<u64, Errno>,
+        op: impl FnOnce() -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let Some(q) = &self.quota else {
+            return op();
+        };
+        let old = f.metadata()?.len();
+        let reserved = want(old)?.max(old);
+        q.grow(old, reserved)?;
+        let r = op();
+        let now = f.metadata().map_or(reserved, |m| m.len());
+        q.settle(reserved, now);
+        r
+    }
+
+    /// The size of regular file `path` under `dir` that removing or
+    /// truncating it would give back to the quota (0 without a quota, for
+    /// anything else, or for a file with other links).
+    pub(crate) fn freed_by(&self, dir: &Dir, path: &str, whole_inode: bool) -> u64 {
+        if self.quota.is_none() {
+            return 0;
+        }
+        match dir.symlink_metadata(path) {
+            Ok(m) if m.is_file() && (whole_inode || m.nlink() == 1) => m.len(),
+            _ => 0,
+        }
+    }
+
+    /// Give `bytes` back to the quota.
+    pub(crate) fn freed(&self, bytes: u64) {
+        if let Some(q) = &self.quota {
+            q.shrink(bytes);
+        }
+    }
+
     /// A directory fd carrying `right`, with its preopen index and relative path.
     pub(crate) fn dir(&self, fd: u32, right: u64) -> Result<(&Dir, u32, &str), Errno> {
         let e = self.with_right(fd, right)?;

@@ -77,7 +77,15 @@ impl WasiCtx {
                 // right to open with `oflags::trunc`.
                 self.with_right(fd, rights::PATH_FILESTAT_SET_SIZE)?;
             }
-            open_file(dir, &a, read, write, follow)?
+            // A truncation gives the file's bytes back to the quota.
+            let freed = if a.oflags & oflags::TRUNC != 0 {
+                self.freed_by(dir, &a.path, true)
+            } else {
+                0
+            };
+            let f = open_file(dir, &a, read, write, follow)?;
+            self.freed(freed);
+            f
         };
         let mask = if matches!(handle, Handle::Dir(_)) {
             rights::DIR
@@ -121,10 +129,11 @@ impl WasiCtx {
 
     pub(crate) fn path_unlink_file(&self, fd: u32, path: &str) -> Result<(), Errno> {
         check_relative(path)?;
-        Ok(self
-            .dir(fd, rights::PATH_UNLINK_FILE)?
-            .0
-            .remove_file(path)?)
+        let dir = self.dir(fd, rights::PATH_UNLINK_FILE)?.0;
+        let freed = self.freed_by(dir, path, false);
+        dir.remove_file(path)?;
+        self.freed(freed);
+        Ok(())
     }
 
     pub(crate) fn path_rename(
@@ -138,7 +147,19 @@ impl WasiCtx {
         check_relative(new)?;
         let (od, op, obase) = self.dir(fd, rights::PATH_RENAME_SOURCE)?;
         let (nd, np, nbase) = self.dir(new_fd, rights::PATH_RENAME_TARGET)?;
+        // A file the rename replaces gives its bytes back (unless it is
+        // the file being renamed, under another link).
+        let same = match (od.symlink_metadata(old), nd.symlink_metadata(new)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        };
+        let freed = if same {
+            0
+        } else {
+            self.freed_by(nd, new, false)
+        };
         od.rename(old, nd, new)?;
+        self.freed(freed);
         let (from, to) = (join_rel(obase, old), join_rel(nbase, new));
         // Keep recorded paths of fds open under the renamed name current.
         for e in self.fds.values_mut() {

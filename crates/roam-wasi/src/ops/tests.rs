@@ -211,3 +211,49 @@ fn guests_share_one_budget_of_host_fds() {
     drop(a);
     assert_eq!(budget.held(), 3, "a's preopen came back");
 }
+
+/// `fd_write` through guest memory; the errno.
+fn try_write(c: &mut WasiCtx, fd: u32, data: &[u8]) -> Result<(), Errno> {
+    let mut buf = vec![0u8; 64 + data.len()];
+    let mut m = Mem(&mut buf);
+    m.put_u32(0, 64).unwrap();
+    m.put_u32(4, data.len() as u32).unwrap();
+    m.write(64, data).unwrap();
+    c.fd_write(&mut m, fd, 0, 1, 8)
+}
+
+#[test]
+fn a_disk_quota_refuses_growth_past_it_and_counts_what_is_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("old"), [7u8; 1000]).unwrap();
+    let mut c = ctx_with(dir.path());
+    c.set_disk_quota(4096);
+    assert_eq!(c.disk_quota(), Some((4096, 1000)));
+    let f = open(&mut c, "f", oflags::CREAT, true).unwrap();
+    write(&mut c, f, &[1u8; 3000]);
+    assert_eq!(c.disk_quota(), Some((4096, 4000)));
+    // Writing over what is there takes no room; past the end does.
+    c.fd_seek(&mut Mem(&mut [0u8; 8]), f, 0, 0, 0).unwrap();
+    write(&mut c, f, &[2u8; 3000]);
+    assert_eq!(try_write(&mut c, f, &[3u8; 97]), Err(Errno::DQUOT));
+    write(&mut c, f, &[3u8; 96]);
+    // A 1 TiB sparse file costs no disk, but counts whole.
+    assert_eq!(c.fd_filestat_set_size(f, 1 << 40), Err(Errno::DQUOT));
+    assert_eq!(c.fd_allocate(f, 0, 1 << 40), Err(Errno::DQUOT));
+    assert_eq!(fs::metadata(dir.path().join("f")).unwrap().len(), 3096);
+    // Shrinking, truncating at open and removing give room back.
+    c.fd_filestat_set_size(f, 96).unwrap();
+    assert_eq!(c.disk_quota(), Some((4096, 1096)));
+    let g = open(&mut c, "old", oflags::TRUNC, true).unwrap();
+    assert_eq!(c.disk_quota(), Some((4096, 96)));
+    c.fd_close(g).unwrap();
+    c.path_unlink_file(3, "f").unwrap();
+    assert_eq!(c.disk_quota(), Some((4096, 0)));
+    // A rename over a file gives the replaced one's bytes back.
+    let h = open(&mut c, "h", oflags::CREAT, true).unwrap();
+    write(&mut c, h, &[4u8; 100]);
+    let k = open(&mut c, "k", oflags::CREAT, true).unwrap();
+    write(&mut c, k, &[5u8; 50]);
+    c.path_rename(3, "k", 3, "h").unwrap();
+    assert_eq!(c.disk_quota(), Some((4096, 50)));
+}
