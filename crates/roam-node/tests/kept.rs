@@ -172,3 +172,52 @@ async fn a_huge_sparse_file_fails_the_checkpoint_not_the_node() {
         String::from_utf8_lossy(&reference),
     );
 }
+
+/// A cell's sandbox files may add up to the node's `--max-files-size`:
+/// past it the guest's write fails (`EDQUOT`), the program sees the error
+/// and ends, and the node and its other cells go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_guest_that_writes_past_its_disk_quota_gets_an_error() {
+    let limits = roam_node::NodeLimits {
+        max_files_bytes: 2 << 20,
+        ..Default::default()
+    };
+    let node = TestNode::start(
+        "node",
+        Setup {
+            limits: Some(limits),
+            ..Default::default()
+        },
+    )
+    .await;
+    let module = node.upload("bigfiles").await;
+    // 8 MiB of files in 4 MiB pieces, against a quota of 2 MiB.
+    node.launch_with(&module, "writer", &["8", "1"], &["/data"])
+        .await;
+    let (state, out) = node.output("writer", LIMIT).await;
+    assert!(
+        matches!(state, CellState::Exited { code } if code != 0),
+        "{state:?}: {}",
+        String::from_utf8_lossy(&out)
+    );
+    let bytes: u64 = walk(&node.sandbox("writer"));
+    assert!(bytes <= 2 << 20, "the sandbox holds {bytes} bytes");
+    let log = String::from_utf8_lossy(&out);
+    assert!(log.contains("Quota exceeded"), "{log}");
+}
+
+/// Bytes of the files under `dir`.
+fn walk(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                walk(&e.path())
+            } else {
+                m.len()
+            }
+        })
+        .sum()
+}
