@@ -190,6 +190,7 @@ pub(crate) fn spawn(
 /// and by a migration destination, whose assembling thread becomes the
 /// cell's thread.
 pub(crate) fn run(cell: Cell, h: &CellHandle) -> Option<CellState> {
+    lower_priority();
     let end = run_until_end(cell, h);
     h.ended.store(true, std::sync::atomic::Ordering::SeqCst);
     // A pause asked for while the program was ending gets its answer now.
@@ -302,6 +303,27 @@ pub(crate) const PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// cell killed anyway (it runs no more wasm code either way).
 pub(crate) const KILL_WAIT: Duration = Duration::from_millis(400);
 
+/// The nice value of a cell's thread (see [`lower_priority`]).
+pub(crate) const CELL_NICE: i32 = 10;
+
+/// Run the calling thread (a cell's) at [`CELL_NICE`]. Linux schedules
+/// threads, and a thread's nice value is its own: cells then share the CPU
+/// equally among themselves, and the node's own threads (its API, its
+/// heartbeats, migrations) weigh about nine times as much as a cell's. So
+/// a guest that loops for ever, or many of them, cannot starve the node
+/// out of its lease. It is the CPU limit roam applies without a cgroup; no
+/// cell can be given a larger share than another.
+fn lower_priority() {
+    // A node already run nicer than that keeps its own value.
+    let now = rustix::process::getpriority_process(None).unwrap_or(0);
+    if now >= CELL_NICE {
+        return;
+    }
+    if let Err(e) = rustix::process::setpriority_process(None, CELL_NICE) {
+        tracing::warn!("cannot lower the priority of a cell's thread: {e}");
+    }
+}
+
 /// An error and its causes, on one line.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
@@ -312,4 +334,24 @@ fn chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cell_thread_runs_at_a_lower_priority_than_the_node() {
+        let here = rustix::process::getpriority_process(None).unwrap();
+        let there = std::thread::spawn(|| {
+            super::lower_priority();
+            rustix::process::getpriority_process(None).unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(there, super::CELL_NICE.max(here));
+        assert_eq!(
+            rustix::process::getpriority_process(None).unwrap(),
+            here,
+            "only the cell's thread"
+        );
+    }
 }
