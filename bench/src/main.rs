@@ -112,7 +112,7 @@ enum Bench {
         extra_reps: usize,
     },
     /// T1 on the real-program suite (workloads/real/suite.toml) against
-    /// stock wasmtime-cli; writes bench/results/t1-real.{csv,md}.
+    /// stock wasmtime-cli; writes bench/results/t1-real/<date>-<capture>.{csv,md}.
     Real {
         /// Repetitions (median reported).
         #[arg(long, default_value_t = 3)]
