@@ -8,13 +8,16 @@
 //! machine, and report ratios, because a noisy two-core machine makes
 //! absolute numbers from different runs incomparable. They are benchmarks,
 //! not tests: they print a markdown table and write
-//! `bench/results/<t>.{csv,md}`. See docs/benchmarks.md.
+//! `bench/results/<benchmark>/<YYYY-MM-DD>-<label>.{csv,md}`, then
+//! regenerate the index `bench/results/README.md` (`roam-bench index`
+//! regenerates it alone). See docs/benchmarks.md.
 //!
 //! The Redis-protocol benchmarks (`gw`, `t4kv`, `t7`) run the `kvserver`
 //! cell as a network service and measure what its clients see.
 
 mod eh;
 mod gw;
+mod index;
 mod kv;
 mod paths;
 mod pause;
@@ -49,12 +52,20 @@ struct Cli {
     /// Where results are written.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
+    /// Added to the label of the result's file name,
+    /// `<out>/<benchmark>/<YYYY-MM-DD>-<label>.{csv,md}` (the label is
+    /// already the size, capture or backends where a benchmark has them).
+    #[arg(long, global = true)]
+    label: Option<String>,
     #[command(subcommand)]
     bench: Bench,
 }
 
 #[derive(Subcommand, Debug)]
 enum Bench {
+    /// Regenerate the index of results, `<out>/README.md`: per benchmark,
+    /// its latest files and their headlines.
+    Index,
     /// Steady-state overhead: native, plain wasmtime, roam (3 policies), qemu.
     T1 {
         /// Size class: S, M or L.
@@ -320,7 +331,18 @@ fn runtime(paths: &paths::Paths) -> anyhow::Result<Runtime> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let paths = paths::Paths::discover()?;
+    let label = cli.label.as_deref();
+    let emit = |mut r: report::Report| -> anyhow::Result<()> {
+        r.label = report::join_label(&r.label, label);
+        r.emit(&cli.out)?;
+        Ok(())
+    };
     let report = match cli.bench {
+        Bench::Index => {
+            index::write(&cli.out)?;
+            eprintln!("wrote {}", cli.out.join("README.md").display());
+            return Ok(());
+        }
         Bench::T1 { size, reps, only } => {
             let only = only.as_deref().map(t1::parse_only).transpose()?;
             t1::run(
@@ -503,7 +525,7 @@ fn main() -> anyhow::Result<()> {
                 dirty.join(","),
                 dirty.join(" "),
             );
-            t4::pause_report(&out, setup.clone()).emit(&cli.out)?;
+            emit(t4::pause_report(&out, setup.clone()))?;
             t4::report(&out, setup)
         }
         Bench::T5 {
@@ -595,7 +617,7 @@ fn main() -> anyhow::Result<()> {
                     bench,
                 },
             )?;
-            pause.emit(&cli.out)?;
+            emit(pause)?;
             r
         }
         Bench::Scale {
@@ -639,6 +661,5 @@ fn main() -> anyhow::Result<()> {
             },
         )?,
     };
-    report.emit(&cli.out)?;
-    Ok(())
+    emit(report)
 }
