@@ -1,7 +1,9 @@
-//! `roam-bench`: roam's benchmarks T1 (steady-state overhead), T2
-//! (checkpoint capture/restore vs memory size), T3 (migration response
-//! time), T4 (live migration between two nodes) and T5 (the page transfer
-//! pipeline against bandwidth).
+//! `roam-bench`: roam's benchmarks T1 (steady-state overhead, on roam's
+//! workloads and on the real-program suite), T2 (checkpoint capture/restore
+//! vs memory size), T3 (migration response time), T4 (live migration
+//! between two nodes), T5 (the page transfer pipeline against bandwidth),
+//! T7 (follow-the-user), the gateway's overhead and the control plane at
+//! scale; the targets are defined in docs/targets.md.
 //!
 //! Why it exists: roam makes quantitative promises; these programs measure
 //! them, always next to a baseline measured in the same run on the same
@@ -102,8 +104,9 @@ enum Bench {
         #[arg(long = "variant")]
         variants: Vec<String>,
     },
-    /// Capture by exceptions (`roam prepare --capture eh-proto`) against
-    /// Asyncify and the unprepared module, all on plain wasmtime.
+    /// Capture by exceptions (`roam prepare --capture eh`, and its ablation
+    /// `eh-points`) against the default preparation and the unprepared
+    /// module, all on plain wasmtime.
     Eh {
         /// Size class of the suite's workloads: S, M or L.
         #[arg(long, default_value = "M")]
