@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
 # The main demo: a workload starts on x86-64, is checkpointed mid-run, resumes
 # on arm64 (roam's aarch64 build under qemu-user) and finishes with the same
-# checksum as an uninterrupted run.
+# checksum as an uninterrupted run; then a live migration between two nodes
+# (scripts/demo-live.sh) and a cluster (scripts/demo-cluster.sh).
+#
+# Usage: scripts/demo.sh [WORKLOAD]   (default: kmeans)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+W=${1:-kmeans}
+
 scripts/setup.sh
-scripts/build-all.sh
+# Build only what the demo runs: roam for this machine (x86-64) and for
+# aarch64 (run under qemu-user), and two workloads: $W and `dirty` (the
+# cluster demo's). scripts/build-all.sh, which scripts/test.sh runs, also
+# builds riscv64 and every workload, the real-program suite included.
+cargo build --release --locked -p roam-cli
+cargo build --release --locked -p roam-cli --target aarch64-unknown-linux-gnu
+if [ "$W" = dirty ]; then workloads/build.sh dirty; else workloads/build.sh "$W" dirty; fi
 
 T=${CARGO_TARGET_DIR:-target}
 ROAM_X86="$T/release/roam"
 ROAM_ARM=(qemu-aarch64 -L /usr/aarch64-linux-gnu "$T/aarch64-unknown-linux-gnu/release/roam")
-W=${1:-kmeans}
 WASM=target/workloads/$W.wasm
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Measures `roam prepare --capture eh` (capture by Wasm exceptions) and its
-# ablation `eh-points` against the default (Asyncify) and the unprepared
+# ablation `eh-points` against the default preparation and the unprepared
 # module, all on bench/plain-wasmtime: roam's workloads at size M, plus every
 # program of the real-program suite that has a bench size
-# (docs/notes/2026-11-28-eh-prototype.md). Writes bench/results/eh-M.{md,csv}.
+# (docs/notes/2026-11-28-eh-prototype.md). Writes bench/results/eh/<date>-M.{md,csv}.
 # Usage: scripts/eh-bench.sh [SUITE_TOML [REAL_DIR]]
 #   SUITE_TOML  default workloads/real/suite.toml (skipped if absent)
 #   REAL_DIR    where its modules and data are, default target/workloads/real

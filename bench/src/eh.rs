@@ -401,7 +401,8 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
     ));
     notes.push("all four builds run on plain-wasmtime (wasmtime 48, Cranelift, exceptions on), so only the prepared code differs; \"output\" compares all of stdout across builds and repetitions (coremark prints its own timings, so it always differs); code KiB is the code section, .text KiB the machine code in wasmtime's compiled artifact".into());
     Ok(Report {
-        name: format!("eh-{}", opts.size),
+        name: "eh".into(),
+        label: opts.size.clone(),
         title: "Capture by exceptions against Asyncify, on plain wasmtime".into(),
         setup: format!(
             "`roam-bench eh --size {} --reps {} --extra-reps {}{}`; CPU time (user + system) per process, compile cache warm, median of {} repetitions ({} for programs outside the suite), builds interleaved",

@@ -195,6 +195,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         .push("medians over the interleaved repetitions; p99 as redis-benchmark reports it".into());
     Ok(Report {
         name: "gw".into(),
+        label: String::new(),
         title:
             "Gateway overhead — redis-benchmark through roam gateway against straight to the cell"
                 .into(),

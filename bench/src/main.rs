@@ -1,20 +1,25 @@
-//! `roam-bench`: roam's benchmarks T1 (steady-state overhead), T2
-//! (checkpoint capture/restore vs memory size), T3 (migration response
-//! time), T4 (live migration between two nodes) and T5 (the page transfer
-//! pipeline against bandwidth).
+//! `roam-bench`: roam's benchmarks T1 (steady-state overhead, on roam's
+//! workloads and on the real-program suite), T2 (checkpoint capture/restore
+//! vs memory size), T3 (migration response time), T4 (live migration
+//! between two nodes), T5 (the page transfer pipeline against bandwidth),
+//! T7 (follow-the-user), the gateway's overhead and the control plane at
+//! scale; the targets are defined in docs/targets.md.
 //!
 //! Why it exists: roam makes quantitative promises; these programs measure
 //! them, always next to a baseline measured in the same run on the same
 //! machine, and report ratios, because a noisy two-core machine makes
 //! absolute numbers from different runs incomparable. They are benchmarks,
 //! not tests: they print a markdown table and write
-//! `bench/results/<t>.{csv,md}`. See docs/benchmarks.md.
+//! `bench/results/<benchmark>/<YYYY-MM-DD>-<label>.{csv,md}`, then
+//! regenerate the index `bench/results/README.md` (`roam-bench index`
+//! regenerates it alone). See docs/benchmarks.md.
 //!
 //! The Redis-protocol benchmarks (`gw`, `t4kv`, `t7`) run the `kvserver`
 //! cell as a network service and measure what its clients see.
 
 mod eh;
 mod gw;
+mod index;
 mod kv;
 mod paths;
 mod pause;
@@ -49,12 +54,20 @@ struct Cli {
     /// Where results are written.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
+    /// Added to the label of the result's file name,
+    /// `<out>/<benchmark>/<YYYY-MM-DD>-<label>.{csv,md}` (the label is
+    /// already the size, capture or backends where a benchmark has them).
+    #[arg(long, global = true)]
+    label: Option<String>,
     #[command(subcommand)]
     bench: Bench,
 }
 
 #[derive(Subcommand, Debug)]
 enum Bench {
+    /// Regenerate the index of results, `<out>/README.md`: per benchmark,
+    /// its latest files and their headlines.
+    Index,
     /// Steady-state overhead: native, plain wasmtime, roam (3 policies), qemu.
     T1 {
         /// Size class: S, M or L.
@@ -91,8 +104,9 @@ enum Bench {
         #[arg(long = "variant")]
         variants: Vec<String>,
     },
-    /// Capture by exceptions (`roam prepare --capture eh-proto`) against
-    /// Asyncify and the unprepared module, all on plain wasmtime.
+    /// Capture by exceptions (`roam prepare --capture eh`, and its ablation
+    /// `eh-points`) against the default preparation and the unprepared
+    /// module, all on plain wasmtime.
     Eh {
         /// Size class of the suite's workloads: S, M or L.
         #[arg(long, default_value = "M")]
@@ -112,7 +126,7 @@ enum Bench {
         extra_reps: usize,
     },
     /// T1 on the real-program suite (workloads/real/suite.toml) against
-    /// stock wasmtime-cli; writes bench/results/t1-real.{csv,md}.
+    /// stock wasmtime-cli; writes bench/results/t1-real/<date>-<capture>.{csv,md}.
     Real {
         /// Repetitions (median reported).
         #[arg(long, default_value_t = 3)]
@@ -320,7 +334,18 @@ fn runtime(paths: &paths::Paths) -> anyhow::Result<Runtime> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let paths = paths::Paths::discover()?;
+    let label = cli.label.as_deref();
+    let emit = |mut r: report::Report| -> anyhow::Result<()> {
+        r.label = report::join_label(&r.label, label);
+        r.emit(&cli.out)?;
+        Ok(())
+    };
     let report = match cli.bench {
+        Bench::Index => {
+            index::write(&cli.out)?;
+            eprintln!("wrote {}", cli.out.join("README.md").display());
+            return Ok(());
+        }
         Bench::T1 { size, reps, only } => {
             let only = only.as_deref().map(t1::parse_only).transpose()?;
             t1::run(
@@ -503,7 +528,7 @@ fn main() -> anyhow::Result<()> {
                 dirty.join(","),
                 dirty.join(" "),
             );
-            t4::pause_report(&out, setup.clone()).emit(&cli.out)?;
+            emit(t4::pause_report(&out, setup.clone()))?;
             t4::report(&out, setup)
         }
         Bench::T5 {
@@ -595,7 +620,7 @@ fn main() -> anyhow::Result<()> {
                     bench,
                 },
             )?;
-            pause.emit(&cli.out)?;
+            emit(pause)?;
             r
         }
         Bench::Scale {
@@ -639,6 +664,5 @@ fn main() -> anyhow::Result<()> {
             },
         )?,
     };
-    report.emit(&cli.out)?;
-    Ok(())
+    emit(report)
 }

@@ -277,10 +277,8 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         "prepare s: `roam prepare` with default options but the capture (reused when newer than both its input and the `roam` binary, with the time recorded when it was made); roam first run: a run at test size with an empty compile cache, compile included".into(),
     ];
     Ok(Report {
-        name: match opts.capture.as_str() {
-            "asyncify" => "t1-real".into(),
-            other => format!("t1-real-{other}"),
-        },
+        name: "t1-real".into(),
+        label: opts.capture.clone(),
         title: format!(
             "T1 on the real-program suite, against stock wasmtime (capture: {})",
             opts.capture

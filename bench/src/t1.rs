@@ -344,6 +344,7 @@ fn build_report(results: &[(&Workload, Samples)], opts: &Options) -> Report {
     notes.push("times are wall-clock per process (spawn to exit, compile caches warm), median of the repetitions".into());
     Report {
         name: "t1".into(),
+        label: opts.size.clone(),
         title: "T1: steady-state overhead".into(),
         setup: format!("`roam-bench t1 --size {} --reps {}`", opts.size, opts.reps),
         table: t,

@@ -434,6 +434,7 @@ fn build_report(
         .collect();
     Report {
         name: "t13".into(),
+        label: opts.size.clone(),
         title: "T1 and T3 together, per variant".into(),
         setup: format!(
             "`roam-bench t13 --size {} --reps {} --t3-size {} --t3-samples {} {}`",

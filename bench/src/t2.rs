@@ -358,6 +358,7 @@ pub fn report(rows: &[Row], samples: usize) -> Report {
     ));
     Report {
         name: "t2".into(),
+        label: String::new(),
         title: "T2: checkpoint capture and restore vs memory size".into(),
         setup: format!(
             "`roam-bench t2` (sizes {:?} MiB)",

@@ -295,6 +295,7 @@ pub fn report(
     ];
     Report {
         name: "t3".into(),
+        label: size.to_string(),
         title: "T3: migration response time".into(),
         setup: if every == Interval::default() {
             format!("`roam-bench t3 --size {size}`")

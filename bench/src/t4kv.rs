@@ -208,6 +208,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<(Report, Report)> {
     );
     let report = Report {
         name: "t4kv".into(),
+        label: String::new(),
         title: "T4 — the KV cell migrating under redis-benchmark load, as the client sees it".into(),
         setup: format!(
             "`roam-bench t4kv --keys {} --value-len {} --modes {} --bandwidth {} --settle {} --readers {} --bench '{}'`: \
@@ -225,6 +226,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<(Report, Report)> {
     };
     let pause = Report {
         name: "t4kv-pause".into(),
+        label: String::new(),
         title: "T4 — the KV cell: where the pause goes".into(),
         setup: report.setup.clone(),
         table: pause,

@@ -313,6 +313,7 @@ pub fn report(rows: &[Cellrow], setup: String, mut notes: Vec<String>) -> Report
     );
     Report {
         name: "t5".into(),
+        label: String::new(),
         title: "T5 — transfer pipeline vs bandwidth (single round)".into(),
         setup,
         table: t,

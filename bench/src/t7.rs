@@ -164,6 +164,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
     notes.push("target: follow the user ≥ 1.25 × the better never-migrating placement".into());
     Ok(Report {
         name: "t7".into(),
+        label: String::new(),
         title: "T7 — follow-the-user: KV throughput with the cell following the user's nearer node".into(),
         setup: format!(
             "`roam-bench t7 --phases {} --phase-secs {} --near-ms {} --far-ms {} --keys {} --readers {} --mode {}`: \

@@ -110,7 +110,8 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
     Ok(Report {
         // One file per store set, so that runs of one store do not
         // overwrite another's.
-        name: format!("scale-{}", o.backends.join("-")),
+        name: "scale".into(),
+        label: o.backends.join("-"),
         title: "Control-plane scale: one planner, a simulated fleet".into(),
         setup: format!(
             "roam-bench scale --nodes {} --cells {} --backends {} --settle {} --victims {} --lease {} --concurrency {}",
