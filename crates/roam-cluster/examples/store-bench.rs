@@ -9,7 +9,8 @@
 //! Defaults: 1,000 nodes, 10,000 cells, 64 calls in flight. etcd is Debian's
 //! `etcd`, started on free loopback ports in a temporary directory (its data
 //! on the same disk as the redb file). Prints a markdown table and writes
-//! `bench/results/store.{csv,md}`.
+//! `bench/results/store/<date>-run.{csv,md}` (run `roam-bench index`
+//! afterwards to list it in `bench/results/README.md`).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -271,9 +272,20 @@ async fn main() {
         let _ = writeln!(csv, "\"{}\",{},{}", r.what, r.redb, r.etcd);
     }
     println!("{md}");
-    let results = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results");
-    std::fs::create_dir_all(&results).expect("bench/results");
-    std::fs::write(results.join("store.md"), md).expect("write store.md");
-    std::fs::write(results.join("store.csv"), csv).expect("write store.csv");
-    eprintln!("wrote bench/results/store.{{csv,md}}");
+    let results =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/store");
+    std::fs::create_dir_all(&results).expect("bench/results/store");
+    let name = format!("{}-run", today());
+    std::fs::write(results.join(format!("{name}.md")), md).expect("write the .md");
+    std::fs::write(results.join(format!("{name}.csv")), csv).expect("write the .csv");
+    eprintln!("wrote bench/results/store/{name}.{{csv,md}}");
+}
+
+/// Today's date (UTC), `YYYY-MM-DD`, from `date(1)`.
+fn today() -> String {
+    let out = std::process::Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .expect("date(1) runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
