@@ -98,6 +98,19 @@ pub enum PrepareError {
         /// Its standard error.
         stderr: String,
     },
+    /// `wasm-opt` ran past its time or memory limit and was stopped.
+    #[error(
+        "`{}` was stopped: {what} (set {env} to allow more, if the module is trusted)",
+        path.display()
+    )]
+    WasmOptLimit {
+        /// The binary.
+        path: PathBuf,
+        /// Which limit, and its value.
+        what: String,
+        /// The environment variable that sets it.
+        env: &'static str,
+    },
     /// Temporary files for `wasm-opt` could not be written or read.
     #[error("temporary file for wasm-opt: {0}; check free space and permissions of the temp directory (TMPDIR)")]
     TempFile(#[source] std::io::Error),

@@ -186,16 +186,16 @@ pub(crate) fn run(
         }
         None => None,
     };
-    let result = Command::new(&tool.path)
-        .arg(&input)
-        .args(args(list))
-        .arg("-o")
-        .arg(&output)
-        .output()
-        .map_err(|source| PrepareError::WasmOptSpawn {
-            path: tool.path.clone(),
-            source,
-        })?;
+    let result = limited(
+        Command::new(&tool.path)
+            .arg(&input)
+            .args(args(list))
+            .arg("-o")
+            .arg(&output),
+        &tool.path,
+        std::time::Duration::from_secs(limit_from_env(ENV_TIME_LIMIT, DEFAULT_TIME_LIMIT_S)),
+        limit_from_env(ENV_MEMORY_LIMIT, DEFAULT_MEMORY_LIMIT),
+    )?;
     if !result.status.success() {
         return Err(PrepareError::WasmOptFailed {
             path: tool.path.clone(),
@@ -208,10 +208,161 @@ pub(crate) fn run(
     Ok(bytes)
 }
 
+/// Seconds a `wasm-opt` run may take ([`DEFAULT_TIME_LIMIT_S`]).
+pub const ENV_TIME_LIMIT: &str = "ROAM_WASM_OPT_TIME_LIMIT";
+/// Bytes of address space a `wasm-opt` run may map
+/// ([`DEFAULT_MEMORY_LIMIT`]).
+pub const ENV_MEMORY_LIMIT: &str = "ROAM_WASM_OPT_MEMORY_LIMIT";
+/// Default of [`ENV_TIME_LIMIT`]: 10 minutes (the largest module of the
+/// real-program suite takes about 12 s).
+pub const DEFAULT_TIME_LIMIT_S: u64 = 600;
+/// Default of [`ENV_MEMORY_LIMIT`]: 16 GiB of address space (`RLIMIT_AS`:
+/// mapped, not resident; Binaryen's threads reserve stacks).
+pub const DEFAULT_MEMORY_LIMIT: u64 = 16 << 30;
+
+fn limit_from_env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&v: &u64| v > 0)
+        .unwrap_or(default)
+}
+
+/// Run `cmd` to its end within `time` and `memory` bytes of address
+/// space: a module
+/// from an untrusted upload must not keep a node's CPU or memory for ever
+/// (a node prepares what it is sent). Its output is collected as
+/// `Command::output` does.
+fn limited(
+    cmd: &mut Command,
+    path: &Path,
+    time: std::time::Duration,
+    memory: u64,
+) -> Result<std::process::Output, PrepareError> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let spawn = |source| PrepareError::WasmOptSpawn {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn)?;
+    // Set from outside right after the spawn, without code between fork
+    // and exec; the child has only begun to read its input by then.
+    let pid = rustix::process::Pid::from_child(&child);
+    let lim = rustix::process::Rlimit {
+        current: Some(memory),
+        maximum: Some(memory),
+    };
+    if let Err(e) = rustix::process::prlimit(Some(pid), rustix::process::Resource::As, lim) {
+        tracing::warn!("cannot limit wasm-opt's memory: {e}");
+    }
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut b);
+            }
+            b
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(spawn)? {
+            break s;
+        }
+        if start.elapsed() > time {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(PrepareError::WasmOptLimit {
+                path: path.to_path_buf(),
+                what: format!("it ran longer than {} s", time.as_secs()),
+                env: ENV_TIME_LIMIT,
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let (stdout, stderr) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    // Out of address space, Binaryen dies by an allocation failure.
+    let text = String::from_utf8_lossy(&stderr);
+    if !status.success() && (text.contains("bad_alloc") || text.contains("std::bad_alloc")) {
+        return Err(PrepareError::WasmOptLimit {
+            path: path.to_path_buf(),
+            what: format!("it ran out of its {} of address space", roam_human(memory)),
+            env: ENV_MEMORY_LIMIT,
+        });
+    }
+    Ok(std::process::Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// Bytes in GiB or MiB, for messages.
+fn roam_human(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30))
+    } else {
+        format!("{} MiB", b >> 20)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::OptLevel;
+
+    #[test]
+    fn a_run_past_its_time_is_stopped_and_its_address_space_is_limited() {
+        let sh = Path::new("sh");
+        let t = std::time::Instant::now();
+        let e = limited(
+            Command::new(sh).args(["-c", "sleep 30"]),
+            sh,
+            std::time::Duration::from_millis(300),
+            DEFAULT_MEMORY_LIMIT,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PrepareError::WasmOptLimit {
+                    env: ENV_TIME_LIMIT,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+        let out = limited(
+            Command::new(sh).args(["-c", "sleep 0.2; ulimit -v"]),
+            sh,
+            std::time::Duration::from_secs(10),
+            1 << 30,
+        )
+        .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1048576");
+    }
 
     #[test]
     fn asyncify_imports_lists_every_async_import() {
