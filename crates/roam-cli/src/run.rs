@@ -41,6 +41,7 @@ fn cell_options(c: &CellArgs) -> anyhow::Result<CellOptions> {
         checkpoint_every_points: c.checkpoint_every_points,
         compression_level: c.level,
         max_memory: c.max_memory.unwrap_or(roam_runtime::DEFAULT_MAX_MEMORY),
+        ..CellOptions::default()
     })
 }
 
