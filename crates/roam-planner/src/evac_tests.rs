@@ -85,7 +85,8 @@ async fn sim_node_with(refuse: bool) -> (String, Asked) {
     (addr, asked)
 }
 
-fn cell(id: &str, module: &str) -> CellRecord {
+/// A running cell on node `a`, at generation 1, without checkpoints.
+pub(crate) fn cell(id: &str, module: &str) -> CellRecord {
     CellRecord {
         id: id.into(),
         module: module.into(),

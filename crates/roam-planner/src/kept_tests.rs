@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Json, Router};
-use roam_cluster::{CellRecord, CellState, ClusterStore, RedbStore};
+use roam_cluster::{ClusterStore, RedbStore};
 use serde_json::{json, Value};
 
 use crate::{Planner, PlannerConfig};
@@ -94,24 +94,9 @@ async fn due_checkpoints_start_at_most_kept_parallel_at_once() {
     // Six cells on a, every one due at once (created long ago, a 1 s
     // interval); b can hold their checkpoints.
     for id in &ids {
-        store
-            .create_cell(CellRecord {
-                id: id.clone(),
-                module: "m".into(),
-                args: vec!["p".into()],
-                env: vec![],
-                dirs: vec![],
-                max_memory: Some(64 << 20),
-                service: None,
-                owner: "a".into(),
-                generation: 1,
-                state: CellState::Running,
-                checkpoint_interval_s: 1,
-                kept: None,
-                created_ms: 0,
-            })
-            .await
-            .unwrap();
+        let mut c = crate::evac_tests::cell(id, "m");
+        c.checkpoint_interval_s = 1;
+        store.create_cell(c).await.unwrap();
     }
     let beats = {
         let (http, url, ids) = (http.clone(), url.clone(), ids.clone());

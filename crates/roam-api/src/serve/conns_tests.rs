@@ -33,6 +33,11 @@ async fn ask(s: &mut TcpStream) -> String {
     s.write_all(b"GET /who HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
         .unwrap();
+    answer(s).await
+}
+
+/// Read until an answer's body (the caller's address) has come.
+async fn answer(s: &mut TcpStream) -> String {
     let mut got = Vec::new();
     let mut buf = [0u8; 512];
     while !String::from_utf8_lossy(&got).contains("127.0.0.1:") {
@@ -84,18 +89,9 @@ async fn at_the_connection_cap_a_new_client_waits_for_a_free_slot() {
         "a third connection was served at a cap of 2"
     );
     drop(a);
-    let answer = tokio::time::timeout(Duration::from_secs(5), async {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 512];
-        while !String::from_utf8_lossy(&got).contains("127.0.0.1:") {
-            let n = c.read(&mut buf).await.unwrap();
-            assert!(n > 0, "closed before answering");
-            got.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
+    let served = tokio::time::timeout(Duration::from_secs(5), answer(&mut c)).await;
     assert!(
-        answer.is_ok(),
+        served.is_ok(),
         "the third was not served once a slot was free"
     );
 }
