@@ -105,3 +105,65 @@ async fn late_ownership_answer(store: Option<String>) {
     .await;
     assert_eq!(rec.owner, "a", "{rec:?}");
 }
+
+/// An owner that is alive but does not have its cell: here node a restarts
+/// with an empty state directory within its lease, so it never looks dead,
+/// and its heartbeats stop listing the cell. The leader asks it, hears
+/// that it does not know the cell, and after a lease restores the cell
+/// from its kept checkpoint, which then finishes with the output of an
+/// uninterrupted run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_live_owner_that_lost_its_cell_has_it_restored() {
+    let p = Planner::start(None).await;
+    let setup = Setup {
+        planner: Some(p.url.clone()),
+        ..Setup::default()
+    };
+    let a = TestNode::start("a", setup.clone()).await;
+    let b = TestNode::start("b", setup.clone()).await;
+    p.wait_alive(2).await;
+    let module = b.upload("dirty").await;
+    b.launch(&module, "reference", &ARGS).await;
+    let uploaded = p
+        .client
+        .upload_module(workload("dirty"))
+        .await
+        .expect("the planner takes the module");
+    let placed = p
+        .client
+        .place(&PlaceRequest {
+            module: uploaded.hash,
+            args: argv(&ARGS),
+            env: Vec::new(),
+            dirs: Vec::new(),
+            max_memory: Some(64 << 20),
+            service: None,
+            node: Some("a".into()),
+            checkpoint_interval_s: Some(1),
+        })
+        .await
+        .expect("the planner places the cell");
+    let id = placed.id.clone();
+    wait_for("a kept checkpoint on b", LIMIT, || async {
+        let c = p.client.cell(&id).await.ok()?;
+        c.kept.filter(|k| k.holder == "b")
+    })
+    .await;
+    // a restarts: the same name, a new address, none of its cells.
+    drop(a);
+    let a = TestNode::start("a", setup).await;
+    let rec = wait_for("the cell to be restored on b", LIMIT, || async {
+        let c = p.client.cell(&id).await.ok()?;
+        (c.owner == "b" && c.generation > placed.generation).then_some(c)
+    })
+    .await;
+    assert!(!rec.state.ended(), "{rec:?}");
+    assert!(a.cell(&id).await.is_none(), "the cell came back on a");
+    let (state, out) = b.output(&id, LIMIT).await;
+    assert_eq!(state, CellState::Exited { code: 0 });
+    let (_, reference) = b.output("reference", LIMIT).await;
+    assert_eq!(
+        out, reference,
+        "the restored cell's output differs from an uninterrupted run"
+    );
+}
