@@ -100,6 +100,14 @@ impl Holder {
             let Some(rest) = name.strip_suffix(".kept") else {
                 continue;
             };
+            if rest == id {
+                // Kept by an older holder, one file per cell, the same
+                // layout: its name is in its manifest.
+                if let Some(v) = legacy(&e.path()) {
+                    out.push(v);
+                }
+                continue;
+            }
             let mut parts = rest.rsplitn(4, '.');
             let (Some(snapshot), Some(taken), Some(generation), Some(cell)) =
                 (parts.next(), parts.next(), parts.next(), parts.next())
@@ -363,6 +371,25 @@ impl Drop for Temp {
     fn drop(&mut self) {
         if let Some(p) = &self.path {
             remove(p);
+        }
+    }
+}
+
+/// The version in `path`, a checkpoint an older holder kept as
+/// `{cell}.kept`, if its head reads.
+fn legacy(path: &Path) -> Option<Version> {
+    let f = File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    match file::read_head(&f, len, roam_snapshot::MAX_MEMORY_BYTES) {
+        Ok(h) => Some(Version {
+            generation: h.m.generation.unwrap_or(0),
+            taken_ms: h.m.taken_ms,
+            snapshot: h.m.snapshot,
+            path: path.to_path_buf(),
+        }),
+        Err(e) => {
+            tracing::warn!("kept checkpoint {} is damaged: {e}", path.display());
+            None
         }
     }
 }

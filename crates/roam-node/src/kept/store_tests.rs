@@ -250,3 +250,35 @@ fn stored_versions(dir: &std::path::Path) -> usize {
     );
     names.iter().filter(|n| n.ends_with(".kept")).count()
 }
+
+#[test]
+fn a_checkpoint_kept_by_an_older_holder_is_read_and_replaced_in_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Holder::new(dir.path());
+    // An older holder kept one file per cell, `{cell}.kept`, in the same
+    // layout, every page in it.
+    let a = page(1);
+    let m1 = manifest(b"one", &[(0, &a)], &[&a]);
+    std::fs::create_dir_all(dir.path().join("kept")).unwrap();
+    std::fs::write(
+        dir.path().join("kept/c-1.kept"),
+        frame(&m1, b"one", LOG, &[&a]),
+    )
+    .unwrap();
+    assert_eq!(stored(&h, Some(&m1.snapshot)), Some(m1.snapshot.clone()));
+    assert_eq!(stored(&h, None), Some(m1.snapshot.clone()));
+    // The next checkpoint needs only its new pages, and a commit of it
+    // removes the old file.
+    let b = page(2);
+    let m2 = manifest_at(2, b"two", &[(0, &a), (1, &b)], &[]);
+    let all: Vec<String> = m2.pages.iter().map(|(_, h)| h.clone()).collect();
+    assert_eq!(
+        h.missing("c-1", &all, 1 << 30).unwrap(),
+        vec![all[1].clone()]
+    );
+    let m2 = manifest_at(2, b"two", &[(0, &a), (1, &b)], &[&b]);
+    put(&h, "c-1", &frame(&m2, b"two", LOG, &[&b]), 1 << 30).unwrap();
+    h.commit("c-1", &m2.snapshot).unwrap();
+    assert!(!dir.path().join("kept/c-1.kept").exists());
+    assert_eq!(stored(&h, None), Some(m2.snapshot));
+}
