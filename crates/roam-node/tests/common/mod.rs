@@ -6,12 +6,12 @@
 //! compile cache. A [`Planner`] is a real planner over a real store (an
 //! embedded redb, or an etcd the test starts). A [`Delay`] is a TCP proxy
 //! that can hold back one direction of its connections, to stand for a
-//! slow answer.
+//! slow answer, or cut them, to stand for a partition.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -73,6 +73,8 @@ pub struct Setup {
     pub planner: Option<String>,
     pub limits: Option<NodeLimits>,
     pub planner_timeout: Option<Duration>,
+    /// The gateway's control address.
+    pub gateway: Option<String>,
 }
 
 impl TestNode {
@@ -92,7 +94,7 @@ impl TestNode {
             token: None,
             insecure: false,
             limits: setup.limits.unwrap_or_default(),
-            gateway: None,
+            gateway: setup.gateway,
             planner: setup.planner,
             planner_timeout: setup
                 .planner_timeout
@@ -219,10 +221,42 @@ where
 }
 
 /// A TCP proxy to `target` whose answers (target → client) can be held
-/// back by a given time.
+/// back by a given time, and which can cut every connection, both ways.
 pub struct Delay {
     pub addr: std::net::SocketAddr,
     delay_ms: Arc<AtomicU64>,
+    cut: Arc<AtomicBool>,
+}
+
+/// Copy `from` to `to`, each read held back by `delay_ms` first, until
+/// either end closes or `cut` is set.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay_ms: Option<Arc<AtomicU64>>,
+    cut: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            () = async {
+                while !cut.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            } => break,
+        };
+        let ms = delay_ms.as_ref().map_or(0, |d| d.load(Ordering::SeqCst));
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if cut.load(Ordering::SeqCst) || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
 }
 
 impl Delay {
@@ -230,41 +264,38 @@ impl Delay {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let delay_ms = Arc::new(AtomicU64::new(0));
-        let d = delay_ms.clone();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (d, c) = (delay_ms.clone(), cut.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = l.accept().await {
+                // Cut: a connection is closed as soon as it comes.
+                if c.load(Ordering::SeqCst) {
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(target).await else {
                     continue;
                 };
-                let d = d.clone();
-                tokio::spawn(async move {
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let up = tokio::spawn(async move { tokio::io::copy(&mut cr, &mut sw).await });
-                    let mut buf = vec![0u8; 16 << 10];
-                    loop {
-                        let n = match sr.read(&mut buf).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        let ms = d.load(Ordering::SeqCst);
-                        if ms > 0 {
-                            tokio::time::sleep(Duration::from_millis(ms)).await;
-                        }
-                        if cw.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                    up.abort();
-                });
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, None, c.clone()));
+                tokio::spawn(pipe(sr, cw, Some(d.clone()), c.clone()));
             }
         });
-        Delay { addr, delay_ms }
+        Delay {
+            addr,
+            delay_ms,
+            cut,
+        }
     }
 
     /// Hold back every answer by `d` from now on.
     pub fn set(&self, d: Duration) {
         self.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Cut every connection and refuse new ones (`true`), or heal (`false`).
+    pub fn cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
     }
 }
 
