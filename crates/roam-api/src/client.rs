@@ -94,8 +94,12 @@ impl Client {
         } else {
             format!("http://{addr}")
         };
+        // Servers close a connection that sends no request head for
+        // `serve::ConnLimits::header_timeout` (15 s): drop idle ones first,
+        // so a request never goes out on a connection being closed.
         let mut b = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            .pool_idle_timeout(Duration::from_secs(10))
             .redirect(reqwest::redirect::Policy::none());
         match &auth.tls {
             Some(tls) => {
