@@ -9,7 +9,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use roam_api::planner::PlaceRequest;
 use roam_node::types::CellState;
 
 const ARGS: [&str; 3] = ["8", "4", "5"];
@@ -53,25 +52,7 @@ async fn late_ownership_answer(store: Option<String>) {
     p.wait_alive(2).await;
     let module = a.upload("dirty").await;
     a.launch(&module, "reference", &ARGS).await;
-    let uploaded = p
-        .client
-        .upload_module(workload("dirty"))
-        .await
-        .expect("the planner takes the module");
-    let placed = p
-        .client
-        .place(&PlaceRequest {
-            module: uploaded.hash,
-            args: argv(&ARGS),
-            env: Vec::new(),
-            dirs: Vec::new(),
-            max_memory: Some(64 << 20),
-            service: None,
-            node: Some("a".into()),
-            checkpoint_interval_s: Some(0),
-        })
-        .await
-        .expect("the planner places the cell");
+    let placed = p.place("dirty", &ARGS, "a", None, 0).await;
     let id = placed.id.clone();
     wait_for("the cell to run on a", LIMIT, || async {
         a.cell(&id).await.filter(|c| c.state == CellState::Running)
@@ -124,25 +105,7 @@ async fn a_live_owner_that_lost_its_cell_has_it_restored() {
     p.wait_alive(2).await;
     let module = b.upload("dirty").await;
     b.launch(&module, "reference", &ARGS).await;
-    let uploaded = p
-        .client
-        .upload_module(workload("dirty"))
-        .await
-        .expect("the planner takes the module");
-    let placed = p
-        .client
-        .place(&PlaceRequest {
-            module: uploaded.hash,
-            args: argv(&ARGS),
-            env: Vec::new(),
-            dirs: Vec::new(),
-            max_memory: Some(64 << 20),
-            service: None,
-            node: Some("a".into()),
-            checkpoint_interval_s: Some(1),
-        })
-        .await
-        .expect("the planner places the cell");
+    let placed = p.place("dirty", &ARGS, "a", None, 1).await;
     let id = placed.id.clone();
     wait_for("a kept checkpoint on b", LIMIT, || async {
         let c = p.client.cell(&id).await.ok()?;

@@ -13,7 +13,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use roam_api::planner::PlaceRequest;
 use roam_node::types::CellState;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -91,25 +90,7 @@ async fn restored_service(store: Option<String>) {
     let a = TestNode::start("a", setup(format!("http://{}", link.addr))).await;
     let b = TestNode::start("b", setup(p.url.clone())).await;
     p.wait_alive(2).await;
-    let uploaded = p
-        .client
-        .upload_module(workload("kvserver"))
-        .await
-        .expect("the planner takes the module");
-    let placed = p
-        .client
-        .place(&PlaceRequest {
-            module: uploaded.hash,
-            args: argv(&[]),
-            env: Vec::new(),
-            dirs: Vec::new(),
-            max_memory: Some(64 << 20),
-            service: Some("kv".into()),
-            node: Some("a".into()),
-            checkpoint_interval_s: Some(1),
-        })
-        .await
-        .expect("the planner places the cell");
+    let placed = p.place("kvserver", &[], "a", Some("kv"), 1).await;
     let id = placed.id.clone();
     wait_for("the cell to run on a", LIMIT, || async {
         a.cell(&id).await.filter(|c| c.state == CellState::Running)

@@ -166,17 +166,20 @@ pub(crate) fn state_and_log(f: &File, head: &Head) -> Result<(Vec<u8>, Vec<u8>),
     ))
 }
 
+/// The `k`-th page sent in `f`, as it is (for a file [`verify`] checked).
+pub(crate) fn read_page(f: &File, head: &Head, k: usize, buf: &mut [u8]) -> Result<(), KeptError> {
+    if k >= head.m.sent.len() {
+        return Err(bad(format!("no page {k}")));
+    }
+    f.read_exact_at(buf, head.page_at(k))
+        .map_err(|e| bad(e.to_string()))
+}
+
 /// The `k`-th page sent in `f`, checked against its hash.
 pub(crate) fn page(f: &File, head: &Head, k: usize, buf: &mut [u8]) -> Result<(), KeptError> {
-    let want = head
-        .m
-        .sent
-        .get(k)
-        .ok_or_else(|| bad(format!("no page {k}")))?;
-    f.read_exact_at(buf, head.page_at(k))
-        .map_err(|e| bad(e.to_string()))?;
-    if hex(&blake3::hash(buf)) != *want {
-        return Err(KeptError::Mismatch(format!("page {want}")));
+    read_page(f, head, k, buf)?;
+    if hex(&blake3::hash(buf)) != head.m.sent[k] {
+        return Err(KeptError::Mismatch(format!("page {}", head.m.sent[k])));
     }
     Ok(())
 }

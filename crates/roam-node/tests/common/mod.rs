@@ -339,6 +339,38 @@ impl Planner {
         }
     }
 
+    /// Upload workload `name` to the planner and have it placed on node
+    /// `node` with `args` (after the program name), 64 MiB, kept
+    /// checkpoints every `interval_s` seconds (0: none), behind `service`
+    /// if given: the cell's record.
+    pub async fn place(
+        &self,
+        name: &str,
+        args: &[&str],
+        node: &str,
+        service: Option<&str>,
+        interval_s: u64,
+    ) -> roam_cluster::CellRecord {
+        let uploaded = self
+            .client
+            .upload_module(workload(name))
+            .await
+            .expect("the planner takes the module");
+        self.client
+            .place(&roam_api::planner::PlaceRequest {
+                module: uploaded.hash,
+                args: argv(args),
+                env: Vec::new(),
+                dirs: Vec::new(),
+                max_memory: Some(64 << 20),
+                service: service.map(str::to_string),
+                node: Some(node.to_string()),
+                checkpoint_interval_s: Some(interval_s),
+            })
+            .await
+            .expect("the planner places the cell")
+    }
+
     /// Wait until `n` nodes are alive.
     pub async fn wait_alive(&self, n: usize) {
         wait_for("the nodes to register", Duration::from_secs(30), || async {
