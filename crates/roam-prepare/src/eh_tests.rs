@@ -247,3 +247,42 @@ fn returns_capture_the_same_sites_without_exceptions() {
     check_prepared(&out.bytes).unwrap();
     assert_eq!("returns".parse::<Capture>(), Ok(Capture::Returns));
 }
+
+/// Regression: a pass before the capture can leave code after an
+/// unconditional branch (lifting an exit puts a `return` before the rest
+/// of its block), and without a `wasm-opt` run (`--opt O0`) nothing removes
+/// it. walrus drops such code when it parses, wasmparser does not, so the
+/// capture matched the wrong facts to calls and refused the module
+/// ("instruction count differs"); this stopped `--opt O0` on Lua.
+#[test]
+fn code_after_a_lifted_exit_is_left_out_under_every_capture() {
+    let fixture = crate::leave::tests::WAT;
+    let tail = "(call $fail (i32.const 3) (i32.add (i32.const 2) (local.get $i))) (unreachable)";
+    assert!(fixture.contains(tail));
+    // A call and a block after the call that never returns: dead once the
+    // exit is lifted.
+    let wat = fixture.replace(
+        tail,
+        "(call $fail (i32.const 3) (i32.add (i32.const 2) (local.get $i)))
+         (block (call $line (i32.const 33)))
+         (unreachable)",
+    );
+    let wasm = wat::parse_str(&wat).unwrap();
+    for capture in [Capture::Returns, Capture::Eh] {
+        let opts = PrepareOptions {
+            capture,
+            ..eh_opts()
+        };
+        let Some(out) = prepare_or_skip(&wasm, &opts) else {
+            return;
+        };
+        assert_eq!(
+            out.section.capture(),
+            capture,
+            "no fallback: {:?}",
+            out.fallback
+        );
+        assert!(out.eh.unwrap().sites > 0);
+        check_prepared(&out.bytes).unwrap();
+    }
+}

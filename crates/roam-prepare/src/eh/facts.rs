@@ -7,7 +7,8 @@
 //! walrus gives no stack heights, so the validator runs over the same bytes
 //! walrus parsed, and its facts are matched to walrus's instructions by
 //! their order in the body: both list calls and structured instructions in
-//! pre-order (`then` before `else`). The counts are checked.
+//! pre-order (`then` before `else`), and neither keeps what follows an
+//! unconditional branch in the same block. The counts are checked.
 
 use std::collections::{HashMap, HashSet};
 
@@ -25,8 +26,6 @@ pub(crate) enum Under {
     /// The values of the enclosing block under the instruction's inputs,
     /// bottom first.
     Values(Vec<ValType>),
-    /// Unreachable code: the instruction never runs.
-    Dead,
     /// A reference value lies under it, which no capture can store.
     Reference,
     /// A block, loop or `if` that takes parameters.
@@ -51,9 +50,28 @@ pub(crate) fn operand_stacks(bytes: &[u8]) -> Result<Vec<Facts>, PrepareError> {
         v.read_locals(&mut reader).map_err(invalid)?;
         let mut ops = wasmparser::OperatorsReader::new(reader);
         let mut here = Vec::new();
+        // walrus drops what it parses in unreachable code, structured
+        // instructions with all they hold, so it is skipped here too:
+        // `skipped` counts the dead blocks, loops and `if`s we are inside.
+        let mut skipped = 0usize;
         while !ops.eof() {
             let offset = ops.original_position();
             let op = ops.read().map_err(invalid)?;
+            let dead = skipped > 0
+                || v.get_control_frame(0)
+                    .ok_or_else(|| rewrite("no control frame"))?
+                    .unreachable;
+            if dead {
+                match &op {
+                    Operator::Block { .. } | Operator::Loop { .. } | Operator::If { .. } => {
+                        skipped += 1
+                    }
+                    Operator::End if skipped > 0 => skipped -= 1,
+                    _ => {}
+                }
+                v.op(offset, &op).map_err(invalid)?;
+                continue;
+            }
             let inputs = match &op {
                 Operator::Call { function_index } => {
                     let ty = v.resources().type_index_of_function(*function_index);
@@ -112,9 +130,6 @@ fn under<R: WasmModuleResources>(
     let frame = v
         .get_control_frame(0)
         .ok_or_else(|| rewrite("no control frame"))?;
-    if frame.unreachable {
-        return Ok(Under::Dead);
-    }
     if params {
         return Ok(Under::Params);
     }

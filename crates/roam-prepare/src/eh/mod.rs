@@ -226,7 +226,7 @@ pub(crate) fn transform(
                 "instruction count differs between walrus and wasmparser",
             ));
         }
-        planner.walk(func.entry_block(), false)?;
+        planner.walk(func.entry_block())?;
         stats.sites = planner.next_site;
         if !planner.sites.is_empty() {
             pending.push((*id, planner.kids, planner.sites, planner.new_locals));
@@ -501,7 +501,7 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
     }
 
     /// Walk block `seq`; returns the range of sites it holds.
-    fn walk(&mut self, seq: InstrSeqId, dead: bool) -> Result<Option<(u32, u32)>, PrepareError> {
+    fn walk(&mut self, seq: InstrSeqId) -> Result<Option<(u32, u32)>, PrepareError> {
         let mut range: Option<(u32, u32)> = None;
         let join = |a: Option<(u32, u32)>, b: Option<(u32, u32)>| match (a, b) {
             (Some(a), Some(b)) => Some((a.0.min(b.0), a.1.max(b.1))),
@@ -518,14 +518,10 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
                 _ => continue,
             };
             let fact = self.fact((seq, i))?;
-            let dead_here = dead || fact == Under::Dead;
             if children.is_empty() {
                 let Some(kind) = (self.classify)(instr) else {
                     continue;
                 };
-                if dead_here {
-                    continue;
-                }
                 let Under::Values(under) = fact else {
                     return Err(unsupported(
                         "a reference lies on the stack under a call that may unwind",
@@ -575,22 +571,19 @@ impl<C: Fn(&Instr) -> Option<KidKind>> Planner<'_, C> {
                 continue;
             }
             let under = match &fact {
-                Under::Values(v) if !dead_here => self.new_locals(v),
+                Under::Values(v) => self.new_locals(v),
                 _ => Vec::new(),
             };
             self.enclosing.push(under.iter().map(|u| u.0).collect());
             let mut arms = Vec::new();
             for child in &children {
-                arms.push(self.walk(*child, dead_here)?);
+                arms.push(self.walk(*child)?);
             }
             self.enclosing.pop();
             let inner = arms.iter().fold(None, |a, b| join(a, *b));
             let Some((lo, hi)) = inner else {
                 continue;
             };
-            if dead_here {
-                continue;
-            }
             match fact {
                 Under::Values(_) => {}
                 Under::Params => {
