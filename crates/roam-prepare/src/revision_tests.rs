@@ -90,6 +90,11 @@ const HISTORY: &[(u32, &str)] = &[
         19,
         "e8dcec6d11549cd8a984f7a4d55b851dca6133d2691ea66b1b1ea6e5a7ad9dd9",
     ),
+    // The optimiser's run at `O2` names Binaryen's passes, without Stack IR.
+    (
+        20,
+        "f3c97bfc66f0cb7c767c327e2f53c1727ee72b839f8363467aa5fd8f158b0219",
+    ),
 ];
 
 /// The same for the steps after `wasm-opt`, from the revision the guard
@@ -114,6 +119,10 @@ const AFTER_HISTORY: &[(u32, &str)] = &[
     // `--capture returns` joined the guard's fixtures.
     (
         19,
+        "800b4569577af3c56f25b9f0fb785a76870d82088b90cb1cf1826a9a3b56391b",
+    ),
+    (
+        20,
         "800b4569577af3c56f25b9f0fb785a76870d82088b90cb1cf1826a9a3b56391b",
     ),
 ];
