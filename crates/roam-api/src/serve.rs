@@ -226,6 +226,50 @@ pub async fn require_token(State(token): State<Token>, req: Request, next: Next)
         .into_response()
 }
 
+/// Let only `roles` call the routes of `router` (a route layer, so it
+/// applies to the routes already added). Under TLS a caller whose
+/// certificate holds another role gets `403`, naming the roles that may;
+/// without TLS there is no role to check, and every caller that passed the
+/// token check is trusted alike (`docs/trust.md`).
+///
+/// Why per route: the listener admits every role that calls *some* route
+/// ([`NODE_API_ROLES`]), but each route has its own callers. Another
+/// node has no business launching or killing cells, and an operator none
+/// storing a kept checkpoint on a holder.
+pub fn only<S>(router: axum::Router<S>, roles: &'static [Role]) -> axum::Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    router.route_layer(axum::middleware::from_fn(
+        move |req: Request, next: Next| {
+            let refused = req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<Peer>>()
+                .and_then(|c| c.0.id.as_ref())
+                .filter(|id| !roles.contains(&id.role))
+                .map(|id| {
+                    let may: Vec<&str> = roles.iter().map(|r| r.name()).collect();
+                    format!(
+                        "forbidden: {id} may not call {} {}; only a {} certificate may",
+                        req.method(),
+                        req.uri().path(),
+                        may.join(" or ")
+                    )
+                });
+            async move {
+                match refused {
+                    None => next.run(req).await,
+                    Some(error) => (
+                        StatusCode::FORBIDDEN,
+                        axum::Json(crate::types::ApiError { error }),
+                    )
+                        .into_response(),
+                }
+            }
+        },
+    ))
+}
+
 /// Wrap `router` in the token check when the node has a token.
 pub fn guard<S>(router: axum::Router<S>, token: Option<&Token>) -> axum::Router<S>
 where

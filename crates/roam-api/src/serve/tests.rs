@@ -12,7 +12,7 @@ use roam_auth::cert::{Reach, Validity};
 use roam_auth::tokio_rustls::TlsAcceptor;
 use roam_auth::{ClientTls, Identity, Role, TlsFiles, ALPN_HTTP};
 
-use super::{Peer, TlsListener};
+use super::{only, Peer, TlsListener};
 
 const YEAR: Validity = Validity { days: 365 };
 
@@ -54,6 +54,10 @@ async fn serve(dir: &Path, ca: &Pem, roles: Option<&'static [Role]>) -> String {
                 },
             ),
         )
+        .merge(only(
+            Router::new().route("/ops", get(|| async { "ops" })),
+            &[Role::Planner, Role::Client],
+        ))
         .into_make_service_with_connect_info::<Peer>();
     tokio::spawn(async move { axum::serve(l, app).await });
     format!("https://127.0.0.1:{port}/who")
@@ -129,4 +133,31 @@ async fn a_role_the_listener_does_not_admit_gets_403_and_the_reason() {
         .await
         .unwrap();
     assert_eq!(st, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_for_other_roles_gets_403_and_who_may_call_it() {
+    let d = tempfile::tempdir().unwrap();
+    let ca = make_ca("test CA", YEAR).unwrap();
+    std::fs::write(d.path().join("ca.pem"), &ca.cert).unwrap();
+    let who = serve(d.path(), &ca, None).await;
+    let ops = who.replace("/who", "/ops");
+    let node = client(
+        d.path(),
+        "edge-b",
+        &make_node(&ca, "edge-b", &[], &[], YEAR).unwrap(),
+    );
+    // Admitted by the listener, so the open route serves it...
+    assert_eq!(call(&node, &who).await.unwrap().0, 200);
+    // ...but not the operators' route.
+    let (st, body) = call(&node, &ops).await.unwrap();
+    assert_eq!(st, 403, "{body}");
+    assert!(
+        body.contains(
+            "node `edge-b` may not call GET /ops; only a planner or client certificate may"
+        ),
+        "{body}"
+    );
+    let alice = client(d.path(), "alice", &make_client(&ca, "alice", YEAR).unwrap());
+    assert_eq!(call(&alice, &ops).await.unwrap(), (200, "ops".to_string()));
 }

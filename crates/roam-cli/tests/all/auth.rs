@@ -474,6 +474,33 @@ fn a_gateway_certificate_opens_no_node_and_the_planners_does() {
     assert!(node.cells(&pki.alice()).is_empty());
 }
 
+/// Per route: the control API admits another node's certificate (nodes
+/// call each other's `resolve` and kept-checkpoint routes), but a node may
+/// not launch or list cells there; the planner and operators may.
+#[test]
+fn another_nodes_certificate_launches_and_lists_nothing() {
+    let pki = pki();
+    let node = AuthNode::start(&pki.node_flags("node-a"));
+    let b = pki.client("ca.pem", Some("node-b"), None);
+    let out = try_launch(&node, &b);
+    assert!(!out.status.success(), "a node certificate launched a cell");
+    assert!(
+        text(&out.stderr).contains("only a planner or client certificate may"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_client(&["cells", "--node", &node.url, "--json"], &b);
+    assert!(!out.status.success(), "a node certificate listed cells");
+    assert!(node.cells(&pki.alice()).is_empty());
+    let out = try_launch(&node, &pki.alice());
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stderr),
+        node.log()
+    );
+}
+
 #[test]
 fn a_node_refuses_a_certificate_of_another_role_at_start() {
     let pki = pki();

@@ -14,7 +14,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use roam_api::serve::{guard, TlsListener};
+use roam_api::serve::{guard, only, TlsListener};
+use roam_auth::Role;
 use tokio::net::TcpListener;
 
 use crate::error::NodeError;
@@ -53,25 +54,45 @@ impl IntoResponse for AppError {
 
 type Answer<T> = Result<T, AppError>;
 
+/// Operators and the planner: everything that starts, stops, moves or
+/// reads out cells.
+const OPERATORS: &[Role] = &[Role::Planner, Role::Client];
+/// Other nodes only: a migration's source asking its destination, an
+/// owner storing a kept checkpoint on its holder, a node restoring from
+/// one.
+const NODES: &[Role] = &[Role::Node];
+/// The planner only: it alone knows which kept checkpoint it recorded.
+const PLANNER: &[Role] = &[Role::Planner];
+
+/// The routes, grouped by who may call them (`docs/node-api.md`,
+/// "Who may call what").
 fn router(n: Arc<NodeInner>) -> Router {
-    let router = Router::new()
+    // Whoever the listener admitted.
+    let anyone = Router::new()
         .route("/v1/node", get(cells::node_info))
         .route("/metrics", get(cells::metrics))
+        // A source whose post-copy broke asks its destination too.
+        .route("/v1/cells/{id}", get(cells::status));
+    let operators = Router::new()
         .route("/v1/modules", post(cells::upload_module))
         .route("/v1/cells", post(cells::launch).get(cells::list))
-        .route("/v1/cells/{id}", get(cells::status))
         .route("/v1/cells/{id}/logs", get(cells::logs))
         .route("/v1/cells/{id}/kill", post(cells::kill))
         .route("/v1/cells/{id}/checkpoint", post(cells::checkpoint))
         .route("/v1/cells/{id}/keep", post(kept::keep))
         .route("/v1/cells/restore", post(kept::restore))
+        .route("/v1/cells/{id}/migrate", post(migrate::start))
+        .route("/v1/migrations/{id}", get(migrate::status));
+    let nodes = Router::new()
         .route("/v1/kept/{id}", get(kept::get).put(kept::put))
         .route("/v1/kept/{id}/missing", post(kept::missing))
-        .route("/v1/kept/{id}/commit", post(kept::commit))
-        .route("/v1/cells/{id}/migrate", post(migrate::start))
-        .route("/v1/migrations/{id}", get(migrate::status))
         .route("/v1/migrations/{id}/resolve", post(migrate::resolve))
-        .route("/v1/migrations/{id}/timings", get(migrate::timings))
+        .route("/v1/migrations/{id}/timings", get(migrate::timings));
+    let planner = Router::new().route("/v1/kept/{id}/commit", post(kept::commit));
+    let router = anyone
+        .merge(only(operators, OPERATORS))
+        .merge(only(nodes, NODES))
+        .merge(only(planner, PLANNER))
         .route_layer(axum::middleware::from_fn(check_path_ids))
         .layer(DefaultBodyLimit::max(body_limit(&n)));
     // The token check wraps every route: no handler runs without it.
