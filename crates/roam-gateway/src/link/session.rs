@@ -1,6 +1,7 @@
 //! One link session after another: connect, handshake, re-announce every
 //! service, then route frames both ways until the connection fails.
 
+use crate::chain;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,17 +81,6 @@ pub(crate) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 async fn open(inner: &Inner) -> Result<Box<dyn Stream>, SessionError> {

@@ -4,6 +4,7 @@
 //! its services are held as for any lost link (a node that reconnects and
 //! serves again resumes every connection).
 
+use crate::chain;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,17 +180,6 @@ async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, reason: String) {
         let _ = wr.write_all(&b).await;
         let _ = wr.shutdown().await;
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Apply frames until the link ends: `Ok` when the node closed it, the
