@@ -32,7 +32,7 @@ pub enum Command {
     Node(crate::node_args::NodeArgs),
     /// Launch a program on a node; prints the cell id.
     Launch(crate::node_args::LaunchArgs),
-    /// List a node's cells.
+    /// List the cells of a node, or of the whole cluster (through the planner).
     Cells(crate::node_args::CellsArgs),
     /// Move a running cell to another node.
     Migrate(crate::node_args::MigrateArgs),
