@@ -296,3 +296,15 @@ pub struct InspectArgs {
     /// The snapshot.
     pub snapshot: PathBuf,
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap's own checks of every subcommand: no flag declared twice, every
+    /// `requires` naming a flag that exists.
+    #[test]
+    fn every_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+}

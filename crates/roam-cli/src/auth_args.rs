@@ -156,34 +156,29 @@ mod tests {
         assert_eq!(tls.tls_key.as_deref(), Some(Path::new("k.pem")));
     }
 
-    #[test]
-    fn a_node_takes_its_tls_files_token_and_insecure() {
-        let mut args = vec!["node", "--name", "a", "--token-file", "t", "--insecure"];
-        args.extend(TLS);
-        let Command::Node(a) = parse(&args).unwrap() else {
-            panic!("not a node")
-        };
-        assert_tls(&a.auth.tls);
-        assert!(a.auth.tls.insecure);
-        assert_eq!(a.auth.token_file.as_deref(), Some(Path::new("t")));
-        assert_eq!(a.name.as_deref(), Some("a"));
-        let Command::Node(a) = parse(&["node"]).unwrap() else {
-            panic!("not a node")
-        };
-        assert!(a.auth.tls.tls_ca.is_none() && a.auth.token_file.is_none());
-        assert!(!a.auth.tls.insecure);
+    /// The server flags of a `roam node` or `roam planner` command line.
+    fn server_auth(cmd: Command) -> super::ServerAuthArgs {
+        match cmd {
+            Command::Node(a) => a.auth,
+            Command::Planner(a) => a.auth,
+            other => panic!("not a node or planner: {other:?}"),
+        }
     }
 
     #[test]
-    fn a_planner_takes_its_tls_files_token_and_insecure() {
-        let mut args = vec!["planner", "--token-file", "t", "--insecure"];
-        args.extend(TLS);
-        let Command::Planner(a) = parse(&args).unwrap() else {
-            panic!("not a planner")
-        };
-        assert_tls(&a.auth.tls);
-        assert!(a.auth.tls.insecure);
-        assert_eq!(a.auth.token_file.as_deref(), Some(Path::new("t")));
+    fn a_node_and_a_planner_take_tls_files_token_and_insecure() {
+        for cmd in ["node", "planner"] {
+            let mut args = vec![cmd, "--listen", "127.0.0.1:1", "--token-file", "t"];
+            args.extend(TLS);
+            args.push("--insecure");
+            let auth = server_auth(parse(&args).unwrap());
+            assert_tls(&auth.tls);
+            assert!(auth.tls.insecure);
+            assert_eq!(auth.token_file.as_deref(), Some(Path::new("t")));
+            let auth = server_auth(parse(&[cmd]).unwrap());
+            assert!(auth.tls.tls_ca.is_none() && auth.token_file.is_none());
+            assert!(!auth.tls.insecure);
+        }
     }
 
     #[test]
@@ -224,19 +219,8 @@ mod tests {
 
     #[test]
     fn a_client_takes_its_credentials_and_needs_cert_and_key_together() {
-        let args = [
-            "cells",
-            "--node",
-            "127.0.0.1:7700",
-            "--tls-ca",
-            "ca.pem",
-            "--tls-cert",
-            "c.pem",
-            "--tls-key",
-            "k.pem",
-            "--token-file",
-            "t",
-        ];
+        let mut args = vec!["cells", "--node", "127.0.0.1:7700", "--token-file", "t"];
+        args.extend(TLS);
         let Command::Cells(a) = parse(&args).unwrap() else {
             panic!("not cells")
         };

@@ -94,29 +94,27 @@ fn dispatch(command: Command) -> Result<i32> {
         Command::Node(a) => node_cmd::node(a),
         Command::Gateway(a) => gateway_cmd::gateway(a),
         Command::Planner(a) => planner_cmd::planner(a),
-        Command::Launch(a) => match a.node.clone() {
-            Some(node) => node_cmd::launch(&node, a),
-            None => cluster_cmd::launch(a),
-        },
-        Command::Cells(a) => match a.node.clone() {
-            Some(node) => node_cmd::cells(&node, a),
-            None => cluster_cmd::cells(a),
-        },
-        Command::Migrate(a) => match a.from.clone() {
-            Some(from) => node_cmd::migrate(&from, a),
-            None => cluster_cmd::migrate(a),
-        },
-        Command::Logs(a) => match a.node.clone() {
-            Some(node) => node_cmd::logs(&node, a),
-            None => cluster_cmd::logs(a),
-        },
-        Command::Kill(a) => match a.node.clone() {
-            Some(node) => node_cmd::kill(&node, a),
-            None => cluster_cmd::kill(a),
-        },
+        Command::Launch(a) => by_node(a.node.clone(), a, node_cmd::launch, cluster_cmd::launch),
+        Command::Cells(a) => by_node(a.node.clone(), a, node_cmd::cells, cluster_cmd::cells),
+        Command::Migrate(a) => by_node(a.from.clone(), a, node_cmd::migrate, cluster_cmd::migrate),
+        Command::Logs(a) => by_node(a.node.clone(), a, node_cmd::logs, cluster_cmd::logs),
+        Command::Kill(a) => by_node(a.node.clone(), a, node_cmd::kill, cluster_cmd::kill),
         Command::Nodes(a) => cluster_cmd::nodes(a),
         Command::Drain(a) => cluster_cmd::drain(a),
         Command::Undrain(a) => cluster_cmd::undrain(a),
+    }
+}
+
+/// `on_node(node, a)` when a node is named, else `on_planner(a)`.
+fn by_node<A>(
+    node: Option<String>,
+    a: A,
+    on_node: fn(&str, A) -> Result<i32>,
+    on_planner: fn(A) -> Result<i32>,
+) -> Result<i32> {
+    match node {
+        Some(node) => on_node(&node, a),
+        None => on_planner(a),
     }
 }
 
