@@ -32,7 +32,7 @@ pub enum Command {
     Node(crate::node_args::NodeArgs),
     /// Launch a program on a node; prints the cell id.
     Launch(crate::node_args::LaunchArgs),
-    /// List a node's cells.
+    /// List the cells of a node, or of the whole cluster (through the planner).
     Cells(crate::node_args::CellsArgs),
     /// Move a running cell to another node.
     Migrate(crate::node_args::MigrateArgs),
@@ -295,4 +295,16 @@ pub struct RestoreArgs {
 pub struct InspectArgs {
     /// The snapshot.
     pub snapshot: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap's own checks of every subcommand: no flag declared twice, every
+    /// `requires` naming a flag that exists.
+    #[test]
+    fn every_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
 }

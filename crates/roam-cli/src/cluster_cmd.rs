@@ -1,8 +1,9 @@
 //! The cluster commands: the same `roam launch/cells/migrate/logs/kill` as
-//! against one node, but through the planner (no `--node`), plus `roam
-//! nodes` and `roam drain`. Nodes are named, not addressed.
+//! against one node, but through the planner (no `--node`; `main` chooses),
+//! plus `roam nodes`, `roam drain` and `roam undrain`. Nodes are named, not
+//! addressed.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use roam_api::planner::{
@@ -12,32 +13,17 @@ use roam_api::planner::{
 use roam_api::PlannerClient;
 use roam_node::Client;
 
-use crate::node_args::*;
-use crate::node_cmd::{auth, follow, launch_parts, print_summary, runtime};
+use crate::auth_args::ClientAuthArgs;
+use crate::follow::{follow, print_summary};
+use crate::human::{ago, bytes};
+use crate::node_args::{
+    CellsArgs, DrainArgs, KillArgs, LaunchArgs, LogsArgs, MigrateArgs, NodesArgs, PlannerArg,
+    UndrainArgs,
+};
+use crate::runtime;
 
-fn planner(p: &PlannerArg, a: &AuthArgs, what: &str) -> Result<PlannerClient> {
-    Ok(PlannerClient::with_auth(p.get(what)?, &auth(a)?)?)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// "4 s ago", "3 min ago", "2 h ago", "5 days ago".
-fn ago(ms: u64) -> String {
-    let s = now_ms().saturating_sub(ms) / 1000;
-    match s {
-        0..=89 => format!("{s} s ago"),
-        90..=5399 => format!("{} min ago", s / 60),
-        5400..=129_599 => format!("{} h ago", s / 3600),
-        _ => format!("{} days ago", s / 86_400),
-    }
-}
-
-fn gib(b: u64) -> String {
-    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+fn planner(p: &PlannerArg, a: &ClientAuthArgs, what: &str) -> Result<PlannerClient> {
+    Ok(PlannerClient::with_auth(p.get(what)?, &a.load()?)?)
 }
 
 fn state_word(s: &CellState) -> String {
@@ -55,10 +41,10 @@ fn state_word(s: &CellState) -> String {
 
 /// `roam launch` without `--node`.
 pub fn launch(a: LaunchArgs) -> Result<i32> {
-    let (bytes, args, env) = launch_parts(&a)?;
+    let (module, args, env) = a.parts()?;
     runtime()?.block_on(async move {
         let p = planner(&a.planner, &a.auth, "roam launch")?;
-        let m = p.upload_module(bytes).await?;
+        let m = p.upload_module(module).await?;
         let cell = p
             .place(&PlaceRequest {
                 module: m.hash,
@@ -129,7 +115,7 @@ pub fn migrate(a: MigrateArgs) -> Result<i32> {
         let r: MoveResponse =
             serde_json::from_value(r).context("unexpected answer from the planner to a move")?;
         let (mid, to) = (r.migration, r.to);
-        let src = Client::with_auth(&source.api, &auth(&a.auth)?)?;
+        let src = Client::with_auth(&source.api, &a.auth.load()?)?;
         let status = follow(&src, &mid, a.json).await?;
         if let Some(e) = status.error {
             bail!("migration of {} failed: {e}", a.cell);
@@ -149,22 +135,26 @@ fn node_named<'a>(nodes: &'a [NodeRecord], name: &str) -> Result<&'a NodeRecord>
 }
 
 /// `roam logs` without `--node`.
-pub async fn logs(a: &LogsArgs) -> Result<i32> {
-    let out = planner(&a.planner, &a.auth, "roam logs")?
-        .logs(&a.cell)
-        .await?;
-    use std::io::Write;
-    std::io::stdout().write_all(&out)?;
-    Ok(0)
+pub fn logs(a: LogsArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let out = planner(&a.planner, &a.auth, "roam logs")?
+            .logs(&a.cell)
+            .await?;
+        use std::io::Write;
+        std::io::stdout().write_all(&out)?;
+        Ok(0)
+    })
 }
 
 /// `roam kill` without `--node`.
-pub async fn kill(a: &KillArgs) -> Result<i32> {
-    let c = planner(&a.planner, &a.auth, "roam kill")?
-        .kill(&a.cell)
-        .await?;
-    println!("{} killed (was on {})", c.id, c.owner);
-    Ok(0)
+pub fn kill(a: KillArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let c = planner(&a.planner, &a.auth, "roam kill")?
+            .kill(&a.cell)
+            .await?;
+        println!("{} killed (was on {})", c.id, c.owner);
+        Ok(0)
+    })
 }
 
 /// `roam nodes`.
@@ -191,7 +181,7 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
                 },
                 if n.alive { "alive" } else { "dead" },
                 m.cores,
-                format!("{} / {}", gib(m.memory_available), gib(m.memory_total)),
+                format!("{} / {}", bytes(m.memory_available), bytes(m.memory_total)),
                 m.load1,
                 n.status.cells.len(),
                 ago(n.heartbeat_ms)
@@ -238,7 +228,7 @@ pub fn drain(a: DrainArgs) -> Result<i32> {
         let mut reported = std::collections::BTreeSet::new();
         // The drained node runs each move: its migrations say how they end.
         let source = node_named(&p.nodes().await?, &a.node)?.api.clone();
-        let src = Client::with_auth(&source, &auth(&a.auth)?)?;
+        let src = Client::with_auth(&source, &a.auth.load()?)?;
         let mut failed = 0;
         loop {
             for m in &started.moves {

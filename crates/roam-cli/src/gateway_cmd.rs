@@ -2,14 +2,13 @@
 //! that move between nodes (`docs/gateway.md`).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use roam_gateway::server::{Gateway, GatewayConfig, ServiceConfig};
-use roam_node::roam_auth::{Identity, TlsFiles};
 
+use crate::auth_args::ServerTlsArgs;
 use crate::node_args::size;
 
 /// `roam gateway`.
@@ -32,22 +31,10 @@ pub struct GatewayArgs {
     /// Where nodes connect (`roam node --gateway`).
     #[arg(long, default_value = "127.0.0.1:7800")]
     pub control: SocketAddr,
-    /// Cluster CA certificate (PEM). With --tls-cert and --tls-key, nodes
-    /// must connect with mutual TLS and their own node certificates.
-    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
-    pub tls_ca: Option<PathBuf>,
-    /// The gateway's certificate (`roam cert gateway gw --ip ...`).
-    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
-    pub tls_cert: Option<PathBuf>,
-    /// Its private key.
-    #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
-    pub tls_key: Option<PathBuf>,
-    /// Allow a plain control port on a non-loopback address: anyone who
-    /// reaches it can pose as a node and take over its clients. Only on a
-    /// network that is itself trusted. (A plain control port on loopback
-    /// trusts every process of this machine.)
-    #[arg(long)]
-    pub insecure: bool,
+    /// TLS and --insecure: the same as every server's. Nodes connect with
+    /// their own node certificates.
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
     /// How long a client waits for a service's cell (not launched yet,
     /// moving, or its node unreachable) before it gets an error, seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
@@ -98,15 +85,12 @@ pub fn gateway(a: GatewayArgs) -> Result<i32> {
     if !(a.wait_timeout.is_finite() && a.wait_timeout > 0.0 && a.wait_timeout <= 86_400.0) {
         bail!("--wait-timeout must be between 0 and 86400 seconds");
     }
-    let tls = match (a.tls_ca, a.tls_cert, a.tls_key) {
-        (Some(ca), Some(cert), Some(key)) => Some(Identity::load(&TlsFiles { ca, cert, key })?),
-        _ => None,
-    };
+    let tls = a.tls.identity()?;
     let cfg = GatewayConfig {
         services,
         control: a.control,
         tls,
-        insecure: a.insecure,
+        insecure: a.tls.insecure,
         wait_timeout: Duration::from_secs_f64(a.wait_timeout),
         conn_buffer: usize::try_from(a.conn_buffer).context("--conn-buffer is too large")?,
         total_buffer: usize::try_from(a.total_buffer).context("--total-buffer is too large")?,
@@ -115,23 +99,19 @@ pub fn gateway(a: GatewayArgs) -> Result<i32> {
         link_backlog: roam_gateway::server::DEFAULT_LINK_BACKLOG,
     };
     let names: Vec<_> = cfg.services.iter().map(|s| s.name.clone()).collect();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?
-        .block_on(async move {
-            let gw = Gateway::bind(cfg).await?;
-            for n in &names {
-                eprintln!(
-                    "roam gateway: service {n} on {}",
-                    gw.service_addr(n).expect("bound")
-                );
-            }
-            eprintln!("roam gateway: nodes connect to {}", gw.control_addr());
-            gw.run(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await;
-            Ok(0)
+    crate::runtime()?.block_on(async move {
+        let gw = Gateway::bind(cfg).await?;
+        for n in &names {
+            eprintln!(
+                "roam gateway: service {n} on {}",
+                gw.service_addr(n).expect("bound")
+            );
+        }
+        eprintln!("roam gateway: nodes connect to {}", gw.control_addr());
+        gw.run(async {
+            let _ = tokio::signal::ctrl_c().await;
         })
+        .await;
+        Ok(0)
+    })
 }

@@ -7,10 +7,13 @@
 //! in time (no checkpoint was taken).
 
 mod args;
+mod auth_args;
 mod cert;
 mod cluster_cmd;
 mod etcd_args;
+mod follow;
 mod gateway_cmd;
+mod human;
 mod inspect;
 mod listen;
 mod node_args;
@@ -20,6 +23,8 @@ mod prepare;
 mod run;
 mod up;
 
+use anyhow::{Context, Result};
+use args::Command;
 use clap::Parser;
 
 /// roam exits with this when it fails itself (not the program).
@@ -32,7 +37,7 @@ fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROAM_LOG").unwrap_or_else(|_| {
         let daemon = matches!(
             cli.command,
-            args::Command::Node(_) | args::Command::Gateway(_) | args::Command::Planner(_)
+            Command::Node(_) | Command::Gateway(_) | Command::Planner(_)
         );
         tracing_subscriber::EnvFilter::new(if cli.verbose {
             "debug"
@@ -52,25 +57,7 @@ fn main() {
     let worker = std::thread::Builder::new()
         .name("roam".into())
         .stack_size(roam_runtime::RUN_THREAD_STACK)
-        .spawn(move || match cli.command {
-            args::Command::Prepare(a) => prepare::main(a),
-            args::Command::Run(a) => run::run(a),
-            args::Command::Restore(a) => run::restore(a),
-            args::Command::Inspect(a) => inspect::main(a),
-            args::Command::Node(a) => node_cmd::node(a),
-            args::Command::Launch(a) => node_cmd::launch(a),
-            args::Command::Cells(a) => node_cmd::cells(a),
-            args::Command::Migrate(a) => node_cmd::migrate(a),
-            args::Command::Logs(a) => node_cmd::logs(a),
-            args::Command::Kill(a) => node_cmd::kill(a),
-            args::Command::Cert(a) => cert::main(a),
-            args::Command::Gateway(a) => gateway_cmd::gateway(a),
-            args::Command::Up(a) => up::up(a),
-            args::Command::Nodes(a) => cluster_cmd::nodes(a),
-            args::Command::Drain(a) => cluster_cmd::drain(a),
-            args::Command::Undrain(a) => cluster_cmd::undrain(a),
-            args::Command::Planner(a) => planner_cmd::planner(a),
-        });
+        .spawn(move || dispatch(cli.command));
     let code = match worker {
         Ok(handle) => handle
             .join()
@@ -91,4 +78,50 @@ fn main() {
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
     std::process::exit(code);
+}
+
+/// Run `command`. A client command that names a node (`--node`, or
+/// `--from` for `migrate`) talks to that node's API (`node_cmd`); without
+/// one it goes through the planner (`cluster_cmd`).
+fn dispatch(command: Command) -> Result<i32> {
+    match command {
+        Command::Prepare(a) => prepare::main(a),
+        Command::Run(a) => run::run(a),
+        Command::Restore(a) => run::restore(a),
+        Command::Inspect(a) => inspect::main(a),
+        Command::Cert(a) => cert::main(a),
+        Command::Up(a) => up::up(a),
+        Command::Node(a) => node_cmd::node(a),
+        Command::Gateway(a) => gateway_cmd::gateway(a),
+        Command::Planner(a) => planner_cmd::planner(a),
+        Command::Launch(a) => by_node(a.node.clone(), a, node_cmd::launch, cluster_cmd::launch),
+        Command::Cells(a) => by_node(a.node.clone(), a, node_cmd::cells, cluster_cmd::cells),
+        Command::Migrate(a) => by_node(a.from.clone(), a, node_cmd::migrate, cluster_cmd::migrate),
+        Command::Logs(a) => by_node(a.node.clone(), a, node_cmd::logs, cluster_cmd::logs),
+        Command::Kill(a) => by_node(a.node.clone(), a, node_cmd::kill, cluster_cmd::kill),
+        Command::Nodes(a) => cluster_cmd::nodes(a),
+        Command::Drain(a) => cluster_cmd::drain(a),
+        Command::Undrain(a) => cluster_cmd::undrain(a),
+    }
+}
+
+/// `on_node(node, a)` when a node is named, else `on_planner(a)`.
+fn by_node<A>(
+    node: Option<String>,
+    a: A,
+    on_node: fn(&str, A) -> Result<i32>,
+    on_planner: fn(A) -> Result<i32>,
+) -> Result<i32> {
+    match node {
+        Some(node) => on_node(&node, a),
+        None => on_planner(a),
+    }
+}
+
+/// The async runtime of the daemons and of the clients of their APIs.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
 }

@@ -1,10 +1,15 @@
 //! Arguments of the node and cluster commands (`node`, `launch`, `cells`,
-//! `migrate`, `logs`, `kill`). Names are a contract: add, never rename.
+//! `migrate`, `logs`, `kill`, `nodes`, `drain`, `undrain`). Names are a
+//! contract: add, never rename. The TLS and token flags are
+//! `auth_args`'s, shared with the planner and the gateway.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use anyhow::{Context, Result};
 use clap::Args;
+
+use crate::auth_args::{ClientAuthArgs, ServerAuthArgs};
 
 /// `roam node`.
 #[derive(Args, Debug)]
@@ -42,27 +47,9 @@ pub struct NodeArgs {
     /// Refuse incoming cells that would leave less memory than this, MiB.
     #[arg(long, default_value_t = 256)]
     pub memory_reserve_mib: u64,
-    /// Cluster CA certificate (PEM, `roam cert ca`). With --tls-cert and
-    /// --tls-key, the control API and the migration port use mutual TLS
-    /// and admit only peers with certificates from this CA.
-    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
-    pub tls_ca: Option<PathBuf>,
-    /// This node's certificate (`roam cert node NAME`, NAME = --name).
-    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
-    pub tls_cert: Option<PathBuf>,
-    /// This node's private key.
-    #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
-    pub tls_key: Option<PathBuf>,
-    /// Require `Authorization: Bearer TOKEN` on the control API, TOKEN
-    /// being this file's content (keep it mode 0600). The node sends it to
-    /// other nodes' control APIs too.
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-    /// Allow plain, unauthenticated listening on a non-loopback address.
-    /// Anyone who reaches the ports can then run code on this node: only
-    /// on a network that is itself trusted.
-    #[arg(long)]
-    pub insecure: bool,
+    /// TLS, token and --insecure: the same for every server.
+    #[command(flatten)]
+    pub auth: ServerAuthArgs,
     /// Most cells running or arriving at once.
     #[arg(long, default_value_t = roam_node::limits::DEFAULT_MAX_CELLS)]
     pub max_cells: usize,
@@ -114,26 +101,6 @@ pub struct NodeArgs {
     pub advertise: Option<String>,
 }
 
-/// How a command authenticates to a node (`launch`, `cells`, `migrate`,
-/// `logs`, `kill`).
-#[derive(Args, Debug, Clone)]
-pub struct AuthArgs {
-    /// Cluster CA to check the node's certificate against; selects https
-    /// for a `host:port` node address.
-    #[arg(long, env = "ROAM_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
-    /// Client certificate (`roam cert client NAME`).
-    #[arg(long, env = "ROAM_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// Its private key.
-    #[arg(long, env = "ROAM_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// File holding the node's bearer token [or the token itself in
-    /// $ROAM_TOKEN].
-    #[arg(long, env = "ROAM_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
-}
-
 /// A size flag (`64MiB`, `1GiB`, `4096`).
 pub fn size(s: &str) -> Result<u64, String> {
     roam_node::size::parse_size(s).map_err(|e| e.to_string())
@@ -177,7 +144,35 @@ pub struct LaunchArgs {
     #[arg(last = true)]
     pub args: Vec<String>,
     #[command(flatten)]
-    pub auth: AuthArgs,
+    pub auth: ClientAuthArgs,
+}
+
+/// What `roam launch` sends, node or planner: the module's bytes, the
+/// program's arguments (its name first), its environment.
+pub type LaunchParts = (Vec<u8>, Vec<String>, Vec<(String, String)>);
+
+impl LaunchArgs {
+    /// Read the module and split the environment into pairs.
+    pub fn parts(&self) -> Result<LaunchParts> {
+        let bytes = std::fs::read(&self.module)
+            .with_context(|| format!("cannot read {}", self.module.display()))?;
+        let env = self
+            .env
+            .iter()
+            .map(|kv| {
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .with_context(|| format!("--env {kv}: expected KEY=VALUE"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let program = self
+            .module
+            .file_stem()
+            .map_or_else(|| "program".into(), |s| s.to_string_lossy().into_owned());
+        let mut args = vec![program];
+        args.extend(self.args.iter().cloned());
+        Ok((bytes, args, env))
+    }
 }
 
 /// `roam cells`.
@@ -192,7 +187,7 @@ pub struct CellsArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub auth: AuthArgs,
+    pub auth: ClientAuthArgs,
 }
 
 /// `roam migrate`.
@@ -251,7 +246,7 @@ pub struct MigrateArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub auth: AuthArgs,
+    pub auth: ClientAuthArgs,
 }
 
 /// `roam logs`.
@@ -266,7 +261,7 @@ pub struct LogsArgs {
     #[command(flatten)]
     pub planner: PlannerArg,
     #[command(flatten)]
-    pub auth: AuthArgs,
+    pub auth: ClientAuthArgs,
 }
 
 /// `roam kill`.
@@ -280,7 +275,7 @@ pub struct KillArgs {
     #[command(flatten)]
     pub planner: PlannerArg,
     #[command(flatten)]
-    pub auth: AuthArgs,
+    pub auth: ClientAuthArgs,
 }
 
 /// The planner a cluster command talks to when no node is named.
@@ -312,7 +307,7 @@ pub struct NodesArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub auth: AuthArgs,
+    pub auth: ClientAuthArgs,
 }
 
 /// `roam undrain`.
@@ -323,7 +318,7 @@ pub struct UndrainArgs {
     #[command(flatten)]
     pub planner: PlannerArg,
     #[command(flatten)]
-    pub auth: AuthArgs,
+    pub auth: ClientAuthArgs,
 }
 
 /// `roam drain`.
@@ -338,5 +333,5 @@ pub struct DrainArgs {
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
     #[command(flatten)]
-    pub auth: AuthArgs,
+    pub auth: ClientAuthArgs,
 }

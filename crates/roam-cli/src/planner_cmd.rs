@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use roam_node::roam_auth::{Identity, TlsFiles, Token};
 use roam_planner::roam_cluster::StoreSpec;
 use roam_planner::{Planner, PlannerConfig};
+
+use crate::auth_args::ServerAuthArgs;
 
 /// `roam planner`.
 #[derive(Args, Debug)]
@@ -48,25 +49,9 @@ pub struct PlannerArgs {
     /// Largest module the repository accepts.
     #[arg(long, value_name = "SIZE", value_parser = crate::node_args::size, default_value = "256MiB")]
     pub max_module_size: u64,
-    /// Cluster CA certificate (PEM, `roam cert ca`). With --tls-cert and
-    /// --tls-key, the API uses mutual TLS and the planner presents its
-    /// certificate to nodes.
-    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
-    pub tls_ca: Option<PathBuf>,
-    /// The planner's certificate (`roam cert planner NAME --ip ...`).
-    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
-    pub tls_cert: Option<PathBuf>,
-    /// Its private key.
-    #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
-    pub tls_key: Option<PathBuf>,
-    /// Require `Authorization: Bearer TOKEN` on the API, TOKEN being this
-    /// file's content (mode 0600); the planner sends it to nodes too.
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-    /// Allow a plain, unauthenticated API on a non-loopback address: only
-    /// on a network that is itself trusted.
-    #[arg(long)]
-    pub insecure: bool,
+    /// TLS, token and --insecure: the same for every server.
+    #[command(flatten)]
+    pub auth: ServerAuthArgs,
 }
 
 fn default_store() -> StoreSpec {
@@ -95,11 +80,8 @@ pub fn planner(a: PlannerArgs) -> Result<i32> {
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
     }
-    let tls = match (a.tls_ca, a.tls_cert, a.tls_key) {
-        (Some(ca), Some(cert), Some(key)) => Some(Identity::load(&TlsFiles { ca, cert, key })?),
-        _ => None,
-    };
-    let token = a.token_file.as_deref().map(Token::load).transpose()?;
+    let tls = a.auth.tls.identity()?;
+    let token = a.auth.token()?;
     if token.as_ref().is_some_and(|t| t.loose_permissions) {
         tracing::warn!("the token file can be read by other users: chmod 600 it");
     }
@@ -113,12 +95,8 @@ pub fn planner(a: PlannerArgs) -> Result<i32> {
     cfg.max_module_bytes = a.max_module_size;
     cfg.tls = tls;
     cfg.token = token;
-    cfg.insecure = a.insecure;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
+    cfg.insecure = a.auth.tls.insecure;
+    crate::runtime()?.block_on(async move {
         let store: Arc<dyn roam_planner::roam_cluster::ClusterStore> = spec
             .open_with(&access)
             .await
@@ -134,7 +112,7 @@ pub fn planner(a: PlannerArgs) -> Result<i32> {
                 .user()
                 .map(|u| format!(" as etcd user {u}"))
                 .unwrap_or_default(),
-            secs(lease),
+            crate::human::secs(lease),
             if interval == 0 {
                 "no kept checkpoints by default".to_string()
             } else {
@@ -149,13 +127,4 @@ pub fn planner(a: PlannerArgs) -> Result<i32> {
         eprintln!("roam planner stopped");
         Ok(0)
     })
-}
-
-fn secs(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s.fract() == 0.0 {
-        format!("{s:.0} s")
-    } else {
-        format!("{s:.1} s")
-    }
 }

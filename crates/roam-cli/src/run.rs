@@ -22,6 +22,7 @@ use signal_hook::consts::{SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
 use crate::args::{CellArgs, Points, RestoreArgs, RunArgs};
+use crate::human::{bytes, duration};
 use crate::listen;
 
 fn runtime(c: &CellArgs, points: Points) -> anyhow::Result<Runtime> {
@@ -255,15 +256,6 @@ fn spawn_triggers(
     Ok(written)
 }
 
-/// A duration for people: milliseconds below ten seconds, else seconds.
-fn human(d: Duration) -> String {
-    if d < Duration::from_secs(10) {
-        format!("{:.1} ms", d.as_secs_f64() * 1e3)
-    } else {
-        format!("{:.1} s", d.as_secs_f64())
-    }
-}
-
 /// Write a checkpoint to `path`; `ran` is how long the program ran since
 /// the last one (for a checkpoint-and-continue).
 fn write_snapshot(
@@ -284,15 +276,15 @@ fn write_snapshot(
         )
         .with_context(|| format!("cannot write snapshot {}", path.display()))?;
     let ran = ran.map_or(String::new(), |r| {
-        format!(", after {} of running", human(r))
+        format!(", after {} of running", duration(r))
     });
     eprintln!(
-        "roam: checkpoint ({kind}) written to {}: {} MiB memory, {} stored pages, {} B stack, {} B on disk, {} ms{ran}",
+        "roam: checkpoint ({kind}) written to {}: {} memory, {} stored pages, {} B stack, {} on disk, {} ms{ran}",
         path.display(),
-        s.memory.byte_len() >> 20,
+        bytes(s.memory.byte_len()),
         s.memory.stored_pages(),
         s.stack.data.len(),
-        written,
+        bytes(written),
         t.elapsed().as_millis()
     );
     Ok(())
@@ -330,9 +322,9 @@ fn drive(
             warned = true;
             eprintln!(
                 "roam: that checkpoint took {}, longer than --checkpoint-every {}; each next one is due {} after the last one ended",
-                human(took),
-                human(every),
-                human(every)
+                duration(took),
+                duration(every),
+                duration(every)
             );
         }
         if let Some(w) = &written {
