@@ -22,16 +22,3 @@ pub mod server;
 /// ALPN of the gateway's control port under TLS: a node cannot reach a
 /// node's control API or migration port with it by mistake, nor the reverse.
 pub const ALPN_GATEWAY: &[u8] = b"roam-gateway/1";
-
-/// An error and its causes on one line, for logs and refusals: both ends
-/// of a link report I/O and TLS errors whose useful part is a cause.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
-}

@@ -233,7 +233,7 @@ fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
                 }),
                 Taken::Failed(e) => Err(format!(
                     "the checkpoint failed, and the program runs on: {}",
-                    chain(e)
+                    roam_wire::error_chain(e)
                 )),
             };
             let _ = tx.send(reply);
@@ -322,18 +322,6 @@ fn lower_priority() {
     if let Err(e) = rustix::process::setpriority_process(None, CELL_NICE) {
         tracing::warn!("cannot lower the priority of a cell's thread: {e}");
     }
-}
-
-/// An error and its causes, on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
 }
 
 #[cfg(test)]

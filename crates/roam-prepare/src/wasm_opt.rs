@@ -137,13 +137,7 @@ pub(crate) fn asyncify_arguments(
             args.push(flag.into());
         }
     } else {
-        let (opt, shrink) = opts.opt_level.levels();
-        args.extend([
-            "-ol".into(),
-            opt.to_string(),
-            "-s".into(),
-            shrink.to_string(),
-        ]);
+        args.extend(levels(opts.opt_level));
     }
     if !opts.strip_names {
         args.push("--debuginfo".into());
@@ -200,6 +194,18 @@ const O2_PASSES: &[&str] = &[
     "directize",
 ];
 
+/// `wasm-opt`'s optimise and shrink levels for `level`, without running
+/// its pipeline: the passes given alongside use them.
+fn levels(level: OptLevel) -> [String; 4] {
+    let (opt, shrink) = level.levels();
+    [
+        "-ol".into(),
+        opt.to_string(),
+        "-s".into(),
+        shrink.to_string(),
+    ]
+}
+
 /// Arguments for the run that only optimises (after `spill.rs`, or the
 /// only run of the capture by records). At `O2`, the default, the passes
 /// are spelled out ([`O2_PASSES`]); other levels are Binaryen's own.
@@ -207,13 +213,7 @@ pub(crate) fn optimise_arguments(opts: &PrepareOptions) -> Vec<String> {
     let mut args: Vec<String> = FEATURE_FLAGS.iter().map(|s| s.to_string()).collect();
     match opts.opt_level {
         OptLevel::O2 => {
-            let (opt, shrink) = opts.opt_level.levels();
-            args.extend([
-                "-ol".into(),
-                opt.to_string(),
-                "-s".into(),
-                shrink.to_string(),
-            ]);
+            args.extend(levels(opts.opt_level));
             args.extend(O2_PASSES.iter().map(|p| format!("--{p}")));
         }
         level => args.extend(level.flag().map(String::from)),

@@ -44,3 +44,17 @@ pub async fn send<W: tokio::io::AsyncWrite + Unpin>(
     let payload = msg.encode()?;
     write_frame(w, &payload).await
 }
+
+/// An error and its causes on one line (`outer: cause: root cause`), for
+/// logs and for answers sent to a peer. Both ends of every link report I/O,
+/// TLS and decoding errors whose useful part is a cause.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}

@@ -1,7 +1,7 @@
 //! One link session after another: connect, handshake, re-announce every
 //! service, then route frames both ways until the connection fails.
 
-use crate::chain;
+use roam_wire::error_chain as chain;
 use std::sync::Arc;
 use std::time::Duration;
 

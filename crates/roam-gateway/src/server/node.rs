@@ -4,7 +4,7 @@
 //! its services are held as for any lost link (a node that reconnects and
 //! serves again resumes every connection).
 
-use crate::chain;
+use roam_wire::error_chain as chain;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
