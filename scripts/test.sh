@@ -17,4 +17,5 @@ scripts/build-all.sh
 echo "== fuzz targets compile"
 cargo check --quiet --manifest-path fuzz/Cargo.toml
 echo "== tests"
-cargo test --workspace --release --locked
+# `cargo test`, then the 20 slowest tests and their durations.
+scripts/timed-tests.sh --workspace --release --locked

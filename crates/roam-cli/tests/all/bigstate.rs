@@ -9,7 +9,6 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::common::*;
-use super::limits::{logs, migrate, reference_run, wait_for, TestNode, SLOW};
 
 /// 64 MiB of files, rewritten block by block for 8 s.
 const FILES: [&str; 3] = ["64", "8", "1"];
@@ -31,7 +30,7 @@ fn move_files(to: Isa, mode: &str) -> Value {
     let id = a.launch(&["--dir", "/data"], "bigfiles", &FILES);
     // Mid-run, once every file is written.
     let dir = a.cell_files(&id).join("bigfiles");
-    wait_for("the cell to write its files", SLOW, || {
+    wait_for("the cell to write its files", LIMITS_SLOW, || {
         let bytes: u64 = std::fs::read_dir(&dir)
             .ok()?
             .filter_map(|e| e.ok()?.metadata().ok())
@@ -40,7 +39,7 @@ fn move_files(to: Isa, mode: &str) -> Value {
         (bytes >= 64 << 20).then_some(())
     });
     std::thread::sleep(Duration::from_millis(1500));
-    let (out, status) = migrate(&id, &a, &b, mode);
+    let (out, status) = migrate(&id, &a, &b, mode, &[]);
     let both = || format!("{}\n{}", a.log(), b.log());
     assert!(
         out.status.success(),
@@ -48,7 +47,7 @@ fn move_files(to: Isa, mode: &str) -> Value {
         text(&out.stderr),
         both()
     );
-    let end = b.wait_end(&id, SLOW);
+    let end = b.wait_end(&id, LIMITS_SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", both());
     assert_eq!(end["code"], 0, "{end}\n{}", both());
     assert_eq!(text(&logs(&id, &a)), text(&expected), "{}", both());
@@ -120,11 +119,11 @@ fn a_log_at_a_cap_over_a_frame_migrates() {
         TestNode::start(Isa::X86_64, &cap),
     );
     let id = a.launch(&["--dir", "/data"], "bigfiles", &args);
-    wait_for("the log to fill", SLOW, || {
+    wait_for("the log to fill", LIMITS_SLOW, || {
         let c = a.cell(&id).unwrap();
         (c["log_dropped_bytes"].as_u64().unwrap() > 0).then_some(())
     });
-    let (out, status) = migrate(&id, &a, &b, "pre-copy");
+    let (out, status) = migrate(&id, &a, &b, "pre-copy", &[]);
     assert!(
         out.status.success(),
         "roam migrate failed: {}\n{}\n{}",
@@ -136,7 +135,7 @@ fn a_log_at_a_cap_over_a_frame_migrates() {
         status["summary"]["log_bytes"].as_u64().unwrap() == 20 << 20,
         "{status}"
     );
-    let end = b.wait_end(&id, SLOW);
+    let end = b.wait_end(&id, LIMITS_SLOW);
     assert_eq!(end["code"], 0, "{end}");
     let dropped = expected.len() as u64 - (20 << 20);
     assert_eq!(end["log_dropped_bytes"], dropped, "{end}");

@@ -1,196 +1,10 @@
 //! A node's and a cell's limits, end to end: memory, cell count, module
 //! size, logs. Each test starts its own nodes on free loopback ports (see
-//! [`TestNode`], shared with `bigstate`).
+//! `TestNode` in `common`, shared with `bigstate`).
 
-use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
-
 use super::common::*;
-pub(super) use super::nodes::{run_bounded, wait_for};
-
-/// Time allowed for anything that involves a node under qemu.
-pub(super) const SLOW: Duration = Duration::from_secs(300);
-
-/// One HTTP/1.0 request: status and body.
-pub(super) fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    let sa: SocketAddr = addr.parse().unwrap();
-    let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(5)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/octet-stream\r\n\
-         Content-Length: {}\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    // The server may answer (and close) before reading a refused body.
-    let _ = s.write_all(body);
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let end = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP answer: {}", text(&buf)));
-    let head = text(&buf[..end]);
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, buf[end + 4..].to_vec())
-}
-
-/// A `roam node` process with its own state directory, killed on drop.
-pub(super) struct TestNode {
-    pub addr: String,
-    child: Child,
-    dir: tempfile::TempDir,
-    log: PathBuf,
-}
-
-impl TestNode {
-    pub(super) fn start(isa: Isa, extra: &[&str]) -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("node.log");
-        let mut cmd = roam(isa);
-        cmd.arg("node")
-            .args(["--listen", "127.0.0.1:0", "--migrate-listen", "127.0.0.1:0"])
-            .args(["--name", &format!("{}-limits", isa.name())])
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(extra)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-        let addr = wait_for("the node to listen", SLOW, || {
-            if let Some(st) = child.try_wait().unwrap() {
-                panic!("the node exited ({st}) before listening:\n{}", read_log());
-            }
-            let l = read_log();
-            let rest = l.split("control http://").nth(1)?;
-            rest.split_whitespace().next().map(str::to_string)
-        });
-        let node = TestNode {
-            addr,
-            child,
-            dir,
-            log,
-        };
-        wait_for("GET /v1/node", SLOW, || {
-            (http(&node.addr, "GET", "/v1/node", b"").0 == 200).then_some(())
-        });
-        node
-    }
-
-    pub(super) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub(super) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Host directory of the cell's first sandbox directory.
-    pub(super) fn cell_files(&self, id: &str) -> PathBuf {
-        self.dir.path().join("state/cells").join(id).join("dirs/0")
-    }
-
-    pub(super) fn get(&self, path: &str) -> Option<Value> {
-        let (st, body) = http(&self.addr, "GET", path, b"");
-        match st {
-            200 => Some(serde_json::from_slice(&body).unwrap()),
-            404 => None,
-            _ => panic!("GET {path}: {st} {}\n{}", text(&body), self.log()),
-        }
-    }
-
-    pub(super) fn cell(&self, id: &str) -> Option<Value> {
-        self.get(&format!("/v1/cells/{id}"))
-    }
-
-    /// `roam launch`: the output (not checked).
-    pub(super) fn try_launch(&self, flags: &[&str], wl: &str, args: &[&str]) -> Output {
-        let mut cmd = roam(Isa::X86_64);
-        cmd.args(["launch", "--node", &self.addr])
-            .args(flags)
-            .arg(workload(wl))
-            .arg("--")
-            .args(args);
-        run_bounded(cmd, SLOW)
-    }
-
-    /// `roam launch`, which must succeed: the cell id.
-    pub(super) fn launch(&self, flags: &[&str], wl: &str, args: &[&str]) -> String {
-        let out = self.try_launch(flags, wl, args);
-        assert!(
-            out.status.success(),
-            "roam launch: {}\n{}",
-            text(&out.stderr),
-            self.log()
-        );
-        let id = text(&out.stdout).trim().to_string();
-        assert!(id.starts_with("c-"), "not a cell id: {id:?}");
-        id
-    }
-
-    /// Wait until the cell ended here; its state.
-    pub(super) fn wait_end(&self, id: &str, limit: Duration) -> Value {
-        wait_for(&format!("cell {id} to end"), limit, || {
-            let c = self.cell(id)?;
-            (!matches!(c["state"].as_str(), Some("running" | "migrating"))).then_some(c)
-        })
-    }
-}
-
-impl Drop for TestNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// stdout of an uninterrupted `roam run` (host build), with `data` as /data.
-pub(super) fn reference_run(wl: &str, args: &[&str], data: Option<&Path>) -> Vec<u8> {
-    let mut cmd = roam(Isa::X86_64);
-    cmd.arg("run");
-    if let Some(d) = data {
-        cmd.arg("--dir").arg(format!("{}::/data", d.display()));
-    }
-    cmd.arg(workload(wl)).arg("--").args(args);
-    let out = run_bounded(cmd, Duration::from_secs(300));
-    assert!(out.status.success(), "roam run: {}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("checksum: "));
-    assert!(!text(&out.stderr).contains("VERIFICATION FAILED"));
-    out.stdout
-}
-
-/// `roam migrate --json`; the output and the final status it printed.
-pub(super) fn migrate(id: &str, from: &TestNode, to: &TestNode, mode: &str) -> (Output, Value) {
-    let mut cmd = roam(Isa::X86_64);
-    cmd.args([
-        "migrate", id, "--from", &from.addr, "--to", &to.addr, "--mode", mode, "--json",
-    ]);
-    let out = run_bounded(cmd, SLOW);
-    let status = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out, status)
-}
-
-/// `roam logs CELL --node NODE` (follows the cell to where it runs).
-pub(super) fn logs(id: &str, node: &TestNode) -> Vec<u8> {
-    let mut cmd = roam(Isa::X86_64);
-    cmd.args(["logs", id, "--node", &node.addr]);
-    let out = run_bounded(cmd, Duration::from_secs(60));
-    assert!(out.status.success(), "roam logs: {}", text(&out.stderr));
-    out.stdout
-}
-
-// ---- the tests --------------------------------------------------------------
 
 #[test]
 fn launch_beyond_max_cells_is_refused_with_the_cap_named() {
@@ -232,7 +46,7 @@ fn a_cell_launched_with_less_memory_sees_malloc_fail_and_says_so() {
 #[test]
 fn an_oversized_module_upload_gets_413() {
     let a = TestNode::start(Isa::X86_64, &["--max-module-size", "1MiB"]);
-    let (st, body) = http(&a.addr, "POST", "/v1/modules", &vec![0u8; 3 << 20]);
+    let (st, body) = http_raw(&a.addr, "POST", "/v1/modules", &vec![0u8; 3 << 20]);
     assert_eq!(st, 413, "{}", text(&body));
     let err = text(&body);
     assert!(
@@ -242,7 +56,7 @@ fn an_oversized_module_upload_gets_413() {
     // A module under the cap is still accepted.
     let small = std::fs::read(workload("dirty")).unwrap();
     assert!(small.len() < 1 << 20, "dirty.wasm grew past the test's cap");
-    let (st, body) = http(&a.addr, "POST", "/v1/modules", &small);
+    let (st, body) = http_raw(&a.addr, "POST", "/v1/modules", &small);
     assert_eq!(st, 200, "{}", text(&body));
 }
 
@@ -256,11 +70,11 @@ fn an_incoming_cell_over_the_memory_limit_is_refused_and_keeps_running() {
         &["--max-cell-memory", "16MiB", "--cell-memory", "16MiB"],
     );
     let id = a.launch(&[], "dirty", &args);
-    wait_for("the cell to allocate its state", SLOW, || {
+    wait_for("the cell to allocate its state", LIMITS_SLOW, || {
         let c = a.cell(&id).unwrap();
         (c["memory_bytes"].as_u64().unwrap() >= 32 << 20).then_some(())
     });
-    let (out, _) = migrate(&id, &a, &b, "pre-copy");
+    let (out, _) = migrate(&id, &a, &b, "pre-copy", &[]);
     assert!(!out.status.success(), "the migration went through");
     let err = text(&out.stderr);
     assert!(err.contains("--max-cell-memory"), "{err}");

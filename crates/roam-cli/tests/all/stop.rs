@@ -14,9 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use super::cluster::{wait_alive, Planner};
 use super::common::*;
-use super::nodes::{http_get, run_bounded, wait_for, Node, SLOW};
 
 /// The bound every stop must meet.
 const BOUND: Duration = Duration::from_secs(1);
@@ -161,11 +159,6 @@ fn a_second_sigterm_kills_at_once() {
     assert!(at.elapsed() < BOUND, "{:?}", at.elapsed());
 }
 
-fn signal(pid: u32, sig: libc::c_int) {
-    // SAFETY: kill(2) on a child of this test that has not been reaped.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
-}
-
 /// `roam launch` of `module` on `n`; the cell id, once it printed.
 fn launch_spin(n: &Node, module: &Path) -> String {
     let mut cmd = roam(Isa::X86_64);
@@ -226,7 +219,7 @@ fn the_fence_kills_a_cell_that_reaches_no_migration_point() {
     let module = spin_module(dir.path());
     let p = Planner::start(None, &["--checkpoint-interval", "0", "--lease", "4"]);
     let port: u16 = p.url.rsplit(':').next().unwrap().parse().unwrap();
-    let link = crate::nodes::Link::start(port, roam_link::LinkConfig::transparent());
+    let link = Link::start(port, roam_link::LinkConfig::transparent());
     let via = format!("http://{}", link.proxy().local_addr());
     let a = Node::start_with(
         Isa::X86_64,

@@ -5,15 +5,6 @@
 
 use super::*;
 
-/// A free loopback port.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A child process killed on drop.
 struct KillOnDrop(Child);
 

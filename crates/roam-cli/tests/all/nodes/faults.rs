@@ -45,19 +45,7 @@ enum Phase {
 
 /// The source, the destination behind the proxy, the proxy.
 fn pair(from: Isa, to: Isa) -> (Node, Node, Link) {
-    let port = free_port();
-    let link = Link::start(port, LinkConfig::symmetric(Rate::UNLIMITED, DELAY));
-    let a = Node::start(from);
-    let b = Node::start_with(
-        to,
-        &[
-            "--migrate-listen",
-            &format!("127.0.0.1:{port}"),
-            "--advertise-migrate",
-            &link.proxy().local_addr().to_string(),
-        ],
-    );
-    (a, b, link)
+    linked_pair(from, to, LinkConfig::symmetric(Rate::UNLIMITED, DELAY))
 }
 
 /// `POST /v1/cells/{id}/migrate`; the migration id.

@@ -105,7 +105,7 @@ enum Cut {
 
 fn partition(when: Cut) {
     let expected = reference(&LOAD);
-    let planner = crate::cluster::Planner::start(None, &["--checkpoint-interval", "0"]);
+    let planner = Planner::start(None, &["--checkpoint-interval", "0"]);
     let port = free_port();
     let link = Link::start(port, LinkConfig::symmetric(Rate::UNLIMITED, DELAY));
     let a = Node::start_with(

@@ -10,110 +10,14 @@
 //! what the test computes from what the clients wrote (the INCR counter
 //! included: no request was lost or applied twice).
 
+use std::process::Stdio;
+
 use super::*;
 
 mod load;
 
 use load::{bench_keys, connect, digest, key, BenchLoop, Benched, Writer, Written};
 use roam_testkit::resp::Reply;
-
-/// The service's name.
-const SERVICE: &str = "kv";
-
-/// A `roam gateway` process for [`SERVICE`] on free loopback ports,
-/// killed on drop.
-struct Gateway {
-    child: Child,
-    /// Where clients connect.
-    port: u16,
-    /// Where nodes connect (`127.0.0.1:port`).
-    control: String,
-    _dir: tempfile::TempDir,
-    log: PathBuf,
-}
-
-impl Gateway {
-    fn start() -> Gateway {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("gateway.log");
-        let (port, control) = (free_port(), format!("127.0.0.1:{}", free_port()));
-        let mut cmd = roam(Isa::X86_64);
-        cmd.arg("gateway")
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--service", SERVICE, "--resp", "--control", &control])
-            .args(["--wait-timeout", "120"])
-            // Client connections too: a test checks when one arrived.
-            .env("ROAM_LOG", "info,roam_gateway::server::client=debug")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-        wait_for("the gateway to listen", Duration::from_secs(30), || {
-            if let Some(st) = child.try_wait().unwrap() {
-                panic!(
-                    "the gateway exited ({st}) before listening:\n{}",
-                    read_log()
-                );
-            }
-            TcpStream::connect(&control).ok()
-        });
-        Gateway {
-            child,
-            port,
-            control,
-            _dir: dir,
-            log,
-        }
-    }
-
-    /// How many times the gateway logged `what`.
-    fn count(&self, what: &str) -> usize {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .matches(what)
-            .count()
-    }
-
-    /// The client whose local port is `port` connected while the service
-    /// was held: the last routing event logged before it is a hold. An
-    /// earlier client may have had the same local port (the kernel reuses
-    /// them), so the client is the last one logged from that port.
-    fn assert_arrived_while_held(&self, port: u16) {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        let peer = format!("127.0.0.1:{port}\"");
-        let at = lines
-            .iter()
-            .rposition(|l| l.contains("client connected") && l.contains(&peer))
-            .unwrap_or_else(|| panic!("no client from {peer}\n{}", self.log()));
-        let before = lines[..at]
-            .iter()
-            .rev()
-            .find(|l| l.contains("service held") || l.contains("service served"));
-        assert!(
-            before.is_some_and(|l| l.contains("service held")),
-            "the client from port {port} did not arrive while the service was held\n{}",
-            self.log()
-        );
-    }
-
-    fn log(&self) -> String {
-        format!(
-            "--- gateway log ---\n{}",
-            std::fs::read_to_string(&self.log).unwrap_or_default()
-        )
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// redis-benchmark is there, or the test is skipped (fails under CI).
 fn have_redis_tools() -> bool {

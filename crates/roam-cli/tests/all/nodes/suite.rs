@@ -14,6 +14,9 @@
 //! took 1.9 s, as long as the whole run at `M`. One node pair per mode and
 //! direction runs the workloads one after the other.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use super::*;
 
 /// Every workload of the suite (`docs/workloads.md`), `dirty` and `kv` aside.

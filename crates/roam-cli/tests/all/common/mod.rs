@@ -1,0 +1,32 @@
+//! The harness every test module shares, by concern: finding and running
+//! the roam builds ([`roam`](mod@roam)), what a workload run must print
+//! ([`check`]), bounded waits and processes ([`process`]), the control
+//! APIs over plain HTTP ([`http`]), and the processes a test starts: nodes
+//! ([`node`], [`test_node`]), planners ([`planner`]), gateways
+//! ([`gateway`]), link proxies ([`link`]), and the credentials and nodes
+//! of the authentication tests ([`auth`](mod@auth)).
+//!
+//! Test modules `use super::common::*` and keep only what is particular to
+//! them; anything two modules need lives here, once.
+
+mod auth;
+mod check;
+mod gateway;
+mod http;
+mod link;
+mod node;
+mod planner;
+mod process;
+mod roam;
+mod test_node;
+
+pub use auth::*;
+pub use check::*;
+pub use gateway::*;
+pub use http::*;
+pub use link::*;
+pub use node::*;
+pub use planner::*;
+pub use process::*;
+pub use roam::*;
+pub use test_node::*;
