@@ -64,8 +64,8 @@ const NODES: &[Role] = &[Role::Node];
 /// The planner only: it alone knows which kept checkpoint it recorded.
 const PLANNER: &[Role] = &[Role::Planner];
 
-/// The routes, grouped by who may call them (`docs/node-api.md`,
-/// "Who may call what").
+/// The routes, grouped by who may call them (`docs/trust.md`, "The node
+/// control API's routes by caller").
 fn router(n: Arc<NodeInner>) -> Router {
     // Whoever the listener admitted.
     let anyone = Router::new()
