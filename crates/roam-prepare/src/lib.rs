@@ -113,8 +113,9 @@ pub use wasm_opt::FEATURE_FLAGS as WASM_OPT_FEATURES;
 /// `eh/`, is the default instead of Asyncify; 19: `--capture returns`,
 /// frames that leave by returning instead of by an exception, is the
 /// default; 20: the optimiser's run at `O2` leaves out Binaryen's Stack IR
-/// passes).
-pub const OUTPUT_REVISION: u32 = 20;
+/// passes; 21: the capture by records' run leaves out Binaryen's inlining,
+/// `wasm_opt.rs`).
+pub const OUTPUT_REVISION: u32 = 21;
 
 /// Name of the exported mutable `i32` global that the host sets to 1 to ask
 /// the program to stop at its next migration point.

@@ -50,13 +50,15 @@ pub(crate) struct LoopIo {
 }
 
 /// Which of `used` and `written` (the loop `body`'s locals) cross the call
-/// of the function the loop moves to, with `func` the function it leaves.
+/// of the function the loop moves to, with `func` the function it leaves
+/// and `live` the liveness of `func` computed for its candidate loops.
 pub(crate) fn loop_io(
     func: &LocalFunction,
     body: InstrSeqId,
     used: &[LocalId],
     written: &[LocalId],
     exits: &[InstrSeqId],
+    live: &LiveAfter,
 ) -> LoopIo {
     let mut branched = HashSet::new();
     walk(func, body, &mut |i| branched.extend(branch_targets(i)));
@@ -70,13 +72,10 @@ pub(crate) fn loop_io(
     // Falling off the loop's end is a way out too.
     exposed.leave(&at_end);
     let surely = exposed.surely.take().unwrap_or_default();
-    let mut live = Live::new(func, body, exits);
-    let end = live.empty();
-    live.seq(func.entry_block(), end);
     let outputs: Vec<LocalId> = written
         .iter()
         .copied()
-        .filter(|l| exposed.found.contains(l) || live.live_after(*l))
+        .filter(|l| exposed.found.contains(l) || live.live_after(body, *l))
         .collect();
     LoopIo {
         // An output that some way out leaves unset must come in too, or
@@ -91,28 +90,75 @@ pub(crate) fn loop_io(
     }
 }
 
+/// What is live where each of a function's candidate loops is left: after
+/// it, and at each label it branches out to.
+///
+/// One backward pass over the whole function serves every loop that moves
+/// out of it in one round (`outline.rs`), although each move changes the
+/// function. The loops of a round are disjoint, so moving one leaves the
+/// others' bodies as they were; what it changes is the code around them,
+/// where its call now reads each output that some way out leaves unset
+/// (`loop_io`'s inputs). Such a local is live after the other loops in the
+/// changed function where it was not in the original. Its value there is
+/// still never used: on the way out of the moved loop that leaves it
+/// unset, the original function did not read it either (else it would
+/// have been live). So the original function's liveness gives each loop
+/// outputs enough for the function as it is when the loop moves.
+///
+/// A pass per loop was the first form: quadratic in a function with
+/// hundreds of loops, it was a third of `roam`'s own share of preparing
+/// the database engine.
+pub(crate) struct LiveAfter {
+    index: FxHashMap<LocalId, usize>,
+    after: FxHashMap<InstrSeqId, FixedBitSet>,
+}
+
+impl LiveAfter {
+    /// The liveness of `func` where each loop of `targets` (its body and
+    /// the labels outside it that it branches to) is left.
+    pub(crate) fn of(func: &LocalFunction, targets: &[(InstrSeqId, &[InstrSeqId])]) -> Self {
+        let mut live = Live::new(func, targets);
+        let end = live.empty();
+        live.seq(func.entry_block(), end);
+        LiveAfter {
+            index: live.index,
+            after: live.after,
+        }
+    }
+
+    /// Whether `local` is live where the loop `body` is left.
+    fn live_after(&self, body: InstrSeqId, local: LocalId) -> bool {
+        let at = self
+            .after
+            .get(&body)
+            .expect("liveness computed for the loop");
+        self.index.get(&local).is_some_and(|&i| at.contains(i))
+    }
+}
+
 /// Liveness of locals over a whole function, backwards, recording what is
-/// live where the loop `target` is left: after it, and at each label it
+/// live where each target loop is left: after it, and at each label it
 /// branches out to. A loop's header is iterated to a fixed point; the sets
 /// only grow from pass to pass, so the union over passes is the answer.
 ///
-/// The walk covers the whole function once per outlined loop, and a large
-/// C function (`sqlite3VdbeExec`) has hundreds of loops, so the sets are
-/// bit sets over the function's own locals, numbered densely: with hash
-/// sets this pass was half of preparing the database engine.
+/// A large C function (`sqlite3VdbeExec`) has hundreds of loops and
+/// thousands of blocks, so the sets are bit sets over the function's own
+/// locals, numbered densely: with hash sets this pass was half of
+/// preparing the database engine.
 struct Live<'a> {
     func: &'a LocalFunction,
-    target: InstrSeqId,
-    exits: Vec<InstrSeqId>,
+    /// Each target loop's body, with the labels it branches out to.
+    targets: FxHashMap<InstrSeqId, Vec<InstrSeqId>>,
     /// The function's locals, numbered from 0 in order of first use.
     index: FxHashMap<LocalId, usize>,
     /// What is live where a branch to each label lands.
     labels: FxHashMap<InstrSeqId, FixedBitSet>,
-    after: FixedBitSet,
+    /// What is live where each target is left.
+    after: FxHashMap<InstrSeqId, FixedBitSet>,
 }
 
 impl<'a> Live<'a> {
-    fn new(func: &'a LocalFunction, target: InstrSeqId, exits: &[InstrSeqId]) -> Self {
+    fn new(func: &'a LocalFunction, targets: &[(InstrSeqId, &[InstrSeqId])]) -> Self {
         let mut index = FxHashMap::default();
         for arg in &func.args {
             let next = index.len();
@@ -130,23 +176,21 @@ impl<'a> Live<'a> {
         let empty = FixedBitSet::with_capacity(index.len());
         Live {
             func,
-            target,
-            exits: exits.to_vec(),
+            targets: targets
+                .iter()
+                .map(|(body, exits)| (*body, exits.to_vec()))
+                .collect(),
             labels: FxHashMap::from_iter([(func.entry_block(), empty.clone())]),
-            after: empty,
+            after: targets
+                .iter()
+                .map(|(body, _)| (*body, empty.clone()))
+                .collect(),
             index,
         }
     }
 
     fn empty(&self) -> FixedBitSet {
         FixedBitSet::with_capacity(self.index.len())
-    }
-
-    /// Whether `local` is live where the loop is left.
-    fn live_after(&self, local: LocalId) -> bool {
-        self.index
-            .get(&local)
-            .is_some_and(|&i| self.after.contains(i))
     }
 
     /// What is live at the top of `seq`, given what is live after it.
@@ -182,11 +226,12 @@ impl<'a> Live<'a> {
                     live = then;
                 }
                 Instr::Loop(l) => {
-                    if l.seq == self.target {
-                        self.after.union_with(&live);
-                        for exit in &self.exits {
+                    if let Some(exits) = self.targets.get(&l.seq) {
+                        let after = self.after.get_mut(&l.seq).expect("every target has a set");
+                        after.union_with(&live);
+                        for exit in exits {
                             if let Some(set) = self.labels.get(exit) {
-                                self.after.union_with(set);
+                                after.union_with(set);
                             }
                         }
                     }

@@ -55,7 +55,7 @@ use walrus::{
     ExportItem, FunctionBuilder, FunctionId, FunctionKind, LocalFunction, LocalId, Module, ValType,
 };
 
-use crate::loop_io::{loop_io, LoopIo};
+use crate::loop_io::{loop_io, LiveAfter, LoopIo};
 use crate::pipeline::PrepareError;
 use crate::quiet::Quiet;
 
@@ -134,8 +134,18 @@ pub(crate) fn outline_loops(
         .count() as u32;
     let mut moved = 0u32;
     while let Some((parent, inside)) = queue.pop() {
-        let candidates = match &module.funcs.get(parent).kind {
-            FunctionKind::Local(func) => find_candidates(func, inside, stage, quiet),
+        let (candidates, live) = match &module.funcs.get(parent).kind {
+            FunctionKind::Local(func) => {
+                let candidates = find_candidates(func, inside, stage, quiet);
+                // One liveness pass for the round (`LiveAfter` says why
+                // that holds while the function changes).
+                let targets: Vec<_> = candidates
+                    .iter()
+                    .map(|c| (c.seq, c.exits.as_slice()))
+                    .collect();
+                let live = (trim && !targets.is_empty()).then(|| LiveAfter::of(func, &targets));
+                (candidates, live)
+            }
             _ => continue,
         };
         for candidate in candidates {
@@ -144,19 +154,19 @@ pub(crate) fn outline_loops(
             if module.exports.iter().any(|e| e.name == name) {
                 return Err(PrepareError::ExportNameTaken { name });
             }
-            let io = match &module.funcs.get(parent).kind {
-                _ if !trim => LoopIo {
-                    inputs: candidate.used.clone(),
-                    outputs: candidate.written.clone(),
-                },
-                FunctionKind::Local(func) => loop_io(
+            let io = match (&module.funcs.get(parent).kind, &live) {
+                (FunctionKind::Local(func), Some(live)) => loop_io(
                     func,
                     candidate.seq,
                     &candidate.used,
                     &candidate.written,
                     &candidate.exits,
+                    live,
                 ),
-                _ => unreachable!("candidates come from local functions"),
+                _ => LoopIo {
+                    inputs: candidate.used.clone(),
+                    outputs: candidate.written.clone(),
+                },
             };
             let (outlined, body) = build_function(module, parent, &candidate, &io, number);
             replace_loop(module, parent, &candidate, &io, outlined);

@@ -300,3 +300,42 @@ fn a_local_set_on_some_paths_only_keeps_the_callers_value() {
     assert_eq!(signature(&outlined, 0), (4, 4));
     compare((original, outlined, moved), 1);
 }
+
+/// Two loops move out of one function in one round, on one liveness pass
+/// over the function as it was (`loop_io::LiveAfter`). Inside an outer
+/// loop that calls, `$a` comes first and sets `$x` only on its way out to
+/// `$e1`, where `$x` is read; `$b` writes `$x` without reading it. Once
+/// `$a` has moved, its call reads `$x` (an output some way out leaves
+/// unset), so `$x` is live after `$b` in the changed function though not
+/// in the original; `$b` then keeps `$x` to itself, and the program must
+/// still compute what it did.
+#[test]
+fn loops_moved_in_one_round_share_one_liveness_pass() {
+    let body = r#"
+    (block $done
+      (loop $outer
+        (block $e2
+          (block $e1
+            (loop $a
+              (if (i32.eq (local.get $j) (i32.const 25))
+                (then
+                  (local.set $x (i32.mul (local.get $j) (i32.const 5)))
+                  (br $e1)))
+              (br_if $e2 (i32.ge_u (local.get $j) (local.get $n)))
+              (local.set $j (i32.add (local.get $j) (i32.const 1)))
+              (br $a)))
+          (local.set $acc (i32.add (local.get $acc) (local.get $x)))
+          (br $done))
+        (local.set $acc (i32.add (local.get $acc) (i32.const 1000)))
+        (local.set $k (i32.const 0))
+        (loop $b
+          (local.set $x (i32.mul (local.get $k) (i32.const 3)))
+          (local.set $acc (i32.add (local.get $acc) (local.get $x)))
+          (local.set $k (i32.add (local.get $k) (i32.const 1)))
+          (br_if $b (i32.lt_u (local.get $k) (local.get $n))))
+        (local.set $n (i32.add (call $id (local.get $n)) (i32.const 1)))
+        (br_if $outer (i32.lt_u (local.get $n) (i32.const 40)))))"#;
+    let locals = "(local $j i32) (local $k i32) (local $x i32) (local $acc i32)";
+    let wat = module(locals, body, MIN_LOCALS);
+    compare(outline(&wat, Stage::Leaves), 2);
+}

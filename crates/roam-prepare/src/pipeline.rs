@@ -231,7 +231,7 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
                 Some(_) => wasm_opt::run(
                     &tool,
                     &spilled,
-                    |_| wasm_opt::optimise_arguments(opts),
+                    |_| wasm_opt::optimise_arguments(opts, false),
                     None,
                 )?,
                 None => spilled,
@@ -273,7 +273,7 @@ fn prepare_eh(
         Some(_) => wasm_opt::run(
             tool,
             &instrumented.bytes,
-            |_| wasm_opt::optimise_arguments(opts),
+            |_| wasm_opt::optimise_arguments(opts, opts.capture.by_records()),
             None,
         )?,
         None => instrumented.bytes,

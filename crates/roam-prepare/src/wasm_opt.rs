@@ -206,15 +206,37 @@ fn levels(level: OptLevel) -> [String; 4] {
     ]
 }
 
+/// The passes of [`O2_PASSES`] that the capture by records leaves out of
+/// its one run.
+///
+/// Why: the input's own compiler inlined what pays already (clang and
+/// rustc at `-O2` and up), so what Binaryen inlines here is mostly
+/// functions with one caller that the compiler judged cold, and every
+/// function it inlines into goes through the whole function pipeline
+/// again. On the Rust program of the real-program suite that was 4.6 s of
+/// a 10 s prepare (`inlining-optimizing`), for no run time this machine
+/// can measure (`docs/notes/2026-11-29-prepare-without-inlining.md`).
+/// Without inlining, `dae-optimizing` (which drops arguments that every
+/// caller passes the same) finds little more than the compiler did.
+/// Asyncify's path, the fallback, keeps them: it was not measured
+/// without.
+const RECORDS_SKIP: &[&str] = &["dae-optimizing", "inlining-optimizing"];
+
 /// Arguments for the run that only optimises (after `spill.rs`, or the
-/// only run of the capture by records). At `O2`, the default, the passes
-/// are spelled out ([`O2_PASSES`]); other levels are Binaryen's own.
-pub(crate) fn optimise_arguments(opts: &PrepareOptions) -> Vec<String> {
+/// only run of the capture by records, `records`). At `O2`, the default,
+/// the passes are spelled out ([`O2_PASSES`], less [`RECORDS_SKIP`] for
+/// the capture by records); other levels are Binaryen's own.
+pub(crate) fn optimise_arguments(opts: &PrepareOptions, records: bool) -> Vec<String> {
     let mut args: Vec<String> = FEATURE_FLAGS.iter().map(|s| s.to_string()).collect();
     match opts.opt_level {
         OptLevel::O2 => {
             args.extend(levels(opts.opt_level));
-            args.extend(O2_PASSES.iter().map(|p| format!("--{p}")));
+            args.extend(
+                O2_PASSES
+                    .iter()
+                    .filter(|p| !(records && RECORDS_SKIP.contains(p)))
+                    .map(|p| format!("--{p}")),
+            );
         }
         level => args.extend(level.flag().map(String::from)),
     }
@@ -473,7 +495,7 @@ mod tests {
         assert!(!first.contains(&"-Os".to_string()), "{first:?}");
         let levels = first.iter().position(|a| a == "-ol").unwrap();
         assert_eq!(first[levels..levels + 4], ["-ol", "2", "-s", "1"]);
-        let second = optimise_arguments(&opts);
+        let second = optimise_arguments(&opts, false);
         assert!(second.contains(&"-Os".to_string()), "{second:?}");
         assert!(!second.contains(&"--asyncify".to_string()), "{second:?}");
         assert!(second.contains(&"--enable-simd".to_string()), "{second:?}");
@@ -481,7 +503,7 @@ mod tests {
 
     #[test]
     fn o2_runs_binaryens_passes_without_stack_ir() {
-        let args = optimise_arguments(&PrepareOptions::default());
+        let args = optimise_arguments(&PrepareOptions::default(), false);
         assert!(!args.iter().any(|a| a == "-O2"), "{args:?}");
         assert!(!args.iter().any(|a| a.contains("stack-ir")), "{args:?}");
         let levels = args.iter().position(|a| a == "-ol").unwrap();
@@ -489,6 +511,29 @@ mod tests {
         for pass in ["--inlining-optimizing", "--coalesce-locals", "--directize"] {
             assert!(args.iter().any(|a| a == pass), "{pass}: {args:?}");
         }
+    }
+
+    #[test]
+    fn the_capture_by_records_runs_o2_without_inlining() {
+        let all = optimise_arguments(&PrepareOptions::default(), false);
+        let records = optimise_arguments(&PrepareOptions::default(), true);
+        for pass in ["--inlining-optimizing", "--dae-optimizing"] {
+            assert!(!records.iter().any(|a| a == pass), "{pass}: {records:?}");
+        }
+        let rest: Vec<_> = all
+            .iter()
+            .filter(|a| !["--inlining-optimizing", "--dae-optimizing"].contains(&a.as_str()))
+            .collect();
+        assert_eq!(rest, records.iter().collect::<Vec<_>>());
+        // Other levels are Binaryen's own, for either run.
+        let os = PrepareOptions {
+            opt_level: OptLevel::Os,
+            ..Default::default()
+        };
+        assert_eq!(
+            optimise_arguments(&os, true),
+            optimise_arguments(&os, false)
+        );
     }
 
     #[test]
