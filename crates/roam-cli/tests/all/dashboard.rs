@@ -64,7 +64,9 @@ impl TokenPlanner {
             .unwrap();
         let addr = format!("127.0.0.1:{}", free_port());
         let mut cmd = roam(Isa::X86_64);
+        // A long lease: the registered node sends no heartbeat.
         cmd.args(["planner", "--listen", &addr, "--checkpoint-interval", "0"])
+            .args(["--lease", "600"])
             .arg("--store")
             .arg(format!(
                 "redb:{}",
@@ -220,7 +222,7 @@ fn dashboard_shows_a_real_cluster_and_its_buttons_move_and_kill_cells() {
     if !have_chromium() {
         return;
     }
-    let p = Planner::start(None, &["--checkpoint-interval", "2"]);
+    let p = Planner::start(None, &["--checkpoint-interval", "0"]);
     let a = registered_node(&p, "edge-a");
     let _b = registered_node(&p, "edge-b");
     let hash = p.upload(&std::fs::read(workload(WORKLOAD)).unwrap());
@@ -314,7 +316,7 @@ fn dashboard_shows_a_real_cluster_and_its_buttons_move_and_kill_cells() {
                 "least-loaded",
                 "manual",
                 "chosen",
-                "filtered out: the node being drained",
+                "filtered out: the cell's owner",
             ],
         };
         for s in expect {
