@@ -18,6 +18,8 @@ use crate::history::{MigrationTrace, Outcome, Sample};
 
 /// Page size of the transfer pipeline's counters.
 const PAGE: u64 = 4096;
+/// The course's last segment.
+const DOWNTIME: &str = "downtime (cell paused)";
 /// The charts' width in SVG units.
 const W: f64 = 600.0;
 
@@ -108,14 +110,23 @@ fn segments_svg(h: &mut String, title: &str, total: f64, segs: &[(String, f64, f
         esc(title),
         esc(title)
     );
+    // The downtime in the course has its own colour; the other phases
+    // take the palette's in turn.
+    let class = |i: usize, name: &str| {
+        if name == DOWNTIME {
+            "phdown".to_string()
+        } else {
+            format!("ph{}", i % 7)
+        }
+    };
     for (i, (name, a, b)) in segs.iter().enumerate() {
         let x = a / total * W;
         let w = ((b - a) / total * W).max(0.5);
         let _ = write!(
             h,
-            "<rect class=\"ph{}\" x=\"{x:.1}\" y=\"0\" width=\"{w:.1}\" height=\"18\">\
+            "<rect class=\"{}\" x=\"{x:.1}\" y=\"0\" width=\"{w:.1}\" height=\"18\">\
              <title>{}: {}</title></rect>",
-            i % 8,
+            class(i, name),
             esc(name),
             esc(&ms(b - a))
         );
@@ -124,8 +135,8 @@ fn segments_svg(h: &mut String, title: &str, total: f64, segs: &[(String, f64, f
     for (i, (name, a, b)) in segs.iter().enumerate() {
         let _ = write!(
             h,
-            "<li><i class=\"ph{}\"></i>{} <b>{}</b></li>",
-            i % 8,
+            "<li><i class=\"{}\"></i>{} <b>{}</b></li>",
+            class(i, name),
             esc(name),
             esc(&ms(b - a))
         );
@@ -161,7 +172,7 @@ fn phases(h: &mut String, m: &MigrationTrace) {
         segs.insert(0, ("starting".into(), 0.0, first));
     }
     if let Some(p) = paused_at {
-        segs.push(("downtime (cell paused)".into(), p, total));
+        segs.push((DOWNTIME.into(), p, total));
     }
     segments_svg(
         h,
