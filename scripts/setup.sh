@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything roam needs on a fresh Debian bookworm machine (as root or
 # with sudo): WebAssembly toolchains, Binaryen, qemu-user and cross linkers,
-# and the Rust targets. Safe to run again.
+# the headless browser the dashboard's tests use (chromium), and the Rust
+# targets. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,7 +13,7 @@ PKGS=(binaryen clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32
       libc++-16-dev-wasm32 libc++abi-16-dev-wasm32 tcl zstd curl xz-utils
       qemu-user gcc-aarch64-linux-gnu gcc-riscv64-linux-gnu
       libc6-dev-arm64-cross libc6-dev-riscv64-cross build-essential pkg-config
-      redis-tools etcd-server protobuf-compiler)
+      redis-tools etcd-server protobuf-compiler chromium)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -119,6 +119,7 @@ pub fn planner(a: PlannerArgs) -> Result<i32> {
                 format!("cells keep a checkpoint every {interval} s by default")
             }
         );
+        eprintln!("roam planner dashboard: {}/", planner.url());
         planner
             .serve(async {
                 let _ = tokio::signal::ctrl_c().await;

@@ -83,7 +83,8 @@ pub(crate) fn router(n: Arc<Inner>) -> Router {
         .route("/v1/cells/{id}/owner", post(cells::owner))
         .route("/v1/policies", get(policies).put(set_policy))
         .route("/v1/events", get(events))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    let router = crate::dashboard::data(router)
         .route_layer(axum::middleware::from_fn(check_path_ids))
         // Outermost, so it runs first: who is calling, before anything of
         // the request is looked at.
@@ -92,8 +93,17 @@ pub(crate) fn router(n: Arc<Inner>) -> Router {
             caller::identify,
         ))
         .layer(DefaultBodyLimit::max(limit));
-    // The token check wraps every route: no handler runs without it.
-    roam_api::serve::guard(router, n.cfg.token.as_ref()).with_state(n)
+    // The token check wraps every route: no handler runs without it. Only
+    // the dashboard's shell and static files, which hold no data, are
+    // outside it.
+    roam_api::serve::guard(router, n.cfg.token.as_ref())
+        .merge(crate::dashboard::public())
+        // Outermost: a browser's request made by another site's page is
+        // refused before anything else.
+        .layer(axum::middleware::from_fn(
+            crate::dashboard::same_origin_only,
+        ))
+        .with_state(n)
 }
 
 /// Refuse, with 400 and the reason, a request whose path parameters are

@@ -134,8 +134,12 @@ pub(crate) async fn load_view(n: &Inner) -> Result<(Vec<NodeRecord>, Load), AppE
 }
 
 /// Run the policy called `name` (`manual` when `want` names a node) with
-/// `cells` (at least the one being placed, if it exists) and `load`.
+/// `cells` (at least the one being placed, if it exists) and `load`, and
+/// remember the decision as `what` (`launch`, `migrate`, ...) for the
+/// dashboard.
 pub(crate) fn choose(
+    n: &Inner,
+    what: &str,
     name: &str,
     want: &Want,
     nodes: &[NodeRecord],
@@ -153,6 +157,12 @@ pub(crate) fn choose(
         load,
         want,
     };
+    n.history.decided(crate::history::Decision::new(
+        what,
+        want.cell.clone(),
+        p.name(),
+        &policy::explain(p.as_ref(), &ctx),
+    ));
     policy::place(p.as_ref(), &ctx)
         .map(|node| (node.clone(), p.name()))
         .map_err(|e| AppError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
@@ -292,7 +302,7 @@ pub(crate) async fn launch(
         node: r.node.clone(),
         ..Want::default()
     };
-    let (node, policy) = match choose(n.placement(), &want, &nodes, &[], load) {
+    let (node, policy) = match choose(&n, "launch", n.placement(), &want, &nodes, &[], load) {
         Ok(x) => x,
         Err(e) => {
             n.metrics.placement(n.placement(), "no-node");

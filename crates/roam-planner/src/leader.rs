@@ -353,6 +353,12 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord, why: Why) -> Result<(), Gone> {
             ..Want::default()
         };
         let ctx = Ctx::new(&nodes, &cells, &want);
+        n.history.decided(crate::history::Decision::new(
+            format!("restore ({})", why.owner(&c.owner)),
+            Some(c.id.clone()),
+            "evacuate",
+            &policy::explain(&policy::Evacuate, &ctx),
+        ));
         let target: NodeRecord = match policy::place(&policy::Evacuate, &ctx) {
             Ok(t) => t.clone(),
             // No node at all yet: wait for one. After failures: lost.

@@ -24,9 +24,11 @@
 mod api;
 mod caller;
 mod cells;
+mod dashboard;
 #[cfg(test)]
 mod evac_tests;
 pub mod events;
+pub mod history;
 mod kept;
 #[cfg(test)]
 mod kept_tests;
@@ -167,6 +169,8 @@ pub(crate) struct Inner {
     pub client_auth: ClientAuth,
     pub events: events::Events,
     pub metrics: metrics::Metrics,
+    /// Recent migrations and decisions, for the dashboard.
+    pub history: history::History,
     /// The active placement policy's name.
     pub placement: RwLock<&'static str>,
     /// Cells the leader is working on (a kept checkpoint, a restore): one
@@ -270,6 +274,7 @@ impl Planner {
             client_auth,
             events: events::Events::default(),
             metrics: metrics::Metrics::default(),
+            history: history::History::default(),
             placement: RwLock::new(placement),
             busy: Mutex::default(),
             uploaded: Mutex::default(),

@@ -21,6 +21,7 @@ use roam_cluster::{CellRecord, CellState, NodeRecord, NodeState};
 use crate::api::{bad, AppError, P};
 use crate::cells::{choose, get_cell, get_node, snapshot, update};
 use crate::events::Event;
+use crate::history::{MigrationTrace, Outcome};
 use crate::policy::{Load, Want};
 use crate::Inner;
 
@@ -55,7 +56,15 @@ pub(crate) async fn migrate(
         node: r.to.clone(),
         exclude: vec![(c.owner.clone(), "the cell's owner (it runs there)")],
     };
-    let (dest, _) = choose(n.placement(), &want, &nodes, &cells, Load::of_cells(&cells))?;
+    let (dest, _) = choose(
+        &n,
+        "migrate",
+        n.placement(),
+        &want,
+        &nodes,
+        &cells,
+        Load::of_cells(&cells),
+    )?;
     let source = nodes
         .iter()
         .find(|x| x.name == c.owner)
@@ -142,6 +151,22 @@ pub(crate) async fn start(
         phase: "started".into(),
         error: None,
     });
+    n.history.migration_started(MigrationTrace {
+        id: migration.clone(),
+        cell: id.clone(),
+        from: source.name.clone(),
+        to: dest.name.clone(),
+        from_isa: source.isa.clone(),
+        to_isa: dest.isa.clone(),
+        mode: mode.to_string(),
+        reason,
+        started_ms: crate::unix_ms(),
+        ended_ms: None,
+        phases: Vec::new(),
+        samples: Vec::new(),
+        outcome: Outcome::Running,
+        summary: None,
+    });
     tokio::spawn(follow(
         n.clone(),
         marked,
@@ -186,11 +211,17 @@ async fn follow(
         tokio::time::sleep(POLL).await;
         match client.migration(&migration).await {
             Ok(s) if s.done => break s,
-            Ok(_) => failures = 0,
+            Ok(s) => {
+                failures = 0;
+                n.history.migration_progress(&migration, &s);
+            }
             Err(e) => {
                 failures += 1;
                 if failures >= POLL_FAILURES {
                     tracing::warn!(cell = %c.id, %migration, "stopped following the migration: {e}");
+                    let why = format!("its source stopped answering: {e}");
+                    n.history
+                        .migration_ended(&migration, Outcome::Unfollowed(why), None);
                     return;
                 }
             }
@@ -204,7 +235,10 @@ async fn follow(
         phase: phase.into(),
         error,
     };
+    n.history.migration_progress(&migration, &status);
     if let Some(error) = status.error {
+        n.history
+            .migration_ended(&migration, Outcome::Failed(error.clone()), None);
         back_to_running(&n, &c.id, &source.name, &dest).await;
         n.metrics.migration(reason, "failed");
         n.events.send(event("failed", Some(error)));
@@ -230,6 +264,8 @@ async fn follow(
     if let Err(e) = r {
         tracing::warn!(cell = %c.id, "cannot record the migration's end: {}", e.1);
     }
+    n.history
+        .migration_ended(&migration, Outcome::Done, status.summary.clone());
     n.metrics.migration(reason, "done");
     n.events.send(event("done", None));
 }
@@ -286,7 +322,9 @@ pub(crate) async fn drain(
             exclude: vec![(name.clone(), "the node being drained")],
             ..Want::default()
         };
-        let moved = match choose("evacuate", &want, &nodes, &cells, Load::of_cells(&cells)) {
+        let what = format!("drain of {name}");
+        let load = Load::of_cells(&cells);
+        let moved = match choose(&n, &what, "evacuate", &want, &nodes, &cells, load) {
             Ok((dest, _)) => start(&n, &c, &source, &dest, "pre-copy", "drain")
                 .await
                 .map(|m| (dest.name, m)),

@@ -191,6 +191,37 @@ pub fn place<'a>(policy: &dyn Policy, ctx: &Ctx<'a>) -> Result<&'a NodeRecord, N
     })
 }
 
+/// One node as a policy judged it: what it saw, and the score or the
+/// reason it was filtered out. What the dashboard shows of a decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// The node.
+    pub node: String,
+    /// Cells it owns that have not ended, as the placement counted.
+    pub cells: usize,
+    /// Its cores.
+    pub cores: usize,
+    /// Memory it reported available, bytes.
+    pub memory_available: u64,
+    /// Its score, or why it was filtered out.
+    pub score: Result<i64, Reason>,
+}
+
+/// Every node of `ctx` as `policy` judges it, in node order: the same
+/// filter and score [`place`] uses, kept for people to read.
+pub fn explain(policy: &dyn Policy, ctx: &Ctx) -> Vec<Candidate> {
+    ctx.nodes
+        .iter()
+        .map(|node| Candidate {
+            node: node.name.clone(),
+            cells: cells_on(ctx, &node.name),
+            cores: node.status.machine.cores,
+            memory_available: node.status.machine.memory_available,
+            score: policy.filter(ctx, node).map(|()| policy.score(ctx, node)),
+        })
+        .collect()
+}
+
 /// The filter every shipped policy starts with: alive, ready, not
 /// excluded, memory for the cell's limit (when the node reports its
 /// memory).

@@ -97,6 +97,13 @@ pub const REDIS_TOOLS: Tool = Tool {
     install: "apt-get install redis-tools (or run scripts/setup.sh)",
 };
 
+/// Debian's `chromium`, the real browser the planner's dashboard is
+/// tested in (headless).
+pub const CHROMIUM: Tool = Tool {
+    name: "chromium (the headless browser)",
+    install: "apt-get install chromium (or run scripts/setup.sh)",
+};
+
 /// `len` deterministic bytes from a xorshift generator seeded with
 /// `seed`: test data no operation produces by accident.
 pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {

@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod common;
 mod cross_isa;
+mod dashboard;
 mod hostile;
 mod kvserver;
 mod limits;

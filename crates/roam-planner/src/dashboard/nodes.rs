@@ -1,0 +1,99 @@
+//! The nodes view: each node with its ISA, state, load and memory, the
+//! cells it owns, and the drain and undrain buttons.
+
+use std::fmt::Write;
+
+use roam_cluster::{CellRecord, NodeRecord, NodeState};
+
+use super::fmt::{bar, bytes, esc, when};
+
+/// The nodes, by name, as an HTML fragment.
+pub(crate) fn render(nodes: &[NodeRecord], cells: &[CellRecord], now: u64) -> String {
+    let mut nodes: Vec<&NodeRecord> = nodes.iter().collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let alive = nodes.iter().filter(|n| n.alive).count();
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<h2>Nodes <span class=\"count\">{} registered, {alive} alive</span></h2>",
+        nodes.len()
+    );
+    if nodes.is_empty() {
+        h.push_str(
+            "<p class=\"empty\">No node has registered. Start one with \
+             <code>roam node --planner URL</code>.</p>",
+        );
+        return h;
+    }
+    h.push_str(
+        "<table id=\"nodes-table\"><thead><tr><th>Node</th><th>ISA</th><th>State</th>\
+         <th>Load</th><th>Memory</th><th>Cells</th><th>Heartbeat</th><th>Actions</th>\
+         </tr></thead><tbody>",
+    );
+    for n in nodes {
+        row(&mut h, n, cells, now);
+    }
+    h.push_str("</tbody></table>");
+    h
+}
+
+fn row(h: &mut String, n: &NodeRecord, cells: &[CellRecord], now: u64) {
+    let name = esc(&n.name);
+    let m = &n.status.machine;
+    let (state, class) = match (n.alive, n.state) {
+        (false, _) => ("dead", "bad"),
+        (true, NodeState::Draining) => ("draining", "warn"),
+        (true, NodeState::Ready) => ("ready", "ok"),
+    };
+    let owned = cells
+        .iter()
+        .filter(|c| c.owner == n.name && !c.state.ended())
+        .count();
+    let cores = m.cores.max(1);
+    let load = m.load1 / cores as f64;
+    let used = m.memory_total.saturating_sub(m.memory_available);
+    let mem_frac = if m.memory_total == 0 {
+        0.0
+    } else {
+        used as f64 / m.memory_total as f64
+    };
+    let _ = write!(
+        h,
+        "<tr class=\"node\" data-node=\"{name}\"><td><b>{name}</b>\
+         <div class=\"sub\">{api} · roam {version}</div></td>\
+         <td><span class=\"isa\">{isa}</span></td>\
+         <td><span class=\"pill {class}\">{state}</span></td>\
+         <td>{load_bar}<div class=\"sub\">{load1:.2} on {cores} cores</div></td>",
+        api = esc(&n.api),
+        version = esc(&n.version),
+        isa = esc(&n.isa),
+        load_bar = bar(load, if load > 1.0 { "hot" } else { "fill" }),
+        load1 = m.load1,
+    );
+    if m.memory_total == 0 {
+        h.push_str("<td><span class=\"sub\">not reported</span></td>");
+    } else {
+        let _ = write!(
+            h,
+            "<td>{}<div class=\"sub\">{} used of {}, {} free</div></td>",
+            bar(mem_frac, if mem_frac > 0.9 { "hot" } else { "fill" }),
+            bytes(used),
+            bytes(m.memory_total),
+            bytes(m.memory_available)
+        );
+    }
+    let _ = write!(
+        h,
+        "<td>{owned}</td><td>{}</td><td class=\"actions\">",
+        when(n.heartbeat_ms, now)
+    );
+    let (act, label) = match n.state {
+        NodeState::Ready => ("drain", "Drain"),
+        NodeState::Draining => ("undrain", "Undrain"),
+    };
+    let _ = write!(
+        h,
+        "<button type=\"button\" data-act=\"{act}\" data-node=\"{name}\">{label}</button>\
+         </td></tr>"
+    );
+}
