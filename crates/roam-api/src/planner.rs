@@ -82,6 +82,24 @@ pub struct CellRecord {
     pub kept: Option<Kept>,
     /// When it was launched, Unix milliseconds.
     pub created_ms: u64,
+    /// The last hand-off its owner announced: the node that may take it
+    /// at a migration's commit point. Kept after the move, so that the
+    /// source can take the cell back after an ambiguous commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<Handoff>,
+}
+
+/// A hand-off of a cell, announced by its owner before a migration
+/// (`POST /v1/cells/{id}/handoff`). Without one, no node but the owner may
+/// take the cell: knowing its owner and generation is not enough.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Handoff {
+    /// The owner that announced it.
+    pub from: String,
+    /// The node that may take the cell.
+    pub to: String,
+    /// The generation the cell had when it was announced.
+    pub generation: u64,
 }
 
 /// Where a cell stands, as far as the planner knows.
@@ -194,6 +212,19 @@ pub struct HeartbeatResponse {
 pub struct HeartbeatRequest {
     /// The node's status now.
     pub status: NodeStatus,
+}
+
+/// `POST /v1/cells/{id}/handoff`: the owner says which node may take the
+/// cell (at a migration's start, before the destination's
+/// [`OwnerRequest`]). Only the owner, at its generation, may announce it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandoffRequest {
+    /// The owner making the announcement.
+    pub from: String,
+    /// The generation the owner holds the cell at.
+    pub generation: u64,
+    /// The node that may take it.
+    pub to: String,
 }
 
 /// `POST /v1/cells/{id}/owner`: the ownership transaction a node asks for

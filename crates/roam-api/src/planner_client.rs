@@ -264,6 +264,16 @@ impl PlannerClient {
         self.call(post(&format!("/v1/cells/{id}/checkpoint"))).await
     }
 
+    /// `POST /v1/cells/{id}/handoff`: the owner names the node that may
+    /// take the cell; [`PlannerError::Conflict`] when the caller does not
+    /// own it at that generation.
+    pub async fn handoff(&self, id: &str, req: &HandoffRequest) -> Result<(), PlannerError> {
+        let _: serde_json::Value = self
+            .call(post_json(&format!("/v1/cells/{id}/handoff"), req))
+            .await?;
+        Ok(())
+    }
+
     /// `POST /v1/cells/{id}/owner`: the ownership transaction;
     /// [`PlannerError::Conflict`] when it lost.
     pub async fn owner(&self, id: &str, req: &OwnerRequest) -> Result<OwnerResponse, PlannerError> {

@@ -56,6 +56,7 @@ fn cell(id: String, owner: String) -> CellRecord {
         checkpoint_interval_s: 30,
         kept: None,
         created_ms: 1_700_000_000_000,
+        handoff: None,
     }
 }
 

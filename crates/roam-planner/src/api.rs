@@ -81,6 +81,7 @@ pub(crate) fn router(n: Arc<Inner>) -> Router {
         .route("/v1/cells/{id}/migrate", post(cells::migrate))
         .route("/v1/cells/{id}/checkpoint", post(cells::checkpoint))
         .route("/v1/cells/{id}/owner", post(cells::owner))
+        .route("/v1/cells/{id}/handoff", post(cells::handoff))
         .route("/v1/policies", get(policies).put(set_policy))
         .route("/v1/events", get(events))
         .route("/metrics", get(metrics));

@@ -60,7 +60,8 @@ impl Caller {
 }
 
 /// The routes only nodes call: `POST /v1/nodes`,
-/// `POST /v1/nodes/{name}/heartbeat`, `POST /v1/cells/{id}/owner`. `path`
+/// `POST /v1/nodes/{name}/heartbeat`, `POST /v1/cells/{id}/owner` and
+/// `POST /v1/cells/{id}/handoff`. `path`
 /// is a path the router matched (this runs as a route layer), so each
 /// `{...}` is exactly one segment.
 fn node_route(method: &Method, path: &str) -> bool {
@@ -71,6 +72,7 @@ fn node_route(method: &Method, path: &str) -> bool {
             ["", "v1", "nodes"]
                 | ["", "v1", "nodes", _, "heartbeat"]
                 | ["", "v1", "cells", _, "owner"]
+                | ["", "v1", "cells", _, "handoff"]
         )
 }
 
@@ -104,8 +106,8 @@ pub(crate) async fn identify(State(n): P, mut req: Request, next: Next) -> Respo
     match (&caller, for_nodes) {
         (Caller::Node(name), false) => {
             return forbidden(format!(
-                "node `{name}`'s certificate may only register, heartbeat and take \
-                 ownership of cells; this call needs an operator's client certificate \
+                "node `{name}`'s certificate may only register, heartbeat, hand over \
+                 and take ownership of cells; this call needs an operator's client certificate \
                  (`roam cert client NAME`)"
             ))
         }

@@ -15,7 +15,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use roam_api::planner::{OwnerRequest, OwnerResponse, PlaceRequest};
+use roam_api::planner::{Handoff, HandoffRequest, OwnerRequest, OwnerResponse, PlaceRequest};
 use roam_api::types::LaunchRequest;
 use roam_cluster::{CellRecord, CellState, NodeRecord, StoreError, Versioned};
 
@@ -325,6 +325,7 @@ pub(crate) async fn launch(
             .unwrap_or(n.cfg.checkpoint_interval_s),
         kept: None,
         created_ms: unix_ms(),
+        handoff: None,
     };
     n.timed("create_cell", n.store.create_cell(rec.clone()))
         .await?;
@@ -541,6 +542,72 @@ pub(crate) async fn owner(
     owner_change(&n, &id, &r).await.map(Json)
 }
 
+/// `POST /v1/cells/{id}/handoff`: the owner names the node that may take
+/// the cell at a migration's commit point. Only the owner at its current
+/// generation may (its certificate's name, under TLS).
+pub(crate) async fn handoff(
+    State(n): P,
+    Path(id): Path<String>,
+    axum::Extension(caller): axum::Extension<crate::caller::Caller>,
+    Json(r): Json<HandoffRequest>,
+) -> Result<Json<serde_json::Value>, AppError> {
+    for name in [&r.from, &r.to] {
+        roam_wire::ident::check_node_name(name).map_err(|e| bad(e.to_string()))?;
+    }
+    caller.may_act_as(&r.from)?;
+    if r.from == r.to {
+        return Err(bad(format!(
+            "node {} cannot hand cell {id} to itself",
+            r.to
+        )));
+    }
+    let mut lost = None;
+    let won = update(&n, &id, |c| {
+        if c.state.ended() || c.owner != r.from || c.generation != r.generation {
+            lost = Some((c.owner.clone(), c.generation));
+            return false;
+        }
+        c.handoff = Some(Handoff {
+            from: r.from.clone(),
+            to: r.to.clone(),
+            generation: r.generation,
+        });
+        true
+    })
+    .await?;
+    match (won, lost) {
+        (Some(_), _) => {
+            tracing::info!(cell = %id, from = %r.from, to = %r.to, generation = r.generation, "hand-off announced");
+            Ok(Json(serde_json::json!({})))
+        }
+        (None, Some((owner, generation))) => Err(AppError(
+            StatusCode::CONFLICT,
+            format!(
+                "cell {id} is owned by {owner} at generation {generation}, not by {} at \
+                 generation {}: only its owner may hand it over",
+                r.from, r.generation
+            ),
+        )),
+        (None, None) => Err(AppError(
+            StatusCode::CONFLICT,
+            format!("cell {id}: the hand-off lost"),
+        )),
+    }
+}
+
+/// Whether `r` may move cell `c`: a node takes its own cell (again, after
+/// an ambiguous commit), the node its owner handed it to takes it, or the
+/// owner that handed it over takes it back from that node one generation
+/// on. Knowing the owner and generation is not enough: they are no secret
+/// (`GET /v1/cells`), and without this any node could take any cell.
+fn handed_over(c: &CellRecord, r: &OwnerRequest) -> bool {
+    r.from == r.to
+        || c.handoff.as_ref().is_some_and(|h| {
+            (h.from == r.from && h.to == r.to && h.generation == r.generation)
+                || (h.to == r.from && h.from == r.to && h.generation + 1 == r.generation)
+        })
+}
+
 pub(crate) async fn owner_change(
     n: &Inner,
     id: &str,
@@ -560,9 +627,14 @@ pub(crate) async fn owner_change(
         ));
     }
     let mut lost = None;
+    let mut refused = false;
     let won = update(n, id, |c| {
         if c.state.ended() || c.owner != r.from || c.generation != r.generation {
             lost = Some((c.owner.clone(), c.generation, c.state.clone()));
+            return false;
+        }
+        if !handed_over(c, r) {
+            refused = true;
             return false;
         }
         c.owner = r.to.clone();
@@ -571,6 +643,16 @@ pub(crate) async fn owner_change(
         true
     })
     .await?;
+    if refused {
+        return Err(AppError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} did not hand cell {id} to {} at generation {}: a node takes a cell only \
+                 when its owner announced the hand-off (POST /v1/cells/{id}/handoff)",
+                r.from, r.to, r.generation
+            ),
+        ));
+    }
     match (won, lost) {
         (Some(c), _) => {
             tracing::info!(cell = %id, from = %r.from, to = %c.owner, generation = c.generation, "ownership moved");

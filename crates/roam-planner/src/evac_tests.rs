@@ -101,6 +101,7 @@ pub(crate) fn cell(id: &str, module: &str) -> CellRecord {
         checkpoint_interval_s: 0,
         kept: None,
         created_ms: 0,
+        handoff: None,
     }
 }
 

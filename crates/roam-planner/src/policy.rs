@@ -407,6 +407,7 @@ mod tests {
             checkpoint_interval_s: 0,
             kept: None,
             created_ms: 0,
+            handoff: None,
         }
     }
 

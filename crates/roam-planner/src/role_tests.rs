@@ -126,6 +126,7 @@ fn cell(id: &str, owner: &str) -> CellRecord {
         checkpoint_interval_s: 0,
         kept: None,
         created_ms: 0,
+        handoff: None,
     }
 }
 
@@ -170,8 +171,19 @@ async fn a_node_speaks_only_for_itself() {
         let c = p.store.cell(id).await.unwrap().unwrap().value;
         assert_eq!(c.generation, 1, "{id} moved");
     }
-    // Taking a cell to itself (a migration's commit) is its to make.
+    // Taking a cell to itself (a migration's commit) is its to make, once
+    // the owner handed it over; the hand-off is the owner's alone to make.
     let to_a = json!({"from": "edge-b", "generation": 1, "to": "edge-a"});
+    let (st, v) = p.post(&a, "/v1/cells/c-1/owner", to_a.clone()).await;
+    assert_eq!(st, 403, "{v}");
+    let (st, v) = p.post(&a, "/v1/cells/c-1/handoff", to_a.clone()).await;
+    assert_eq!(st, 403, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("only for `edge-a`"),
+        "{v}"
+    );
+    let (st, v) = p.post(&b, "/v1/cells/c-1/handoff", to_a.clone()).await;
+    assert_eq!(st, 200, "{v}");
     let (st, v) = p.post(&a, "/v1/cells/c-1/owner", to_a).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v, json!({"owner": "edge-a", "generation": 2}));

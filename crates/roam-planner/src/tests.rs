@@ -84,6 +84,7 @@ fn cell(id: &str, owner: &str) -> CellRecord {
         checkpoint_interval_s: 0,
         kept: None,
         created_ms: 0,
+        handoff: None,
     }
 }
 
@@ -134,6 +135,8 @@ async fn ownership_transaction_wins_once_and_heartbeats_fence_the_loser() {
     p.register("edge-b").await;
     p.store.create_cell(cell("c-1", "edge-a")).await.unwrap();
     let req = json!({"from": "edge-a", "generation": 1, "to": "edge-b"});
+    let (st, v) = p.post("/v1/cells/c-1/handoff", req.clone()).await;
+    assert_eq!(st, 200, "{v}");
     let (st, v) = p.post("/v1/cells/c-1/owner", req.clone()).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v, json!({"owner": "edge-b", "generation": 2}));
@@ -395,4 +398,61 @@ async fn the_policy_is_kept_in_the_store_and_followed_by_every_planner() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(seen, "evacuate", "planner a never followed the store");
+}
+
+/// Knowing a cell's owner and generation (`GET /v1/cells` shows both) is
+/// not enough to take it: only the node its owner handed it to may, and
+/// then only the owner may take it back, one generation on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_node_a_cell_was_handed_to_takes_it() {
+    let p = start(None).await;
+    for node in ["edge-a", "edge-b", "edge-c"] {
+        p.register(node).await;
+    }
+    p.store.create_cell(cell("c-1", "edge-a")).await.unwrap();
+    let take = |to: &str| json!({"from": "edge-a", "generation": 1, "to": to});
+    // Nothing announced: neither edge-b nor edge-c may take it.
+    for to in ["edge-b", "edge-c"] {
+        let (st, v) = p.post("/v1/cells/c-1/owner", take(to)).await;
+        assert_eq!(st, 403, "{to}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("did not hand cell c-1"),
+            "{v}"
+        );
+    }
+    // Only the owner, at its generation, announces a hand-off.
+    let stale = json!({"from": "edge-a", "generation": 7, "to": "edge-b"});
+    let (st, v) = p.post("/v1/cells/c-1/handoff", stale).await;
+    assert_eq!(st, 409, "{v}");
+    let not_owner = json!({"from": "edge-c", "generation": 1, "to": "edge-c"});
+    let (st, v) = p.post("/v1/cells/c-1/handoff", not_owner).await;
+    assert_eq!(st, 400, "{v}");
+    let not_owner = json!({"from": "edge-c", "generation": 1, "to": "edge-b"});
+    let (st, v) = p.post("/v1/cells/c-1/handoff", not_owner).await;
+    assert_eq!(st, 409, "{v}");
+    let (st, v) = p.post("/v1/cells/c-1/handoff", take("edge-b")).await;
+    assert_eq!(st, 200, "{v}");
+    // Handed to edge-b: edge-c still may not take it; edge-b may.
+    let (st, v) = p.post("/v1/cells/c-1/owner", take("edge-c")).await;
+    assert_eq!(st, 403, "{v}");
+    let (st, v) = p.post("/v1/cells/c-1/owner", take("edge-b")).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v, json!({"owner": "edge-b", "generation": 2}));
+    // After an ambiguous commit the source takes it back from edge-b, one
+    // generation on; edge-c cannot do the same.
+    let back = |to: &str| json!({"from": "edge-b", "generation": 2, "to": to});
+    let (st, v) = p.post("/v1/cells/c-1/owner", back("edge-c")).await;
+    assert_eq!(st, 403, "{v}");
+    let (st, v) = p.post("/v1/cells/c-1/owner", back("edge-a")).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v, json!({"owner": "edge-a", "generation": 3}));
+    // A node always takes its own cell again (a source after an ambiguous
+    // commit the destination never made).
+    let own = json!({"from": "edge-a", "generation": 3, "to": "edge-a"});
+    let (st, v) = p.post("/v1/cells/c-1/owner", own).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v, json!({"owner": "edge-a", "generation": 4}));
 }

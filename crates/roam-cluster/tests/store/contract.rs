@@ -53,6 +53,7 @@ pub fn cell(id: &str, owner: &str) -> CellRecord {
         checkpoint_interval_s: 30,
         kept: None,
         created_ms: 1_700_000_000_000,
+        handoff: None,
     }
 }
 

@@ -10,7 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use roam_api::planner::{HeartbeatRequest, NodeStatus, OwnerRequest, RegisterRequest};
+use roam_api::planner::{
+    HandoffRequest, HeartbeatRequest, NodeStatus, OwnerRequest, RegisterRequest,
+};
 use roam_api::{PlannerClient, PlannerError};
 
 use crate::cell::Decision;
@@ -197,6 +199,36 @@ pub(crate) fn take(n: &NodeInner, id: &str, from: &str, generation: u64) -> Resu
         Err(_) => Err(format!(
             "the planner did not answer the ownership transaction of cell {id} within {} s, \
              so it does not start here",
+            n.cfg.planner_timeout.as_secs_f64()
+        )),
+    }
+}
+
+/// The source's announcement, before a migration moves anything, that
+/// `to` may take cell `id` at `generation` (the planner refuses an
+/// ownership change that its owner did not announce). Nothing to do on a
+/// node without a planner, or for a cell the planner does not manage.
+pub(crate) async fn hand_off(
+    n: &NodeInner,
+    id: &str,
+    to: &str,
+    generation: Option<u64>,
+) -> Result<(), String> {
+    let (Some(planner), Some(generation)) = (&n.planner, generation) else {
+        return Ok(());
+    };
+    let req = HandoffRequest {
+        from: n.cfg.name.clone(),
+        generation,
+        to: to.to_string(),
+    };
+    match tokio::time::timeout(n.cfg.planner_timeout, planner.handoff(id, &req)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!(
+            "the planner refused the hand-off of cell {id} to {to}: {e}"
+        )),
+        Err(_) => Err(format!(
+            "the planner did not answer the hand-off of cell {id} to {to} within {} s",
             n.cfg.planner_timeout.as_secs_f64()
         )),
     }

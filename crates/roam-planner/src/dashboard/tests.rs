@@ -68,6 +68,7 @@ fn cell(id: &str, owner: &str, state: CellState) -> CellRecord {
             generation: 1,
         }),
         created_ms: 2_000,
+        handoff: None,
     }
 }
 

@@ -248,6 +248,11 @@ async fn run(
     } = connect(n, m, h, &spec, &plan).await?;
     // From here on, every way out but a commit stops the writer.
     let writer = WriterTask(Some(writer));
+    // The planner lets the destination take the cell only once its owner
+    // said so; before anything moves, so a refusal costs nothing.
+    crate::cluster::planner::hand_off(n, &spec.id, &peer.node, spec.generation)
+        .await
+        .map_err(|e| MigrateError::here(Phase::Connect, e))?;
     let preopens = crate::cells::make_preopens(n, &spec.id, &spec.dirs).map_err(|e| {
         MigrateError::here(
             Phase::Prepare,
