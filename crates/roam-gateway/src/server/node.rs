@@ -99,9 +99,12 @@ pub(crate) async fn serve(
     });
     tracing::info!(node = %hello.node, peer = %addr, link, "node link up");
     let o = out.clone();
-    let mut writer = tokio::spawn(async move {
-        let _ = o.write_to(&mut wr).await;
-    });
+    let mut writer = WriterGuard {
+        out: out.clone(),
+        task: tokio::spawn(async move {
+            let _ = o.write_to(&mut wr).await;
+        }),
+    };
     let end = tokio::select! {
         end = links_frames(&shared, link, &mut rd) => end,
         () = out.stuck.notified() => Err(format!(
@@ -123,11 +126,21 @@ pub(crate) async fn serve(
     out.close();
     // A node that does not read would keep the writer, and all it holds,
     // blocked for ever.
-    if tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
+    let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut writer.task).await;
+}
+
+/// Ends a link's writer with the link's task, also when the gateway stops
+/// and drops that task mid-way: the writer holds the socket's write half,
+/// and the node must see its link close.
+struct WriterGuard {
+    out: Arc<LinkOut>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WriterGuard {
+    fn drop(&mut self) {
+        self.out.close();
+        self.task.abort();
     }
 }
 
