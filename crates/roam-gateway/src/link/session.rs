@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use roam_wasi::net::{NetError, NetHub, NetOut, DEFAULT_WINDOW};
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::{serve_msg, Inner};
 use crate::proto::{
-    read_frame, write_frame, Hello, ToGateway, ToNode, MAX_DATA, MIN_PROTOCOL_VERSION,
+    write_frame, FrameReader, Hello, ToGateway, ToNode, MAX_DATA, MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
 };
 
@@ -118,7 +118,8 @@ async fn open(inner: &Inner) -> Result<Box<dyn Stream>, SessionError> {
 async fn session(inner: &Arc<Inner>, welcomed: &mut bool) -> Result<(), SessionError> {
     let stream = open(inner).await?;
     let (rd, mut wr) = tokio::io::split(stream);
-    let mut rd = BufReader::with_capacity(MAX_DATA + 64, rd);
+    // Many frames per read; payloads are decoded in place.
+    let mut rd = FrameReader::new(rd, 4 * MAX_DATA);
     let mut buf = Vec::new();
     ToGateway::Hello(Hello {
         version: PROTOCOL_VERSION,
@@ -129,7 +130,7 @@ async fn session(inner: &Arc<Inner>, welcomed: &mut bool) -> Result<(), SessionE
     write_frame(&mut wr, &buf)
         .await
         .map_err(SessionError::Write)?;
-    let (kind, payload) = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut rd))
+    let (kind, payload) = tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.read())
         .await
         .map_err(|_| SessionError::Timeout(HANDSHAKE_TIMEOUT))??;
     match ToNode::decode(kind, &payload)? {
@@ -184,6 +185,14 @@ fn hub_of(inner: &Inner, conn: u64) -> Option<Arc<NetHub>> {
     s.services.get(svc).map(|v| v.hub.clone())
 }
 
+/// Forget `conn` once its hub has (a closed connection whose output the
+/// gateway has now confirmed).
+fn forget_if_gone(inner: &Inner, hub: &NetHub, conn: u64) {
+    if !hub.has_conn(conn) {
+        inner.lock().conns.remove(&conn);
+    }
+}
+
 /// Tell the gateway this node has no such connection (any more).
 fn refuse(inner: &Inner, conn: u64, why: &str) {
     tracing::debug!(conn, "gateway link: closing connection: {why}");
@@ -199,10 +208,16 @@ fn hub_result(inner: &Inner, conn: u64, what: &str, r: Result<(), NetError>) {
     }
 }
 
-async fn reader<R: AsyncRead + Unpin>(inner: &Inner, rd: &mut R) -> Result<(), SessionError> {
+async fn reader<R: AsyncRead + Unpin>(
+    inner: &Inner,
+    rd: &mut FrameReader<R>,
+) -> Result<(), SessionError> {
     loop {
-        let (kind, payload) = read_frame(rd).await?;
-        match ToNode::decode(kind, &payload)? {
+        let Some((kind, payload)) = rd.next_buffered()? else {
+            rd.fill().await?;
+            continue;
+        };
+        match ToNode::decode(kind, payload)? {
             ToNode::Open {
                 service,
                 conn,
@@ -242,11 +257,13 @@ async fn reader<R: AsyncRead + Unpin>(inner: &Inner, rd: &mut R) -> Result<(), S
             ToNode::Gone { conn } => {
                 if let Some(h) = hub_of(inner, conn) {
                     h.peer_reset(conn);
+                    forget_if_gone(inner, &h, conn);
                 }
             }
             ToNode::Delivered { conn, offset } => {
                 if let Some(h) = hub_of(inner, conn) {
                     hub_result(inner, conn, "delivery", h.delivered(conn, offset));
+                    forget_if_gone(inner, &h, conn);
                 }
             }
             ToNode::Stale {
@@ -294,9 +311,19 @@ async fn writer<W: AsyncWrite + Unpin>(inner: &Inner, wr: &mut W) -> Result<(), 
             }
         }
         if !closed.is_empty() {
+            // A closed connection whose last output is not confirmed yet
+            // stays known until it is: the gateway's `Delivered` (or
+            // `Gone`) for it lets the hub forget it.
             let mut s = inner.lock();
             for c in closed {
-                s.conns.remove(&c);
+                let known = s
+                    .conns
+                    .get(&c)
+                    .and_then(|svc| s.services.get(svc))
+                    .is_some_and(|v| v.hub.has_conn(c));
+                if !known {
+                    s.conns.remove(&c);
+                }
             }
         }
         if buf.is_empty() {

@@ -26,7 +26,7 @@
 
 use roam_wire::ident::{self, InvalidIdent};
 
-use super::frame::put_frame;
+use super::frame::{put_frame, put_frame_parts};
 use super::*;
 
 /// Why a frame's payload is not a valid message.
@@ -571,6 +571,32 @@ impl ToNode {
             }
         };
         put_frame(out, kind, &w.b);
+        Ok(())
+    }
+
+    /// Append a `Data` frame whose bytes are `a` then `b`, as
+    /// [`ToNode::encode`] would for `Data { conn, offset, a ++ b }`,
+    /// without gathering them first (a ring buffer's two halves).
+    pub fn encode_data(
+        out: &mut Vec<u8>,
+        conn: ConnId,
+        offset: u64,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<(), EncodeError> {
+        let len = a.len() + b.len();
+        if len > MAX_DATA {
+            return Err(EncodeError {
+                msg: "Data",
+                field: "bytes",
+                len,
+                max: MAX_DATA,
+            });
+        }
+        let mut head = [0u8; 16];
+        head[..8].copy_from_slice(&conn.to_le_bytes());
+        head[8..].copy_from_slice(&offset.to_le_bytes());
+        put_frame_parts(out, 0x84, &[&head, a, b]);
         Ok(())
     }
 

@@ -116,6 +116,28 @@ pub fn put_frame(out: &mut Vec<u8>, kind: u8, payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
+/// Append one frame whose payload is the concatenation of `parts`, as
+/// [`put_frame`] would for the joined payload, without joining them first.
+///
+/// # Panics
+/// If the parts add up to more than [`MAX_FRAME`].
+pub fn put_frame_parts(out: &mut Vec<u8>, kind: u8, parts: &[&[u8]]) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    assert!(len <= MAX_FRAME, "frame payload over MAX_FRAME");
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[kind, 0, 0, 0]);
+    for p in parts {
+        h.update(p);
+    }
+    out.reserve(FRAME_HEADER + len);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.extend_from_slice(&[kind, 0, 0, 0]);
+    out.extend_from_slice(&h.finalize().to_le_bytes());
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+}
+
 /// Read one frame: its message type and payload.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<(u8, Vec<u8>), FrameError> {
     let mut head = [0u8; FRAME_HEADER];
@@ -162,6 +184,16 @@ mod tests {
             read_frame(&mut v.as_slice()).await.unwrap(),
             (7, b"hello".to_vec())
         );
+    }
+
+    #[test]
+    fn parts_make_the_same_frame_as_the_joined_payload() {
+        for split in [0, 1, 5, 11] {
+            let payload = b"hello, world";
+            let mut v = Vec::new();
+            put_frame_parts(&mut v, 9, &[&payload[..split], &payload[split..], b""]);
+            assert_eq!(v, frame(9, payload), "split at {split}");
+        }
     }
 
     #[tokio::test]

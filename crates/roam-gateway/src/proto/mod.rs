@@ -35,9 +35,14 @@
 
 mod codec;
 pub mod frame;
+mod reader;
 
 pub use codec::{DecodeError, EncodeError};
-pub use frame::{put_frame, read_frame, write_frame, FrameError, Header, FRAME_HEADER, MAX_FRAME};
+pub use frame::{
+    put_frame, put_frame_parts, read_frame, write_frame, FrameError, Header, FRAME_HEADER,
+    MAX_FRAME,
+};
+pub use reader::FrameReader;
 
 /// A connection's id, chosen by the gateway, unique across the gateway's
 /// life (and, with a random high half, across its restarts).

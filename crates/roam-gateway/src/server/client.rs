@@ -58,7 +58,8 @@ async fn reader(shared: &Shared, id: ConnId, wake: &ConnWake, mut rd: OwnedReadH
 }
 
 enum Step {
-    Write(Vec<u8>),
+    /// The bytes are in the writer's buffer.
+    Write,
     Shutdown,
     Close,
     Fail(Vec<u8>),
@@ -68,6 +69,8 @@ enum Step {
 
 async fn writer(shared: &Shared, id: ConnId, wake: &ConnWake, mut wr: OwnedWriteHalf) {
     let mut shut = false;
+    // Reused for every write: no allocation per reply.
+    let mut b: Vec<u8> = Vec::new();
     loop {
         let step = {
             let s = shared.lock();
@@ -78,7 +81,11 @@ async fn writer(shared: &Shared, id: ConnId, wake: &ConnWake, mut wr: OwnedWrite
                         Step::Fail(f.clone())
                     } else if !c.down.is_empty() {
                         let n = c.down.len().min(MAX_DATA);
-                        Step::Write(c.down.range(..n).copied().collect())
+                        let (x, y) = c.down.as_slices();
+                        b.clear();
+                        b.extend_from_slice(&x[..n.min(x.len())]);
+                        b.extend_from_slice(&y[..n - n.min(x.len())]);
+                        Step::Write
                     } else if c.cell_closed {
                         Step::Close
                     } else if !shut && c.down_shut == Some(c.down_base) {
@@ -90,7 +97,7 @@ async fn writer(shared: &Shared, id: ConnId, wake: &ConnWake, mut wr: OwnedWrite
             }
         };
         match step {
-            Step::Write(b) => match wr.write_all(&b).await {
+            Step::Write => match wr.write_all(&b).await {
                 Ok(()) => shared.lock().written(id, b.len()),
                 Err(e) => {
                     tracing::debug!(conn = id, "client write failed: {e}");

@@ -11,6 +11,7 @@
 
 mod client;
 mod node;
+mod outq;
 mod routing;
 mod state;
 
@@ -365,7 +366,9 @@ impl Gateway {
             let tick = (timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(500));
             loop {
                 tokio::time::sleep(tick).await;
-                shared.lock().expire(Instant::now(), timeout);
+                let mut s = shared.lock();
+                s.expire(Instant::now(), timeout);
+                s.flush_acks();
             }
         });
         shutdown.await;

@@ -3,22 +3,30 @@
 //! protocol gets `Refused` with the precise reason and its link is closed;
 //! its services are held as for any lost link (a node that reconnects and
 //! serves again resumes every connection).
+//!
+//! Both directions work in batches: every frame one read brought is
+//! applied under one lock of the state, and the frames for the node are
+//! written by [`LinkOut`], all that queued up in one write.
 
 use roam_wire::error_chain as chain;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use roam_auth::tokio_rustls::TlsAcceptor;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Notify};
 
-use super::state::LinkHandle;
+use super::outq::LinkOut;
+use super::state::{LinkHandle, State, Violation};
 use super::Shared;
 use crate::proto::{
-    read_frame, Hello, ToGateway, ToNode, MAX_DATA, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    FrameError, FrameReader, Hello, ToGateway, ToNode, MAX_DATA, MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
 };
+
+/// The link reader's buffer: many small frames per read, a whole `Data`
+/// frame of [`MAX_DATA`] at least.
+const READ_BUFFER: usize = 4 * MAX_DATA;
 
 /// How long a node may take for TLS and its `Hello`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,8 +65,8 @@ pub(crate) async fn serve(
         },
     };
     let (rd, mut wr) = tokio::io::split(stream);
-    let mut rd = BufReader::with_capacity(MAX_DATA + 64, rd);
-    let hello = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut rd)).await {
+    let mut rd = FrameReader::new(rd, READ_BUFFER);
+    let hello = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.read()).await {
         Err(_) => Err(format!("no Hello within {HANDSHAKE_TIMEOUT:?}")),
         Ok(Err(e)) => Err(format!("cannot read Hello: {}", chain(&e))),
         Ok(Ok((kind, p))) => match ToGateway::decode(kind, &p) {
@@ -82,30 +90,24 @@ pub(crate) async fn serve(
     if welcome.encode(&mut buf).is_err() || wr.write_all(&buf).await.is_err() {
         return;
     }
-    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let queued = Arc::new(AtomicUsize::new(0));
-    let stuck = Arc::new(Notify::new());
+    let out = Arc::new(LinkOut::new(shared.lock().limits.link_queue));
     let link = shared.lock().add_link(LinkHandle {
         node: hello.node.clone(),
         version,
         window,
-        tx: tx.clone(),
-        queued: queued.clone(),
-        stuck: stuck.clone(),
+        out: out.clone(),
     });
     tracing::info!(node = %hello.node, peer = %addr, link, "node link up");
-    let mut writer = tokio::spawn(async move {
-        while let Some(b) = rx.recv().await {
-            if wr.write_all(&b).await.is_err() {
-                return;
-            }
-            queued.fetch_sub(b.len(), Ordering::Relaxed);
-        }
-        let _ = wr.shutdown().await;
-    });
+    let o = out.clone();
+    let mut writer = WriterGuard {
+        out: out.clone(),
+        task: tokio::spawn(async move {
+            let _ = o.write_to(&mut wr).await;
+        }),
+    };
     let end = tokio::select! {
         end = links_frames(&shared, link, &mut rd) => end,
-        () = stuck.notified() => Err(format!(
+        () = out.stuck.notified() => Err(format!(
             "the node has not read the last {} MiB the gateway sent it",
             shared.lock().limits.link_queue >> 20
         )),
@@ -115,25 +117,30 @@ pub(crate) async fn serve(
         Ok(()) => tracing::warn!(node = %hello.node, "node link closed"),
         Err(reason) => {
             tracing::warn!(node = %hello.node, "node link refused: {reason}");
-            let mut b = Vec::new();
-            if (ToNode::Refused {
+            let refused = ToNode::Refused {
                 reason: clip(reason),
-            })
-            .encode(&mut b)
-            .is_ok()
-            {
-                let _ = tx.send(b);
-            }
+            };
+            let _ = out.push(|b| refused.encode(b));
         }
     }
-    drop(tx);
+    out.close();
     // A node that does not read would keep the writer, and all it holds,
     // blocked for ever.
-    if tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
+    let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut writer.task).await;
+}
+
+/// Ends a link's writer with the link's task, also when the gateway stops
+/// and drops that task mid-way: the writer holds the socket's write half,
+/// and the node must see its link close.
+struct WriterGuard {
+    out: Arc<LinkOut>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WriterGuard {
+    fn drop(&mut self) {
+        self.out.close();
+        self.task.abort();
     }
 }
 
@@ -183,59 +190,68 @@ async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, reason: String) {
 }
 
 /// Apply frames until the link ends: `Ok` when the node closed it, the
-/// reason to refuse it otherwise.
+/// reason to refuse it otherwise. Every frame a read brought is applied
+/// under one lock of the state.
 async fn links_frames<R: AsyncRead + Unpin>(
     shared: &Shared,
     link: u64,
-    rd: &mut R,
+    rd: &mut FrameReader<R>,
 ) -> Result<(), String> {
     loop {
-        let (kind, payload) = match read_frame(rd).await {
-            Ok(f) => f,
-            Err(crate::proto::FrameError::Closed) => return Ok(()),
-            Err(e @ crate::proto::FrameError::Io(_)) => {
+        match rd.fill().await {
+            Ok(()) => {}
+            Err(FrameError::Closed) => return Ok(()),
+            Err(e @ FrameError::Io(_)) => {
                 tracing::debug!(link, "node link: {}", chain(&e));
                 return Ok(());
             }
             Err(e) => return Err(chain(&e)),
-        };
-        let msg = ToGateway::decode(kind, &payload).map_err(|e| chain(&e))?;
-        let mut s = shared.lock();
-        let r = match msg {
-            ToGateway::Hello(_) => return Err("a second Hello on an open link".into()),
-            ToGateway::Serve {
-                service,
-                cell,
-                generation,
-                conns,
-            } => {
-                s.serve(link, &service, &cell, generation, &conns);
-                Ok(())
-            }
-            ToGateway::Hold { service, cell, .. } => {
-                s.hold(link, &service, &cell);
-                Ok(())
-            }
-            ToGateway::Unserve {
-                service,
-                cell,
-                generation,
-            } => {
-                s.unserve(link, &service, &cell, generation);
-                Ok(())
-            }
-            ToGateway::Data {
-                conn,
-                offset,
-                bytes,
-            } => s.cell_data(link, conn, offset, &bytes),
-            ToGateway::Consumed { conn, offset } => s.consumed(link, conn, offset),
-            ToGateway::Shutdown { conn, offset } => s.cell_shutdown(link, conn, offset),
-            ToGateway::Closed { conn } => {
-                s.cell_closed(link, conn);
-                Ok(())
-            }
-        };
-        r.map_err(|v| v.to_string())?;
+        }
+        let mut s = None;
+        while let Some((kind, payload)) = rd.next_buffered().map_err(|e| chain(&e))? {
+            let msg = ToGateway::decode(kind, payload).map_err(|e| chain(&e))?;
+            let s = s.get_or_insert_with(|| shared.lock());
+            apply(s, link, msg)?;
+        }
     }
+}
+
+/// Apply one message from the node.
+fn apply(s: &mut State, link: u64, msg: ToGateway) -> Result<(), String> {
+    let r: Result<(), Violation> = match msg {
+        ToGateway::Hello(_) => return Err("a second Hello on an open link".into()),
+        ToGateway::Serve {
+            service,
+            cell,
+            generation,
+            conns,
+        } => {
+            s.serve(link, &service, &cell, generation, &conns);
+            Ok(())
+        }
+        ToGateway::Hold { service, cell, .. } => {
+            s.hold(link, &service, &cell);
+            Ok(())
+        }
+        ToGateway::Unserve {
+            service,
+            cell,
+            generation,
+        } => {
+            s.unserve(link, &service, &cell, generation);
+            Ok(())
+        }
+        ToGateway::Data {
+            conn,
+            offset,
+            bytes,
+        } => s.cell_data(link, conn, offset, &bytes),
+        ToGateway::Consumed { conn, offset } => s.consumed(link, conn, offset),
+        ToGateway::Shutdown { conn, offset } => s.cell_shutdown(link, conn, offset),
+        ToGateway::Closed { conn } => {
+            s.cell_closed(link, conn);
+            Ok(())
+        }
+    };
+    r.map_err(|v| v.to_string())
 }

@@ -141,6 +141,9 @@ impl State {
         c.up_sent = r.rx_next;
         c.eof_sent = false;
         let delivered = c.down_base;
+        // The cell keeps its output from `tx_from`: tell it what the client
+        // already has, and count lazy `Delivered` from there.
+        c.acked = delivered.max(r.tx_from);
         if delivered > r.tx_from {
             self.send(
                 link,

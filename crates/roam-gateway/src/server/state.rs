@@ -8,15 +8,28 @@
 //! what the client has been written (`down_base`) to what the cell has
 //! sent. Offsets never go back except `up_sent`, which a `Serve` resets to
 //! the cell's `rx_next`: that is the replay.
+//!
+//! `Delivered` is sent lazily: when the client has been written half a
+//! window (at most [`ACK_EVERY`]) beyond the last one, when either stream
+//! ends (the client's Eof, the cell's shutdown or close: a node keeps a
+//! closed connection until its output is confirmed), and on the
+//! gateway's periodic tick ([`State::flush_acks`]). Each `Delivered` only
+//! opens the window and lets the node drop bytes it keeps for a replay,
+//! so one per small reply was a frame each way and a wake of the cell
+//! for nothing; the cell's sends never block on a lazy one (it is sent by
+//! half a window at the latest).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
+use super::outq::LinkOut;
 use crate::proto::{ConnId, ToNode, MAX_DATA};
+
+/// Most client-written bytes a `Delivered` waits for (see the module doc).
+pub(crate) const ACK_EVERY: u64 = 16 << 10;
 
 /// A node link's id, local to this gateway.
 pub(crate) type LinkId = u64;
@@ -50,6 +63,8 @@ pub(crate) struct Conn {
     pub reserved: usize,
     pub down: VecDeque<u8>,
     pub down_base: u64,
+    /// The offset of the last `Delivered` sent (or resumed from).
+    pub acked: u64,
     pub down_shut: Option<u64>,
     pub cell_closed: bool,
     /// Bytes to write to the client before closing it (the wait-timeout
@@ -90,12 +105,9 @@ pub(crate) struct LinkHandle {
     /// The protocol version the session speaks.
     pub version: u16,
     pub window: u64,
-    pub tx: mpsc::UnboundedSender<Vec<u8>>,
-    /// Bytes sent to `tx` and not yet written to the node's socket.
-    pub queued: Arc<AtomicUsize>,
-    /// Told when `queued` would pass [`Limits::link_queue`]: the link's
-    /// task closes the link.
-    pub stuck: Arc<Notify>,
+    /// Frames for the node, bounded by [`Limits::link_queue`]; past it
+    /// the queue tells the link's task, which closes the link.
+    pub out: Arc<LinkOut>,
 }
 
 /// Limits of the gateway's buffers.
@@ -195,21 +207,8 @@ impl State {
         let Some(l) = self.links.get(&link) else {
             return;
         };
-        let mut buf = Vec::new();
-        match m.encode(&mut buf) {
-            Ok(()) => {
-                let queued = l.queued.fetch_add(buf.len(), Ordering::Relaxed) + buf.len();
-                if queued > self.limits.link_queue {
-                    // The node reads nothing: drop the frame and close the
-                    // link, whose services are then held as for any lost
-                    // link.
-                    l.queued.fetch_sub(buf.len(), Ordering::Relaxed);
-                    l.stuck.notify_one();
-                    return;
-                }
-                let _ = l.tx.send(buf);
-            }
-            Err(e) => tracing::error!("cannot encode {}: {e}", m.name()),
+        if let Err(e) = l.out.push(|b| m.encode(b)) {
+            tracing::error!("cannot encode {}: {e}", m.name());
         }
     }
 
@@ -247,6 +246,7 @@ impl State {
             reserved: 0,
             down: VecDeque::new(),
             down_base: 0,
+            acked: 0,
             down_shut: None,
             cell_closed: false,
             fail: None,
@@ -293,28 +293,36 @@ impl State {
             return;
         };
         let limit = c.up_base.saturating_add(self.window(link)).min(c.up_end());
-        let mut msgs = Vec::new();
+        let Some(out) = self.links.get(&link).map(|l| &l.out) else {
+            return;
+        };
         let mut at = c.up_sent;
         while at < limit {
             let n = ((limit - at) as usize).min(MAX_DATA);
             let skip = (at - c.up_base) as usize;
-            let bytes: Vec<u8> = c.up.range(skip..skip + n).copied().collect();
-            msgs.push(ToNode::Data {
-                conn: id,
-                offset: at,
-                bytes,
-            });
-            at += n as u64;
+            // The bytes go from the buffer into the frame: no copy between.
+            let (a, b) = c.up.as_slices();
+            let (a, b) = if skip >= a.len() {
+                (&b[skip - a.len()..skip - a.len() + n], &b[..0])
+            } else {
+                let from_a = n.min(a.len() - skip);
+                (&a[skip..skip + from_a], &b[..n - from_a])
+            };
+            match out.push(|buf| ToNode::encode_data(buf, id, at, a, b)) {
+                Ok(true) => at += n as u64,
+                Ok(false) => break,
+                Err(e) => {
+                    tracing::error!("cannot encode Data: {e}");
+                    break;
+                }
+            }
         }
         let eof = match c.up_eof {
             Some(e) if e == at && !c.eof_sent => Some(e),
             _ => None,
         };
         if let Some(offset) = eof {
-            msgs.push(ToNode::Eof { conn: id, offset });
-        }
-        for m in &msgs {
-            self.send(link, m);
+            self.send(link, &ToNode::Eof { conn: id, offset });
         }
         let c = self.conns.get_mut(&id).expect("checked above");
         c.up_sent = at;
@@ -365,6 +373,9 @@ impl State {
         self.unreserve(id);
         if let Some(c) = self.conns.get_mut(&id) {
             c.up_eof = Some(c.up_end());
+            // Before the Eof: a cell that closes on it then has nothing
+            // left unconfirmed, and its node can forget the connection.
+            self.ack(id);
             self.pump(id);
         }
     }
@@ -379,7 +390,9 @@ impl State {
         self.blocked_total.remove(&id);
         c.wake.read.notify_one();
         c.wake.write.notify_one();
-        if tell_cell && c.opened && !c.cell_closed {
+        // Also after the cell closed: a node keeps a closed connection
+        // until its output is confirmed, and `Gone` lets it forget it.
+        if tell_cell && c.opened {
             if let Some(link) = self.attached(&c.service) {
                 self.send(link, &ToNode::Gone { conn: id });
             }
@@ -404,15 +417,51 @@ impl State {
         };
         c.down.drain(..n);
         c.down_base += n as u64;
+        let link = match self.route_link(&self.conns[&id].service) {
+            Some(l) => l,
+            None => return,
+        };
+        let every = ACK_EVERY.min(self.window(link) / 2);
+        let c = &self.conns[&id];
+        if c.down_base - c.acked >= every || c.down_shut.is_some() || c.cell_closed {
+            self.ack(id);
+        }
+    }
+
+    /// Send `Delivered` for what the client has been written, if the
+    /// current cell has not been told yet.
+    fn ack(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if !c.opened || c.down_base <= c.acked {
+            return;
+        }
+        let Some(link) = self.route_link(&c.service) else {
+            return;
+        };
         let m = ToNode::Delivered {
             conn: id,
             offset: c.down_base,
         };
-        let (service, opened) = (c.service.clone(), c.opened);
-        if opened {
-            if let Some(link) = self.route_link(&service) {
-                self.send(link, &m);
-            }
+        self.send(link, &m);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.acked = c.down_base;
+        }
+    }
+
+    /// Send every `Delivered` held back (the gateway's periodic tick): a
+    /// connection that goes quiet does not leave its last replies in the
+    /// cell's buffers, and snapshots, for longer than a tick.
+    pub fn flush_acks(&mut self) {
+        let due: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.opened && c.down_base > c.acked)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            self.ack(id);
         }
     }
 
@@ -524,6 +573,8 @@ impl State {
         c.seen = true;
         c.down_shut = Some(offset);
         c.wake.write.notify_one();
+        // The stream ends: nothing more will trigger a lazy Delivered.
+        self.ack(id);
         Ok(())
     }
 
@@ -534,6 +585,7 @@ impl State {
             c.cell_closed = true;
             c.wake.write.notify_one();
             c.wake.read.notify_one();
+            self.ack(id);
         }
     }
 }

@@ -500,6 +500,12 @@ impl NetHub {
             .collect()
     }
 
+    /// Whether the hub still has `conn`: a closed connection stays until
+    /// the backend has confirmed every byte of its output delivered.
+    pub fn has_conn(&self, conn: ConnId) -> bool {
+        self.lock().st.find(conn).is_some()
+    }
+
     /// The window of every connection (bytes).
     pub fn window(&self) -> u64 {
         self.lock().st.window
