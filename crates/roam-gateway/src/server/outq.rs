@@ -82,7 +82,7 @@ impl LinkOut {
             self.stuck.notify_one();
             return Ok(false);
         }
-        let first = before == 0 && q.buf.len() > 0;
+        let first = before == 0 && !q.buf.is_empty();
         drop(q);
         if first {
             self.wake.notify_one();
@@ -204,7 +204,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(refused, "the bound was never hit");
-        assert!(queued >= 3 && queued <= 5, "{queued} frames queued");
+        assert!((3..=5).contains(&queued), "{queued} frames queued");
         assert!(out.queued() <= 256 << 10, "{} bytes held", out.queued());
         // Told once, then every later push is refused without growing.
         tokio::time::timeout(std::time::Duration::from_secs(1), out.stuck.notified())
