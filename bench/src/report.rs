@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 /// One table of results.
 #[derive(Debug, Clone, Default)]
@@ -86,24 +86,13 @@ pub fn commit() -> String {
 
 /// A UTC time as `(YYYY-MM-DD, YYYY-MM-DDTHH:MM:SSZ)`.
 pub fn utc(t: SystemTime) -> (String, String) {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let date = format!("{y:04}-{m:02}-{d:02}");
+    let t = time::OffsetDateTime::from(t);
+    let date = format!("{:04}-{:02}-{:02}", t.year(), u8::from(t.month()), t.day());
     let time = format!(
         "{date}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        t.hour(),
+        t.minute(),
+        t.second()
     );
     (date, time)
 }
@@ -379,7 +368,7 @@ mod tests {
         assert_eq!(free_stem(d.path(), "2026-01-02", ""), "2026-01-02-run");
         std::fs::write(d.path().join("2026-01-02-run.csv"), "").unwrap();
         assert_eq!(free_stem(d.path(), "2026-01-02", ""), "2026-01-02-run-2");
-        let at = |s: u64| utc(UNIX_EPOCH + std::time::Duration::from_secs(s));
+        let at = |s: u64| utc(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
         assert_eq!(at(0).1, "1970-01-01T00:00:00Z");
         // 2000-02-29 (a leap day) 12:34:56 and 2026-11-29 23:59:59 UTC.
         assert_eq!(at(951_827_696).1, "2000-02-29T12:34:56Z");

@@ -300,6 +300,16 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/kept/{cell}/grant` (asked of a holder by the planner):
+    /// let a node store, or read one version of, the cell's kept
+    /// checkpoints for the next few minutes.
+    pub async fn grant_kept(&self, cell: &str, grant: &KeptGrant) -> Result<(), ClientError> {
+        let _: serde_json::Value = self
+            .post_json(&format!("/v1/kept/{cell}/grant"), grant)
+            .await?;
+        Ok(())
+    }
+
     /// `POST /v1/kept/{cell}/commit` (asked of a holder by the planner):
     /// the planner recorded kept checkpoint `snapshot`; older ones go.
     pub async fn commit_kept(&self, cell: &str, snapshot: &str) -> Result<(), ClientError> {

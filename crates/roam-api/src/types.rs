@@ -113,6 +113,30 @@ pub struct KeepRequest {
     pub holder_name: String,
 }
 
+/// What a holder lets a node do with a cell's kept checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeptAccess {
+    /// Store a new version (the cell's owner).
+    Store,
+    /// Read one version back (the node a cell is restored on).
+    Read,
+}
+
+/// `POST /v1/kept/{id}/grant` (the planner, to a holder): let `node` store
+/// a kept checkpoint of the cell, or read version `snapshot` of it, for
+/// the next few minutes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeptGrant {
+    /// The node's name, as its certificate gives it.
+    pub node: String,
+    /// What it may do.
+    pub access: KeptAccess,
+    /// For a read: the one version it may fetch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
 /// `POST /v1/cells/{id}/keep` answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct KeepResponse {

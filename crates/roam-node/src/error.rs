@@ -11,6 +11,9 @@ pub(crate) enum NodeError {
     /// refused module); asking again the same way fails again.
     #[error("{0}")]
     BadRequest(String),
+    /// The caller may not do this (the planner has not granted it).
+    #[error("{0}")]
+    Forbidden(String),
     /// What the request names is not on this node.
     #[error("{0}")]
     NotFound(String),

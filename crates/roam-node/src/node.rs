@@ -80,6 +80,7 @@ impl Node {
             fence: crate::state::Fence::default(),
             copies: Arc::new(tokio::sync::Semaphore::new(1)),
             uploads: tokio::sync::Semaphore::new(crate::state::UPLOADS),
+            grants: Default::default(),
         });
         Ok(Node {
             inner,

@@ -78,6 +78,15 @@ async fn sim_node_with(refuse: bool) -> (String, Asked) {
                 },
             ),
         )
+        .route(
+            "/v1/kept/{id}/grant",
+            post(
+                |State(a): State<Asked>, Path(id): Path<String>, Json(v): Json<Value>| async move {
+                    a.lock().unwrap().push((format!("grant {id}"), v));
+                    Json(json!({}))
+                },
+            ),
+        )
         .with_state(asked.clone());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
@@ -224,6 +233,14 @@ async fn a_dead_nodes_cells_come_back_from_their_kept_checkpoints_or_are_lost() 
             json!({"holder": b_api, "holder_name": "b"})
         )]
     );
+    // The holder was told first that a, the owner, may store it.
+    assert_eq!(
+        b_asked.lock().unwrap().first().cloned(),
+        Some((
+            "grant c-kept".to_string(),
+            json!({"node": "a", "access": "store"})
+        ))
+    );
     // The owner is never its own holder: with b gone there is none.
     // (Checked by the policy's tests; here, the record names b.)
     let rec = store.cell("c-kept").await.unwrap().unwrap().value;
@@ -246,12 +263,13 @@ async fn a_dead_nodes_cells_come_back_from_their_kept_checkpoints_or_are_lost() 
     }
     assert_eq!(lost.owner, "a");
     let asked = b_asked.lock().unwrap().clone();
-    assert_eq!(asked[0], ("modules".to_string(), json!(wasm.len())));
+    assert_eq!(asked[0].0, "grant c-kept");
+    assert_eq!(asked[1], ("modules".to_string(), json!(wasm.len())));
     let prepared = blake3::hash(&[&wasm[..], b"prepared"].concat())
         .to_hex()
         .to_string();
     assert_eq!(
-        asked[1],
+        asked[2],
         (
             "restore".to_string(),
             json!({"id": "c-kept", "module": prepared, "args": ["p", "x"],
@@ -260,7 +278,7 @@ async fn a_dead_nodes_cells_come_back_from_their_kept_checkpoints_or_are_lost() 
                 "snapshot": SNAPSHOT})
         )
     );
-    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked.len(), 3, "{asked:?}");
     // a comes back: its registration tells it to stop what it no longer owns.
     let (st, v) = send(
         &http,
@@ -369,6 +387,19 @@ async fn a_refused_restore_is_tried_on_another_node() {
     };
     assert_eq!(restores(&b_asked), vec![json!(2)]);
     assert_eq!(restores(&c_asked), vec![json!(3)]);
+    // b, the holder, was told that c may read that one version; b restoring
+    // from its own copy needed no grant.
+    let grants: Vec<Value> = b_asked
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(what, _)| what == "grant c-kept")
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert_eq!(
+        grants,
+        vec![json!({"node": "c", "access": "read", "snapshot": SNAPSHOT})]
+    );
     beats.abort();
 }
 

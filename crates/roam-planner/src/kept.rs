@@ -10,8 +10,8 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use roam_api::types::KeepRequest;
-use roam_cluster::{CellState, Kept};
+use roam_api::types::{KeepRequest, KeptAccess, KeptGrant};
+use roam_cluster::{CellState, Kept, NodeRecord};
 
 use crate::api::{AppError, P};
 use crate::cells::{get_cell, load_view, update};
@@ -109,6 +109,13 @@ async fn keep_inner(n: &Inner, id: &str) -> Result<Kept, AppError> {
         holder: holder.api.clone(),
         holder_name: holder.name.clone(),
     };
+    // The holder takes a checkpoint of this cell from its owner only.
+    let grant = KeptGrant {
+        node: owner.name.clone(),
+        access: KeptAccess::Store,
+        snapshot: None,
+    };
+    grant_on(n, holder, id, &grant).await?;
     // An owner that stops answering mid-checkpoint (frozen, cut off) must
     // not hold the cell: once its lease runs out, the cell is restored
     // elsewhere, and that waits for this checkpoint to let go of it.
@@ -183,6 +190,28 @@ async fn keep_inner(n: &Inner, id: &str) -> Result<Kept, AppError> {
         sent_bytes: resp.sent_bytes,
     });
     Ok(kept)
+}
+
+/// Tell `holder` that `grant.node` may store, or read a version of, cell
+/// `id`'s kept checkpoints: a holder refuses every other node.
+pub(crate) async fn grant_on(
+    n: &Inner,
+    holder: &NodeRecord,
+    id: &str,
+    grant: &KeptGrant,
+) -> Result<(), AppError> {
+    let client = n
+        .node_client(holder)
+        .map_err(|e| AppError(StatusCode::BAD_GATEWAY, e.to_string()))?;
+    client.grant_kept(id, grant).await.map_err(|e| {
+        AppError(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the holder {} did not take the grant for node {} on cell {id}: {e}",
+                holder.name, grant.node
+            ),
+        )
+    })
 }
 
 pub(crate) async fn checkpoint(

@@ -47,6 +47,11 @@ async fn slow_owner(count: Arc<Count>) -> String {
                     },
                 ),
             )
+            // Every node here also holds: it takes the planner's grants.
+            .route(
+                "/v1/kept/{id}/grant",
+                post(|Path(_id): Path<String>| async { Json(json!({})) }),
+            )
             .with_state(count);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
@@ -77,11 +82,14 @@ async fn due_checkpoints_start_at_most_kept_parallel_at_once() {
 
     let count = Arc::new(Count::default());
     let a_api = slow_owner(count.clone()).await;
+    // b holds: it takes the planner's grants (its keep route is never
+    // called).
+    let b_api = slow_owner(Arc::new(Count::default())).await;
     let ids: Vec<String> = (0..6).map(|i| format!("c-{i}")).collect();
     let machine = json!({"cores": 4, "memory_total": 8u64 << 30,
         "memory_available": 8u64 << 30, "load1": 0.0});
     let http = reqwest::Client::new();
-    for (name, api) in [("a", a_api.as_str()), ("b", "127.0.0.1:9")] {
+    for (name, api) in [("a", a_api.as_str()), ("b", b_api.as_str())] {
         let st = send(
             &http,
             format!("{url}/v1/nodes"),

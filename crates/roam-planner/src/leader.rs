@@ -22,11 +22,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use roam_api::types::RestoreRequest;
+use roam_api::types::{KeptAccess, KeptGrant, RestoreRequest};
 use roam_cluster::{CellRecord, CellState, NodeRecord};
 
 use crate::cells::{claim, ensure_module, keep_now, snapshot, update};
 use crate::events::Event;
+use crate::kept::grant_on;
 use crate::policy::{self, Ctx, Want};
 use crate::{lock, unix_ms, Inner};
 
@@ -423,6 +424,15 @@ async fn restore_on(
     }
     let started = async {
         let module = ensure_module(n, target, &c.module).await?;
+        if holder.name != target.name {
+            // The holder hands this version to the target only.
+            let grant = KeptGrant {
+                node: target.name.clone(),
+                access: KeptAccess::Read,
+                snapshot: Some(kept.snapshot.clone()),
+            };
+            grant_on(n, holder, &c.id, &grant).await.map_err(|e| e.1)?;
+        }
         let client = n.node_client(target).map_err(|e| e.to_string())?;
         client
             .restore(&RestoreRequest {

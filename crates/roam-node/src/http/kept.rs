@@ -1,10 +1,11 @@
 //! Handlers of kept checkpoints (the operations are in `crate::kept::ops`).
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use roam_api::serve::Peer;
 use tokio::io::AsyncReadExt;
 
 use super::{Answer, N};
@@ -20,21 +21,45 @@ pub(super) async fn keep(
     Ok(Json(ops::keep(&n, &id, req).await?))
 }
 
+/// The calling node's name, as its certificate gives it; `None` without
+/// TLS (no identity to check). Only nodes reach the routes that ask.
+fn node_of(peer: &Peer) -> Option<String> {
+    peer.id.as_ref().map(|id| id.name.clone())
+}
+
 pub(super) async fn missing(
     State(n): N,
+    ConnectInfo(peer): ConnectInfo<Peer>,
     Path(id): Path<String>,
     Json(hashes): Json<Vec<String>>,
 ) -> Answer<Json<Vec<String>>> {
-    Ok(Json(ops::missing(n, id, hashes).await?))
+    Ok(Json(
+        ops::missing(n, id, node_of(&peer).as_deref(), hashes).await?,
+    ))
 }
 
 /// The body is streamed to the holder's disk (`ops::put` bounds it).
 pub(super) async fn put(
     State(n): N,
+    ConnectInfo(peer): ConnectInfo<Peer>,
     Path(id): Path<String>,
     body: Body,
 ) -> Answer<Json<serde_json::Value>> {
-    Ok(Json(ops::put(n, id, body.into_data_stream()).await?))
+    let from = node_of(&peer);
+    Ok(Json(
+        ops::put(n, id, from.as_deref(), body.into_data_stream()).await?,
+    ))
+}
+
+/// `POST /v1/kept/{id}/grant`: the planner lets a node store, or read one
+/// version of, this cell's kept checkpoints.
+pub(super) async fn grant(
+    State(n): N,
+    Path(id): Path<String>,
+    Json(g): Json<KeptGrant>,
+) -> Answer<Json<serde_json::Value>> {
+    ops::grant(&n, &id, g)?;
+    Ok(Json(serde_json::json!({})))
 }
 
 /// The query of `GET /v1/kept/{cell}`.
@@ -51,10 +76,11 @@ pub(super) struct Commit {
 
 pub(super) async fn get(
     State(n): N,
+    ConnectInfo(peer): ConnectInfo<Peer>,
     Path(id): Path<String>,
     Query(w): Query<Which>,
 ) -> Answer<Response> {
-    let f = ops::get(n, id, w.snapshot).await?;
+    let f = ops::get(n, id, node_of(&peer).as_deref(), w.snapshot).await?;
     let len = f.metadata().map_err(NodeError::internal)?.len();
     // Streamed from the file, 64 KiB at a time.
     let chunks = futures_util::stream::unfold(tokio::fs::File::from_std(f), |mut f| async move {

@@ -41,6 +41,7 @@ impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let status = match &self.0 {
             NodeError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            NodeError::Forbidden(_) => StatusCode::FORBIDDEN,
             NodeError::NotFound(_) => StatusCode::NOT_FOUND,
             NodeError::Conflict(_) => StatusCode::CONFLICT,
             NodeError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -89,10 +90,14 @@ fn router(n: Arc<NodeInner>) -> Router {
         .route("/v1/migrations/{id}/resolve", post(migrate::resolve))
         .route("/v1/migrations/{id}/timings", get(migrate::timings));
     let planner = Router::new().route("/v1/kept/{id}/commit", post(kept::commit));
+    // The planner grants a node access to a kept checkpoint; an operator
+    // running a cluster by hand may too.
+    let granters = Router::new().route("/v1/kept/{id}/grant", post(kept::grant));
     let router = anyone
         .merge(only(operators, OPERATORS))
         .merge(only(nodes, NODES))
         .merge(only(planner, PLANNER))
+        .merge(only(granters, OPERATORS))
         .route_layer(axum::middleware::from_fn(check_path_ids))
         .layer(DefaultBodyLimit::max(body_limit(&n)));
     // The token check wraps every route: no handler runs without it.

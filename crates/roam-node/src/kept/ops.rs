@@ -3,7 +3,8 @@
 //! - on the owner, `POST /v1/cells/{id}/keep {holder, holder_name}`:
 //!   checkpoint and continue, send the snapshot to the holder, deduplicated;
 //! - on the holder, `POST /v1/kept/{cell}/missing`, `PUT /v1/kept/{cell}`
-//!   and `GET /v1/kept/{cell}`;
+//!   and `GET /v1/kept/{cell}`, each for the node the planner granted it
+//!   (`POST /v1/kept/{cell}/grant`, [`super::grants`]);
 //! - on any node, `POST /v1/cells/restore`: run a cell from a kept
 //!   checkpoint, under the same id, as its owner at the given generation.
 
@@ -17,6 +18,7 @@ use crate::state::NodeInner;
 use crate::types::*;
 
 use super::file;
+use super::grants::Access;
 use super::holder::Holder;
 use super::store::{self as kept, KeptError, Manifest};
 
@@ -131,12 +133,41 @@ pub(crate) async fn keep(
     })
 }
 
+/// `POST /v1/kept/{cell}/grant`.
+pub(crate) fn grant(n: &NodeInner, id: &str, g: KeptGrant) -> Result<(), NodeError> {
+    roam_wire::ident::check_node_name(&g.node).map_err(NodeError::bad)?;
+    match (g.access, &g.snapshot) {
+        (Access::Store, Some(_)) => {
+            return Err(NodeError::bad(
+                "a grant to store names no snapshot: the owner makes the next one",
+            ))
+        }
+        (_, Some(s)) => check_snapshot(s)?,
+        _ => {}
+    }
+    n.grants
+        .grant(id, &g.node, g.access, g.snapshot.as_deref())?;
+    tracing::info!(cell = %id, node = %g.node, access = ?g.access,
+        snapshot = g.snapshot.as_deref().unwrap_or("any"), "kept checkpoint access granted");
+    Ok(())
+}
+
+fn check_snapshot(s: &str) -> Result<(), NodeError> {
+    roam_wire::ident::parse_module_hash(s)
+        .map(drop)
+        .map_err(|_| NodeError::bad(format!("snapshot `{s}` is not a BLAKE3 hash in hex")))
+}
+
 /// `POST /v1/kept/{cell}/missing`: `[hash]` → the hashes not held here.
+/// `from` is the calling node (`None` without TLS).
 pub(crate) async fn missing(
     n: Arc<NodeInner>,
     id: String,
+    from: Option<&str>,
     hashes: Vec<String>,
 ) -> Result<Vec<String>, NodeError> {
+    // What a holder has tells about a cell's memory: only its owner asks.
+    n.grants.check(&id, from, Access::Store, None)?;
     let max_pages = n.cfg.limits.max_cell_memory / roam_snapshot::PAGE_SIZE as u64;
     if hashes.len() as u64 > max_pages {
         return Err(NodeError::bad(format!(
@@ -165,14 +196,17 @@ pub(crate) fn body_limit(n: &NodeInner) -> u64 {
 
 /// `PUT /v1/kept/{cell}`: store a kept checkpoint; `{snapshot, bytes}`.
 /// The body goes to a file as it arrives (at most [`body_limit`] bytes),
-/// and is checked and stored from there.
+/// and is checked and stored from there. `from` is the calling node
+/// (`None` without TLS): the cell's owner, granted by the planner.
 pub(crate) async fn put<E: std::fmt::Display>(
     n: Arc<NodeInner>,
     id: String,
+    from: Option<&str>,
     mut body: impl futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
 ) -> Result<serde_json::Value, NodeError> {
     use futures_util::StreamExt;
     use tokio::io::AsyncWriteExt;
+    n.grants.check(&id, from, Access::Store, None)?;
     let _upload = n.uploads.acquire().await.map_err(NodeError::internal)?;
     let holder = Holder::new(&n.cfg.state_dir);
     let tmp = tokio::task::spawn_blocking(move || holder.temp()).await??;
@@ -209,15 +243,19 @@ pub(crate) async fn put<E: std::fmt::Display>(
 /// `GET /v1/kept/{cell}[?snapshot=NAME]`: a stored kept checkpoint (by
 /// name; without one, the committed one, else the newest), opened, to be
 /// streamed.
+/// `from` is the calling node (`None` without TLS): the node the planner
+/// restores the cell on, granted that version.
 pub(crate) async fn get(
     n: Arc<NodeInner>,
     id: String,
+    from: Option<&str>,
     snapshot: Option<String>,
 ) -> Result<std::fs::File, NodeError> {
     if let Some(s) = &snapshot {
-        roam_wire::ident::parse_module_hash(s)
-            .map_err(|_| NodeError::bad(format!("snapshot `{s}` is not a BLAKE3 hash in hex")))?;
+        check_snapshot(s)?;
     }
+    n.grants
+        .check(&id, from, Access::Read, snapshot.as_deref())?;
     let (nid, ns) = (id.clone(), snapshot.clone());
     tokio::task::spawn_blocking(move || Holder::new(&n.cfg.state_dir).open(&nid, ns.as_deref()))
         .await??

@@ -60,6 +60,8 @@ pub(crate) struct NodeInner {
     pub copies: Arc<tokio::sync::Semaphore>,
     /// Kept checkpoints being received at once (each streams to disk).
     pub uploads: tokio::sync::Semaphore,
+    /// Which node may store or read which cell's kept checkpoints here.
+    pub grants: crate::kept::grants::Grants,
 }
 
 /// Kept checkpoints a holder receives at once.

@@ -75,6 +75,9 @@ pub struct Setup {
     pub planner_timeout: Option<Duration>,
     /// The gateway's control address.
     pub gateway: Option<String>,
+    /// Mutual TLS: the node's identity, and the credentials the test's
+    /// client (an operator) presents to it.
+    pub tls: Option<(roam_auth::Identity, roam_node::ClientAuth)>,
 }
 
 impl TestNode {
@@ -90,7 +93,7 @@ impl TestNode {
             capture: roam_prepare::Capture::default(),
             chunk_store_bytes: 64 << 20,
             memory_reserve: 0,
-            tls: None,
+            tls: setup.tls.as_ref().map(|(id, _)| id.clone()),
             token: None,
             insecure: false,
             limits: setup.limits.unwrap_or_default(),
@@ -109,7 +112,10 @@ impl TestNode {
         }));
         TestNode {
             name: name.to_string(),
-            client: Client::new(&url),
+            client: match &setup.tls {
+                Some((_, auth)) => Client::with_auth(&url, auth).expect("a TLS client"),
+                None => Client::new(&url),
+            },
             url,
             stop: Some(tx),
             _state: state,

@@ -67,25 +67,19 @@ pub(crate) fn ago(then: u64, now: u64) -> String {
 
 /// Unix ms as a UTC date and time, `2025-03-01 14:02:07 UTC`.
 pub(crate) fn date(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
-    let (y, mo, d) = civil(secs / 86_400);
-    format!("{y:04}-{mo:02}-{d:02} {h:02}:{m:02}:{s:02} UTC")
-}
-
-/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's
-/// `civil_from_days`.
-fn civil(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
+    let secs = i64::try_from(unix_ms / 1000).unwrap_or(i64::MAX);
+    match time::OffsetDateTime::from_unix_timestamp(secs) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second()
+        ),
+        Err(_) => format!("{secs} s after 1970 (out of range)"),
+    }
 }
 
 /// `<time>` with the date as its title and "3 min ago" as its text.
