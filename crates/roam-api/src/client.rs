@@ -270,11 +270,10 @@ impl Client {
 
     /// `POST /v1/kept/{cell}/missing` (asked of a holder): which of these
     /// page hashes it lacks for the cell's kept checkpoint.
-    pub async fn kept_missing(
-        &self,
-        cell: &str,
-        hashes: &[String],
-    ) -> Result<Vec<String>, ClientError> {
+    pub async fn kept_missing<H>(&self, cell: &str, hashes: &[H]) -> Result<Vec<H>, ClientError>
+    where
+        H: serde::Serialize + serde::de::DeserializeOwned,
+    {
         self.post_json(&format!("/v1/kept/{cell}/missing"), &hashes)
             .await
     }

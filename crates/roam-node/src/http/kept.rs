@@ -11,6 +11,7 @@ use tokio::io::AsyncReadExt;
 use super::{Answer, N};
 use crate::error::NodeError;
 use crate::kept::ops;
+use crate::kept::store::PageHash;
 use crate::types::*;
 
 pub(super) async fn keep(
@@ -31,8 +32,8 @@ pub(super) async fn missing(
     State(n): N,
     ConnectInfo(peer): ConnectInfo<Peer>,
     Path(id): Path<String>,
-    Json(hashes): Json<Vec<String>>,
-) -> Answer<Json<Vec<String>>> {
+    Json(hashes): Json<Vec<PageHash>>,
+) -> Answer<Json<Vec<PageHash>>> {
     Ok(Json(
         ops::missing(n, id, node_of(&peer).as_deref(), hashes).await?,
     ))

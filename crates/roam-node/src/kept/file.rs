@@ -18,7 +18,7 @@ use std::os::unix::fs::FileExt;
 
 use roam_snapshot::PAGE_SIZE;
 
-use super::store::{digest, KeptError, Manifest};
+use super::store::{digest, KeptError, Manifest, PageHash};
 
 /// Most bytes of a manifest (a 4 GiB memory has a million pages of about
 /// 70 bytes of JSON each).
@@ -141,7 +141,7 @@ pub(crate) fn verify(f: &File, head: &Head) -> Result<(), KeptError> {
     let mut page = vec![0u8; PAGE_SIZE];
     for h in &head.m.sent {
         r.read_exact(&mut page).map_err(|e| bad(e.to_string()))?;
-        if hex(&blake3::hash(&page)) != *h {
+        if PageHash::of(&page) != *h {
             return Err(KeptError::Mismatch(format!("page {h}")));
         }
     }
@@ -178,7 +178,7 @@ pub(crate) fn read_page(f: &File, head: &Head, k: usize, buf: &mut [u8]) -> Resu
 /// The `k`-th page sent in `f`, checked against its hash.
 pub(crate) fn page(f: &File, head: &Head, k: usize, buf: &mut [u8]) -> Result<(), KeptError> {
     read_page(f, head, k, buf)?;
-    if hex(&blake3::hash(buf)) != head.m.sent[k] {
+    if PageHash::of(buf) != head.m.sent[k] {
         return Err(KeptError::Mismatch(format!("page {}", head.m.sent[k])));
     }
     Ok(())

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use roam_snapshot::PAGE_SIZE;
 
 use super::file::{self, Head};
-use super::store::{KeptError, Manifest};
+use super::store::{KeptError, Manifest, PageHash};
 
 /// Versions newer than the committed one that a holder keeps.
 pub(crate) const UNCONFIRMED: usize = 2;
@@ -177,17 +177,17 @@ impl Holder {
     pub(crate) fn missing(
         &self,
         id: &str,
-        wanted: &[String],
+        wanted: &[PageHash],
         max: u64,
-    ) -> Result<Vec<String>, KeptError> {
-        let have: std::collections::HashSet<String> = match self.newest(id, max)? {
+    ) -> Result<Vec<PageHash>, KeptError> {
+        let have: std::collections::HashSet<PageHash> = match self.newest(id, max)? {
             Some((_, _, h)) => h.m.sent.into_iter().collect(),
             None => Default::default(),
         };
         Ok(wanted
             .iter()
             .filter(|h| !have.contains(*h))
-            .cloned()
+            .copied()
             .collect())
     }
 
@@ -242,23 +242,23 @@ impl Holder {
             }
         }
         // Where each page comes from: the upload wins over the old version.
-        let mut by_hash: HashMap<&str, (&File, &Head, usize)> = HashMap::new();
+        let mut by_hash: HashMap<PageHash, (&File, &Head, usize)> = HashMap::new();
         if let Some((_, f, h)) = &newest {
             for (k, hash) in h.m.sent.iter().enumerate() {
-                by_hash.insert(hash, (f, h, k));
+                by_hash.insert(*hash, (f, h, k));
             }
         }
         for (k, hash) in m.sent.iter().enumerate() {
-            by_hash.insert(hash, (upload, &head, k));
+            by_hash.insert(*hash, (upload, &head, k));
         }
         let mut from = Vec::with_capacity(m.pages.len());
         for (i, h) in &m.pages {
-            from.push(*by_hash.get(h.as_str()).ok_or_else(|| {
+            from.push(*by_hash.get(h).ok_or_else(|| {
                 KeptError::Malformed(format!("page {i} ({h}) was neither sent nor held here"))
             })?);
         }
         let mut stored = m.clone();
-        stored.sent = m.pages.iter().map(|(_, h)| h.clone()).collect();
+        stored.sent = m.pages.iter().map(|(_, h)| *h).collect();
         let (state, log) = file::state_and_log(upload, &head)?;
         let path = self.version_path(id, &stored);
         self.write_atomic(&path, |w| {

@@ -20,7 +20,7 @@ use crate::types::*;
 use super::file;
 use super::grants::Access;
 use super::holder::Holder;
-use super::store::{self as kept, KeptError, Manifest};
+use super::store::{self as kept, KeptError, Manifest, PageHash};
 
 impl From<KeptError> for NodeError {
     fn from(e: KeptError) -> NodeError {
@@ -60,18 +60,18 @@ pub(crate) async fn keep(
         .await?
         .map_err(NodeError::Internal)?;
     let hex = |h: &[u8; 32]| roam_runtime::cache::hex(h);
-    let pages: Vec<(u32, String)> = split.pages.iter().map(|(i, h)| (*i, hex(h))).collect();
+    let pages = split.pages;
     let state_hash = hex(blake3::hash(&split.state).as_bytes());
     let holder = n
         .client(&req.holder)
         .map_err(|e| NodeError::Upstream(e.to_string()))?;
-    let mut unique: Vec<String> = pages.iter().map(|(_, h)| h.clone()).collect();
+    let mut unique: Vec<PageHash> = pages.iter().map(|(_, h)| *h).collect();
     unique.sort();
     unique.dedup();
     let unreachable = |e: crate::client::ClientError| {
         NodeError::Upstream(format!("holder {} ({}): {e}", req.holder_name, req.holder))
     };
-    let missing: std::collections::HashSet<String> = holder
+    let missing: std::collections::HashSet<PageHash> = holder
         .kept_missing(id, &unique)
         .await
         .map_err(unreachable)?
@@ -82,8 +82,8 @@ pub(crate) async fn keep(
     let mut send = Vec::new();
     let mut queued = std::collections::HashSet::new();
     for (i, hash) in &pages {
-        if missing.contains(hash) && queued.insert(hash.clone()) {
-            sent.push(hash.clone());
+        if missing.contains(hash) && queued.insert(*hash) {
+            sent.push(*hash);
             send.push(*i);
         }
     }
@@ -164,8 +164,8 @@ pub(crate) async fn missing(
     n: Arc<NodeInner>,
     id: String,
     from: Option<&str>,
-    hashes: Vec<String>,
-) -> Result<Vec<String>, NodeError> {
+    hashes: Vec<PageHash>,
+) -> Result<Vec<PageHash>, NodeError> {
     // What a holder has tells about a cell's memory: only its owner asks.
     n.grants.check(&id, from, Access::Store, None)?;
     let max_pages = n.cfg.limits.max_cell_memory / roam_snapshot::PAGE_SIZE as u64;
@@ -174,12 +174,6 @@ pub(crate) async fn missing(
             "{} hashes: more pages than this node's largest cell memory holds",
             hashes.len()
         )));
-    }
-    if let Some(h) = hashes
-        .iter()
-        .find(|h| roam_wire::ident::parse_module_hash(h).is_err())
-    {
-        return Err(NodeError::bad(format!("`{h}` is not a BLAKE3 hash in hex")));
     }
     let max = n.cfg.limits.max_cell_memory;
     Ok(tokio::task::spawn_blocking(move || {

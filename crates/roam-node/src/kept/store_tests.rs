@@ -62,7 +62,7 @@ fn manifest(state: &[u8], pages: &[(u32, &[u8])], sent: &[&[u8]]) -> Manifest {
 
 fn manifest_at(taken_ms: u64, state: &[u8], pages: &[(u32, &[u8])], sent: &[&[u8]]) -> Manifest {
     let hash = |p: &[u8]| hex(blake3::hash(p).as_bytes());
-    let pages: Vec<(u32, String)> = pages.iter().map(|(i, p)| (*i, hash(p))).collect();
+    let pages: Vec<(u32, PageHash)> = pages.iter().map(|(i, p)| (*i, PageHash::of(p))).collect();
     let mut m = Manifest {
         snapshot: String::new(),
         taken_ms,
@@ -74,7 +74,7 @@ fn manifest_at(taken_ms: u64, state: &[u8], pages: &[(u32, &[u8])], sent: &[&[u8
         log_hash: hash(LOG),
         log_dropped: 0,
         pages,
-        sent: sent.iter().map(|p| hash(p)).collect(),
+        sent: sent.iter().map(|p| PageHash::of(p)).collect(),
     };
     m.snapshot = digest(&m);
     m
@@ -89,9 +89,9 @@ fn a_second_put_needs_only_the_new_pages_and_rebuilds_the_same_bytes() {
     put(&h, "c-1", &frame(&m1, b"state1", LOG, &[&a, &b]), 1 << 30).unwrap();
     // The second checkpoint: page 0 unchanged, page 3 rewritten.
     let m2 = manifest_at(2, b"state2", &[(0, &a), (3, &c)], &[]);
-    let all: Vec<String> = m2.pages.iter().map(|(_, h)| h.clone()).collect();
+    let all: Vec<PageHash> = m2.pages.iter().map(|(_, h)| *h).collect();
     let missing = h.missing("c-1", &all, 1 << 30).unwrap();
-    assert_eq!(missing, vec![m2.pages[1].1.clone()]);
+    assert_eq!(missing, vec![m2.pages[1].1]);
     let m2 = manifest_at(2, b"state2", &[(0, &a), (3, &c)], &[&c]);
     put(&h, "c-1", &frame(&m2, b"state2", LOG, &[&c]), 1 << 30).unwrap();
     let f = read(&h, "c-1", None).unwrap().unwrap();
@@ -111,7 +111,7 @@ fn a_put_lacking_a_page_or_with_a_bad_page_keeps_the_old_checkpoint() {
     let lacking = manifest(b"s", &[(0, &a), (1, &b)], &[]);
     assert!(put(&h, "c-1", &frame(&lacking, b"s", LOG, &[]), 1 << 30).is_err());
     let mut forged = manifest(b"s", &[(0, &a), (1, &b)], &[&b]);
-    forged.sent = vec![forged.pages[0].1.clone()];
+    forged.sent = vec![forged.pages[0].1];
     assert!(matches!(
         put(&h, "c-1", &frame(&forged, b"s", LOG, &[&b]), 1 << 30),
         Err(KeptError::Mismatch(_))
@@ -271,14 +271,41 @@ fn a_checkpoint_kept_by_an_older_holder_is_read_and_replaced_in_turn() {
     // removes the old file.
     let b = page(2);
     let m2 = manifest_at(2, b"two", &[(0, &a), (1, &b)], &[]);
-    let all: Vec<String> = m2.pages.iter().map(|(_, h)| h.clone()).collect();
-    assert_eq!(
-        h.missing("c-1", &all, 1 << 30).unwrap(),
-        vec![all[1].clone()]
-    );
+    let all: Vec<PageHash> = m2.pages.iter().map(|(_, h)| *h).collect();
+    assert_eq!(h.missing("c-1", &all, 1 << 30).unwrap(), vec![all[1]]);
     let m2 = manifest_at(2, b"two", &[(0, &a), (1, &b)], &[&b]);
     put(&h, "c-1", &frame(&m2, b"two", LOG, &[&b]), 1 << 30).unwrap();
     h.commit("c-1", &m2.snapshot).unwrap();
     assert!(!dir.path().join("kept/c-1.kept").exists());
     assert_eq!(stored(&h, None), Some(m2.snapshot));
+}
+
+/// A manifest reads and writes as it did when hashes were strings, and
+/// names the same checkpoint: stored checkpoints keep their names.
+#[test]
+fn page_hashes_read_and_write_as_hex_text() {
+    let a = page(7);
+    let m = manifest(b"s", &[(2, &a)], &[&a]);
+    let hex_a = hex(blake3::hash(&a).as_bytes());
+    let json: serde_json::Value = serde_json::to_value(&m).unwrap();
+    assert_eq!(json["pages"], serde_json::json!([[2, hex_a]]));
+    assert_eq!(json["sent"], serde_json::json!([hex_a]));
+    // The name as the string form made it.
+    let mut h = blake3::Hasher::new();
+    h.update(b"roam kept checkpoint v1\0");
+    h.update(m.state_hash.as_bytes());
+    h.update(m.log_hash.as_bytes());
+    h.update(&0u64.to_le_bytes());
+    h.update(&65536u64.to_le_bytes());
+    h.update(&2u32.to_le_bytes());
+    h.update(hex_a.as_bytes());
+    assert_eq!(m.snapshot, hex(h.finalize().as_bytes()));
+    let back: Manifest = serde_json::from_value(json).unwrap();
+    assert_eq!(back.pages, m.pages);
+    // Anything but 64 lowercase hex digits is refused.
+    for bad in ["ab", &"AB".repeat(32), &"zz".repeat(32), ""] {
+        let e = serde_json::from_value::<PageHash>(serde_json::json!(bad)).unwrap_err();
+        assert!(e.to_string().contains("not a BLAKE3 hash"), "{e}");
+    }
+    assert!(serde_json::from_value::<PageHash>(serde_json::json!(7)).is_err());
 }
