@@ -2,8 +2,8 @@
 //! workloads and on the real-program suite), T2 (checkpoint capture/restore
 //! vs memory size), T3 (migration response time), T4 (live migration
 //! between two nodes), T5 (the page transfer pipeline against bandwidth),
-//! T7 (follow-the-user), the gateway's overhead and the control plane at
-//! scale; the targets are defined in docs/targets.md.
+//! T7 (follow-the-user), the gateway's overhead, the memory kept
+//! checkpoints cost and the control plane at scale; the targets are defined in docs/targets.md.
 //!
 //! Why it exists: roam makes quantitative promises; these programs measure
 //! them, always next to a baseline measured in the same run on the same
@@ -20,6 +20,7 @@
 mod eh;
 mod gw;
 mod index;
+mod kept;
 mod kv;
 mod paths;
 mod pause;
@@ -245,6 +246,22 @@ enum Bench {
         /// Interleaved repetitions.
         #[arg(long, default_value_t = 3)]
         reps: usize,
+    },
+    /// The owner's and the holder's memory while checkpoints of a cell are
+    /// kept, with another `roam` binary side by side.
+    Kept {
+        /// The `dirty` workload's state, MiB.
+        #[arg(long, default_value_t = 512)]
+        mib: u64,
+        /// Its dirtying rate, MiB/s.
+        #[arg(long, default_value_t = 2)]
+        rate: u64,
+        /// Checkpoints kept per binary.
+        #[arg(long, default_value_t = 8)]
+        keeps: usize,
+        /// Another `roam` binary, measured first in the same run.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// T4 with the KV cell: client-visible downtime and throughput while it migrates.
     T4kv {
@@ -597,6 +614,20 @@ fn main() -> anyhow::Result<()> {
                 pipeline,
                 tests,
                 reps: reps.max(1),
+            },
+        )?,
+        Bench::Kept {
+            mib,
+            rate,
+            keeps,
+            baseline,
+        } => kept::run(
+            &paths,
+            &kept::Options {
+                mib,
+                rate,
+                keeps: keeps.max(1),
+                baseline,
             },
         )?,
         Bench::T4kv {

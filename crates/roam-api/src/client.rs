@@ -42,9 +42,18 @@ pub enum ClientError {
         #[source]
         source: reqwest::Error,
     },
-    /// The node answered with an error.
+    /// The node answered, but not what the call expects (a body that does
+    /// not parse, a stream that broke off).
     #[error("{0}")]
     Api(String),
+    /// The node refused the request; `kind` says how (its status code).
+    #[error("{message}")]
+    Refused {
+        /// The kind of refusal, from the answer's status code.
+        kind: Refusal,
+        /// The node's reason, and the status code.
+        message: String,
+    },
     /// The node answered that it has no such thing (`404`): a cell, a
     /// migration or a kept checkpoint it does not know.
     #[error("{0}")]
@@ -64,6 +73,58 @@ pub enum ClientError {
         /// The node's address.
         addr: String,
     },
+}
+
+/// How a node (or the planner) refused a request: its typed error, as the
+/// status code carried it (`docs/node-api.md`, "Errors"). A `404` is
+/// [`ClientError::NotFound`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `400`: the request itself is wrong; asking again fails again.
+    BadRequest,
+    /// `401`: no token, or the wrong one.
+    Unauthorized,
+    /// `403`: this caller may not do this.
+    Forbidden,
+    /// `409`: not now (another state, no room, an id taken).
+    Conflict,
+    /// `413`: a body over one of the server's caps.
+    TooLarge,
+    /// `502`: a node it had to ask failed.
+    Upstream,
+    /// `503`: nothing can serve it now.
+    Unavailable,
+    /// `500`: the server itself failed.
+    Internal,
+    /// Any other status code.
+    Other(u16),
+}
+
+impl Refusal {
+    /// The kind of a status code.
+    pub fn of(status: u16) -> Refusal {
+        match status {
+            400 => Refusal::BadRequest,
+            401 => Refusal::Unauthorized,
+            403 => Refusal::Forbidden,
+            409 => Refusal::Conflict,
+            413 => Refusal::TooLarge,
+            502 => Refusal::Upstream,
+            503 => Refusal::Unavailable,
+            500 => Refusal::Internal,
+            s => Refusal::Other(s),
+        }
+    }
+}
+
+impl ClientError {
+    /// How the server refused the request, if it did.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            ClientError::Refused { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
 }
 
 impl Client {
@@ -187,7 +248,10 @@ impl Client {
             return Err(if status == reqwest::StatusCode::NOT_FOUND {
                 ClientError::NotFound(msg)
             } else {
-                ClientError::Api(msg)
+                ClientError::Refused {
+                    kind: Refusal::of(status.as_u16()),
+                    message: msg,
+                }
             });
         }
         serde_json::from_slice(&body)

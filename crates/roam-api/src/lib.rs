@@ -22,5 +22,5 @@ pub mod serve;
 pub mod sysinfo;
 pub mod types;
 
-pub use client::{Client, ClientAuth, ClientError};
+pub use client::{Client, ClientAuth, ClientError, Refusal};
 pub use planner_client::{PlannerClient, PlannerError};

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
+use roam_api::{ClientError, Refusal};
 use roam_auth::cert::{make_ca, make_client, make_node_reach, Pem, Reach, Validity};
 use roam_auth::{ClientTls, Identity, TlsFiles};
 use roam_node::types::{CellState, KeepRequest, KeptAccess, KeptGrant, RestoreRequest};
@@ -78,13 +79,23 @@ impl Pki {
     }
 }
 
-fn denied(what: &str, r: Result<impl std::fmt::Debug, impl std::fmt::Display>) {
+/// `r` failed for want of a grant; `direct` when the holder itself
+/// answered (a `403`), else another node passed its refusal on.
+fn denied(what: &str, r: Result<impl std::fmt::Debug, ClientError>, direct: bool) {
     match r {
         Ok(v) => panic!("{what} was allowed: {v:?}"),
-        Err(e) => assert!(
-            e.to_string().contains("has not granted it"),
-            "{what} failed, but not for want of a grant: {e}"
-        ),
+        Err(e) => {
+            assert!(
+                e.to_string().contains("has not granted it"),
+                "{what} failed, but not for want of a grant: {e}"
+            );
+            let want = if direct {
+                Refusal::Forbidden
+            } else {
+                Refusal::Upstream
+            };
+            assert_eq!(e.refusal(), Some(want), "{what}: {e}");
+        }
     }
 }
 
@@ -110,7 +121,7 @@ async fn a_holder_gives_a_kept_checkpoint_only_to_the_nodes_granted() {
 
     // Not granted yet: the holder refuses even the owner.
     let e = owner.client.keep("kept", &req).await;
-    denied("a keep before any grant", e);
+    denied("a keep before any grant", e, false);
 
     let store = |node: &str| KeptGrant {
         node: node.into(),
@@ -134,17 +145,19 @@ async fn a_holder_gives_a_kept_checkpoint_only_to_the_nodes_granted() {
     denied(
         "the rogue's page query",
         rogue.kept_missing("kept", &hashes).await,
+        true,
     );
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tx.send(Ok(bytes::Bytes::from_static(b"not a checkpoint")))
         .await
         .unwrap();
     drop(tx);
-    denied("the rogue's store", rogue.put_kept("kept", rx).await);
+    denied("the rogue's store", rogue.put_kept("kept", rx).await, true);
     let mut sink = Vec::new();
     denied(
         "the rogue's read",
         rogue.get_kept("kept", &snapshot, &mut sink, 1 << 30).await,
+        true,
     );
     assert!(sink.is_empty(), "the rogue got {} bytes", sink.len());
     // A grant to store opens no read, even for the owner.
@@ -155,6 +168,7 @@ async fn a_holder_gives_a_kept_checkpoint_only_to_the_nodes_granted() {
         owner_reads
             .get_kept("kept", &snapshot, &mut sink, 1 << 30)
             .await,
+        true,
     );
 
     owner
@@ -176,7 +190,7 @@ async fn a_holder_gives_a_kept_checkpoint_only_to_the_nodes_granted() {
     };
     // The spare may not read it until granted that version.
     let e = spare.client.restore(&restore).await;
-    denied("a restore before its grant", e);
+    denied("a restore before its grant", e, false);
     let read = KeptGrant {
         node: "spare".into(),
         access: KeptAccess::Read,
@@ -193,6 +207,7 @@ async fn a_holder_gives_a_kept_checkpoint_only_to_the_nodes_granted() {
     denied(
         "the rogue's read after the spare's grant",
         rogue.get_kept("kept", &snapshot, &mut sink, 1 << 30).await,
+        true,
     );
 
     let (state, out) = spare.output("kept", LIMIT).await;

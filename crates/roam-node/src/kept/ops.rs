@@ -177,7 +177,10 @@ pub(crate) async fn missing(
     }
     let max = n.cfg.limits.max_cell_memory;
     Ok(tokio::task::spawn_blocking(move || {
-        Holder::new(&n.cfg.state_dir).missing(&id, &hashes, max)
+        let r = Holder::new(&n.cfg.state_dir).missing(&id, &hashes, max);
+        drop(hashes);
+        super::give_back_memory();
+        r
     })
     .await??)
 }
@@ -225,8 +228,12 @@ pub(crate) async fn put<E: std::fmt::Display>(
     out.flush().await.map_err(NodeError::internal)?;
     drop(out);
     let (max, dir) = (n.cfg.limits.max_cell_memory, n.cfg.state_dir.clone());
-    let m =
-        tokio::task::spawn_blocking(move || Holder::new(&dir).put(&id, &tmp.file, max)).await??;
+    let m = tokio::task::spawn_blocking(move || {
+        let r = Holder::new(&dir).put(&id, &tmp.file, max);
+        super::give_back_memory();
+        r
+    })
+    .await??;
     tracing::info!(snapshot = %m.snapshot, pages = m.pages.len(), "kept checkpoint stored");
     Ok(serde_json::json!({
         "snapshot": m.snapshot,
