@@ -9,6 +9,7 @@
 //! gateway stops reading from the client (TCP backpressure) and never
 //! drops a byte.
 
+mod authority;
 mod client;
 mod node;
 mod outq;
@@ -26,6 +27,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use state::{Limits, State};
+
+pub use authority::{
+    Assignment, AuthorityError, AuthorityFuture, ServeAuthority, ASK_TIMEOUT, CACHE_FOR,
+};
 
 /// Default time a client waits for a service's cell.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,6 +87,10 @@ pub struct GatewayConfig {
     /// node that never reads would otherwise grow the gateway's memory for
     /// as long as clients come and go.
     pub link_backlog: usize,
+    /// Who may serve each service (`roam gateway --planner`): every `Serve`
+    /// that would change a route must name the node, cell and generation
+    /// it answers. `None`: any node that links may serve any service.
+    pub authority: Option<Arc<dyn ServeAuthority>>,
 }
 
 impl GatewayConfig {
@@ -102,6 +111,7 @@ impl GatewayConfig {
             max_clients: DEFAULT_MAX_CLIENTS,
             window: DEFAULT_WINDOW,
             link_backlog: DEFAULT_LINK_BACKLOG,
+            authority: None,
         }
     }
 }
@@ -147,6 +157,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     identity: Option<Identity>,
     window: u64,
+    /// The check of `Serve`s, with `--planner`.
+    checker: Option<authority::Checker>,
 }
 
 impl Shared {
@@ -272,6 +284,7 @@ impl Gateway {
                 state: Mutex::new(state),
                 identity: cfg.tls,
                 window: cfg.window,
+                checker: cfg.authority.map(authority::Checker::new),
             }),
             services,
             control,

@@ -1,0 +1,238 @@
+//! Who may serve a service: the check of every `Serve` against the
+//! planner's cell records (`roam gateway --planner`).
+//!
+//! Why: the control port admits any node of the cluster (under TLS, any
+//! node certificate). Without this check a node that does not run the
+//! service's cell (a rogue or compromised node) could send `Serve` at a
+//! generation above the real one and receive every client's bytes. The
+//! planner knows which node owns the cell that serves a service, at which
+//! generation, so the gateway routes a service only to the node the planner
+//! names, for that cell, at that generation.
+//!
+//! The gateway crate knows nothing of HTTP or of the planner's API: it
+//! asks a [`ServeAuthority`], which `roam gateway` implements with the
+//! planner's client. The rules:
+//!
+//! - A `Serve` that names the route the service already has (same node,
+//!   cell and generation, as after a link that dropped and came back) was
+//!   checked when it was first accepted, and is not asked again.
+//! - A stale `Serve` (below the route's generation) is answered `Stale`
+//!   without asking: it changes nothing anyway.
+//! - Any other `Serve` would change the route. It is accepted only when the
+//!   authority answers with exactly its node, cell and generation. An
+//!   answer is cached for [`CACHE_FOR`] and reused only for a `Serve` that
+//!   matches it exactly: a newer generation is always asked again.
+//! - A mismatch is refused like a stale `Serve` (logged with the reason,
+//!   answered `Stale`); the link stays.
+//! - When the authority cannot answer (the planner is down), the gateway
+//!   fails closed: the route does not change, and the node's link is closed
+//!   with `Refused` and the reason. The node reconnects with backoff and
+//!   serves again, so the check is retried until the planner answers; a
+//!   restarted gateway, which has no route at all, admits no service until
+//!   then.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long an answer of the authority is reused for a `Serve` that
+/// matches it exactly.
+pub const CACHE_FOR: Duration = Duration::from_secs(2);
+
+/// How long the gateway waits for the authority before it treats it as
+/// unreachable.
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most cells one answer may list; more is refused as malformed.
+pub const MAX_CELLS: usize = 1024;
+
+/// One cell that may serve a service: the node that owns it, and at which
+/// generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// The cell's id.
+    pub cell: String,
+    /// The node that owns it (the name its node certificate carries).
+    pub node: String,
+    /// Its ownership generation.
+    pub generation: u64,
+}
+
+/// Why the authority could not answer. Every case fails closed.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthorityError {
+    /// No answer: not reachable, or timed out.
+    #[error("the planner cannot be reached: {0}")]
+    Unreachable(String),
+    /// An answer that is an error (refused, not found, a bug).
+    #[error("the planner refused the question: {0}")]
+    Refused(String),
+    /// An answer that does not say what it must.
+    #[error("the planner's answer is malformed: {0}")]
+    Malformed(String),
+}
+
+/// The future an authority returns.
+pub type AuthorityFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Assignment>, AuthorityError>> + Send + 'a>>;
+
+/// Who may serve a service: every cell that serves it now, with its owner
+/// and generation (an empty list: no cell may).
+pub trait ServeAuthority: std::fmt::Debug + Send + Sync + 'static {
+    /// The cells that may serve `service` now.
+    fn assignments<'a>(&'a self, service: &'a str) -> AuthorityFuture<'a>;
+}
+
+/// What the check decided about one `Serve`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Apply it (the state's own generation rule still applies).
+    Accept,
+    /// The authority names someone else: answer it as stale; the link
+    /// stays. `current` is the generation the authority names for the
+    /// service, if any.
+    Mismatch { reason: String, current: u64 },
+    /// The authority could not answer: keep the route, close the link.
+    Unavailable(String),
+}
+
+/// The authority and its recent answers.
+pub(crate) struct Checker {
+    authority: Arc<dyn ServeAuthority>,
+    cache: std::sync::Mutex<HashMap<String, (Instant, Vec<Assignment>)>>,
+}
+
+impl Checker {
+    pub(crate) fn new(authority: Arc<dyn ServeAuthority>) -> Checker {
+        Checker {
+            authority,
+            cache: std::sync::Mutex::default(),
+        }
+    }
+
+    fn cached(&self, service: &str, want: &Assignment) -> bool {
+        let cache = self
+            .cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        cache
+            .get(service)
+            .is_some_and(|(at, list)| at.elapsed() < CACHE_FOR && list.contains(want))
+    }
+
+    /// May `want.node` serve `service` with `want.cell` at
+    /// `want.generation`?
+    pub(crate) async fn check(&self, service: &str, want: &Assignment) -> Verdict {
+        if self.cached(service, want) {
+            return Verdict::Accept;
+        }
+        let asked = tokio::time::timeout(ASK_TIMEOUT, self.authority.assignments(service)).await;
+        let list = match asked {
+            Err(_) => {
+                return Verdict::Unavailable(format!(
+                    "the planner did not answer within {ASK_TIMEOUT:?}"
+                ))
+            }
+            Ok(Err(e)) => return Verdict::Unavailable(e.to_string()),
+            Ok(Ok(list)) if list.len() > MAX_CELLS => {
+                return Verdict::Unavailable(
+                    AuthorityError::Malformed(format!(
+                        "{} cells for one service, more than {MAX_CELLS}",
+                        list.len()
+                    ))
+                    .to_string(),
+                )
+            }
+            Ok(Ok(list)) => list,
+        };
+        let verdict = verdict(service, want, &list);
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(service.to_string(), (Instant::now(), list));
+        verdict
+    }
+}
+
+/// Compare a `Serve` with the authority's answer.
+fn verdict(service: &str, want: &Assignment, list: &[Assignment]) -> Verdict {
+    if list.contains(want) {
+        return Verdict::Accept;
+    }
+    let current = list.iter().map(|a| a.generation).max().unwrap_or(0);
+    let reason = match list.iter().find(|a| a.cell == want.cell) {
+        None if list.is_empty() => format!("the planner has no live cell for service {service}"),
+        None => format!(
+            "the planner says service {service} is served by {}, not cell {}",
+            describe(list),
+            want.cell
+        ),
+        Some(a) if a.node != want.node => format!(
+            "the planner says cell {} is owned by node `{}` (generation {}), not `{}`",
+            a.cell, a.node, a.generation, want.node
+        ),
+        Some(a) => format!(
+            "the planner says cell {} is at generation {}, not {}",
+            a.cell, a.generation, want.generation
+        ),
+    };
+    Verdict::Mismatch { reason, current }
+}
+
+fn describe(list: &[Assignment]) -> String {
+    list.iter()
+        .take(4)
+        .map(|a| {
+            format!(
+                "cell {} on `{}` at generation {}",
+                a.cell, a.node, a.generation
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(cell: &str, node: &str, generation: u64) -> Assignment {
+        Assignment {
+            cell: cell.into(),
+            node: node.into(),
+            generation,
+        }
+    }
+
+    #[test]
+    fn only_the_exact_owner_cell_and_generation_pass() {
+        let list = [a("c-1", "edge-a", 3)];
+        assert_eq!(
+            verdict("kv", &a("c-1", "edge-a", 3), &list),
+            Verdict::Accept
+        );
+        for (want, says) in [
+            (a("c-1", "rogue", 3), "owned by node `edge-a`"),
+            (a("c-1", "edge-a", 4), "at generation 3, not 4"),
+            (a("c-1", "edge-a", 2), "at generation 3, not 2"),
+            (a("c-9", "edge-a", 3), "not cell c-9"),
+        ] {
+            match verdict("kv", &want, &list) {
+                Verdict::Mismatch { reason, current } => {
+                    assert!(reason.contains(says), "{want:?}: {reason}");
+                    assert_eq!(current, 3);
+                }
+                v => panic!("{want:?}: {v:?}"),
+            }
+        }
+        match verdict("kv", &a("c-1", "edge-a", 0), &[]) {
+            Verdict::Mismatch { reason, current } => {
+                assert!(reason.contains("no live cell"), "{reason}");
+                assert_eq!(current, 0);
+            }
+            v => panic!("{v:?}"),
+        }
+    }
+}
