@@ -98,8 +98,8 @@ impl ServeAuthority for PlannerAuthority {
                 .cells
                 .into_iter()
                 .map(|c| {
-                    roam_node::ident::check_cell_id(&c.cell)
-                        .and_then(|()| roam_node::ident::check_node_name(&c.owner))
+                    roam_wire::ident::check_cell_id(&c.cell)
+                        .and_then(|()| roam_wire::ident::check_node_name(&c.owner))
                         .map_err(|e| AuthorityError::Malformed(e.to_string()))?;
                     Ok(Assignment {
                         cell: c.cell,

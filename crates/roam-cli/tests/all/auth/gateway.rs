@@ -135,9 +135,10 @@ impl Rogue {
     /// gateway closed the link.
     fn recv(&mut self, d: Duration) -> Result<Option<roam_gateway::proto::ToNode>, ()> {
         use roam_gateway::proto::{read_frame, ToNode};
+        let rd = &mut self.rd;
         match self
             .rt
-            .block_on(tokio::time::timeout(d, read_frame(&mut self.rd)))
+            .block_on(async { tokio::time::timeout(d, read_frame(rd)).await })
         {
             Err(_) => Err(()),
             Ok(Err(_)) => Ok(None),
