@@ -8,6 +8,11 @@
 //! error. Buffers are bounded per connection and in total; when full, the
 //! gateway stops reading from the client (TCP backpressure) and never
 //! drops a byte.
+//!
+//! Who may serve a service: under TLS a node is who its certificate says
+//! (checked at `Hello`); with a [`ServeAuthority`] (`roam gateway
+//! --planner`), a `Serve` that would change a route must also name the
+//! node, cell and generation the planner's records give (`authority.rs`).
 
 mod authority;
 mod client;
