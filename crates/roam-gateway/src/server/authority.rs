@@ -20,8 +20,10 @@
 //!   without asking: it changes nothing anyway.
 //! - Any other `Serve` would change the route. It is accepted only when the
 //!   authority answers with exactly its node, cell and generation. An
-//!   answer is cached for [`CACHE_FOR`] and reused only for a `Serve` that
-//!   matches it exactly: a newer generation is always asked again.
+//!   answer is cached for [`CACHE_FOR`] and reused for a `Serve` that
+//!   matches it exactly, or that names a cell it lists at no newer a
+//!   generation (refused: an owner change always raises the generation).
+//!   A newer generation, or another cell, is always asked again.
 //! - A mismatch is refused like a stale `Serve` (logged with the reason,
 //!   answered `Stale`); the link stays.
 //! - When the authority cannot answer (the planner is down), the gateway
@@ -112,21 +114,33 @@ impl Checker {
         }
     }
 
-    fn cached(&self, service: &str, want: &Assignment) -> bool {
+    /// The verdict a fresh answer gives without asking: an exact match,
+    /// or a `Serve` of a cell the answer lists at the same or a later
+    /// generation that does not match it (every change of a cell's owner
+    /// raises its generation, so that `Serve` can never become right; a
+    /// node that sends many only costs the planner one question per
+    /// [`CACHE_FOR`]). Anything else (a newer generation, another cell)
+    /// is asked.
+    fn cached(&self, service: &str, want: &Assignment) -> Option<Verdict> {
         let cache = self
             .cache
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        cache
-            .get(service)
-            .is_some_and(|(at, list)| at.elapsed() < CACHE_FOR && list.contains(want))
+        let (at, list) = cache.get(service)?;
+        if at.elapsed() >= CACHE_FOR {
+            return None;
+        }
+        let known = list
+            .iter()
+            .any(|a| a.cell == want.cell && a.generation >= want.generation);
+        (list.contains(want) || known).then(|| verdict(service, want, list))
     }
 
     /// May `want.node` serve `service` with `want.cell` at
     /// `want.generation`?
     pub(crate) async fn check(&self, service: &str, want: &Assignment) -> Verdict {
-        if self.cached(service, want) {
-            return Verdict::Accept;
+        if let Some(v) = self.cached(service, want) {
+            return v;
         }
         let asked = tokio::time::timeout(ASK_TIMEOUT, self.authority.assignments(service)).await;
         let list = match asked {
@@ -204,6 +218,41 @@ mod tests {
             node: node.into(),
             generation,
         }
+    }
+
+    #[derive(Debug, Default)]
+    struct Counting {
+        asked: std::sync::atomic::AtomicUsize,
+    }
+
+    impl ServeAuthority for Counting {
+        fn assignments<'a>(&'a self, _: &'a str) -> AuthorityFuture<'a> {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async { Ok(vec![a("c-1", "edge-a", 3)]) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fresh_answer_is_reused_but_a_newer_generation_or_cell_is_asked() {
+        let auth = Arc::new(Counting::default());
+        let c = Checker::new(auth.clone());
+        let asked = || auth.asked.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(c.check("kv", &a("c-1", "edge-a", 3)).await, Verdict::Accept);
+        assert_eq!(asked(), 1);
+        // The same answer again, and refusals that it settles.
+        assert_eq!(c.check("kv", &a("c-1", "edge-a", 3)).await, Verdict::Accept);
+        for want in [a("c-1", "rogue", 3), a("c-1", "rogue", 1)] {
+            let v = c.check("kv", &want).await;
+            assert!(matches!(v, Verdict::Mismatch { .. }), "{want:?}: {v:?}");
+        }
+        assert_eq!(asked(), 1);
+        // A newer generation, or a cell the answer does not list, is asked.
+        let v = c.check("kv", &a("c-1", "rogue", 4)).await;
+        assert!(matches!(v, Verdict::Mismatch { .. }), "{v:?}");
+        assert_eq!(asked(), 2);
+        let v = c.check("kv", &a("c-2", "edge-b", 1)).await;
+        assert!(matches!(v, Verdict::Mismatch { .. }), "{v:?}");
+        assert_eq!(asked(), 3);
     }
 
     #[test]
