@@ -164,6 +164,28 @@ pub struct Kept {
     pub generation: u64,
 }
 
+/// `GET /v1/services/{service}`: who may serve a gateway service now, read
+/// from the cell records (the one question a gateway asks the planner).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceOwners {
+    /// The service.
+    pub service: String,
+    /// Every cell of the service that has not ended (normally one), with
+    /// its owner and generation. Empty: no cell serves it.
+    pub cells: Vec<ServiceCell>,
+}
+
+/// One cell of a service, as its record says now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceCell {
+    /// The cell's id.
+    pub cell: String,
+    /// The node that owns it: the only node that may serve it.
+    pub owner: String,
+    /// Its ownership generation.
+    pub generation: u64,
+}
+
 /// A module in the repository.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModuleRecord {

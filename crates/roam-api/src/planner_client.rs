@@ -281,6 +281,12 @@ impl PlannerClient {
             .await
     }
 
+    /// `GET /v1/services/{service}`: the cells that serve `service`, their
+    /// owners and generations (what a gateway checks a `Serve` against).
+    pub async fn service(&self, service: &str) -> Result<ServiceOwners, PlannerError> {
+        self.call(get(&format!("/v1/services/{service}"))).await
+    }
+
     /// `GET /v1/policies`.
     pub async fn policies(&self) -> Result<serde_json::Value, PlannerError> {
         self.call(get("/v1/policies")).await

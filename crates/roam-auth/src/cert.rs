@@ -6,8 +6,9 @@
 //! - **node**: the node name as CN and DNS name, plus any extra DNS names
 //!   and addresses; server and client auth (a node serves two ports and
 //!   calls other nodes, gateways and the planner);
-//! - **gateway**: like a node's, but server auth only: it serves nodes on
-//!   its control port and calls no one;
+//! - **gateway**: like a node's (server and client auth): it serves nodes
+//!   on its control port and, with `roam gateway --planner`, asks the
+//!   planner who may serve a service; every other port refuses its role;
 //! - **planner**: like a node's (it serves its API and calls nodes);
 //! - **client** (an operator): the name as CN only, client auth only, so it
 //!   opens control APIs but can never serve or pose as a node.
@@ -237,16 +238,21 @@ pub fn make_node_reach(ca: &Pem, name: &str, reach: &Reach, v: Validity) -> Resu
     )
 }
 
-/// A gateway certificate for `name`: role `gateway`, server auth only (the
-/// gateway serves nodes on its control port and calls no one, so it can
-/// never be a client of a node or of the planner).
+/// A gateway certificate for `name`: role `gateway`, server auth (its
+/// control port) and client auth (its one question to the planner: who may
+/// serve a service). The client usage opens nothing else: a node's control
+/// API and migration port, a gateway's control port and every other
+/// planner route refuse the `gateway` role.
 pub fn make_gateway(ca: &Pem, name: &str, reach: &Reach, v: Validity) -> Result<Pem, CertError> {
     make_server(
         ca,
         Role::Gateway,
         name,
         reach,
-        vec![ExtendedKeyUsagePurpose::ServerAuth],
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
         v,
     )
 }

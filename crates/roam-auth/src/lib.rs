@@ -9,7 +9,7 @@
 //!
 //! ```text
 //!   cluster CA ──signs──► node certificate    (roam:role:node; name as CN + DNS; server + client auth)
-//!              ├─signs──► gateway certificate (roam:role:gateway; server auth only)
+//!              ├─signs──► gateway certificate (roam:role:gateway; server + client auth)
 //!              ├─signs──► planner certificate (roam:role:planner; server + client auth)
 //!              └─signs──► client certificate  (roam:role:client; operator; client auth only)
 //! ```

@@ -32,7 +32,8 @@ pub enum Role {
     /// A node: serves its control API and migration port, calls other
     /// nodes, links to gateways, registers with the planner as itself.
     Node,
-    /// A gateway: serves its control port to nodes; calls nothing.
+    /// A gateway: serves its control port to nodes; calls only the
+    /// planner's `GET /v1/services/{name}`.
     Gateway,
     /// The planner: serves its API, calls nodes' control APIs.
     Planner,

@@ -280,8 +280,9 @@ impl ServerCertVerifier for RoleVerifier {
 }
 
 /// A daemon's identity (a node's, the gateway's, the planner's): the
-/// cluster CA, and its certificate and key, which it uses as a server and,
-/// except for the gateway, as a client (calls to nodes and the planner).
+/// cluster CA, and its certificate and key, which it uses as a server and
+/// as a client (calls to nodes and the planner; the gateway's only to the
+/// planner, and only with a certificate that has the client usage).
 #[derive(Clone)]
 pub struct Identity {
     files: TlsFiles,
@@ -303,8 +304,9 @@ impl std::fmt::Debug for Identity {
 impl Identity {
     /// Load the three files and check that they fit: the certificate
     /// carries a role, the key matches it, and it chains to the CA (as a
-    /// server for a gateway, which has no client usage; as a client for
-    /// every other role).
+    /// server for a gateway, whose certificate from before the gateway
+    /// asked the planner has no client usage; as a client for every other
+    /// role).
     pub fn load(files: &TlsFiles) -> Result<Identity, LoadError> {
         let client = ClientTls::load(&files.ca, Some(&files.cert), Some(&files.key))?;
         let (chain, key) = client.identity.clone().expect("loaded with an identity");
@@ -344,6 +346,17 @@ impl Identity {
                 .map_err(bad)?;
         }
         Ok(id)
+    }
+
+    /// Check that this identity's certificate may be used as a client
+    /// (chains to the CA with the client-auth usage). A gateway certificate
+    /// made before the gateway asked the planner has server auth only: the
+    /// planner would refuse its handshake, so `roam gateway --planner`
+    /// checks at start.
+    pub fn check_client_usage(&self) -> Result<(), rustls::Error> {
+        self.client_verifier()?
+            .verify_client_cert(&self.chain[0], &self.chain[1..], UnixTime::now())
+            .map(|_| ())
     }
 
     /// Who this identity's certificate says it is.

@@ -182,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gateway_takes_its_tls_files_and_insecure_but_no_token() {
+    fn a_gateway_takes_its_tls_files_and_insecure_and_a_token_only_for_its_planner() {
         let mut args = vec!["gateway", "--insecure"];
         args.extend(TLS);
         let Command::Gateway(a) = parse(&args).unwrap() else {
@@ -190,8 +190,22 @@ mod tests {
         };
         assert_tls(&a.tls);
         assert!(a.tls.insecure);
+        // A token only for its planner (its nodes authenticate by
+        // certificate alone).
         let e = parse(&["gateway", "--token-file", "t"]).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::UnknownArgument, "{e}");
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument, "{e}");
+        let Command::Gateway(a) = parse(&[
+            "gateway",
+            "--planner",
+            "https://p:7600",
+            "--token-file",
+            "t",
+        ])
+        .unwrap() else {
+            panic!("not a gateway")
+        };
+        assert_eq!(a.planner.as_deref(), Some("https://p:7600"));
+        assert_eq!(a.token_file.as_deref(), Some(Path::new("t")));
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub enum CertCommand {
     Ca(CaArgs),
     /// Make a node certificate signed by the CA: DIR/NAME.pem, DIR/NAME-key.pem.
     Node(ServerCertArgs),
-    /// Make the gateway's certificate (serves nodes; calls no one).
+    /// Make the gateway's certificate (serves nodes; asks only the planner
+    /// who may serve a service).
     Gateway(ServerCertArgs),
     /// Make the planner's certificate (serves its API; calls nodes).
     Planner(ServerCertArgs),
@@ -181,7 +182,7 @@ fn server(role: Role, a: ServerCertArgs) -> Result<i32> {
     dns.extend(a.dns.iter().cloned());
     ips.extend(a.ips.iter().map(ToString::to_string));
     let usage = match role {
-        Role::Gateway => "server auth only",
+        Role::Gateway => "server and client auth (client: only the planner's GET /v1/services)",
         _ => "server and client auth",
     };
     println!(
@@ -214,7 +215,7 @@ fn server(role: Role, a: ServerCertArgs) -> Result<i32> {
         ),
         Role::Gateway => format!(
             "roam gateway --tls-ca {ca_pem} --tls-cert {cert} --tls-key {key} \
-             --control ADDR:PORT --service NAME --listen ADDR:PORT"
+             --control ADDR:PORT --service NAME --listen ADDR:PORT --planner URL"
         ),
         _ => format!(
             "roam planner --tls-ca {ca_pem} --tls-cert {cert} --tls-key {key} --listen ADDR:PORT"

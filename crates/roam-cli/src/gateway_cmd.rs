@@ -1,12 +1,24 @@
 //! `roam gateway`: the fixed address clients connect to, in front of cells
 //! that move between nodes (`docs/gateway.md`).
+//!
+//! With `--planner`, the gateway routes a service only to the node the
+//! planner's records say owns its cell ([`PlannerAuthority`], the gateway
+//! crate's `ServeAuthority` over the planner's client: the gateway itself
+//! knows no HTTP).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use roam_gateway::server::{Gateway, GatewayConfig, ServiceConfig};
+use roam_api::{ClientAuth, PlannerClient, PlannerError};
+use roam_gateway::server::{
+    Assignment, AuthorityError, AuthorityFuture, Gateway, GatewayConfig, ServeAuthority,
+    ServiceConfig,
+};
+use roam_node::roam_auth::Token;
 
 use crate::auth_args::ServerTlsArgs;
 use crate::node_args::size;
@@ -49,6 +61,81 @@ pub struct GatewayArgs {
     /// Most clients at once; more wait in the listen backlog.
     #[arg(long, default_value_t = roam_gateway::server::DEFAULT_MAX_CLIENTS)]
     pub max_clients: usize,
+    /// The planner (URL or host:port; several, comma-separated, for planners
+    /// on one etcd): a node's `Serve` changes a service's route only if the
+    /// planner says that node owns the service's cell at that generation.
+    /// Under TLS the gateway asks with its own certificate (which needs the
+    /// client usage: `roam cert gateway` makes it so). Without it, any node
+    /// that links may serve any service.
+    #[arg(long, value_name = "URL")]
+    pub planner: Option<String>,
+    /// The planner's bearer token, when it has one (`roam planner
+    /// --token-file`).
+    #[arg(long, requires = "planner")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// The planner as the gateway's authority on who may serve a service.
+#[derive(Debug)]
+struct PlannerAuthority(PlannerClient);
+
+impl ServeAuthority for PlannerAuthority {
+    fn assignments<'a>(&'a self, service: &'a str) -> AuthorityFuture<'a> {
+        Box::pin(async move {
+            let answer = self.0.service(service).await.map_err(|e| match e {
+                e if e.is_unreachable() => AuthorityError::Unreachable(e.to_string()),
+                e @ PlannerError::Client(_) => AuthorityError::Unreachable(e.to_string()),
+                e @ PlannerError::Decode { .. } => AuthorityError::Malformed(e.to_string()),
+                e => AuthorityError::Refused(e.to_string()),
+            })?;
+            if answer.service != service {
+                return Err(AuthorityError::Malformed(format!(
+                    "asked about service {service}, answered about {:?}",
+                    answer.service
+                )));
+            }
+            answer
+                .cells
+                .into_iter()
+                .map(|c| {
+                    roam_wire::ident::check_cell_id(&c.cell)
+                        .and_then(|()| roam_wire::ident::check_node_name(&c.owner))
+                        .map_err(|e| AuthorityError::Malformed(e.to_string()))?;
+                    Ok(Assignment {
+                        cell: c.cell,
+                        node: c.owner,
+                        generation: c.generation,
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
+/// The planner's client for `--planner`, with the gateway's own
+/// certificate under TLS.
+fn authority(
+    a: &GatewayArgs,
+    tls: Option<&roam_node::roam_auth::Identity>,
+) -> Result<Option<Arc<dyn ServeAuthority>>> {
+    let Some(url) = &a.planner else {
+        return Ok(None);
+    };
+    if let Some(id) = tls {
+        id.check_client_usage().map_err(|e| {
+            anyhow::anyhow!(
+                "--planner: the gateway's certificate cannot be used to ask the planner ({e}): \
+                 re-issue it with this version's `roam cert gateway NAME --force`, which adds \
+                 the client usage"
+            )
+        })?;
+    }
+    let auth = ClientAuth {
+        tls: tls.map(|id| id.client().clone()),
+        token: a.token_file.as_deref().map(Token::load).transpose()?,
+    };
+    let client = PlannerClient::with_auth(url, &auth).context("--planner")?;
+    Ok(Some(Arc::new(PlannerAuthority(client))))
 }
 
 fn route(s: &str) -> Result<ServiceConfig> {
@@ -86,6 +173,7 @@ pub fn gateway(a: GatewayArgs) -> Result<i32> {
         bail!("--wait-timeout must be between 0 and 86400 seconds");
     }
     let tls = a.tls.identity()?;
+    let authority = authority(&a, tls.as_ref())?;
     let cfg = GatewayConfig {
         services,
         control: a.control,
@@ -97,6 +185,7 @@ pub fn gateway(a: GatewayArgs) -> Result<i32> {
         max_clients: a.max_clients,
         window: roam_gateway::server::DEFAULT_WINDOW,
         link_backlog: roam_gateway::server::DEFAULT_LINK_BACKLOG,
+        authority,
     };
     let names: Vec<_> = cfg.services.iter().map(|s| s.name.clone()).collect();
     crate::runtime()?.block_on(async move {
@@ -108,6 +197,14 @@ pub fn gateway(a: GatewayArgs) -> Result<i32> {
             );
         }
         eprintln!("roam gateway: nodes connect to {}", gw.control_addr());
+        match &a.planner {
+            Some(p) => eprintln!(
+                "roam gateway: a Serve changes a route only for the owner the planner at {p} names"
+            ),
+            None => {
+                eprintln!("roam gateway: no --planner: any node that links may serve any service")
+            }
+        }
         gw.run(async {
             let _ = tokio::signal::ctrl_c().await;
         })

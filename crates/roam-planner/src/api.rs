@@ -82,6 +82,7 @@ pub(crate) fn router(n: Arc<Inner>) -> Router {
         .route("/v1/cells/{id}/checkpoint", post(cells::checkpoint))
         .route("/v1/cells/{id}/owner", post(cells::owner))
         .route("/v1/cells/{id}/handoff", post(cells::handoff))
+        .route("/v1/services/{service}", get(crate::services::owners))
         .route("/v1/policies", get(policies).put(set_policy))
         .route("/v1/events", get(events))
         .route("/metrics", get(metrics));
@@ -99,6 +100,11 @@ pub(crate) fn router(n: Arc<Inner>) -> Router {
     // outside it.
     roam_api::serve::guard(router, n.cfg.token.as_ref())
         .merge(crate::dashboard::public())
+        // A gateway's certificate reaches only its one route, whatever the
+        // router holds.
+        .layer(axum::middleware::from_fn(
+            caller::gateways_ask_only_services,
+        ))
         // Outermost: a browser's request made by another site's page is
         // refused before anything else.
         .layer(axum::middleware::from_fn(
@@ -118,6 +124,7 @@ async fn check_path_ids(
     for (key, value) in &params {
         let checked = match key {
             "name" => roam_wire::ident::check_node_name(value).map_err(|e| e.to_string()),
+            "service" => roam_wire::ident::check_service_name(value).map_err(|e| e.to_string()),
             "hash" => roam_wire::ident::parse_module_hash(value)
                 .map(|_| ())
                 .map_err(|e| e.to_string()),

@@ -39,6 +39,7 @@ mod placement;
 pub mod policy;
 #[cfg(test)]
 mod role_tests;
+mod services;
 #[cfg(test)]
 mod tests;
 

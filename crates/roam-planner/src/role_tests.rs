@@ -1,7 +1,7 @@
 //! Who may call what, over real mutual TLS on a loopback port: a node
 //! speaks only for itself and only on nodes' routes, an operator only on
-//! operators' routes, and a gateway's or planner's certificate gets
-//! nothing.
+//! operators' routes, a gateway's certificate only on
+//! `GET /v1/services/{service}`, and a planner's certificate gets nothing.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -232,14 +232,7 @@ async fn operators_nodes_gateways_and_planners_keep_to_their_roles() {
         .state
         .ended());
 
-    // A gateway's certificate cannot even finish the handshake (it has
-    // no client usage); a planner's is answered 403 by the listener.
-    let gw = p.client(
-        "gw",
-        &make_gateway(&ca, "gw", &Reach::default(), YEAR).unwrap(),
-    );
-    let r = p.send(gw.get(format!("{}/v1/nodes", p.url))).await;
-    assert!(r.is_err(), "a gateway certificate was served: {r:?}");
+    // A planner's certificate is answered 403 by the listener.
     let other = p.client(
         "other",
         &make_planner(&ca, "other", &Reach::default(), YEAR).unwrap(),
@@ -249,5 +242,95 @@ async fn operators_nodes_gateways_and_planners_keep_to_their_roles() {
     assert!(v["error"].as_str().unwrap().contains("not admitted"), "{v}");
     let (st, v) = p.post(&other, "/v1/nodes", registration("edge-b")).await;
     assert_eq!(st, 403, "{v}");
+    assert_eq!(p.store.nodes().await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_asks_only_who_serves_a_service() {
+    let (p, ca) = start().await;
+    let gw = p.client(
+        "gw",
+        &make_gateway(&ca, "gw", &Reach::default(), YEAR).unwrap(),
+    );
+    let alice = p.client("alice", &make_client(&ca, "alice", YEAR).unwrap());
+    let a = p.client("edge-a", &make_node(&ca, "edge-a", &[], &[], YEAR).unwrap());
+    let (st, v) = p.post(&a, "/v1/nodes", registration("edge-a")).await;
+    assert_eq!(st, 200, "{v}");
+    let mut kv = cell("c-1", "edge-a");
+    kv.service = Some("kv".into());
+    kv.generation = 7;
+    p.store.create_cell(kv).await.unwrap();
+    let mut gone = cell("c-0", "edge-b");
+    gone.service = Some("kv".into());
+    gone.state = CellState::Killed;
+    p.store.create_cell(gone).await.unwrap();
+    p.store.create_cell(cell("c-2", "edge-a")).await.unwrap();
+
+    // Its one question: the live cell of the service, its owner and
+    // generation; an ended cell is not listed, an unknown service has none.
+    let want = json!({"service": "kv",
+        "cells": [{"cell": "c-1", "owner": "edge-a", "generation": 7}]});
+    let (st, v) = p.get(&gw, "/v1/services/kv").await;
+    assert_eq!((st, &v), (200, &want));
+    let (st, v) = p.get(&gw, "/v1/services/web").await;
+    assert_eq!((st, v), (200, json!({"service": "web", "cells": []})));
+    let (st, v) = p.get(&gw, "/v1/services/..%2Fkv").await;
+    assert_eq!(st, 400, "{v}");
+    // An operator may ask too; a node may not.
+    let (st, v) = p.get(&alice, "/v1/services/kv").await;
+    assert_eq!((st, &v), (200, &want));
+    let (st, v) = p.get(&a, "/v1/services/kv").await;
+    assert_eq!(st, 403, "{v}");
+
+    // Everything else is refused, reads and writes, the dashboard's views,
+    // its static page and paths that do not exist.
+    for path in [
+        "/v1/nodes",
+        "/v1/cells",
+        "/v1/cells/c-1",
+        "/v1/cells/c-1/logs",
+        "/v1/modules/0000",
+        "/v1/policies",
+        "/v1/events",
+        "/metrics",
+        "/v1/dashboard/nodes",
+        "/v1/dashboard/cells",
+        "/",
+        "/dashboard/app.js",
+        "/v1/services",
+        "/v1/services/kv/x",
+        "/nope",
+    ] {
+        let (st, v) = p.get(&gw, path).await;
+        assert_eq!(st, 403, "GET {path}: {v}");
+    }
+    let owner = json!({"from": "edge-a", "generation": 7, "to": "edge-a"});
+    for (path, body) in [
+        ("/v1/nodes", registration("gw")),
+        ("/v1/nodes/edge-a/heartbeat", heartbeat()),
+        ("/v1/nodes/edge-a/drain", json!({})),
+        (
+            "/v1/cells",
+            json!({"module": "a".repeat(64), "args": ["p"]}),
+        ),
+        ("/v1/cells/c-1/kill", json!({})),
+        ("/v1/cells/c-1/migrate", json!({"to": "edge-a"})),
+        ("/v1/cells/c-1/checkpoint", json!({})),
+        ("/v1/cells/c-1/owner", owner.clone()),
+        ("/v1/cells/c-1/handoff", owner),
+        ("/v1/services/kv", json!({})),
+    ] {
+        let (st, v) = p.post(&gw, path, body).await;
+        assert_eq!(st, 403, "POST {path}: {v}");
+    }
+    let r = gw
+        .put(format!("{}/v1/policies", p.url))
+        .json(&json!({"placement": "spread"}));
+    let (st, v) = p.send(r).await.unwrap();
+    assert_eq!(st, 403, "PUT /v1/policies: {v}");
+    // Nothing changed.
+    let c = p.store.cell("c-1").await.unwrap().unwrap().value;
+    assert_eq!((c.owner.as_str(), c.generation), ("edge-a", 7));
+    assert!(!c.state.ended());
     assert_eq!(p.store.nodes().await.unwrap().len(), 1);
 }

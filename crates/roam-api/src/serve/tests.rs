@@ -106,11 +106,16 @@ async fn a_nodes_control_api_serves_nodes_the_planner_and_operators_only() {
         let (st, body) = call(&client(d.path(), name, &pem), &url).await.unwrap();
         assert_eq!((st, body.as_str()), (200, who));
     }
-    // The gateway's certificate has no client usage: no handshake, no
-    // request.
+    // The gateway's certificate completes the handshake (it has the client
+    // usage, for its one question to the planner), but a listener that
+    // does not admit its role answers 403 before any route.
     let gw = make_gateway(&ca, "gw", &reach, YEAR).unwrap();
-    let r = call(&client(d.path(), "gw", &gw), &url).await;
-    assert!(r.is_err(), "a gateway certificate was served: {r:?}");
+    let (st, body) = call(&client(d.path(), "gw", &gw), &url).await.unwrap();
+    assert_eq!(st, 403, "{body}");
+    assert!(
+        body.contains("gateway `gw` certificate is not admitted"),
+        "{body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

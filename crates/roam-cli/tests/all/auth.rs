@@ -78,7 +78,8 @@ fn cert_writes_the_files_with_safe_modes_and_says_what_next() {
     );
     let gw_out = text(&pki.outputs[7].stdout);
     assert!(
-        gw_out.contains("gateway certificate") && gw_out.contains("server auth only"),
+        gw_out.contains("gateway certificate")
+            && gw_out.contains("client: only the planner's GET /v1/services"),
         "{gw_out}"
     );
     assert!(text(&pki.outputs[8].stdout).contains("planner certificate"));

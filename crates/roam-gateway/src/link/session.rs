@@ -274,8 +274,10 @@ async fn reader<R: AsyncRead + Unpin>(
             } => {
                 tracing::error!(
                     gateway = %inner.addr, service, cell, generation, current,
-                    "the gateway routes the service to a later copy of the cell elsewhere: \
-                     this node's copy gets no clients (it is stale, and should be stopped)"
+                    "the gateway refused this node's Serve: it routes the service to a later \
+                     copy of the cell elsewhere, or (a gateway with --planner) the planner does \
+                     not name this node as the cell's owner at this generation; this node's copy \
+                     gets no clients (see the gateway's log for which)"
                 );
             }
             ToNode::Refused { reason } => return Err(SessionError::Refused(reason)),

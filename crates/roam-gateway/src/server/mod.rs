@@ -8,7 +8,13 @@
 //! error. Buffers are bounded per connection and in total; when full, the
 //! gateway stops reading from the client (TCP backpressure) and never
 //! drops a byte.
+//!
+//! Who may serve a service: under TLS a node is who its certificate says
+//! (checked at `Hello`); with a [`ServeAuthority`] (`roam gateway
+//! --planner`), a `Serve` that would change a route must also name the
+//! node, cell and generation the planner's records give (`authority.rs`).
 
+mod authority;
 mod client;
 mod node;
 mod outq;
@@ -26,6 +32,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use state::{Limits, State};
+
+pub use authority::{
+    Assignment, AuthorityError, AuthorityFuture, ServeAuthority, ASK_TIMEOUT, CACHE_FOR,
+};
 
 /// Default time a client waits for a service's cell.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,6 +92,10 @@ pub struct GatewayConfig {
     /// node that never reads would otherwise grow the gateway's memory for
     /// as long as clients come and go.
     pub link_backlog: usize,
+    /// Who may serve each service (`roam gateway --planner`): every `Serve`
+    /// that would change a route must name the node, cell and generation
+    /// it answers. `None`: any node that links may serve any service.
+    pub authority: Option<Arc<dyn ServeAuthority>>,
 }
 
 impl GatewayConfig {
@@ -102,6 +116,7 @@ impl GatewayConfig {
             max_clients: DEFAULT_MAX_CLIENTS,
             window: DEFAULT_WINDOW,
             link_backlog: DEFAULT_LINK_BACKLOG,
+            authority: None,
         }
     }
 }
@@ -147,6 +162,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     identity: Option<Identity>,
     window: u64,
+    /// The check of `Serve`s, with `--planner`.
+    checker: Option<authority::Checker>,
 }
 
 impl Shared {
@@ -272,6 +289,7 @@ impl Gateway {
                 state: Mutex::new(state),
                 identity: cfg.tls,
                 window: cfg.window,
+                checker: cfg.authority.map(authority::Checker::new),
             }),
             services,
             control,

@@ -16,6 +16,7 @@ use roam_auth::tokio_rustls::TlsAcceptor;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::authority::{Assignment, Verdict};
 use super::outq::LinkOut;
 use super::state::{LinkHandle, State, Violation};
 use super::Shared;
@@ -191,7 +192,9 @@ async fn refuse<W: AsyncWrite + Unpin>(wr: &mut W, reason: String) {
 
 /// Apply frames until the link ends: `Ok` when the node closed it, the
 /// reason to refuse it otherwise. Every frame a read brought is applied
-/// under one lock of the state.
+/// under one lock of the state, up to a `Serve` that the planner must
+/// check (`authority.rs`): the lock is let go while it is asked, and the
+/// frames after it wait, in order.
 async fn links_frames<R: AsyncRead + Unpin>(
     shared: &Shared,
     link: u64,
@@ -207,11 +210,78 @@ async fn links_frames<R: AsyncRead + Unpin>(
             }
             Err(e) => return Err(chain(&e)),
         }
-        let mut s = None;
-        while let Some((kind, payload)) = rd.next_buffered().map_err(|e| chain(&e))? {
-            let msg = ToGateway::decode(kind, payload).map_err(|e| chain(&e))?;
-            let s = s.get_or_insert_with(|| shared.lock());
-            apply(s, link, msg)?;
+        while let Some(serve) = apply_buffered(shared, link, rd)? {
+            checked_serve(shared, link, serve).await?;
+        }
+    }
+}
+
+/// Apply the buffered frames under one lock until they run out (`None`) or
+/// a `Serve` needs the planner's word (returned, not applied).
+fn apply_buffered<R: AsyncRead + Unpin>(
+    shared: &Shared,
+    link: u64,
+    rd: &mut FrameReader<R>,
+) -> Result<Option<PendingServe>, String> {
+    let mut s = None;
+    while let Some((kind, payload)) = rd.next_buffered().map_err(|e| chain(&e))? {
+        let msg = ToGateway::decode(kind, payload).map_err(|e| chain(&e))?;
+        let s = s.get_or_insert_with(|| shared.lock());
+        if let (
+            Some(_),
+            ToGateway::Serve {
+                service,
+                cell,
+                generation,
+                ..
+            },
+        ) = (&shared.checker, &msg)
+        {
+            if let Some(asking) = s.needs_check(link, service, cell, *generation) {
+                return Ok(Some(PendingServe { msg, asking }));
+            }
+        }
+        apply(s, link, msg)?;
+    }
+    Ok(None)
+}
+
+/// A `Serve` waiting for the planner's word, and who sent it.
+struct PendingServe {
+    msg: ToGateway,
+    asking: Assignment,
+}
+
+/// Ask the planner about `p`, then apply it or refuse it. `Err` (close the
+/// link) when the planner cannot answer: the route stays, and the node
+/// serves again when it has reconnected.
+async fn checked_serve(shared: &Shared, link: u64, p: PendingServe) -> Result<(), String> {
+    let checker = shared.checker.as_ref().expect("only with a checker");
+    let ToGateway::Serve {
+        service,
+        cell,
+        generation,
+        ..
+    } = &p.msg
+    else {
+        unreachable!("only Serve is checked")
+    };
+    match checker.check(service, &p.asking).await {
+        Verdict::Accept => apply(&mut shared.lock(), link, p.msg),
+        Verdict::Mismatch { reason, current } => {
+            shared
+                .lock()
+                .refuse_serve(link, service, cell, *generation, current, &reason);
+            Ok(())
+        }
+        Verdict::Unavailable(why) => {
+            let reason = format!(
+                "the gateway cannot check this node's Serve of service {service} (cell {cell}, \
+                 generation {generation}) with the planner: {why}; the route does not change \
+                 (fail closed), serve again once the planner answers"
+            );
+            tracing::warn!(node = %p.asking.node, "{reason}");
+            Err(reason)
         }
     }
 }

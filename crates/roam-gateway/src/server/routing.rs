@@ -6,10 +6,78 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
+use super::authority::Assignment;
 use super::state::{LinkId, Route, State};
 use crate::proto::{ConnId, ConnResume, ToNode, STALE_VERSION};
 
 impl State {
+    /// Whether a `Serve` from `link` needs the authority's word: only one
+    /// that would change the service's route. Not a service of this
+    /// gateway, a stale generation (both refused by [`State::serve`]
+    /// itself), or the route the service already has (the same node, cell
+    /// and generation, checked when it was first accepted: a link that
+    /// came back) do not. `Some` holds who is asking.
+    pub(crate) fn needs_check(
+        &self,
+        link: LinkId,
+        service: &str,
+        cell: &str,
+        generation: u64,
+    ) -> Option<Assignment> {
+        let node = &self.links.get(&link)?.node;
+        let s = self.services.get(service)?;
+        if let Some(r) = &s.route {
+            if generation < r.generation
+                || (generation == r.generation && r.cell == cell && &r.node == node)
+            {
+                return None;
+            }
+        }
+        Some(Assignment {
+            cell: cell.to_string(),
+            node: node.clone(),
+            generation,
+        })
+    }
+
+    /// A `Serve` the authority refused: nothing changes; the node is
+    /// answered as for a stale `Serve`, with the generation the planner
+    /// names (or the route's, if later).
+    pub(crate) fn refuse_serve(
+        &self,
+        link: LinkId,
+        service: &str,
+        cell: &str,
+        generation: u64,
+        named: u64,
+        reason: &str,
+    ) {
+        let Some(l) = self.links.get(&link) else {
+            return;
+        };
+        let route = self.services.get(service).and_then(|s| s.route.as_ref());
+        tracing::warn!(
+            service,
+            node = %l.node,
+            cell,
+            generation,
+            route = ?route.map(|r| (&r.node, &r.cell, r.generation)),
+            "Serve refused, the route does not change: {reason}"
+        );
+        if l.version >= STALE_VERSION {
+            let current = route.map_or(named, |r| r.generation.max(named));
+            self.send(
+                link,
+                &ToNode::Stale {
+                    service: service.to_string(),
+                    cell: cell.to_string(),
+                    generation,
+                    current,
+                },
+            );
+        }
+    }
+
     /// `Serve` from `link`: the service runs there now, with `conns`.
     pub fn serve(
         &mut self,

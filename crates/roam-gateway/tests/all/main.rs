@@ -2,6 +2,7 @@
 //! peers that speak the protocol by hand (`hostile`) or through the real
 //! link and `NetHub` (`flow`).
 
+mod authority;
 mod flow;
 mod hostile;
 mod peer;

@@ -86,6 +86,19 @@ impl RawNode {
         let _ = self.wr.write_all(b).await;
     }
 
+    /// The next message within `d`: `Err(())` if none came, `Ok(None)`
+    /// when the gateway closed the link.
+    pub async fn recv_within(&mut self, d: Duration) -> Result<Option<ToNode>, ()> {
+        match tokio::time::timeout(d, read_frame(&mut self.rd)).await {
+            Err(_) => Err(()),
+            Ok(Err(FrameError::Closed | FrameError::Io(_))) => Ok(None),
+            Ok(Err(e)) => panic!("bad frame from the gateway: {e}"),
+            Ok(Ok((k, p))) => Ok(Some(
+                ToNode::decode(k, &p).expect("the gateway sends valid messages"),
+            )),
+        }
+    }
+
     /// The next message, or `None` when the gateway closed the link.
     pub async fn recv(&mut self) -> Option<ToNode> {
         match tokio::time::timeout(LONG, read_frame(&mut self.rd)).await {

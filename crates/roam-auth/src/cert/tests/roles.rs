@@ -253,7 +253,7 @@ async fn handshake(
 }
 
 #[tokio::test]
-async fn clients_check_the_servers_role_and_a_gateway_cannot_be_a_client() {
+async fn clients_check_the_servers_role_and_a_gateway_is_a_client_only_by_its_role() {
     let d = tempfile::tempdir().unwrap();
     let ca = make_ca("ours", YEAR).unwrap();
     let (ca_file, _) = write(d.path(), "ca", &ca);
@@ -275,13 +275,21 @@ async fn clients_check_the_servers_role_and_a_gateway_cannot_be_a_client() {
         .unwrap_err();
     assert!(e.contains("not admitted"), "{e}");
 
-    // The gateway's certificate has no client usage: it cannot open a
-    // node's port at all.
+    // The gateway's certificate has the client usage (it asks the planner
+    // who may serve a service), so it completes a handshake; what it may
+    // do is its role's, and no port of a node admits the gateway role.
+    gw.check_client_usage().unwrap();
     let (gc, gk) = write(d.path(), "gw", &gw_pem);
     let as_gw = ClientTls::load(&ca_file, Some(&gc), Some(&gk)).unwrap();
-    assert!(handshake(&node, &as_gw, "edge-a", Some(Role::Node))
+    handshake(&node, &as_gw, "edge-a", Some(Role::Node))
         .await
-        .is_err());
+        .unwrap();
+    let e = admit(
+        &der(&gw_pem.cert),
+        &[Role::Node, Role::Planner, Role::Client],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not admitted"), "{e}");
     handshake(&node, &as_node, "edge-a", Some(Role::Node))
         .await
         .unwrap();
