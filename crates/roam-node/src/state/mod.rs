@@ -60,6 +60,8 @@ pub(crate) struct NodeInner {
     pub copies: Arc<tokio::sync::Semaphore>,
     /// Kept checkpoints being received at once (each streams to disk).
     pub uploads: tokio::sync::Semaphore,
+    /// The cells' CPU limits (see [`crate::cpu`]).
+    pub cpu: Arc<crate::cpu::Cpu>,
 }
 
 /// Kept checkpoints a holder receives at once.

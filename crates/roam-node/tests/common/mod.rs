@@ -94,6 +94,7 @@ impl TestNode {
             token: None,
             insecure: false,
             limits: setup.limits.unwrap_or_default(),
+            cpu_control: Default::default(),
             gateway: setup.gateway,
             planner: setup.planner,
             planner_timeout: setup
@@ -151,6 +152,7 @@ impl TestNode {
             service: None,
             id: Some(id.to_string()),
             generation: None,
+            cpu: Default::default(),
         };
         self.client.launch(&req).await.expect("the cell launches");
     }
