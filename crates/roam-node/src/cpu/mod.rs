@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use roam_api::types::{CellCpu, NodeCpu};
-pub use roam_wire::CpuLimits;
+pub use roam_wire::{CpuLimits, DEFAULT_CPU_WEIGHT};
 
 pub(crate) mod cgroup;
 #[cfg(test)]
