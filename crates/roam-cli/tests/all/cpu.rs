@@ -215,3 +215,79 @@ fn a_node_without_cgroups_runs_each_cell_at_the_nice_value_of_its_weight() {
     assert_eq!(cell_nice, node_nice.max(4));
     assert_eq!(c["cpu"]["nice"], cell_nice, "{c}");
 }
+
+/// A cell keeps its CPU weight and cap when it moves: they travel in its
+/// spec, and the destination makes its group with them; the source's
+/// group is gone.
+#[test]
+fn a_migrated_cell_keeps_its_cpu_settings() {
+    let names = [
+        format!("cpu-a-{}", std::process::id()),
+        format!("cpu-b-{}", std::process::id()),
+    ];
+    let mut cleanup = [Cleanup(None), Cleanup(None)];
+    let start = |name: &str| {
+        Node::start_with(
+            Isa::X86_64,
+            &["--migrate-listen", "127.0.0.1:0", "--name", name],
+        )
+    };
+    let (a, b) = (start(&names[0]), start(&names[1]));
+    for (c, n) in cleanup.iter_mut().zip([&a, &b]) {
+        c.0 = n.info()["cpu"]["group"].as_str().map(PathBuf::from);
+    }
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args([
+        "launch",
+        "--node",
+        &a.addr,
+        "--cpu-weight",
+        "300",
+        "--cpu-max",
+        "250m",
+    ])
+    .arg(workload(WORKLOAD))
+    .arg("--")
+    .args(SMALL_LONG);
+    let id = launched(&run_bounded(cmd, SLOW), || a.log());
+    wait_for("the cell to run", SLOW, || {
+        a.cell(&id).filter(|c| c["cpu"].is_object())
+    });
+    let before = a.cell(&id).unwrap()["cpu"].clone();
+    let (out, status) = migrate(&id, &a, &b, "stop-and-copy", &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{status}\n{}",
+        text(&out.stderr),
+        both_logs(&a, &b)
+    );
+    let after = wait_for("the cell to run on b", SLOW, || {
+        b.cell(&id).filter(|c| c["cpu"].is_object())
+    })["cpu"]
+        .clone();
+    assert_eq!(after["weight"], 300, "{after}");
+    assert_eq!(after["max_millicores"], 250, "{after}");
+    assert_eq!(after["mechanism"], before["mechanism"], "{after}");
+    if let (Some(ga), Some(gb)) = (before["group"].as_str(), after["group"].as_str()) {
+        assert!(gb.contains(&format!("roam-{}/cell-{id}", names[1])), "{gb}");
+        assert_eq!(
+            read(&Path::new(gb).join(if after["mechanism"] == "cgroup-v1" {
+                "cpu.shares"
+            } else {
+                "cpu.weight"
+            })),
+            if after["mechanism"] == "cgroup-v1" {
+                "3072"
+            } else {
+                "300"
+            }
+        );
+        wait_for("the source's group to go", Duration::from_secs(10), || {
+            (!Path::new(ga).exists()).then_some(())
+        });
+    }
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["kill", "--node", &b.addr, &id]);
+    run_bounded(cmd, SLOW);
+    drop((a, b));
+}
