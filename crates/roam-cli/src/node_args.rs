@@ -88,7 +88,12 @@ pub struct NodeArgs {
     /// How cells' CPU is limited: `auto` (a cgroup v2 group per cell, else
     /// cgroup v1, else nice values), `cgroup-v2`, `cgroup-v1` or `nice`
     /// (the node does not start if the one named is not available).
-    #[arg(long, value_name = "HOW", default_value = "auto")]
+    #[arg(
+        long,
+        value_name = "HOW",
+        default_value = "auto",
+        env = "ROAM_CELL_CPU_CONTROL"
+    )]
     pub cell_cpu_control: roam_node::cpu::CpuControl,
     /// The control address of a `roam gateway` (`host:port`): the node
     /// connects to it and tells it where its service cells (`roam launch

@@ -85,7 +85,14 @@ fn spinning_cells_run_in_their_own_cpu_groups_and_the_node_still_answers() {
     let mut cleanup = Cleanup(None);
     let mut n = Node::start_with(
         Isa::X86_64,
-        &["--migrate-listen", "127.0.0.1:0", "--name", &name],
+        &[
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--name",
+            &name,
+            "--cell-cpu-control",
+            "auto",
+        ],
     );
     let cpu = n.info()["cpu"].clone();
     let mechanism = cpu["mechanism"].as_str().unwrap_or("none").to_string();
@@ -144,6 +151,13 @@ fn spinning_cells_run_in_their_own_cpu_groups_and_the_node_still_answers() {
     let out = text(&run_bounded(cmd, SLOW).stdout);
     assert!(out.contains(&format!("{mechanism}:50 ")), "{out}");
     assert!(out.contains(&format!("{mechanism}:400/0.50")), "{out}");
+
+    // The weights are in the node's metrics.
+    let (_, metrics) = http_get(&n.addr, "/metrics").unwrap();
+    let metrics = text(&metrics);
+    let sample =
+        format!(r#"roam_node_cell_cpu_weight{{cell="{heavy}",mechanism="{mechanism}"}} 400"#);
+    assert!(metrics.contains(&sample), "{sample} in\n{metrics}");
 
     // (c) The control API answers while both cells spin. The bound is
     // loose: what it catches is a node that does not answer at all.
@@ -229,7 +243,14 @@ fn a_migrated_cell_keeps_its_cpu_settings() {
     let start = |name: &str| {
         Node::start_with(
             Isa::X86_64,
-            &["--migrate-listen", "127.0.0.1:0", "--name", name],
+            &[
+                "--migrate-listen",
+                "127.0.0.1:0",
+                "--name",
+                name,
+                "--cell-cpu-control",
+                "auto",
+            ],
         )
     };
     let (a, b) = (start(&names[0]), start(&names[1]));

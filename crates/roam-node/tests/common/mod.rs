@@ -94,7 +94,9 @@ impl TestNode {
             token: None,
             insecure: false,
             limits: setup.limits.unwrap_or_default(),
-            cpu_control: Default::default(),
+            // In-process nodes are dropped, not stopped: cgroups would
+            // outlive them (see roam-cli's tests/all/cpu.rs for those).
+            cpu_control: roam_node::cpu::CpuControl::Only(roam_node::cpu::Mechanism::Nice),
             gateway: setup.gateway,
             planner: setup.planner,
             planner_timeout: setup
