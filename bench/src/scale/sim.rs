@@ -96,6 +96,7 @@ fn info(id: &str, state: CellState) -> CellInfo {
         uptime_ms: 0,
         hops: 0,
         service: None,
+        cpu: None,
     }
 }
 
@@ -111,6 +112,7 @@ async fn node_info(State(f): Fl, Path(n): Path<String>) -> Result<Json<NodeInfo>
         userfaultfd: false,
         cells_running: node.cells.lock().unwrap().len(),
         machine: machine(),
+        cpu: None,
     }))
 }
 

@@ -24,6 +24,72 @@ pub struct NodeInfo {
     pub cells_running: usize,
     /// The machine.
     pub machine: Machine,
+    /// How cells' CPU is limited here, and the node's defaults (`None`
+    /// from a node before CPU limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<NodeCpu>,
+}
+
+/// A node's CPU limits for its cells, in [`NodeInfo`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeCpu {
+    /// `cgroup-v2`, `cgroup-v1` or `nice` (`docs/trust.md`, "Guest limits").
+    pub mechanism: String,
+    /// The weight of a cell that asks for none (`--cell-cpu-weight`).
+    pub cell_weight: u32,
+    /// The cap of a cell that asks for none, thousandths of a core
+    /// (`--cell-cpu-max`); `None`: no cap.
+    #[serde(default)]
+    pub cell_max_millicores: Option<u32>,
+    /// The weight of all cells together against one node thread's 100
+    /// (cgroups only).
+    #[serde(default)]
+    pub cells_weight: Option<u32>,
+    /// The cgroup that holds the cells' groups (cgroups only).
+    #[serde(default)]
+    pub group: Option<String>,
+}
+
+/// A cell's CPU settings as asked for at launch or restore; what is not
+/// set is the default of the node the cell runs on, wherever it moves.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CpuRequest {
+    /// Its share of the CPU against the node's other cells, 1 to 10000
+    /// (100 is the usual default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    /// Most CPU it may use, thousandths of a core (500: half a core), 10 to
+    /// 1024000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_millicores: Option<u32>,
+}
+
+impl CpuRequest {
+    /// Nothing set.
+    pub fn is_empty(&self) -> bool {
+        self.weight.is_none() && self.max_millicores.is_none()
+    }
+}
+
+/// The CPU limits a running cell got, in [`CellInfo`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CellCpu {
+    /// `cgroup-v2`, `cgroup-v1`, or `nice` (the node's mechanism, or its
+    /// fallback when the cell's group could not be made).
+    pub mechanism: String,
+    /// Its weight.
+    pub weight: u32,
+    /// Its cap, thousandths of a core; `None`: no cap.
+    #[serde(default)]
+    pub max_millicores: Option<u32>,
+    /// Whether the cap is enforced (not with `nice`).
+    pub max_enforced: bool,
+    /// Its thread's nice value (`nice` only).
+    #[serde(default)]
+    pub nice: Option<i32>,
+    /// Its cgroup's directory (cgroups only).
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 /// `POST /v1/modules` answer.
@@ -64,6 +130,9 @@ pub struct LaunchRequest {
     /// node chooses one. A taken id is refused with `409`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// The cell's CPU weight and cap; they travel with it when it moves.
+    #[serde(default, skip_serializing_if = "CpuRequest::is_empty")]
+    pub cpu: CpuRequest,
     /// The cell's ownership generation, when a planner placed it: with a
     /// planner, migrations of the cell are ownership transactions naming
     /// it (`docs/control-plane.md`). `None`: a cell no planner knows.
@@ -96,6 +165,9 @@ pub struct RestoreRequest {
     pub service: Option<String>,
     /// The owner generation this node runs it under.
     pub generation: u64,
+    /// Its CPU weight and cap (unset: this node's defaults).
+    #[serde(default, skip_serializing_if = "CpuRequest::is_empty")]
+    pub cpu: CpuRequest,
     /// The control API address of the node that holds the checkpoint.
     pub holder: String,
     /// The kept snapshot's BLAKE3 hash.
@@ -212,6 +284,9 @@ pub struct CellInfo {
     /// The network service the cell serves behind a gateway, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    /// The CPU limits it runs under here (running cells only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CellCpu>,
 }
 
 /// `POST /v1/cells/{id}/migrate` body.

@@ -41,6 +41,12 @@ fn state_word(s: &CellState) -> String {
 
 /// `roam launch` without `--node`.
 pub fn launch(a: LaunchArgs) -> Result<i32> {
+    if a.cpu_weight.is_some() || a.cpu_max.is_some() {
+        anyhow::bail!(
+            "--cpu-weight and --cpu-max need --node: the planner does not carry CPU settings \
+             (its cells get their node's defaults, roam node --cell-cpu-weight and --cell-cpu-max)"
+        );
+    }
     let (module, args, env) = a.parts()?;
     runtime()?.block_on(async move {
         let p = planner(&a.planner, &a.auth, "roam launch")?;

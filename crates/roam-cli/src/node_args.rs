@@ -76,6 +76,25 @@ pub struct NodeArgs {
     /// Output kept per cell; older output is dropped and counted.
     #[arg(long, value_name = "SIZE", value_parser = size, default_value = "4MiB")]
     pub log_size: u64,
+    /// CPU weight of a cell that asks for none, 1 to 10000: cells share
+    /// the CPU by weight when it is contended.
+    #[arg(long, value_name = "N", default_value_t = roam_node::cpu::DEFAULT_CPU_WEIGHT,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub cell_cpu_weight: u32,
+    /// Most CPU a cell that asks for none may use, in cores (`0.5`, `2`,
+    /// `250m`) [default: no cap]. Needs a cgroup cpu controller.
+    #[arg(long, value_name = "CORES", value_parser = cores)]
+    pub cell_cpu_max: Option<u32>,
+    /// How cells' CPU is limited: `auto` (a cgroup v2 group per cell, else
+    /// cgroup v1, else nice values), `cgroup-v2`, `cgroup-v1` or `nice`
+    /// (the node does not start if the one named is not available).
+    #[arg(
+        long,
+        value_name = "HOW",
+        default_value = "auto",
+        env = "ROAM_CELL_CPU_CONTROL"
+    )]
+    pub cell_cpu_control: roam_node::cpu::CpuControl,
     /// The control address of a `roam gateway` (`host:port`): the node
     /// connects to it and tells it where its service cells (`roam launch
     /// --service`) run. With --tls-ca/--tls-cert/--tls-key the link uses
@@ -99,6 +118,28 @@ pub struct NodeArgs {
     /// bound].
     #[arg(long, value_name = "ADDR")]
     pub advertise: Option<String>,
+}
+
+/// A CPU amount in cores (`0.5`, `2`, `250m` for thousandths), as
+/// thousandths of a core.
+pub fn cores(s: &str) -> Result<u32, String> {
+    let bad = || format!("{s:?}: give cores such as 0.5, 2 or 250m");
+    let milli = match s.strip_suffix('m') {
+        Some(m) => m.parse::<u32>().map_err(|_| bad())?,
+        None => {
+            let c: f64 = s.parse().map_err(|_| bad())?;
+            if !c.is_finite() || c <= 0.0 || c > 1024.0 {
+                return Err(format!("{s:?}: give more than 0 and at most 1024 cores"));
+            }
+            (c * 1000.0).round() as u32
+        }
+    };
+    roam_node::cpu::CpuLimits {
+        weight: None,
+        max_millicores: Some(milli),
+    }
+    .check()?;
+    Ok(milli)
 }
 
 /// A size flag (`64MiB`, `1GiB`, `4096`).
@@ -138,6 +179,14 @@ pub struct LaunchArgs {
     /// reach it wherever it moves (the node needs --gateway).
     #[arg(long, value_name = "NAME")]
     pub service: Option<String>,
+    /// The cell's CPU weight against the node's other cells, 1 to 10000
+    /// [default: the node's --cell-cpu-weight]; it keeps it when it moves.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub cpu_weight: Option<u32>,
+    /// Most CPU the cell may use, in cores (`0.5`, `250m`) [default: the
+    /// node's --cell-cpu-max]; it keeps it when it moves.
+    #[arg(long, value_name = "CORES", value_parser = cores)]
+    pub cpu_max: Option<u32>,
     /// The module (prepared or not).
     pub module: PathBuf,
     /// Arguments for the program.

@@ -72,7 +72,10 @@ pub fn node(a: NodeArgs) -> Result<i32> {
             max_files_bytes: a.max_files_size,
             max_file_entries: a.max_file_entries,
             log_bytes: a.log_size,
+            cell_cpu_weight: a.cell_cpu_weight,
+            cell_cpu_max_millicores: a.cell_cpu_max,
         },
+        cpu_control: a.cell_cpu_control,
         gateway: a.gateway,
         planner: a.planner,
         planner_timeout: std::time::Duration::from_secs(a.planner_timeout),
@@ -112,6 +115,10 @@ pub fn launch(node: &str, a: LaunchArgs) -> Result<i32> {
                 service: a.service.clone(),
                 id: None,
                 generation: None,
+                cpu: roam_node::types::CpuRequest {
+                    weight: a.cpu_weight,
+                    max_millicores: a.cpu_max,
+                },
             })
             .await?;
         println!("{}", r.id);
@@ -128,8 +135,8 @@ pub fn cells(node: &str, a: CellsArgs) -> Result<i32> {
             return Ok(0);
         }
         println!(
-            "{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}  SERVICE",
-            "CELL", "STATE", "PROGRAM", "MEMORY", "UPTIME", "HOPS"
+            "{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}  {:<18} SERVICE",
+            "CELL", "STATE", "PROGRAM", "MEMORY", "UPTIME", "HOPS", "CPU"
         );
         for c in cells {
             let state = serde_json::to_value(&c.state)?;
@@ -138,18 +145,33 @@ pub fn cells(node: &str, a: CellsArgs) -> Result<i32> {
                 st = format!("{st}({code})");
             }
             println!(
-                "{:<16} {:<10} {:<24} {:>12} {:>9.1}s {:>5}  {}",
+                "{:<16} {:<10} {:<24} {:>12} {:>9.1}s {:>5}  {:<18} {}",
                 c.id,
                 st,
                 c.program,
                 bytes(c.memory_bytes),
                 c.uptime_ms as f64 / 1000.0,
                 c.hops,
+                cpu_column(c.cpu.as_ref()),
                 c.service.as_deref().unwrap_or("-")
             );
         }
         Ok(0)
     })
+}
+
+/// A running cell's CPU limits in `roam cells`: mechanism, weight and cap
+/// in cores (`cgroup-v1:200/0.50`; a cap `nice` cannot enforce ends in
+/// `!`).
+fn cpu_column(c: Option<&roam_node::types::CellCpu>) -> String {
+    let Some(c) = c else {
+        return "-".into();
+    };
+    let cap = c.max_millicores.map_or_else(String::new, |m| {
+        let bang = if c.max_enforced { "" } else { "!" };
+        format!("/{:.2}{bang}", f64::from(m) / 1000.0)
+    });
+    format!("{}:{}{cap}", c.mechanism, c.weight)
 }
 
 /// `roam migrate --from ADDR --to ADDR`.

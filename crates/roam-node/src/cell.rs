@@ -13,7 +13,7 @@
 //! away without deciding, the program continues. That is what makes a failed
 //! migration harmless to the cell.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use roam_runtime::{
@@ -69,6 +69,12 @@ pub(crate) struct CellHandle {
     pub net: Option<Arc<roam_wasi::net::NetHub>>,
     /// The cell's output.
     log: Arc<CellLog>,
+    /// The cell's id and CPU settings, which its thread applies to itself.
+    id: String,
+    cpu_limits: roam_wire::CpuLimits,
+    cpu_ctl: Arc<crate::cpu::Cpu>,
+    /// The CPU limits the cell's thread got, once it runs.
+    pub cpu: OnceLock<roam_api::types::CellCpu>,
     waiter: Mutex<Option<oneshot::Sender<Paused>>>,
     checkpoint: Mutex<Option<CheckpointReply>>,
 }
@@ -157,11 +163,21 @@ pub(crate) struct CellEntry {
 /// has set its state.
 pub(crate) type OnEnd = Box<dyn FnOnce(Option<CellState>) + Send>;
 
-/// Route the cell's output to `log` and build the handle the node keeps.
-pub(crate) fn handle_for(cell: &mut Cell, log: Arc<CellLog>) -> Arc<CellHandle> {
+/// Route the cell's output to `log` and build the handle the node keeps;
+/// the cell's thread will run under `cpu` with the spec's CPU settings.
+pub(crate) fn handle_for(
+    cell: &mut Cell,
+    log: Arc<CellLog>,
+    cpu: Arc<crate::cpu::Cpu>,
+    spec: &CellSpec,
+) -> Arc<CellHandle> {
     cell.set_output(log.clone());
     Arc::new(CellHandle {
         log,
+        id: spec.id.clone(),
+        cpu_limits: spec.cpu,
+        cpu_ctl: cpu,
+        cpu: OnceLock::new(),
         ended: std::sync::atomic::AtomicBool::new(false),
         controller: cell.controller(),
         memory: cell.live_memory(),
@@ -190,8 +206,11 @@ pub(crate) fn spawn(
 /// and by a migration destination, whose assembling thread becomes the
 /// cell's thread.
 pub(crate) fn run(cell: Cell, h: &CellHandle) -> Option<CellState> {
-    lower_priority();
+    // The thread leaves its CPU group when this drops, as it returns.
+    let placement = h.cpu_ctl.enter(&h.id, h.cpu_limits);
+    let _ = h.cpu.set(placement.applied.clone());
     let end = run_until_end(cell, h);
+    drop(placement);
     h.ended.store(true, std::sync::atomic::Ordering::SeqCst);
     // A pause asked for while the program was ending gets its answer now.
     h.waiter
@@ -302,44 +321,3 @@ pub(crate) const PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a kill waits for the cell's thread to end before it reports the
 /// cell killed anyway (it runs no more wasm code either way).
 pub(crate) const KILL_WAIT: Duration = Duration::from_millis(400);
-
-/// The nice value of a cell's thread (see [`lower_priority`]).
-pub(crate) const CELL_NICE: i32 = 10;
-
-/// Run the calling thread (a cell's) at [`CELL_NICE`]. Linux schedules
-/// threads, and a thread's nice value is its own: cells then share the CPU
-/// equally among themselves, and the node's own threads (its API, its
-/// heartbeats, migrations) weigh about nine times as much as a cell's. So
-/// a guest that loops for ever, or many of them, cannot starve the node
-/// out of its lease. It is the CPU limit roam applies without a cgroup; no
-/// cell can be given a larger share than another.
-fn lower_priority() {
-    // A node already run nicer than that keeps its own value.
-    let now = rustix::process::getpriority_process(None).unwrap_or(0);
-    if now >= CELL_NICE {
-        return;
-    }
-    if let Err(e) = rustix::process::setpriority_process(None, CELL_NICE) {
-        tracing::warn!("cannot lower the priority of a cell's thread: {e}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_cell_thread_runs_at_a_lower_priority_than_the_node() {
-        let here = rustix::process::getpriority_process(None).unwrap();
-        let there = std::thread::spawn(|| {
-            super::lower_priority();
-            rustix::process::getpriority_process(None).unwrap()
-        })
-        .join()
-        .unwrap();
-        assert_eq!(there, super::CELL_NICE.max(here));
-        assert_eq!(
-            rustix::process::getpriority_process(None).unwrap(),
-            here,
-            "only the cell's thread"
-        );
-    }
-}

@@ -43,6 +43,8 @@ pub struct NodeConfig {
     pub insecure: bool,
     /// Caps on cells, memory, modules, files and logs.
     pub limits: crate::limits::NodeLimits,
+    /// How cells' CPU is limited (`--cell-cpu-control`; see `crate::cpu`).
+    pub cpu_control: crate::cpu::CpuControl,
     /// The control address of the gateway this node reports its service
     /// cells to (`host:port`). `None`: the node runs no service cells.
     pub gateway: Option<String>,

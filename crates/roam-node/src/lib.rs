@@ -19,7 +19,7 @@
 
 #![deny(missing_docs)]
 
-// The modules form layers, from the bottom up: size, ids, limits,
+// The modules form layers, from the bottom up: size, ids, limits, cpu,
 // config, error, log, cell, metrics, secure, state, cells, kept, cluster,
 // migrate, http, node. Each uses only the layers below it
 // (`tests/layers.rs` checks it).
@@ -27,6 +27,7 @@ mod cell;
 mod cells;
 mod cluster;
 mod config;
+pub mod cpu;
 mod error;
 mod http;
 mod ids;

@@ -63,6 +63,12 @@ pub struct NodeLimits {
     /// Bytes of output kept per cell; older output is dropped and counted
     /// (`--log-size`).
     pub log_bytes: u64,
+    /// CPU weight of a cell that asks for none, 1 to 10000
+    /// (`--cell-cpu-weight`; see `crate::cpu`).
+    pub cell_cpu_weight: u32,
+    /// CPU cap of a cell that asks for none, thousandths of a core
+    /// (`--cell-cpu-max`); `None`: no cap.
+    pub cell_cpu_max_millicores: Option<u32>,
 }
 
 impl Default for NodeLimits {
@@ -76,6 +82,8 @@ impl Default for NodeLimits {
             max_files_bytes: DEFAULT_MAX_FILES,
             max_file_entries: DEFAULT_MAX_FILE_ENTRIES,
             log_bytes: DEFAULT_LOG,
+            cell_cpu_weight: roam_wire::DEFAULT_CPU_WEIGHT,
+            cell_cpu_max_millicores: None,
         }
     }
 }
@@ -99,6 +107,12 @@ impl NodeLimits {
         if self.log_bytes == 0 || self.log_bytes > (1 << 30) {
             return Err("--log-size must be between 1 B and 1 GiB".into());
         }
+        roam_wire::CpuLimits {
+            weight: Some(self.cell_cpu_weight),
+            max_millicores: self.cell_cpu_max_millicores,
+        }
+        .check()
+        .map_err(|e| format!("--cell-cpu-weight or --cell-cpu-max: {e}"))?;
         Ok(())
     }
 }
@@ -139,5 +153,15 @@ mod tests {
             ..NodeLimits::default()
         };
         assert!(l.validate().unwrap_err().contains("--cell-memory"));
+        let l = NodeLimits {
+            cell_cpu_weight: 0,
+            ..NodeLimits::default()
+        };
+        assert!(l.validate().unwrap_err().contains("--cell-cpu-weight"));
+        let l = NodeLimits {
+            cell_cpu_max_millicores: Some(5),
+            ..NodeLimits::default()
+        };
+        assert!(l.validate().unwrap_err().contains("--cell-cpu-max"));
     }
 }

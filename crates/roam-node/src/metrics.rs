@@ -35,6 +35,7 @@ pub(crate) struct Metrics {
     kept_taken_bytes: Counter,
     kept_sent_bytes: Counter,
     checkpoint_age: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    cpu_weight: Family<Labels, Gauge>,
     /// Unix ms of each cell's newest checkpoint taken here.
     last_checkpoint: Mutex<HashMap<String, u64>>,
 }
@@ -97,8 +98,15 @@ impl Metrics {
             Unit::Seconds,
             checkpoint_age.clone(),
         );
+        let cpu_weight = Family::default();
+        registry.register(
+            "cell_cpu_weight",
+            "Each running cell's CPU weight, by how it is applied (docs/node-api.md, CPU)",
+            cpu_weight.clone(),
+        );
         Metrics {
             registry,
+            cpu_weight,
             cells,
             migrations,
             downtime,
@@ -143,6 +151,7 @@ impl Metrics {
     pub(crate) fn render(&self, cells: &HashMap<String, CellEntry>) -> String {
         self.cells.clear();
         self.checkpoint_age.clear();
+        self.cpu_weight.clear();
         let now = unix_ms();
         let last = self
             .last_checkpoint
@@ -165,6 +174,15 @@ impl Metrics {
                 self.checkpoint_age
                     .get_or_create(&vec![("cell".to_string(), id.clone())])
                     .set(now.saturating_sub(*t) as f64 / 1000.0);
+            }
+            let cpu = e.handle.as_ref().and_then(|h| h.cpu.get());
+            if let (CellState::Running, Some(cpu)) = (&e.state, cpu) {
+                self.cpu_weight
+                    .get_or_create(&vec![
+                        ("cell".to_string(), id.clone()),
+                        ("mechanism".to_string(), cpu.mechanism.clone()),
+                    ])
+                    .set(i64::from(cpu.weight));
             }
         }
         let mut out = String::new();
@@ -227,6 +245,12 @@ mod tests {
         m.checkpoint_age
             .get_or_create(&vec![("cell".into(), "c-1".into())])
             .set(1.5);
+        m.cpu_weight
+            .get_or_create(&vec![
+                ("cell".into(), "c-1".into()),
+                ("mechanism".into(), "nice".into()),
+            ])
+            .set(200);
         let mut text = String::new();
         encode(&mut text, &m.registry).unwrap();
         let types = parse(&text);
@@ -239,6 +263,7 @@ mod tests {
             ("roam_node_kept_checkpoint_taken_bytes", "counter"),
             ("roam_node_kept_checkpoint_sent_bytes", "counter"),
             ("roam_node_checkpoint_age_seconds", "gauge"),
+            ("roam_node_cell_cpu_weight", "gauge"),
         ];
         for (name, ty) in want {
             assert_eq!(

@@ -54,6 +54,12 @@ impl Node {
         let mut cfg = cfg;
         cfg.listen = control.local_addr()?;
         let migrate_addr = migrate.local_addr()?;
+        let cpu = crate::cpu::Cpu::new(
+            &cfg.name,
+            cfg.cpu_control,
+            cfg.limits.cell_cpu_weight,
+            cfg.limits.cell_cpu_max_millicores,
+        )?;
         let store = Arc::new(ChunkStore::new(cfg.chunk_store_bytes));
         let gateway = crate::state::connect_gateway(&cfg)?;
         let planner = match &cfg.planner {
@@ -81,6 +87,7 @@ impl Node {
             copies: Arc::new(tokio::sync::Semaphore::new(1)),
             uploads: tokio::sync::Semaphore::new(crate::state::UPLOADS),
             grants: Default::default(),
+            cpu: Arc::new(cpu),
         });
         Ok(Node {
             inner,
@@ -126,6 +133,7 @@ impl Node {
             tls = inner.auth.control.is_some(),
             token = inner.auth.token.is_some(),
             userfaultfd = inner.features().userfaultfd,
+            cell_cpu = %inner.cpu.info().mechanism,
             gateway = inner.cfg.gateway.as_deref().unwrap_or("none"),
             "node up"
         );
@@ -136,7 +144,9 @@ impl Node {
                 tokio::spawn(crate::cluster::fence::watch(inner.clone())),
             ]
         });
+        let cpu = inner.cpu.clone();
         let served = crate::http::serve(inner, control, shutdown).await;
+        cpu.shutdown();
         acceptor.abort();
         for h in heartbeats.iter().flatten() {
             h.abort();

@@ -58,6 +58,7 @@ async fn a_restore_from_the_older_of_two_kept_checkpoints_works() {
             generation: 2,
             holder: holder.url.clone(),
             snapshot: first,
+            cpu: Default::default(),
         })
         .await;
     assert!(restored.is_ok(), "{restored:?}");
@@ -130,6 +131,7 @@ fn launch(module: &str, max_memory: Option<u64>) -> roam_node::types::LaunchRequ
         service: None,
         id: None,
         generation: None,
+        cpu: Default::default(),
     }
 }
 

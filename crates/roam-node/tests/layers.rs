@@ -16,7 +16,7 @@ fn src() -> PathBuf {
 /// The crate's modules, from the bottom layer up (`docs/architecture.md`, "Inside
 /// roam-node").
 const LAYERS: &[&str] = &[
-    "size", "ids", "limits", "config", "error", "log", "cell", "metrics", "secure", "state",
+    "size", "ids", "limits", "cpu", "config", "error", "log", "cell", "metrics", "secure", "state",
     "cells", "kept", "cluster", "migrate", "http", "node",
 ];
 

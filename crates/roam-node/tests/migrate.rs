@@ -148,6 +148,7 @@ async fn an_offer_that_reuses_a_migration_id_is_refused() {
             max_memory: 64 << 20,
             service: None,
             generation: None,
+            cpu: Default::default(),
         },
         mode: Mode::StopAndCopy,
         module_len: 1,

@@ -262,6 +262,7 @@ async fn start_on(n: &Inner, node: &NodeRecord, c: &CellRecord) -> Result<(), St
         service: c.service.clone(),
         id: Some(c.id.clone()),
         generation: Some(c.generation),
+        cpu: Default::default(),
     };
     match client.launch(&req).await {
         Ok(_) => Ok(()),

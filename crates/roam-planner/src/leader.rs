@@ -446,6 +446,7 @@ async fn restore_on(
                 generation,
                 holder: holder.api.clone(),
                 snapshot: kept.snapshot.clone(),
+                cpu: Default::default(),
             })
             .await
             .map_err(|e| e.to_string())

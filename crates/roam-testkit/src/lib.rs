@@ -84,6 +84,16 @@ pub const USERFAULTFD: Tool = Tool {
               often blocked by container seccomp profiles",
 };
 
+/// A cgroup `cpu` controller the node may write to, for cells' CPU
+/// groups.
+pub const CGROUP_CPU: Tool = Tool {
+    name: "a writable cgroup cpu controller (cgroup v2 with cpu in cgroup.controllers, or a \
+           v1 cpu hierarchy)",
+    install: "run as root, or in a cgroup delegated to the user running the tests (systemd \
+              Delegate=yes), on a host whose cgroup v2 has the cpu controller enabled or that \
+              mounts the v1 cpu controller",
+};
+
 /// The native builds of the workloads made by `workloads/build.sh`.
 pub const NATIVE_WORKLOADS: Tool = Tool {
     name: "the native x86-64 workload builds (target/workloads/native)",

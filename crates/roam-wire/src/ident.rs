@@ -299,6 +299,35 @@ mod tests {
     }
 
     #[test]
+    fn cpu_limits_out_of_range_are_refused() {
+        use crate::CpuLimits;
+        CpuLimits::default().check().unwrap();
+        for (weight, max) in [(Some(1), Some(10)), (Some(10_000), Some(1_024_000))] {
+            CpuLimits {
+                weight,
+                max_millicores: max,
+            }
+            .check()
+            .unwrap();
+        }
+        for (weight, max) in [
+            (Some(0), None),
+            (Some(10_001), None),
+            (Some(u32::MAX), None),
+            (None, Some(0)),
+            (None, Some(9)),
+            (None, Some(1_024_001)),
+        ] {
+            let c = CpuLimits {
+                weight,
+                max_millicores: max,
+            };
+            let e = c.check().unwrap_err();
+            assert!(e.contains("out of range"), "{c:?}: {e}");
+        }
+    }
+
+    #[test]
     fn offer_checks_every_field() {
         let spec = CellSpec {
             id: "c-1".into(),
@@ -311,6 +340,7 @@ mod tests {
             max_memory: 64 << 20,
             service: Some("kv".into()),
             generation: None,
+            cpu: crate::CpuLimits::default(),
         };
         let offer = Offer {
             migration_id: "m-1".into(),

@@ -26,8 +26,9 @@ mod msg;
 pub use frame::{read_frame, write_frame, FrameError, FRAME_HEADER, MAX_FRAME};
 pub use ident::{IdentKind, InvalidIdent};
 pub use msg::{
-    Accept, CellSpec, Features, FileHeader, FileKind, Final, Hello, Mode, Msg, Offer, PageKind,
-    CHUNK_MAX, HELLO_MAGIC, PROTOCOL_VERSION,
+    Accept, CellSpec, CpuLimits, Features, FileHeader, FileKind, Final, Hello, Mode, Msg, Offer,
+    PageKind, CHUNK_MAX, DEFAULT_CPU_WEIGHT, HELLO_MAGIC, MAX_CPU_MAX_MILLICORES, MAX_CPU_WEIGHT,
+    MIN_CPU_MAX_MILLICORES, MIN_CPU_WEIGHT, PROTOCOL_VERSION,
 };
 
 /// Read one frame and decode the message in it.

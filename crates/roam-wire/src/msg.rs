@@ -23,7 +23,11 @@ use crate::frame::FrameError;
 /// Version 4: the snapshot inside [`Final`] is written in snapshot format
 /// 2.0 (chunked pages), which a version-3 node cannot read; the version
 /// makes that a clear refusal at `Hello` instead of a failed commit.
-pub const PROTOCOL_VERSION: u16 = 5;
+///
+/// Version 6: [`CellSpec`] carries the cell's CPU settings
+/// ([`CellSpec::cpu`]), so a cell keeps its weight and its cap where it
+/// moves.
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Most bytes of file data or log in one [`Msg::FileData`] or
 /// [`Msg::LogChunk`].
@@ -120,6 +124,57 @@ pub struct CellSpec {
     /// a planner: the destination's ownership transaction names it (see
     /// `docs/control-plane.md`). `None`: no planner knows the cell.
     pub generation: Option<u64>,
+    /// The cell's CPU weight and cap, as asked for at launch (`roam launch
+    /// --cpu-weight`, `--cpu-max`); what it does not set is the default of
+    /// the node it runs on.
+    pub cpu: CpuLimits,
+}
+
+/// Smallest [`CpuLimits::weight`] (cgroup v2's `cpu.weight` range).
+pub const MIN_CPU_WEIGHT: u32 = 1;
+/// Largest [`CpuLimits::weight`].
+pub const MAX_CPU_WEIGHT: u32 = 10_000;
+/// The weight of a cell that asks for none, on a node with no other
+/// default (cgroup v2's default `cpu.weight`).
+pub const DEFAULT_CPU_WEIGHT: u32 = 100;
+/// Smallest [`CpuLimits::max_millicores`]: 1% of a core (the kernel's
+/// smallest CFS quota is 1 ms of a 100 ms period).
+pub const MIN_CPU_MAX_MILLICORES: u32 = 10;
+/// Largest [`CpuLimits::max_millicores`]: 1024 cores.
+pub const MAX_CPU_MAX_MILLICORES: u32 = 1024 * 1000;
+
+/// A cell's CPU settings. Each is the cell's own when set, else the
+/// default of the node it runs on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuLimits {
+    /// Its share of the CPU relative to the node's other cells, 1 to
+    /// 10000 (cgroup v2's `cpu.weight`; 100 is the usual default).
+    pub weight: Option<u32>,
+    /// Most CPU it may use, in thousandths of a core (500: half a core).
+    pub max_millicores: Option<u32>,
+}
+
+impl CpuLimits {
+    /// Check the values are in range: a peer or an API client may send
+    /// anything.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(w) = self.weight {
+            if !(MIN_CPU_WEIGHT..=MAX_CPU_WEIGHT).contains(&w) {
+                return Err(format!(
+                    "CPU weight {w} is out of range: give {MIN_CPU_WEIGHT} to {MAX_CPU_WEIGHT}"
+                ));
+            }
+        }
+        if let Some(m) = self.max_millicores {
+            if !(MIN_CPU_MAX_MILLICORES..=MAX_CPU_MAX_MILLICORES).contains(&m) {
+                return Err(format!(
+                    "CPU cap of {m} millicores is out of range: give {MIN_CPU_MAX_MILLICORES} \
+                     (0.01 core) to {MAX_CPU_MAX_MILLICORES} (1024 cores)"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The source proposes a migration.

@@ -74,6 +74,7 @@ fn offer(cell_id: &str, migration_id: &str, dirs: &[&str]) -> Offer {
             max_memory: 64 << 20,
             service: None,
             generation: None,
+            cpu: Default::default(),
         },
         mode: Mode::StopAndCopy,
         module_len: 100,

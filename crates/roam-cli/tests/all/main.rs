@@ -11,6 +11,7 @@ mod bigstate;
 mod cli;
 mod cluster;
 mod common;
+mod cpu;
 mod cross_isa;
 mod dashboard;
 mod hostile;

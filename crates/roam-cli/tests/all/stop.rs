@@ -37,7 +37,7 @@ const SPIN_WAT: &str = r#"
 "#;
 
 /// `SPIN_WAT` prepared with `--points manual`, in `dir`.
-fn spin_module(dir: &Path) -> PathBuf {
+pub(super) fn spin_module(dir: &Path) -> PathBuf {
     let raw = dir.join("spin.wasm");
     std::fs::write(&raw, wat::parse_str(SPIN_WAT).unwrap()).unwrap();
     let prepared = dir.join("spin.roam.wasm");
@@ -176,7 +176,7 @@ fn launch_spin(n: &Node, module: &Path) -> String {
 }
 
 /// Wait until the cell on `n` printed its line (it spins from then on).
-fn wait_spinning(n: &Node, id: &str) {
+pub(super) fn wait_spinning(n: &Node, id: &str) {
     wait_for("the cell to spin", SLOW, || {
         let (st, body) = http_get(&n.addr, &format!("/v1/cells/{id}/logs")).ok()?;
         (st == 200 && text(&body).contains("spinning")).then_some(())

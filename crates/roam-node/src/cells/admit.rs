@@ -131,6 +131,11 @@ pub(crate) fn admit_offer(
             human(l.max_module_bytes)
         ));
     }
+    offer
+        .cell
+        .cpu
+        .check()
+        .map_err(|e| format!("the cell's CPU settings are refused: {e}"))?;
     let limit = offer.cell.max_memory.min(l.max_cell_memory);
     if offer.memory_bytes > limit {
         return Err(format!(

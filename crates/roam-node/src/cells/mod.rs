@@ -48,6 +48,7 @@ pub(crate) fn node_info(n: &NodeInner) -> NodeInfo {
         userfaultfd: n.features().userfaultfd,
         cells_running: running,
         machine: crate::sysinfo::Machine::read(),
+        cpu: Some(n.cpu.info()),
     }
 }
 
@@ -118,7 +119,7 @@ pub(crate) fn register(
     log: Arc<CellLog>,
     cell: &mut Cell,
 ) -> Arc<CellHandle> {
-    let handle = cell::handle_for(cell, log.clone());
+    let handle = cell::handle_for(cell, log.clone(), n.cpu.clone(), &spec);
     n.cells().insert(
         spec.id.clone(),
         CellEntry {
@@ -161,6 +162,14 @@ pub(crate) fn options(n: &NodeInner, dirs: &[String], max_memory: u64) -> CellOp
     }
 }
 
+/// A launch's or restore's CPU settings as the wire carries them.
+pub(crate) fn cpu_limits(r: CpuRequest) -> roam_wire::CpuLimits {
+    roam_wire::CpuLimits {
+        weight: r.weight,
+        max_millicores: r.max_millicores,
+    }
+}
+
 /// `POST /v1/cells`: launch a program.
 pub(crate) async fn launch(
     n: &Arc<NodeInner>,
@@ -187,6 +196,7 @@ pub(crate) async fn launch(
         service: req.service,
         max_memory: req.max_memory,
         generation: req.generation,
+        cpu: cpu_limits(req.cpu),
         begin: Begin::Fresh,
     };
     start(n, s).await?;
@@ -206,6 +216,11 @@ pub(crate) fn info(e: &CellEntry) -> CellInfo {
         uptime_ms: unix_ms().saturating_sub(e.spec.launched_unix_ms),
         hops: e.spec.hops,
         service: e.spec.service.clone(),
+        cpu: e
+            .handle
+            .as_ref()
+            .filter(|h| !h.has_ended())
+            .and_then(|h| h.cpu.get().cloned()),
     }
 }
 

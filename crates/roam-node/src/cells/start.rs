@@ -45,6 +45,8 @@ pub(crate) struct Start {
     pub max_memory: Option<u64>,
     /// The planner's generation, for a cell the planner placed.
     pub generation: Option<u64>,
+    /// Its CPU weight and cap; unset: the node's defaults.
+    pub cpu: roam_wire::CpuLimits,
     pub begin: Begin,
 }
 
@@ -72,6 +74,7 @@ pub(crate) fn check(
 pub(crate) async fn start(n: &Arc<NodeInner>, s: Start) -> Result<(), NodeError> {
     roam_wire::ident::check_cell_id(&s.id).map_err(NodeError::bad)?;
     check(n, &s.args, &s.dirs, s.service.as_deref())?;
+    s.cpu.check().map_err(NodeError::bad)?;
     let running = n
         .cells()
         .get(&s.id)
@@ -134,6 +137,7 @@ fn build_and_run(n: &Arc<NodeInner>, s: Start, max_memory: u64) -> Result<(), No
         max_memory,
         service: s.service,
         generation: s.generation,
+        cpu: s.cpu,
     };
     spawn(n, spec, Arc::new(log), cell)
 }

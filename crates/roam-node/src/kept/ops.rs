@@ -297,6 +297,7 @@ pub(crate) async fn restore(
         ))
     })?;
     cells::check(n, &req.args, &req.dirs, req.service.as_deref())?;
+    cells::cpu_limits(req.cpu).check().map_err(NodeError::bad)?;
     let max = n.cfg.limits.max_cell_memory;
     // Rebuilding the memory is one more copy of it (see `keep`).
     let copy = n
@@ -371,6 +372,7 @@ pub(crate) async fn restore(
             service: req.service,
             max_memory: req.max_memory,
             generation: Some(req.generation),
+            cpu: cells::cpu_limits(req.cpu),
             begin: Begin::Restore(rebuild),
         },
     )

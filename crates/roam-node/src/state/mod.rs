@@ -62,6 +62,8 @@ pub(crate) struct NodeInner {
     pub uploads: tokio::sync::Semaphore,
     /// Which node may store or read which cell's kept checkpoints here.
     pub grants: crate::kept::grants::Grants,
+    /// The cells' CPU limits (see [`crate::cpu`]).
+    pub cpu: Arc<crate::cpu::Cpu>,
 }
 
 /// Kept checkpoints a holder receives at once.

@@ -126,6 +126,7 @@ mod tests {
             max_memory: 1 << 20,
             service: Some("web".into()),
             generation,
+            cpu: Default::default(),
         }
     }
 

@@ -97,6 +97,9 @@ impl TestNode {
             token: None,
             insecure: false,
             limits: setup.limits.unwrap_or_default(),
+            // In-process nodes are dropped, not stopped: cgroups would
+            // outlive them (see roam-cli's tests/all/cpu.rs for those).
+            cpu_control: roam_node::cpu::CpuControl::Only(roam_node::cpu::Mechanism::Nice),
             gateway: setup.gateway,
             planner: setup.planner,
             planner_timeout: setup
@@ -157,6 +160,7 @@ impl TestNode {
             service: None,
             id: Some(id.to_string()),
             generation: None,
+            cpu: Default::default(),
         };
         self.client.launch(&req).await.expect("the cell launches");
     }
