@@ -135,6 +135,7 @@ async fn one_binary(
             service: None,
             id: None,
             generation: None,
+            cpu: Default::default(),
         })
         .await?
         .id;

@@ -187,6 +187,7 @@ async fn a_holder_gives_a_kept_checkpoint_only_to_the_nodes_granted() {
         generation: 2,
         holder: holder.url.clone(),
         snapshot: snapshot.clone(),
+        cpu: Default::default(),
     };
     // The spare may not read it until granted that version.
     let e = spare.client.restore(&restore).await;
