@@ -139,8 +139,19 @@ async fn one_binary(
         })
         .await?
         .id;
-    // The state is written once at the start; give it time.
-    tokio::time::sleep(Duration::from_secs(3 + o.mib / 256)).await;
+    // The state is written once at the start: wait until the workload
+    // says so, so that every checkpoint holds all of it.
+    let start = Instant::now();
+    loop {
+        let log = oc.logs(&cell).await?;
+        if String::from_utf8_lossy(&log).contains("initial state written") {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            bail!("{label}: the dirty workload did not write its state within 5 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let req = KeepRequest {
         holder: holder_url.clone(),
         holder_name: "holder".into(),

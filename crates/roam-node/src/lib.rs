@@ -29,6 +29,7 @@ mod cluster;
 mod config;
 pub mod cpu;
 mod error;
+mod grants;
 mod http;
 mod ids;
 mod kept;

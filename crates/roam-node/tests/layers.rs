@@ -16,8 +16,8 @@ fn src() -> PathBuf {
 /// The crate's modules, from the bottom layer up (`docs/architecture.md`, "Inside
 /// roam-node").
 const LAYERS: &[&str] = &[
-    "size", "ids", "limits", "cpu", "config", "error", "log", "cell", "metrics", "secure", "state",
-    "cells", "kept", "cluster", "migrate", "http", "node",
+    "size", "ids", "limits", "cpu", "config", "error", "grants", "log", "cell", "metrics",
+    "secure", "state", "cells", "kept", "cluster", "migrate", "http", "node",
 ];
 
 fn layers() -> Vec<String> {

@@ -3,12 +3,11 @@
 //! restores the cell from it (`docs/control-plane.md`, "Kept checkpoints").
 //!
 //! [`store`] is the format, [`file`] reads and writes it a page at a time,
-//! [`holder`] keeps the holder's files, [`grants`] says which
-//! node may store or read which cell's; [`ops`] the operations of the
+//! [`holder`] keeps the holder's files (which node may store or
+//! read which cell's is [`crate::grants`]); [`ops`] the operations of the
 //! owner, the holder and the restoring node.
 
 pub(crate) mod file;
-pub(crate) mod grants;
 pub(crate) mod holder;
 pub(crate) mod ops;
 pub(crate) mod store;

@@ -4,7 +4,7 @@
 //!   checkpoint and continue, send the snapshot to the holder, deduplicated;
 //! - on the holder, `POST /v1/kept/{cell}/missing`, `PUT /v1/kept/{cell}`
 //!   and `GET /v1/kept/{cell}`, each for the node the planner granted it
-//!   (`POST /v1/kept/{cell}/grant`, [`super::grants`]);
+//!   (`POST /v1/kept/{cell}/grant`, [`crate::grants`]);
 //! - on any node, `POST /v1/cells/restore`: run a cell from a kept
 //!   checkpoint, under the same id, as its owner at the given generation.
 
@@ -18,9 +18,9 @@ use crate::state::NodeInner;
 use crate::types::*;
 
 use super::file;
-use super::grants::Access;
 use super::holder::Holder;
 use super::store::{self as kept, KeptError, Manifest, PageHash};
+use crate::grants::Access;
 
 impl From<KeptError> for NodeError {
     fn from(e: KeptError) -> NodeError {

@@ -61,7 +61,7 @@ pub(crate) struct NodeInner {
     /// Kept checkpoints being received at once (each streams to disk).
     pub uploads: tokio::sync::Semaphore,
     /// Which node may store or read which cell's kept checkpoints here.
-    pub grants: crate::kept::grants::Grants,
+    pub grants: crate::grants::Grants,
     /// The cells' CPU limits (see [`crate::cpu`]).
     pub cpu: Arc<crate::cpu::Cpu>,
 }
