@@ -26,7 +26,15 @@ const WHAT: &[(&str, &str)] = &[
         "eh",
         "capture by exceptions against Asyncify, plain wasmtime",
     ),
+    (
+        "cpu",
+        "cells' CPU weights: each cell's share, the API's latency",
+    ),
     ("gw", "T8: KV throughput and latency through the gateway"),
+    (
+        "kept",
+        "kept checkpoints: the owner's and the holder's memory",
+    ),
     (
         "scale",
         "T9: the planner with a simulated fleet, redb or etcd",

@@ -235,10 +235,20 @@ fn report(rows: &[Row], o: &Options, binaries: &[(PathBuf, String)]) -> Report {
     }
     let mut notes = Vec::new();
     let last = |label: &str| rows.iter().rev().find(|r| r.binary == label);
+    if let (Some(b), Some(c)) = (last("baseline"), last("current")) {
+        notes.push(format!(
+            "current ÷ baseline, holder resident after the last checkpoint: **{:.2}×** \
+             ({:.0} → {:.0} MiB); peak {:.2}×",
+            c.holder.0 / b.holder.0.max(1.0),
+            b.holder.0,
+            c.holder.0,
+            c.holder.1 / b.holder.1.max(1.0)
+        ));
+    }
     for (_, label) in binaries {
         if let Some(r) = last(label) {
             notes.push(format!(
-                "{label}: after {} checkpoints of {:.0} MiB the holder holds **{:.0} MiB** \
+                "{label}: after {} checkpoints of {:.0} MiB the holder holds {:.0} MiB \
                  resident ({:.2}× the checkpoint; peak {:.0} MiB) and the owner {:.0} MiB \
                  (peak {:.0} MiB)",
                 r.keep,
@@ -250,13 +260,6 @@ fn report(rows: &[Row], o: &Options, binaries: &[(PathBuf, String)]) -> Report {
                 r.owner.1
             ));
         }
-    }
-    if let (Some(b), Some(c)) = (last("baseline"), last("current")) {
-        notes.push(format!(
-            "current ÷ baseline, holder resident after the last checkpoint: {:.2}×; peak {:.2}×",
-            c.holder.0 / b.holder.0.max(1.0),
-            c.holder.1 / b.holder.1.max(1.0)
-        ));
     }
     notes.push(
         "resident and peak memory are the node process's `VmRSS` and `VmHWM`, read 1 s after \
