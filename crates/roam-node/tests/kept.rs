@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use roam_node::types::{CellState, KeepRequest, RestoreRequest};
+use roam_node::types::{CellState, KeepRequest};
 
 const ARGS: [&str; 3] = ["8", "4", "4"];
 const LIMIT: Duration = Duration::from_secs(120);
@@ -47,29 +47,10 @@ async fn a_restore_from_the_older_of_two_kept_checkpoints_works() {
         .expect("the owner's copy stops");
     let restored = spare
         .client
-        .restore(&RestoreRequest {
-            id: "kept".into(),
-            module: module.clone(),
-            args: argv(&ARGS),
-            env: Vec::new(),
-            dirs: Vec::new(),
-            max_memory: Some(64 << 20),
-            service: None,
-            generation: 2,
-            holder: holder.url.clone(),
-            snapshot: first,
-            cpu: Default::default(),
-        })
+        .restore(&restore_request("kept", &module, &ARGS, &holder, &first))
         .await;
     assert!(restored.is_ok(), "{restored:?}");
-    let (state, out) = spare.output("kept", LIMIT).await;
-    assert_eq!(state, CellState::Exited { code: 0 });
-    let (_, reference) = owner.output("reference", LIMIT).await;
-    assert_eq!(
-        String::from_utf8_lossy(&out),
-        String::from_utf8_lossy(&reference),
-        "the restored cell's output differs from an uninterrupted run"
-    );
+    assert_same_output(&spare, "kept", &owner, "reference", LIMIT).await;
 }
 
 /// In a cluster, a node keeps room for one kept checkpoint of its largest

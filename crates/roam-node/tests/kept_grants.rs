@@ -14,7 +14,7 @@ use common::*;
 use roam_api::{ClientError, Refusal};
 use roam_auth::cert::{make_ca, make_client, make_node_reach, Pem, Reach, Validity};
 use roam_auth::{ClientTls, Identity, TlsFiles};
-use roam_node::types::{CellState, KeepRequest, KeptAccess, KeptGrant, RestoreRequest};
+use roam_node::types::{KeepRequest, KeptAccess, KeptGrant};
 use roam_node::{Client, ClientAuth};
 
 const ARGS: [&str; 3] = ["8", "4", "4"];
@@ -176,19 +176,7 @@ async fn a_holder_gives_a_kept_checkpoint_only_to_the_nodes_granted() {
         .kill("kept")
         .await
         .expect("the owner's copy stops");
-    let restore = RestoreRequest {
-        id: "kept".into(),
-        module: module.clone(),
-        args: argv(&ARGS),
-        env: Vec::new(),
-        dirs: Vec::new(),
-        max_memory: Some(64 << 20),
-        service: None,
-        generation: 2,
-        holder: holder.url.clone(),
-        snapshot: snapshot.clone(),
-        cpu: Default::default(),
-    };
+    let restore = restore_request("kept", &module, &ARGS, &holder, &snapshot);
     // The spare may not read it until granted that version.
     let e = spare.client.restore(&restore).await;
     denied("a restore before its grant", e, false);
@@ -211,14 +199,7 @@ async fn a_holder_gives_a_kept_checkpoint_only_to_the_nodes_granted() {
         true,
     );
 
-    let (state, out) = spare.output("kept", LIMIT).await;
-    assert_eq!(state, CellState::Exited { code: 0 });
-    let (_, reference) = owner.output("reference", LIMIT).await;
-    assert_eq!(
-        String::from_utf8_lossy(&out),
-        String::from_utf8_lossy(&reference),
-        "the restored cell's output differs from an uninterrupted run"
-    );
+    assert_same_output(&spare, "kept", &owner, "reference", LIMIT).await;
 }
 
 /// A grant names a node and, for a read, a version: a bad one is refused

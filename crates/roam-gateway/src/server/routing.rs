@@ -64,8 +64,19 @@ impl State {
             route = ?route.map(|r| (&r.node, &r.cell, r.generation)),
             "Serve refused, the route does not change: {reason}"
         );
-        if l.version >= STALE_VERSION {
-            let current = route.map_or(named, |r| r.generation.max(named));
+        let current = route.map_or(named, |r| r.generation.max(named));
+        self.answer_stale(link, service, cell, generation, current);
+    }
+
+    /// Tell `link`'s node that its `Serve` of `cell` at `generation` did
+    /// not take: the service is at `current`. Nodes before protocol 2 are
+    /// not told.
+    fn answer_stale(&self, link: LinkId, service: &str, cell: &str, generation: u64, current: u64) {
+        if self
+            .links
+            .get(&link)
+            .is_some_and(|l| l.version >= STALE_VERSION)
+        {
             self.send(
                 link,
                 &ToNode::Stale {
@@ -107,21 +118,7 @@ impl State {
                     "stale Serve ignored: the service runs at a later generation"
                 );
                 let current = r.generation;
-                let answers = self
-                    .links
-                    .get(&link)
-                    .is_some_and(|l| l.version >= STALE_VERSION);
-                if answers {
-                    self.send(
-                        link,
-                        &ToNode::Stale {
-                            service: service.to_string(),
-                            cell: cell.to_string(),
-                            generation,
-                            current,
-                        },
-                    );
-                }
+                self.answer_stale(link, service, cell, generation, current);
                 return;
             }
         }

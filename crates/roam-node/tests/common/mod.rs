@@ -398,3 +398,46 @@ impl Drop for Planner {
         }
     }
 }
+
+/// A restore of cell `id` (the `dirty` workload with `args`) from kept
+/// checkpoint `snapshot` on `holder`, as its generation 2.
+pub fn restore_request(
+    id: &str,
+    module: &str,
+    args: &[&str],
+    holder: &TestNode,
+    snapshot: &str,
+) -> roam_node::types::RestoreRequest {
+    roam_node::types::RestoreRequest {
+        id: id.into(),
+        module: module.into(),
+        args: argv(args),
+        env: Vec::new(),
+        dirs: Vec::new(),
+        max_memory: Some(64 << 20),
+        service: None,
+        generation: 2,
+        holder: holder.url.clone(),
+        snapshot: snapshot.into(),
+        cpu: Default::default(),
+    }
+}
+
+/// Cell `id` on `node` ends well with the output of the uninterrupted run
+/// `reference` on `ref_node`.
+pub async fn assert_same_output(
+    node: &TestNode,
+    id: &str,
+    ref_node: &TestNode,
+    reference: &str,
+    limit: Duration,
+) {
+    let (state, out) = node.output(id, limit).await;
+    assert_eq!(state, CellState::Exited { code: 0 });
+    let (_, expected) = ref_node.output(reference, limit).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&expected),
+        "the restored cell's output differs from an uninterrupted run"
+    );
+}
