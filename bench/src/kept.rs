@@ -81,6 +81,9 @@ fn start_node(roam: &Path, name: &str, dir: &Path) -> anyhow::Result<(Proc, Stri
         .arg("--cache-dir")
         .arg(dir.join("cache"))
         .args(["--memory-reserve-mib", "0"])
+        // The nodes are killed at the end: with nice, no CPU group of theirs
+        // is left behind (what is measured here is memory).
+        .args(["--cell-cpu-control", "nice"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
