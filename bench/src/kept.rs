@@ -82,8 +82,10 @@ fn start_node(roam: &Path, name: &str, dir: &Path) -> anyhow::Result<(Proc, Stri
         .arg(dir.join("cache"))
         .args(["--memory-reserve-mib", "0"])
         // The nodes are killed at the end: with nice, no CPU group of theirs
-        // is left behind (what is measured here is memory).
-        .args(["--cell-cpu-control", "nice"])
+        // is left behind (what is measured here is memory). An environment
+        // variable, not the flag, so that a baseline older than CPU limits
+        // starts too.
+        .env("ROAM_CELL_CPU_CONTROL", "nice")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
