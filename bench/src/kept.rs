@@ -250,15 +250,18 @@ fn report(rows: &[Row], o: &Options, binaries: &[(PathBuf, String)]) -> Report {
             c.holder.1 / b.holder.1.max(1.0)
         ));
     }
+    // Alone, the current binary's line is the headline.
+    let alone = last("baseline").is_none();
     for (_, label) in binaries {
         if let Some(r) = last(label) {
+            let held = format!("{:.0} MiB", r.holder.0);
             notes.push(format!(
-                "{label}: after {} checkpoints of {:.0} MiB the holder holds {:.0} MiB \
+                "{label}: after {} checkpoints of {:.0} MiB the holder holds {} \
                  resident ({:.2}× the checkpoint; peak {:.0} MiB) and the owner {:.0} MiB \
                  (peak {:.0} MiB)",
                 r.keep,
                 mib(r.bytes),
-                r.holder.0,
+                if alone { format!("**{held}**") } else { held },
                 r.holder.0 / mib(r.bytes).max(1.0),
                 r.holder.1,
                 r.owner.0,
