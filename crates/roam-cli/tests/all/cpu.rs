@@ -14,25 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::common::*;
-use super::stop::{spin_module, wait_spinning};
-
-/// `roam launch` of `module` on `n` with `flags`; the cell id once it spins.
-fn launch(n: &Node, module: &Path, flags: &[&str]) -> String {
-    let mut cmd = roam(Isa::X86_64);
-    cmd.args(["launch", "--node", &n.addr])
-        .args(flags)
-        .arg(module);
-    let out = run_bounded(cmd, SLOW);
-    assert!(
-        out.status.success(),
-        "roam launch: {}\n{}",
-        text(&out.stderr),
-        n.log()
-    );
-    let id = text(&out.stdout).trim().to_string();
-    wait_spinning(n, &id);
-    id
-}
+use super::stop::{launch_spin, spin_module};
 
 /// The thread ids of process `pid` whose name is the cell's thread's
 /// (`cell-ID`, cut to the kernel's 15 bytes).
@@ -107,8 +89,8 @@ fn spinning_cells_run_in_their_own_cpu_groups_and_the_node_still_answers() {
     let node_group = PathBuf::from(cpu["group"].as_str().expect("the node's group"));
     cleanup.0 = Some(node_group.clone());
     assert!(node_group.ends_with(format!("roam-{name}")), "{cpu}");
-    let light = launch(&n, &module, &["--cpu-weight", "50"]);
-    let heavy = launch(&n, &module, &["--cpu-weight", "400", "--cpu-max", "0.5"]);
+    let light = launch_spin(&n, &module, &["--cpu-weight", "50"]);
+    let heavy = launch_spin(&n, &module, &["--cpu-weight", "400", "--cpu-max", "0.5"]);
 
     let group_of = |id: &str| -> (PathBuf, Value) {
         let c = n.cell(id).expect("the cell");
@@ -208,7 +190,7 @@ fn a_node_without_cgroups_runs_each_cell_at_the_nice_value_of_its_weight() {
         ],
     );
     assert_eq!(n.info()["cpu"]["mechanism"], "nice");
-    let id = launch(&n, &module, &["--cpu-weight", "400", "--cpu-max", "0.5"]);
+    let id = launch_spin(&n, &module, &["--cpu-weight", "400", "--cpu-max", "0.5"]);
     let c = n.cell(&id).expect("the cell");
     assert_eq!(c["cpu"]["mechanism"], "nice", "{c}");
     assert_eq!(c["cpu"]["max_enforced"], false, "{c}");

@@ -159,10 +159,13 @@ fn a_second_sigterm_kills_at_once() {
     assert!(at.elapsed() < BOUND, "{:?}", at.elapsed());
 }
 
-/// `roam launch` of `module` on `n`; the cell id, once it printed.
-fn launch_spin(n: &Node, module: &Path) -> String {
+/// `roam launch` of `module` on `n` with `flags`; the cell id, once it
+/// printed.
+pub(super) fn launch_spin(n: &Node, module: &Path, flags: &[&str]) -> String {
     let mut cmd = roam(Isa::X86_64);
-    cmd.args(["launch", "--node", &n.addr]).arg(module);
+    cmd.args(["launch", "--node", &n.addr])
+        .args(flags)
+        .arg(module);
     let out = run_bounded(cmd, SLOW);
     assert!(
         out.status.success(),
@@ -190,7 +193,7 @@ fn roam_kill_ends_a_cell_that_reaches_no_migration_point() {
     let dir = tempfile::tempdir().unwrap();
     let module = spin_module(dir.path());
     let n = Node::start_with(Isa::X86_64, &["--migrate-listen", "127.0.0.1:0"]);
-    let id = launch_spin(&n, &module);
+    let id = launch_spin(&n, &module, &[]);
     assert_eq!(n.cell(&id).unwrap()["state"], "running");
 
     let mut cmd = roam(Isa::X86_64);

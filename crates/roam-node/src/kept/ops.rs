@@ -275,9 +275,7 @@ pub(crate) async fn commit(
     id: String,
     snapshot: String,
 ) -> Result<(), NodeError> {
-    roam_wire::ident::parse_module_hash(&snapshot).map_err(|_| {
-        NodeError::bad(format!("snapshot `{snapshot}` is not a BLAKE3 hash in hex"))
-    })?;
+    check_snapshot(&snapshot)?;
     tokio::task::spawn_blocking(move || Holder::new(&n.cfg.state_dir).commit(&id, &snapshot))
         .await??;
     Ok(())
@@ -290,12 +288,7 @@ pub(crate) async fn restore(
 ) -> Result<CellInfo, NodeError> {
     roam_wire::ident::check_cell_id(&req.id).map_err(NodeError::bad)?;
     let module = cells::parse_hash(&req.module)?;
-    roam_wire::ident::parse_module_hash(&req.snapshot).map_err(|_| {
-        NodeError::bad(format!(
-            "snapshot `{}` is not a BLAKE3 hash in hex",
-            req.snapshot
-        ))
-    })?;
+    check_snapshot(&req.snapshot)?;
     cells::check(n, &req.args, &req.dirs, req.service.as_deref())?;
     cells::cpu_limits(req.cpu).check().map_err(NodeError::bad)?;
     let max = n.cfg.limits.max_cell_memory;
