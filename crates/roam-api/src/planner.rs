@@ -39,6 +39,44 @@ pub struct NodeStatus {
     pub machine: Machine,
     /// The cells running on it now.
     pub cells: Vec<String>,
+    /// Its path to its gateway, when it has one (`roam node --gateway`):
+    /// what the follow-the-client policy compares nodes by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayPath>,
+}
+
+/// A node's path to its gateway, as the node measures it on the link.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct GatewayPath {
+    /// The gateway's control address, as the node was given it. Nodes
+    /// given the same address reach the same clients.
+    pub address: String,
+    /// Whether the link is up now.
+    pub connected: bool,
+    /// Round-trip time, microseconds: the median of the last few pings on
+    /// the link, or the oldest unanswered ping's wait if longer. Absent
+    /// until measured (a gateway older than protocol 3 never answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_us: Option<u64>,
+    /// The services served through it here, with their traffic.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceTraffic>,
+}
+
+/// One service a node serves, and its client traffic through the link.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ServiceTraffic {
+    /// The service.
+    pub service: String,
+    /// The cell serving it.
+    pub cell: String,
+    /// Client connections open.
+    pub conns: u64,
+    /// Client->cell messages since the cell started serving here (a
+    /// counter: it starts again at 0 on each node).
+    pub frames: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// A node's administrative state.

@@ -163,6 +163,19 @@ pub(crate) fn check_status(s: &NodeStatus) -> Result<(), AppError> {
     for id in &s.cells {
         roam_wire::ident::check_cell_id(id).map_err(|e| bad(e.to_string()))?;
     }
+    if let Some(g) = &s.gateway {
+        check_addr("gateway address", &g.address)?;
+        if g.services.len() > MAX_REPORTED_CELLS {
+            return Err(bad(format!(
+                "the status lists {} services, more than the {MAX_REPORTED_CELLS} a node may serve",
+                g.services.len()
+            )));
+        }
+        for t in &g.services {
+            roam_wire::ident::check_service_name(&t.service).map_err(|e| bad(e.to_string()))?;
+            roam_wire::ident::check_cell_id(&t.cell).map_err(|e| bad(e.to_string()))?;
+        }
+    }
     Ok(())
 }
 

@@ -28,6 +28,7 @@ mod dashboard;
 #[cfg(test)]
 mod evac_tests;
 pub mod events;
+pub mod follow;
 pub mod history;
 mod kept;
 #[cfg(test)]

@@ -251,7 +251,7 @@ pub fn cells_on(ctx: &Ctx, node: &str) -> usize {
 
 /// The least-loaded score: fewer cells per core first, then more memory
 /// available (MiB, capped so that it never outweighs one cell).
-fn load_score(ctx: &Ctx, node: &NodeRecord) -> i64 {
+pub(crate) fn load_score(ctx: &Ctx, node: &NodeRecord) -> i64 {
     let cores = node.status.machine.cores.max(1) as i64;
     let per_core_milli = (cells_on(ctx, &node.name) as i64) * 1000 / cores;
     let mem_mib = ((node.status.machine.memory_available >> 20) as i64).min(999_999);
@@ -339,7 +339,12 @@ impl Policy for Evacuate {
 
 /// Every shipped policy.
 pub fn all() -> Vec<Box<dyn Policy>> {
-    vec![Box::new(LeastLoaded), Box::new(Manual), Box::new(Evacuate)]
+    vec![
+        Box::new(LeastLoaded),
+        Box::new(Manual),
+        Box::new(Evacuate),
+        Box::new(crate::follow::FollowTheClient),
+    ]
 }
 
 /// The policy called `name`.
@@ -384,6 +389,7 @@ mod tests {
                     load1: 0.0,
                 },
                 cells: vec![],
+                gateway: None,
             },
             state: NodeState::Ready,
             alive,

@@ -19,7 +19,10 @@
 //!   NetHub ◄─ deliver/open ──── frame router ◄── Open/Data/Eof ── client
 //! ```
 
+mod rtt;
 mod session;
+
+pub use rtt::{Rtt, PING_EVERY};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -74,6 +77,32 @@ pub(crate) struct Shared {
     conns: HashMap<ConnId, String>,
     /// Control messages not yet written, in order.
     control: Vec<ToGateway>,
+    /// Pings in flight and the round trips measured.
+    pings: rtt::Pings,
+    /// Client->cell traffic per service, since the link started.
+    traffic: HashMap<String, Traffic>,
+}
+
+/// Client->cell traffic of one service through this link.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// `Data` frames the gateway forwarded.
+    pub frames: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// One service this node serves, as the link sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedService {
+    /// The service.
+    pub service: String,
+    /// The cell serving it here.
+    pub cell: String,
+    /// Client connections the link knows for it.
+    pub conns: usize,
+    /// Its traffic so far.
+    pub traffic: Traffic,
 }
 
 pub(crate) struct Inner {
@@ -161,6 +190,34 @@ impl GatewayLink {
     /// Whether a session with the gateway is open now.
     pub fn is_connected(&self) -> bool {
         *self.inner.connected.borrow()
+    }
+
+    /// The gateway's control address, as given to [`connect`](Self::connect).
+    pub fn address(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// The round-trip time of the path to the gateway, once measured (a
+    /// gateway of protocol 3 or later; see [`Rtt`]).
+    pub fn rtt(&self) -> Option<Rtt> {
+        self.inner.lock().pings.rtt(std::time::Instant::now())
+    }
+
+    /// Every service served here, with its connections and traffic.
+    pub fn served(&self) -> Vec<ServedService> {
+        let s = self.inner.lock();
+        let mut v: Vec<ServedService> = s
+            .services
+            .iter()
+            .map(|(service, x)| ServedService {
+                service: service.clone(),
+                cell: x.cell.clone(),
+                conns: s.conns.values().filter(|c| *c == service).count(),
+                traffic: s.traffic.get(service).copied().unwrap_or_default(),
+            })
+            .collect();
+        v.sort_by(|a, b| a.service.cmp(&b.service));
+        v
     }
 
     /// Wait until a session is open, at most `timeout`; whether it is.
@@ -253,6 +310,7 @@ impl GatewayLink {
             gone.hub.set_notify(Arc::new(|| {}));
         }
         s.conns.retain(|_, svc| svc != service);
+        s.traffic.remove(service);
         Ok(())
     }
 
@@ -268,6 +326,7 @@ impl GatewayLink {
                 gone.hub.set_notify(Arc::new(|| {}));
             }
             s.conns.retain(|_, svc| svc != service);
+            s.traffic.remove(service);
             tracing::info!(
                 service,
                 cell,

@@ -10,10 +10,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::{serve_msg, Inner};
+use super::{serve_msg, Inner, PING_EVERY};
 use crate::proto::{
     write_frame, FrameReader, Hello, ToGateway, ToNode, MAX_DATA, MIN_PROTOCOL_VERSION,
-    PROTOCOL_VERSION,
+    PING_VERSION, PROTOCOL_VERSION,
 };
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -133,20 +133,43 @@ async fn session(inner: &Arc<Inner>, welcomed: &mut bool) -> Result<(), SessionE
     let (kind, payload) = tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.read())
         .await
         .map_err(|_| SessionError::Timeout(HANDSHAKE_TIMEOUT))??;
-    match ToNode::decode(kind, &payload)? {
+    let version = match ToNode::decode(kind, &payload)? {
         ToNode::Welcome { version, .. }
-            if (MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) => {}
+            if (MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) =>
+        {
+            version
+        }
         ToNode::Welcome { version, .. } => return Err(SessionError::Version(version)),
         ToNode::Refused { reason } => return Err(SessionError::Refused(reason)),
         other => return Err(SessionError::Unexpected(other.name())),
-    }
+    };
     *welcomed = true;
     announce(inner);
     inner.connected.send_replace(true);
-    tracing::info!(gateway = %inner.addr, "gateway link up");
+    tracing::info!(gateway = %inner.addr, version, "gateway link up");
     tokio::select! {
         r = reader(inner, &mut rd) => r,
         r = writer(inner, &mut wr) => r,
+        () = pinger(inner, version) => Ok(()),
+    }
+}
+
+/// Ping the gateway every [`PING_EVERY`], on a link that speaks
+/// [`PING_VERSION`]; never returns (on an older link it just waits).
+async fn pinger(inner: &Inner, version: u16) {
+    if version < PING_VERSION {
+        return std::future::pending().await;
+    }
+    let mut every = tokio::time::interval(PING_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        every.tick().await;
+        let mut s = inner.lock();
+        if let Some(nonce) = s.pings.ping(std::time::Instant::now()) {
+            s.control.push(ToGateway::Ping { nonce });
+            drop(s);
+            inner.wake.notify_one();
+        }
     }
 }
 
@@ -156,6 +179,7 @@ fn announce(inner: &Inner) {
     let mut s = inner.lock();
     s.control.clear();
     s.conns.clear();
+    s.pings.reset();
     let mut msgs = Vec::new();
     let mut conns = Vec::new();
     for (service, v) in &s.services {
@@ -183,6 +207,17 @@ fn hub_of(inner: &Inner, conn: u64) -> Option<Arc<NetHub>> {
     let s = inner.lock();
     let svc = s.conns.get(&conn)?;
     s.services.get(svc).map(|v| v.hub.clone())
+}
+
+/// [`hub_of`], counting `bytes` of client data to the connection's service.
+fn hub_for_data(inner: &Inner, conn: u64, bytes: usize) -> Option<Arc<NetHub>> {
+    let mut s = inner.lock();
+    let svc = s.conns.get(&conn)?.clone();
+    let hub = s.services.get(&svc).map(|v| v.hub.clone())?;
+    let t = s.traffic.entry(svc).or_default();
+    t.frames += 1;
+    t.bytes += bytes as u64;
+    Some(hub)
 }
 
 /// Forget `conn` once its hub has (a closed connection whose output the
@@ -246,7 +281,7 @@ async fn reader<R: AsyncRead + Unpin>(
                 conn,
                 offset,
                 bytes,
-            } => match hub_of(inner, conn) {
+            } => match hub_for_data(inner, conn, bytes.len()) {
                 Some(h) => hub_result(inner, conn, "data", h.deliver(conn, offset, &bytes)),
                 None => refuse(inner, conn, "unknown connection"),
             },
@@ -279,6 +314,12 @@ async fn reader<R: AsyncRead + Unpin>(
                      not name this node as the cell's owner at this generation; this node's copy \
                      gets no clients (see the gateway's log for which)"
                 );
+            }
+            ToNode::Pong { nonce } => {
+                let rtt = inner.lock().pings.pong(nonce, std::time::Instant::now());
+                if let Some(rtt) = rtt {
+                    tracing::trace!(gateway = %inner.addr, ?rtt, "gateway round trip");
+                }
             }
             ToNode::Refused { reason } => return Err(SessionError::Refused(reason)),
             m @ ToNode::Welcome { .. } => return Err(SessionError::Unexpected(m.name())),

@@ -11,6 +11,7 @@
 //! | 0x06 | `Consumed` | conn u64, offset u64 |
 //! | 0x07 | `Shutdown` | conn u64, offset u64 |
 //! | 0x08 | `Closed` | conn u64 |
+//! | 0x09 | `Ping` (protocol 3) | nonce u64 |
 //! | 0x81 | `Welcome` | version u16, window u64 |
 //! | 0x82 | `Refused` | reason str |
 //! | 0x83 | `Open` | service str, conn u64, peer str |
@@ -19,6 +20,7 @@
 //! | 0x86 | `Gone` | conn u64 |
 //! | 0x87 | `Delivered` | conn u64, offset u64 |
 //! | 0x88 | `Stale` (protocol 2) | service str, cell str, generation u64, current u64 |
+//! | 0x89 | `Pong` (protocol 3) | nonce u64 |
 //!
 //! Every service, cell and node name is checked with `roam_wire::ident`
 //! on receipt; windows must lie in [`MIN_WINDOW`]..=[`MAX_WINDOW`]; a
@@ -308,6 +310,7 @@ impl ToGateway {
             ToGateway::Consumed { .. } => "Consumed",
             ToGateway::Shutdown { .. } => "Shutdown",
             ToGateway::Closed { .. } => "Closed",
+            ToGateway::Ping { .. } => "Ping",
         }
     }
 
@@ -384,6 +387,10 @@ impl ToGateway {
                 w.u64(*conn);
                 0x08
             }
+            ToGateway::Ping { nonce } => {
+                w.u64(*nonce);
+                0x09
+            }
         };
         put_frame(out, kind, &w.b);
         Ok(())
@@ -400,6 +407,7 @@ impl ToGateway {
             0x06 => "Consumed",
             0x07 => "Shutdown",
             0x08 => "Closed",
+            0x09 => "Ping",
             k => return Err(DecodeError::UnknownType(k)),
         };
         let mut r = Reader {
@@ -487,8 +495,11 @@ impl ToGateway {
                 conn: r.u64("conn")?,
                 offset: r.u64("offset")?,
             },
-            _ => ToGateway::Closed {
+            0x08 => ToGateway::Closed {
                 conn: r.u64("conn")?,
+            },
+            _ => ToGateway::Ping {
+                nonce: r.u64("nonce")?,
             },
         };
         r.end(m)
@@ -507,6 +518,7 @@ impl ToNode {
             ToNode::Gone { .. } => "Gone",
             ToNode::Delivered { .. } => "Delivered",
             ToNode::Stale { .. } => "Stale",
+            ToNode::Pong { .. } => "Pong",
         }
     }
 
@@ -569,6 +581,10 @@ impl ToNode {
                 w.u64(*current);
                 0x88
             }
+            ToNode::Pong { nonce } => {
+                w.u64(*nonce);
+                0x89
+            }
         };
         put_frame(out, kind, &w.b);
         Ok(())
@@ -611,6 +627,7 @@ impl ToNode {
             0x86 => "Gone",
             0x87 => "Delivered",
             0x88 => "Stale",
+            0x89 => "Pong",
             k => return Err(DecodeError::UnknownType(k)),
         };
         let mut r = Reader {
@@ -649,11 +666,14 @@ impl ToNode {
                 conn: r.u64("conn")?,
                 offset: r.u64("offset")?,
             },
-            _ => ToNode::Stale {
+            0x88 => ToNode::Stale {
                 service: r.service()?,
                 cell: r.cell()?,
                 generation: r.u64("generation")?,
                 current: r.u64("current")?,
+            },
+            _ => ToNode::Pong {
+                nonce: r.u64("nonce")?,
             },
         };
         r.end(m)

@@ -44,6 +44,7 @@ fn all_to_gateway() -> Vec<ToGateway> {
         ToGateway::Consumed { conn: 1, offset: 2 },
         ToGateway::Shutdown { conn: 1, offset: 3 },
         ToGateway::Closed { conn: 1 },
+        ToGateway::Ping { nonce: u64::MAX },
     ]
 }
 
@@ -75,6 +76,7 @@ fn all_to_node() -> Vec<ToNode> {
             generation: 3,
             current: 5,
         },
+        ToNode::Pong { nonce: 42 },
     ]
 }
 

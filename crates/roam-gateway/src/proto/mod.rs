@@ -24,6 +24,8 @@
 //!   │ ◄─────────────────────────── Gone{conn} │   the client is gone
 //!   │ ── Hold{service, cell, gen} ──────────► │   pausing to move: buffer, queue
 //!   │ ── Unserve{service, cell, gen} ───────► │   the cell exited
+//!   │ ── Ping{nonce} ───────────────────────► │   (protocol 3) the node times
+//!   │ ◄─────────────────────── Pong{nonce}    │   its path to the gateway
 //! ```
 //!
 //! Every frame is a fixed 12-byte header and a payload (see [`frame`]);
@@ -49,10 +51,14 @@ pub use reader::FrameReader;
 pub type ConnId = u64;
 
 /// The protocol version this build speaks. Version 2 adds [`ToNode::Stale`];
-/// the gateway sends it only on links that speak 2.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// the gateway sends it only on links that speak 2. Version 3 adds
+/// [`ToGateway::Ping`] and [`ToNode::Pong`]; a node sends `Ping` only on a
+/// link that speaks 3.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The first version with [`ToNode::Stale`].
 pub const STALE_VERSION: u16 = 2;
+/// The first version with [`ToGateway::Ping`] and [`ToNode::Pong`].
+pub const PING_VERSION: u16 = 3;
 /// The oldest version this build accepts from a peer.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 
@@ -160,6 +166,13 @@ pub enum ToGateway {
         /// The connection.
         conn: ConnId,
     },
+    /// Answer with `Pong { nonce }` at once (protocol 3): the node measures
+    /// the round-trip time of its path to the gateway, queues included,
+    /// which is what a client's request through this link pays.
+    Ping {
+        /// Chosen by the node; echoed.
+        nonce: u64,
+    },
 }
 
 /// Messages from the gateway to a node.
@@ -227,5 +240,10 @@ pub enum ToNode {
         conn: ConnId,
         /// Stream offset.
         offset: u64,
+    },
+    /// The answer to `Ping` (protocol 3).
+    Pong {
+        /// The ping's nonce.
+        nonce: u64,
     },
 }

@@ -322,6 +322,10 @@ fn apply(s: &mut State, link: u64, msg: ToGateway) -> Result<(), String> {
             s.cell_closed(link, conn);
             Ok(())
         }
+        ToGateway::Ping { nonce } => {
+            s.send(link, &ToNode::Pong { nonce });
+            Ok(())
+        }
     };
     r.map_err(|v| v.to_string())
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use roam_api::planner::{
-    HandoffRequest, HeartbeatRequest, NodeStatus, OwnerRequest, RegisterRequest,
+    GatewayPath, HandoffRequest, HeartbeatRequest, NodeStatus, OwnerRequest, RegisterRequest,
+    ServiceTraffic,
 };
 use roam_api::{PlannerClient, PlannerError};
 
@@ -44,6 +45,30 @@ fn status(n: &NodeInner) -> NodeStatus {
     NodeStatus {
         machine: crate::sysinfo::Machine::read(),
         cells,
+        gateway: n.gateway.as_ref().map(gateway_path),
+    }
+}
+
+/// The link's view of the path to the gateway, for the planner's
+/// follow-the-client policy.
+fn gateway_path(link: &roam_gateway::link::GatewayLink) -> GatewayPath {
+    GatewayPath {
+        address: link.address().to_string(),
+        connected: link.is_connected(),
+        rtt_us: link
+            .rtt()
+            .map(|r| u64::try_from(r.estimate().as_micros()).unwrap_or(u64::MAX)),
+        services: link
+            .served()
+            .into_iter()
+            .map(|s| ServiceTraffic {
+                service: s.service,
+                cell: s.cell,
+                conns: s.conns as u64,
+                frames: s.traffic.frames,
+                bytes: s.traffic.bytes,
+            })
+            .collect(),
     }
 }
 

@@ -39,6 +39,7 @@ fn node(name: &str, state: NodeState) -> NodeRecord {
                 load1: 1.5,
             },
             cells: vec![],
+            gateway: None,
         },
         state,
         alive: true,
