@@ -10,8 +10,19 @@
 //! scenarios, each on fresh processes: the cell always on a, always on b,
 //! and migrating (pre-copy) to the near node at each phase change. The
 //! baseline is the better of the two static placements.
+//!
+//! A fourth scenario lets the planner decide: the nodes register with a
+//! `roam planner` whose placement policy is `follow-the-client`, and
+//! nothing else moves the cell. The planner sees each node's measured
+//! round trip to the gateway in its heartbeats and moves the cell itself
+//! (`roam-planner/src/follow.rs`). The benchmark only watches the cell's
+//! owner, to report how long each phase took to be followed and whether
+//! any move went the wrong way.
 
-use std::time::Duration;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::kv::delay::DelayProxy;
 use crate::kv::load::{self, Load, LoadConfig};
@@ -37,10 +48,18 @@ pub struct Options {
     pub mode: String,
 }
 
+/// The scenario in which the planner's policy moves the cell.
+const POLICY: &str = "follow-the-client policy";
+
 struct Outcome {
     name: &'static str,
     rate: f64,
     migrations: usize,
+    /// Policy only: moves that went to the node that was far then.
+    wrong_moves: usize,
+    /// Policy only: for each phase after the first, seconds from its start
+    /// until the cell ran on its near node (`None`: not within the phase).
+    reactions: Vec<Option<f64>>,
     failed_migrations: Vec<String>,
     longest_gap: f64,
     errors: u64,
@@ -60,10 +79,22 @@ fn scenario(paths: &Paths, o: &Options, name: &'static str) -> anyhow::Result<Ou
     let _gw = kv::gateway(&roam, listen, "kv", control, &dir)?;
     let pa = DelayProxy::start(control, near)?;
     let pb = DelayProxy::start(control, far)?;
-    let _a = kv::node(&roam, na, "a", pa.addr, &dir, &cache)?;
-    let _b = kv::node(&roam, nb, "b", pb.addr, &dir, &cache)?;
+    let planner = if name == POLICY {
+        Some(start_planner(&roam, &dir)?)
+    } else {
+        None
+    };
+    let extra: Vec<String> = match &planner {
+        Some((_, url)) => vec!["--planner".into(), url.clone()],
+        None => Vec::new(),
+    };
+    let _a = kv::node_with(&roam, na, "a", pa.addr, &dir, &cache, &extra)?;
+    let _b = kv::node_with(&roam, nb, "b", pb.addr, &dir, &cache, &extra)?;
     let home = if name == "always on b" { nb } else { na };
-    let cell = kv::launch_service(&roam, home, "kv", &wasm)?;
+    let cell = match &planner {
+        Some((_, url)) => launch_through(&roam, url, "a", &wasm)?,
+        None => kv::launch_service(&roam, home, "kv", &wasm)?,
+    };
     let len = 1024;
     load::load_dataset(listen, o.keys, len)?;
     let load = Load::start(LoadConfig {
@@ -73,12 +104,18 @@ fn scenario(paths: &Paths, o: &Options, name: &'static str) -> anyhow::Result<Ou
         value_len: len,
         bench_args: Vec::new(),
     })?;
+    let t0 = Instant::now();
+    let watcher = planner
+        .as_ref()
+        .map(|(_, url)| OwnerWatch::start(url.clone(), cell.clone(), t0));
+    let mut phase_starts = Vec::new();
     let mut at = home;
     let mut migrations = 0;
     let mut failed = Vec::new();
     let phase = Duration::from_secs_f64(o.phase_secs);
     for p in 0..o.phases {
         let start = std::time::Instant::now();
+        phase_starts.push(t0.elapsed().as_secs_f64());
         let a_near = p % 2 == 0;
         pa.set_delay(if a_near { near } else { far });
         pb.set_delay(if a_near { far } else { near });
@@ -99,10 +136,37 @@ fn scenario(paths: &Paths, o: &Options, name: &'static str) -> anyhow::Result<Ou
     }
     let end = load.timeline.now();
     let (timeline, seen) = load.stop();
+    let (mut wrong_moves, mut reactions) = (0, Vec::new());
+    if let Some(w) = watcher {
+        let owners = w.stop()?;
+        let near_in = |p: usize| if p.is_multiple_of(2) { "a" } else { "b" };
+        let phase_of = |t: f64| phase_starts.iter().rposition(|s| *s <= t).unwrap_or(0);
+        for pair in owners.windows(2) {
+            migrations += 1;
+            let (t, to) = (pair[1].0, &pair[1].1);
+            if to != near_in(phase_of(t)) {
+                wrong_moves += 1;
+            }
+        }
+        for (p, &from) in phase_starts.iter().enumerate().skip(1) {
+            let until = from + o.phase_secs;
+            let owner_at = |t: f64| owners.iter().rev().find(|x| x.0 <= t).map(|x| x.1.as_str());
+            reactions.push(if owner_at(from) == Some(near_in(p)) {
+                Some(0.0)
+            } else {
+                owners
+                    .iter()
+                    .find(|x| x.0 > from && x.0 < until && x.1 == near_in(p))
+                    .map(|x| x.0 - from)
+            });
+        }
+    }
     Ok(Outcome {
         name,
         rate: timeline.rate(0.0, end),
         migrations,
+        wrong_moves,
+        reactions,
         failed_migrations: failed,
         longest_gap: seen
             .longest_reader_gap(0.0, end)
@@ -116,7 +180,7 @@ fn scenario(paths: &Paths, o: &Options, name: &'static str) -> anyhow::Result<Ou
 pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
     let mut outs = Vec::new();
     let mut notes = Vec::new();
-    for name in ["always on a", "always on b", "follow the user"] {
+    for name in ["always on a", "always on b", "follow the user", POLICY] {
         eprintln!("t7: {name} ...");
         match scenario(paths, o, name) {
             Ok(out) => {
@@ -131,7 +195,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
     }
     let best_static = outs
         .iter()
-        .filter(|o| o.name != "follow the user")
+        .filter(|o| o.name.starts_with("always"))
         .map(|o| o.rate)
         .fold(f64::NAN, f64::max);
     let mut t = Table::new(&[
@@ -139,15 +203,32 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         "req/s (average over all phases)",
         "÷ best never-migrating",
         "migrations",
+        "moves to the far node",
+        "followed after (s, per phase change)",
         "longest reply gap ms",
         "failed requests",
     ]);
     for out in &outs {
+        let reactions: Vec<String> = out
+            .reactions
+            .iter()
+            .map(|r| r.map_or("not followed".into(), |s| format!("{s:.1}")))
+            .collect();
         t.push(vec![
             out.name.into(),
             format!("{:.0}", out.rate),
             format!("{:.2}", out.rate / best_static),
             out.migrations.to_string(),
+            if out.name == POLICY {
+                out.wrong_moves.to_string()
+            } else {
+                "-".into()
+            },
+            if reactions.is_empty() {
+                "-".into()
+            } else {
+                reactions.join(", ")
+            },
             format!("{:.1}", out.longest_gap),
             out.errors.to_string(),
         ]);
@@ -161,7 +242,16 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
             ));
         }
     }
-    notes.push("target: follow the user ≥ 1.25 × the better never-migrating placement".into());
+    notes.push(
+        "target: follow the user ≥ 1.25 × the better never-migrating placement, with the \
+         policy deciding, no failed request and no flapping (no move to the far node)"
+            .into(),
+    );
+    notes.push(format!(
+        "`{POLICY}`: a `roam planner` (lease 3 s, so heartbeats every second) with placement \
+         policy follow-the-client; the benchmark never moves the cell, it polls the planner \
+         for the cell's owner every 200 ms"
+    ));
     Ok(Report {
         name: "t7".into(),
         label: String::new(),
@@ -175,4 +265,105 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         table: t,
         notes,
     })
+}
+
+/// A `roam planner` on a fresh redb store, heartbeats every second, with
+/// the follow-the-client policy in force: the process and its URL.
+fn start_planner(
+    roam: &std::path::Path,
+    dir: &std::path::Path,
+) -> anyhow::Result<(kv::Proc, String)> {
+    let addr = kv::free_addr()?;
+    let store = format!("redb:{}", dir.join("cluster.redb").display());
+    let mut cmd = Command::new(roam);
+    cmd.args(["planner", "--listen", &addr.to_string(), "--store", &store])
+        .args(["--lease", "3", "--checkpoint-interval", "0"]);
+    let mut p = kv::Proc::spawn(cmd, &dir.join("planner.log"), "roam planner")?;
+    kv::wait_listening(addr, &mut p, Duration::from_secs(30))?;
+    let url = format!("http://{addr}");
+    kv::run_bounded(
+        Command::new(roam).args(["policy", "follow-the-client", "--planner", &url]),
+        Duration::from_secs(30),
+    )?;
+    Ok((p, url))
+}
+
+/// `roam launch --planner URL --on NODE --service kv`, once both nodes
+/// have registered: the cell id.
+fn launch_through(
+    roam: &std::path::Path,
+    url: &str,
+    on: &str,
+    wasm: &std::path::Path,
+) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = kv::run_bounded(
+            Command::new(roam).args(["nodes", "--planner", url, "--json"]),
+            Duration::from_secs(30),
+        )?;
+        let nodes: serde_json::Value = serde_json::from_str(&out)?;
+        let alive = nodes
+            .as_array()
+            .map_or(0, |v| v.iter().filter(|n| n["alive"] == true).count());
+        if alive == 2 {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the nodes did not register: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut cmd = Command::new(roam);
+    cmd.args(["launch", "--planner", url, "--on", on, "--service", "kv"])
+        .arg(wasm);
+    Ok(kv::run_bounded(&mut cmd, Duration::from_secs(300))?
+        .trim()
+        .to_string())
+}
+
+/// Polls the planner for a cell's owner, recording each change.
+struct OwnerWatch {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<Vec<(f64, String)>>>,
+}
+
+impl OwnerWatch {
+    fn start(url: String, cell: String, t0: Instant) -> OwnerWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let http = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()?;
+                let mut seen: Vec<(f64, String)> = Vec::new();
+                while !s.load(Ordering::Relaxed) {
+                    let r = http.get(format!("{url}/v1/cells/{cell}")).send().await;
+                    if let Ok(r) = r {
+                        if let Ok(v) = r.json::<serde_json::Value>().await {
+                            let owner = v["owner"].as_str().unwrap_or_default().to_string();
+                            if !owner.is_empty() && seen.last().is_none_or(|l| l.1 != owner) {
+                                seen.push((t0.elapsed().as_secs_f64(), owner));
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok(seen)
+            })
+        });
+        OwnerWatch { stop, thread }
+    }
+
+    fn stop(self) -> anyhow::Result<Vec<(f64, String)>> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the owner watch panicked"))?
+    }
 }

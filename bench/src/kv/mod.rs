@@ -141,6 +141,19 @@ pub fn node(
     dir: &Path,
     cache: &Path,
 ) -> anyhow::Result<Proc> {
+    node_with(roam, listen, name, gateway, dir, cache, &[])
+}
+
+/// [`node`] with more `roam node` arguments (`--planner URL`).
+pub fn node_with(
+    roam: &Path,
+    listen: SocketAddr,
+    name: &str,
+    gateway: SocketAddr,
+    dir: &Path,
+    cache: &Path,
+    extra: &[String],
+) -> anyhow::Result<Proc> {
     let mut cmd = Command::new(roam);
     cmd.arg("node")
         .arg("--listen")
@@ -154,7 +167,8 @@ pub fn node(
         .arg("--cache-dir")
         .arg(cache)
         .arg("--memory-reserve-mib")
-        .arg("0");
+        .arg("0")
+        .args(extra);
     let mut p = Proc::spawn(cmd, &dir.join(format!("node-{name}.log")), "roam node")?;
     wait_listening(listen, &mut p, Duration::from_secs(30))?;
     Ok(p)

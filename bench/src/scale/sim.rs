@@ -251,6 +251,7 @@ fn status(node: &SimNode) -> NodeStatus {
     NodeStatus {
         machine: machine(),
         cells: node.cells.lock().unwrap().iter().cloned().collect(),
+        gateway: None,
     }
 }
 

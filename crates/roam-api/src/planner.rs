@@ -48,9 +48,14 @@ pub struct NodeStatus {
 /// A node's path to its gateway, as the node measures it on the link.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct GatewayPath {
-    /// The gateway's control address, as the node was given it. Nodes
-    /// given the same address reach the same clients.
+    /// The gateway's control address, as the node was given it.
     pub address: String,
+    /// The id the gateway answers pings with: nodes that report the same
+    /// id reach the same gateway, and so the same clients, whatever
+    /// address each dialed. Absent until the first answer (and from a
+    /// gateway older than protocol 3); then the address stands in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// Whether the link is up now.
     pub connected: bool,
     /// Round-trip time, microseconds: the median of the last few pings on

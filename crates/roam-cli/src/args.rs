@@ -53,6 +53,8 @@ pub enum Command {
     Drain(crate::node_args::DrainArgs),
     /// Let a drained node take cells again, after its maintenance.
     Undrain(crate::node_args::UndrainArgs),
+    /// Show the cluster's placement policies, or set the one in force
+    Policy(crate::node_args::PolicyArgs),
     /// Run a planner: the one place that knows every node and cell, places
     /// cells, keeps their checkpoints on other nodes, restores a dead
     /// node's cells.

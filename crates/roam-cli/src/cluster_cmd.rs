@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use roam_api::planner::{
     CellRecord, CellState, DrainResponse, MoveRequest, MoveResponse, NodeRecord, NodeState,
-    PlaceRequest,
+    PlaceRequest, PoliciesResponse,
 };
 use roam_api::PlannerClient;
 use roam_node::Client;
@@ -18,7 +18,7 @@ use crate::follow::{follow, print_summary};
 use crate::human::{ago, bytes};
 use crate::node_args::{
     CellsArgs, DrainArgs, KillArgs, LaunchArgs, LogsArgs, MigrateArgs, NodesArgs, PlannerArg,
-    UndrainArgs,
+    PolicyArgs, UndrainArgs,
 };
 use crate::runtime;
 
@@ -172,13 +172,21 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
             return Ok(0);
         }
         println!(
-            "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5} {:>5}  HEARTBEAT",
-            "NODE", "ISA", "STATE", "LIVE", "CORES", "MEMORY FREE/TOTAL", "LOAD", "CELLS"
+            "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5} {:>5} {:>10}  HEARTBEAT",
+            "NODE",
+            "ISA",
+            "STATE",
+            "LIVE",
+            "CORES",
+            "MEMORY FREE/TOTAL",
+            "LOAD",
+            "CELLS",
+            "GATEWAY RTT"
         );
         for n in &nodes {
             let m = &n.status.machine;
             println!(
-                "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5.2} {:>5}  {}",
+                "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5.2} {:>5} {:>11}  {}",
                 n.name,
                 n.isa,
                 match n.state {
@@ -190,11 +198,48 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
                 format!("{} / {}", bytes(m.memory_available), bytes(m.memory_total)),
                 m.load1,
                 n.status.cells.len(),
+                gateway_rtt(n),
                 ago(n.heartbeat_ms)
             );
         }
         Ok(0)
     })
+}
+
+/// `roam policy [NAME]`: set the placement policy, then list them all with
+/// the one in force marked.
+pub fn policy(a: PolicyArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let p = planner(&a.planner, &a.auth, "roam policy")?;
+        let v = match &a.name {
+            Some(name) => {
+                p.set_policies(&serde_json::json!({ "placement": name }))
+                    .await?
+            }
+            None => p.policies().await?,
+        };
+        let r: PoliciesResponse =
+            serde_json::from_value(v).context("unexpected answer from the planner")?;
+        for x in &r.available {
+            let mark = if x.name == r.placement { "*" } else { " " };
+            println!("{mark} {:<18} {}", x.name, x.description);
+        }
+        if let Some(name) = &a.name {
+            println!("placement policy is now {name}");
+        }
+        Ok(0)
+    })
+}
+
+/// A node's round trip to its gateway for people: `4.1 ms`, `down`, `-`.
+fn gateway_rtt(n: &NodeRecord) -> String {
+    match &n.status.gateway {
+        None => "-".into(),
+        Some(g) if !g.connected => "down".into(),
+        Some(g) => g.rtt_us.map_or("?".into(), |us| {
+            crate::human::duration(Duration::from_micros(us))
+        }),
+    }
 }
 
 /// `roam undrain NODE`: the node takes new cells again.

@@ -102,6 +102,7 @@ fn dispatch(command: Command) -> Result<i32> {
         Command::Nodes(a) => cluster_cmd::nodes(a),
         Command::Drain(a) => cluster_cmd::drain(a),
         Command::Undrain(a) => cluster_cmd::undrain(a),
+        Command::Policy(a) => cluster_cmd::policy(a),
     }
 }
 

@@ -370,6 +370,18 @@ pub struct UndrainArgs {
     pub auth: ClientAuthArgs,
 }
 
+/// `roam policy`.
+#[derive(Args, Debug)]
+pub struct PolicyArgs {
+    /// The placement policy to set (`least-loaded`, `follow-the-client`,
+    /// ...); without it, list them and show the one in force.
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub planner: PlannerArg,
+    #[command(flatten)]
+    pub auth: ClientAuthArgs,
+}
+
 /// `roam drain`.
 #[derive(Args, Debug)]
 pub struct DrainArgs {

@@ -71,12 +71,18 @@ pub fn rtt_of(node: &NodeRecord) -> Option<u64> {
     g.connected.then_some(g.rtt_us?)
 }
 
-/// The gateway address of the cell's owner: where its clients are.
+/// Which gateway a node reaches: the id the gateway gave, else the
+/// address the node dialed.
+pub fn gateway_of(node: &NodeRecord) -> Option<&str> {
+    let g = node.status.gateway.as_ref()?;
+    Some(g.id.as_deref().unwrap_or(&g.address))
+}
+
+/// The gateway of the cell's owner: where its clients are.
 fn clients_gateway<'a>(ctx: &Ctx<'a>) -> Option<&'a str> {
     let cell = ctx.want.cell.as_deref()?;
     let owner = &ctx.cells.iter().find(|c| c.id == cell)?.owner;
-    let node = ctx.nodes.iter().find(|n| &n.name == owner)?;
-    Some(node.status.gateway.as_ref()?.address.as_str())
+    gateway_of(ctx.nodes.iter().find(|n| &n.name == owner)?)
 }
 
 impl Policy for FollowTheClient {
@@ -91,8 +97,7 @@ impl Policy for FollowTheClient {
     fn filter(&self, ctx: &Ctx, node: &NodeRecord) -> Result<(), Reason> {
         base_filter(ctx, node)?;
         if let Some(gw) = clients_gateway(ctx) {
-            let here = node.status.gateway.as_ref().map(|g| g.address.as_str());
-            if here != Some(gw) {
+            if gateway_of(node) != Some(gw) {
                 return Err(Reason::Excluded(
                     "not linked to the gateway of the cell's clients",
                 ));

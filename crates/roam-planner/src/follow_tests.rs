@@ -8,7 +8,7 @@ use roam_api::planner::{GatewayPath, ServiceTraffic};
 use roam_api::sysinfo::Machine;
 use roam_cluster::{NodeState, NodeStatus};
 
-const GW: &str = "10.0.0.1:7800";
+const GW: &str = "gw-00000000000000a1";
 
 fn node(name: &str, gw: &str, rtt_us: Option<u64>) -> NodeRecord {
     NodeRecord {
@@ -26,7 +26,10 @@ fn node(name: &str, gw: &str, rtt_us: Option<u64>) -> NodeRecord {
             },
             cells: vec![],
             gateway: Some(GatewayPath {
-                address: gw.into(),
+                // Each node dials the gateway through its own path; the
+                // id the gateway answers with says it is the same one.
+                address: format!("{name}.path:7800"),
+                id: Some(gw.into()),
                 connected: true,
                 rtt_us,
                 services: vec![],
@@ -256,7 +259,7 @@ fn the_policy_places_by_round_trip_on_the_clients_gateway_only() {
     // gateway; c has not measured; d is the nearest on GW.
     let nodes = [
         node("a", GW, Some(30_000)),
-        node("b", "10.9.9.9:7800", Some(100)),
+        node("b", "gw-00000000000000b2", Some(100)),
         node("c", GW, None),
         node("d", GW, Some(2_000)),
     ];
@@ -270,11 +273,22 @@ fn the_policy_places_by_round_trip_on_the_clients_gateway_only() {
     let nodes = [node("a", GW, Some(90_000)), node("c", GW, None)];
     let ctx = Ctx::new(&nodes, &cells, &w);
     assert_eq!(place(&FollowTheClient, &ctx).unwrap().name, "a");
+    // Before any answer, nodes are told apart by the address they dialed.
+    let mut a = node("a", GW, Some(30_000));
+    let mut e = node("e", GW, Some(1_000));
+    for n in [&mut a, &mut e] {
+        let g = n.status.gateway.as_mut().unwrap();
+        g.id = None;
+        g.address = "10.0.0.1:7800".into();
+    }
+    let nodes = [a, e, node("d", GW, Some(500))];
+    let ctx = Ctx::new(&nodes, &cells, &w);
+    assert_eq!(place(&FollowTheClient, &ctx).unwrap().name, "e");
     // A launch (no cell yet): any gateway, nearest first.
     let fresh = Want::default();
     let nodes = [
         node("x", GW, Some(9_000)),
-        node("y", "10.9.9.9:7800", Some(1_000)),
+        node("y", "gw-00000000000000b2", Some(1_000)),
     ];
     let ctx = Ctx::new(&nodes, &[], &fresh);
     assert_eq!(place(&FollowTheClient, &ctx).unwrap().name, "y");

@@ -79,6 +79,8 @@ pub(crate) struct Shared {
     control: Vec<ToGateway>,
     /// Pings in flight and the round trips measured.
     pings: rtt::Pings,
+    /// The id the gateway gave in its last `Pong`.
+    gateway_id: Option<String>,
     /// Client->cell traffic per service, since the link started.
     traffic: HashMap<String, Traffic>,
 }
@@ -201,6 +203,12 @@ impl GatewayLink {
     /// gateway of protocol 3 or later; see [`Rtt`]).
     pub fn rtt(&self) -> Option<Rtt> {
         self.inner.lock().pings.rtt(std::time::Instant::now())
+    }
+
+    /// The id the gateway answers pings with (see `ToNode::Pong`), once it
+    /// has answered one.
+    pub fn gateway_id(&self) -> Option<String> {
+        self.inner.lock().gateway_id.clone()
     }
 
     /// Every service served here, with its connections and traffic.

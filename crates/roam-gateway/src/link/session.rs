@@ -315,10 +315,13 @@ async fn reader<R: AsyncRead + Unpin>(
                      gets no clients (see the gateway's log for which)"
                 );
             }
-            ToNode::Pong { nonce } => {
-                let rtt = inner.lock().pings.pong(nonce, std::time::Instant::now());
-                if let Some(rtt) = rtt {
+            ToNode::Pong { nonce, gateway } => {
+                let mut s = inner.lock();
+                if let Some(rtt) = s.pings.pong(nonce, std::time::Instant::now()) {
                     tracing::trace!(gateway = %inner.addr, ?rtt, "gateway round trip");
+                    if s.gateway_id.as_deref() != Some(gateway.as_str()) {
+                        s.gateway_id = Some(gateway);
+                    }
                 }
             }
             ToNode::Refused { reason } => return Err(SessionError::Refused(reason)),

@@ -20,7 +20,7 @@
 //! | 0x86 | `Gone` | conn u64 |
 //! | 0x87 | `Delivered` | conn u64, offset u64 |
 //! | 0x88 | `Stale` (protocol 2) | service str, cell str, generation u64, current u64 |
-//! | 0x89 | `Pong` (protocol 3) | nonce u64 |
+//! | 0x89 | `Pong` (protocol 3) | nonce u64, gateway str (a node name's rules, ≤ 64 bytes) |
 //!
 //! Every service, cell and node name is checked with `roam_wire::ident`
 //! on receipt; windows must lie in [`MIN_WINDOW`]..=[`MAX_WINDOW`]; a
@@ -581,8 +581,9 @@ impl ToNode {
                 w.u64(*current);
                 0x88
             }
-            ToNode::Pong { nonce } => {
+            ToNode::Pong { nonce, gateway } => {
                 w.u64(*nonce);
+                w.str("gateway", gateway, MAX_GATEWAY_ID_LEN)?;
                 0x89
             }
         };
@@ -674,6 +675,7 @@ impl ToNode {
             },
             _ => ToNode::Pong {
                 nonce: r.u64("nonce")?,
+                gateway: r.ident("gateway", MAX_GATEWAY_ID_LEN, ident::check_node_name)?,
             },
         };
         r.end(m)

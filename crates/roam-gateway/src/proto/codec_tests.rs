@@ -76,7 +76,10 @@ fn all_to_node() -> Vec<ToNode> {
             generation: 3,
             current: 5,
         },
-        ToNode::Pong { nonce: 42 },
+        ToNode::Pong {
+            nonce: 42,
+            gateway: "gw-0123456789abcdef".into(),
+        },
     ]
 }
 

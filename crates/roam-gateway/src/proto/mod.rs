@@ -25,7 +25,7 @@
 //!   │ ── Hold{service, cell, gen} ──────────► │   pausing to move: buffer, queue
 //!   │ ── Unserve{service, cell, gen} ───────► │   the cell exited
 //!   │ ── Ping{nonce} ───────────────────────► │   (protocol 3) the node times
-//!   │ ◄─────────────────────── Pong{nonce}    │   its path to the gateway
+//!   │ ◄────────────── Pong{nonce, gateway}    │   its path to the gateway
 //! ```
 //!
 //! Every frame is a fixed 12-byte header and a payload (see [`frame`]);
@@ -72,6 +72,8 @@ pub const MAX_PEER_LEN: usize = 256;
 pub const MAX_REASON_LEN: usize = 1024;
 /// Smallest flow-control window either side may announce.
 pub const MIN_WINDOW: u64 = 4 << 10;
+/// Longest gateway id in `Pong`.
+pub const MAX_GATEWAY_ID_LEN: usize = 64;
 /// Largest flow-control window either side may announce.
 pub const MAX_WINDOW: u64 = 64 << 20;
 
@@ -245,5 +247,10 @@ pub enum ToNode {
     Pong {
         /// The ping's nonce.
         nonce: u64,
+        /// Which gateway answers: an id drawn when the gateway process
+        /// started. Nodes that reach the same gateway by different
+        /// addresses (a proxy, a NAT, another interface) report the same
+        /// id, so the planner knows they serve the same clients.
+        gateway: String,
     },
 }

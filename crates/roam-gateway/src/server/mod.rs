@@ -160,6 +160,9 @@ pub enum BindError {
 
 pub(crate) struct Shared {
     state: Mutex<State>,
+    /// This gateway's id in `Pong`: drawn at start, `gw-` and 16 hex
+    /// digits.
+    id: String,
     identity: Option<Identity>,
     window: u64,
     /// The check of `Serve`s, with `--planner`.
@@ -287,6 +290,7 @@ impl Gateway {
         Ok(Gateway {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
+                id: format!("gw-{:016x}", getrandom::u64().unwrap_or(0x5eed)),
                 identity: cfg.tls,
                 window: cfg.window,
                 checker: cfg.authority.map(authority::Checker::new),

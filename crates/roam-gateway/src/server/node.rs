@@ -241,7 +241,7 @@ fn apply_buffered<R: AsyncRead + Unpin>(
                 return Ok(Some(PendingServe { msg, asking }));
             }
         }
-        apply(s, link, msg)?;
+        apply(s, &shared.id, link, msg)?;
     }
     Ok(None)
 }
@@ -267,7 +267,7 @@ async fn checked_serve(shared: &Shared, link: u64, p: PendingServe) -> Result<()
         unreachable!("only Serve is checked")
     };
     match checker.check(service, &p.asking).await {
-        Verdict::Accept => apply(&mut shared.lock(), link, p.msg),
+        Verdict::Accept => apply(&mut shared.lock(), &shared.id, link, p.msg),
         Verdict::Mismatch { reason, current } => {
             shared
                 .lock()
@@ -287,7 +287,7 @@ async fn checked_serve(shared: &Shared, link: u64, p: PendingServe) -> Result<()
 }
 
 /// Apply one message from the node.
-fn apply(s: &mut State, link: u64, msg: ToGateway) -> Result<(), String> {
+fn apply(s: &mut State, id: &str, link: u64, msg: ToGateway) -> Result<(), String> {
     let r: Result<(), Violation> = match msg {
         ToGateway::Hello(_) => return Err("a second Hello on an open link".into()),
         ToGateway::Serve {
@@ -323,7 +323,13 @@ fn apply(s: &mut State, link: u64, msg: ToGateway) -> Result<(), String> {
             Ok(())
         }
         ToGateway::Ping { nonce } => {
-            s.send(link, &ToNode::Pong { nonce });
+            s.send(
+                link,
+                &ToNode::Pong {
+                    nonce,
+                    gateway: id.to_string(),
+                },
+            );
             Ok(())
         }
     };

@@ -54,6 +54,7 @@ fn status(n: &NodeInner) -> NodeStatus {
 fn gateway_path(link: &roam_gateway::link::GatewayLink) -> GatewayPath {
     GatewayPath {
         address: link.address().to_string(),
+        id: link.gateway_id(),
         connected: link.is_connected(),
         rtt_us: link
             .rtt()
