@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// How often the node pings the gateway.
-pub const PING_EVERY: Duration = Duration::from_millis(500);
+pub const PING_EVERY: Duration = Duration::from_millis(250);
 /// Samples the estimate is the median of.
 pub const WINDOW: usize = 5;
 /// Pings that may wait for their answer at once; a path slower than

@@ -7,4 +7,5 @@ mod flow;
 mod hostile;
 mod peer;
 mod program;
+mod rtt;
 mod tls;
