@@ -14,6 +14,7 @@ use std::process::Stdio;
 
 use super::*;
 
+mod follow;
 mod load;
 
 use load::{bench_keys, connect, digest, key, BenchLoop, Benched, Writer, Written};
