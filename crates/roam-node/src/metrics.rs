@@ -36,6 +36,8 @@ pub(crate) struct Metrics {
     kept_sent_bytes: Counter,
     checkpoint_age: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     cpu_weight: Family<Labels, Gauge>,
+    gateway_rtt: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    gateway_messages: Family<Labels, Gauge>,
     /// Unix ms of each cell's newest checkpoint taken here.
     last_checkpoint: Mutex<HashMap<String, u64>>,
 }
@@ -104,9 +106,24 @@ impl Metrics {
             "Each running cell's CPU weight, by how it is applied (docs/node-api.md, CPU)",
             cpu_weight.clone(),
         );
+        let gateway_rtt = Family::default();
+        registry.register_with_unit(
+            "gateway_rtt",
+            "Round trip to the gateway on this node's link (median of the last pings), by gateway id",
+            Unit::Seconds,
+            gateway_rtt.clone(),
+        );
+        let gateway_messages = Family::default();
+        registry.register(
+            "gateway_client_messages",
+            "Client-to-cell messages through the gateway link, per service, since its cell started serving here",
+            gateway_messages.clone(),
+        );
         Metrics {
             registry,
             cpu_weight,
+            gateway_rtt,
+            gateway_messages,
             cells,
             migrations,
             downtime,
@@ -148,10 +165,31 @@ impl Metrics {
     }
 
     /// The text of a scrape.
-    pub(crate) fn render(&self, cells: &HashMap<String, CellEntry>) -> String {
+    pub(crate) fn render(
+        &self,
+        cells: &HashMap<String, CellEntry>,
+        gateway: Option<&roam_gateway::link::GatewayLink>,
+    ) -> String {
         self.cells.clear();
         self.checkpoint_age.clear();
         self.cpu_weight.clear();
+        self.gateway_rtt.clear();
+        self.gateway_messages.clear();
+        if let Some(g) = gateway {
+            if let (Some(rtt), Some(id), true) = (g.rtt(), g.gateway_id(), g.is_connected()) {
+                self.gateway_rtt
+                    .get_or_create(&vec![("gateway".to_string(), id)])
+                    .set(rtt.estimate().as_secs_f64());
+            }
+            for s in g.served() {
+                self.gateway_messages
+                    .get_or_create(&vec![
+                        ("service".to_string(), s.service),
+                        ("cell".to_string(), s.cell),
+                    ])
+                    .set(i64::try_from(s.traffic.frames).unwrap_or(i64::MAX));
+            }
+        }
         let now = unix_ms();
         let last = self
             .last_checkpoint
@@ -251,6 +289,15 @@ mod tests {
                 ("mechanism".into(), "nice".into()),
             ])
             .set(200);
+        m.gateway_rtt
+            .get_or_create(&vec![("gateway".into(), "gw-00000000000000a1".into())])
+            .set(0.004);
+        m.gateway_messages
+            .get_or_create(&vec![
+                ("service".into(), "kv".into()),
+                ("cell".into(), "c-1".into()),
+            ])
+            .set(17);
         let mut text = String::new();
         encode(&mut text, &m.registry).unwrap();
         let types = parse(&text);
@@ -264,6 +311,8 @@ mod tests {
             ("roam_node_kept_checkpoint_sent_bytes", "counter"),
             ("roam_node_checkpoint_age_seconds", "gauge"),
             ("roam_node_cell_cpu_weight", "gauge"),
+            ("roam_node_gateway_rtt_seconds", "gauge"),
+            ("roam_node_gateway_client_messages", "gauge"),
         ];
         for (name, ty) in want {
             assert_eq!(

@@ -165,6 +165,10 @@ pub(crate) fn check_status(s: &NodeStatus) -> Result<(), AppError> {
     }
     if let Some(g) = &s.gateway {
         check_addr("gateway address", &g.address)?;
+        if let Some(id) = &g.id {
+            roam_wire::ident::check_node_name(id)
+                .map_err(|e| bad(format!("gateway id {id:?}: {e}")))?;
+        }
         if g.services.len() > MAX_REPORTED_CELLS {
             return Err(bad(format!(
                 "the status lists {} services, more than the {MAX_REPORTED_CELLS} a node may serve",

@@ -109,6 +109,33 @@ async fn nodes_register_heartbeat_and_list() {
     // A name that is not one is refused before any handler.
     let (st, v) = p.post("/v1/nodes/..%2Fx/heartbeat", hb).await;
     assert_eq!(st, 400, "{v}");
+    // The gateway path is checked like the rest: a good one is kept, a
+    // bad id, service or address refused with the field named.
+    let with_gw = |gw: Value| {
+        json!({"status": {"machine": {"cores": 4, "memory_total": 1, "memory_available": 1,
+            "load1": 0.5}, "cells": [], "gateway": gw}})
+    };
+    let good = json!({"address": "127.0.0.1:7800", "id": "gw-00000000000000a1",
+        "connected": true, "rtt_us": 4000,
+        "services": [{"service": "kv", "cell": "c-1", "conns": 2, "frames": 9, "bytes": 90}]});
+    let (st, v) = p
+        .post("/v1/nodes/edge-a/heartbeat", with_gw(good.clone()))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    for (field, bad) in [
+        ("id", json!("../gw")),
+        ("address", json!("a b:1")),
+        (
+            "services",
+            json!([{"service": "k/v", "cell": "c-1", "conns": 0, "frames": 0,
+            "bytes": 0}]),
+        ),
+    ] {
+        let mut g = good.clone();
+        g[field] = bad;
+        let (st, v) = p.post("/v1/nodes/edge-a/heartbeat", with_gw(g)).await;
+        assert_eq!(st, 400, "{field}: {v}");
+    }
     let (st, v) = p
         .post(
             "/v1/nodes",
@@ -123,6 +150,7 @@ async fn nodes_register_heartbeat_and_list() {
     assert_eq!(st, 200);
     let nodes = v.as_array().unwrap();
     assert_eq!(nodes.len(), 1, "{v}");
+    assert_eq!(nodes[0]["status"]["gateway"]["rtt_us"], 4000, "{v}");
     assert_eq!(nodes[0]["name"], "edge-a");
     assert_eq!(nodes[0]["alive"], true);
     assert_eq!(nodes[0]["status"]["machine"]["load1"], 0.5);
@@ -243,7 +271,7 @@ async fn placement_without_nodes_and_policies() {
     let (st, v) = p.get("/v1/policies").await;
     assert_eq!(st, 200);
     assert_eq!(v["placement"], "least-loaded");
-    assert_eq!(v["available"].as_array().unwrap().len(), 3);
+    assert_eq!(v["available"].as_array().unwrap().len(), 4);
     let r = p
         .http
         .put(format!("{}/v1/policies", p.url))

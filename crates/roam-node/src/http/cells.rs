@@ -17,7 +17,7 @@ pub(super) async fn node_info(State(n): N) -> Json<NodeInfo> {
 
 /// `GET /metrics`: Prometheus text (see [`crate::metrics`]).
 pub(super) async fn metrics(State(n): N) -> Response {
-    let text = n.metrics.render(&n.cells());
+    let text = n.metrics.render(&n.cells(), n.gateway.as_ref());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
