@@ -252,6 +252,7 @@ fn status(node: &SimNode) -> NodeStatus {
         machine: machine(),
         cells: node.cells.lock().unwrap().iter().cloned().collect(),
         gateway: None,
+        usage: vec![],
     }
 }
 

@@ -43,6 +43,22 @@ pub struct NodeStatus {
     /// what the follow-the-client policy compares nodes by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<GatewayPath>,
+    /// What each running cell uses here: the signals the planner's
+    /// policies read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usage: Vec<CellUsage>,
+}
+
+/// What one running cell uses on its node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CellUsage {
+    /// The cell.
+    pub cell: String,
+    /// CPU time its thread has used on this node, ms (a counter: it starts
+    /// again on each node).
+    pub cpu_ms: u64,
+    /// Its linear memory, bytes.
+    pub memory_bytes: u64,
 }
 
 /// A node's path to its gateway, as the node measures it on the link.

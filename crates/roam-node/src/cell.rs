@@ -75,6 +75,8 @@ pub(crate) struct CellHandle {
     cpu_ctl: Arc<crate::cpu::Cpu>,
     /// The CPU limits the cell's thread got, once it runs.
     pub cpu: OnceLock<roam_api::types::CellCpu>,
+    /// The cell's thread, once it runs: where its CPU time is read.
+    tid: OnceLock<i32>,
     waiter: Mutex<Option<oneshot::Sender<Paused>>>,
     checkpoint: Mutex<Option<CheckpointReply>>,
 }
@@ -84,6 +86,20 @@ impl CellHandle {
     /// or was stopped): it will never pause again.
     pub(crate) fn has_ended(&self) -> bool {
         self.ended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// CPU time the cell's thread has used on this node (for a cell that
+    /// arrived by migration, its assembly included): `None` before it runs
+    /// and after it ended. Read from the kernel's scheduler statistics of
+    /// the thread, which cost nothing to keep.
+    pub(crate) fn cpu_time(&self) -> Option<std::time::Duration> {
+        if self.has_ended() {
+            return None;
+        }
+        let tid = *self.tid.get()?;
+        let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+        let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+        Some(std::time::Duration::from_nanos(ns))
     }
 
     /// Ask the cell to pause at its next migration point; the returned
@@ -178,6 +194,7 @@ pub(crate) fn handle_for(
         cpu_limits: spec.cpu,
         cpu_ctl: cpu,
         cpu: OnceLock::new(),
+        tid: OnceLock::new(),
         ended: std::sync::atomic::AtomicBool::new(false),
         controller: cell.controller(),
         memory: cell.live_memory(),
@@ -209,6 +226,7 @@ pub(crate) fn run(cell: Cell, h: &CellHandle) -> Option<CellState> {
     // The thread leaves its CPU group when this drops, as it returns.
     let placement = h.cpu_ctl.enter(&h.id, h.cpu_limits);
     let _ = h.cpu.set(placement.applied.clone());
+    let _ = h.tid.set(rustix::thread::gettid().as_raw_pid());
     let end = run_until_end(cell, h);
     drop(placement);
     h.ended.store(true, std::sync::atomic::Ordering::SeqCst);

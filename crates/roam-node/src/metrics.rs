@@ -37,6 +37,8 @@ pub(crate) struct Metrics {
     checkpoint_age: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     cpu_weight: Family<Labels, Gauge>,
     gateway_rtt: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    cell_cpu: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    cell_memory: Family<Labels, Gauge>,
     gateway_messages: Family<Labels, Gauge>,
     /// Unix ms of each cell's newest checkpoint taken here.
     last_checkpoint: Mutex<HashMap<String, u64>>,
@@ -113,6 +115,20 @@ impl Metrics {
             Unit::Seconds,
             gateway_rtt.clone(),
         );
+        let cell_cpu = Family::default();
+        registry.register_with_unit(
+            "cell_cpu",
+            "CPU time each running cell's thread has used on this node",
+            Unit::Seconds,
+            cell_cpu.clone(),
+        );
+        let cell_memory = Family::default();
+        registry.register_with_unit(
+            "cell_memory",
+            "Each running cell's linear memory",
+            Unit::Bytes,
+            cell_memory.clone(),
+        );
         let gateway_messages = Family::default();
         registry.register(
             "gateway_client_messages",
@@ -124,6 +140,8 @@ impl Metrics {
             cpu_weight,
             gateway_rtt,
             gateway_messages,
+            cell_cpu,
+            cell_memory,
             cells,
             migrations,
             downtime,
@@ -175,6 +193,8 @@ impl Metrics {
         self.cpu_weight.clear();
         self.gateway_rtt.clear();
         self.gateway_messages.clear();
+        self.cell_cpu.clear();
+        self.cell_memory.clear();
         if let Some(g) = gateway {
             if let (Some(rtt), Some(id), true) = (g.rtt(), g.gateway_id(), g.is_connected()) {
                 self.gateway_rtt
@@ -212,6 +232,15 @@ impl Metrics {
                 self.checkpoint_age
                     .get_or_create(&vec![("cell".to_string(), id.clone())])
                     .set(now.saturating_sub(*t) as f64 / 1000.0);
+            }
+            if let (CellState::Running, Some(h)) = (&e.state, &e.handle) {
+                let cell = vec![("cell".to_string(), id.clone())];
+                if let Some(t) = h.cpu_time() {
+                    self.cell_cpu.get_or_create(&cell).set(t.as_secs_f64());
+                }
+                self.cell_memory
+                    .get_or_create(&cell)
+                    .set(i64::try_from(h.memory.len()).unwrap_or(i64::MAX));
             }
             let cpu = e.handle.as_ref().and_then(|h| h.cpu.get());
             if let (CellState::Running, Some(cpu)) = (&e.state, cpu) {
@@ -292,6 +321,12 @@ mod tests {
         m.gateway_rtt
             .get_or_create(&vec![("gateway".into(), "gw-00000000000000a1".into())])
             .set(0.004);
+        m.cell_cpu
+            .get_or_create(&vec![("cell".into(), "c-1".into())])
+            .set(0.25);
+        m.cell_memory
+            .get_or_create(&vec![("cell".into(), "c-1".into())])
+            .set(1 << 20);
         m.gateway_messages
             .get_or_create(&vec![
                 ("service".into(), "kv".into()),
@@ -312,6 +347,8 @@ mod tests {
             ("roam_node_checkpoint_age_seconds", "gauge"),
             ("roam_node_cell_cpu_weight", "gauge"),
             ("roam_node_gateway_rtt_seconds", "gauge"),
+            ("roam_node_cell_cpu_seconds", "gauge"),
+            ("roam_node_cell_memory_bytes", "gauge"),
             ("roam_node_gateway_client_messages", "gauge"),
         ];
         for (name, ty) in want {

@@ -163,6 +163,15 @@ pub(crate) fn check_status(s: &NodeStatus) -> Result<(), AppError> {
     for id in &s.cells {
         roam_wire::ident::check_cell_id(id).map_err(|e| bad(e.to_string()))?;
     }
+    if s.usage.len() > MAX_REPORTED_CELLS {
+        return Err(bad(format!(
+            "the status reports the usage of {} cells, more than the {MAX_REPORTED_CELLS} a node may run",
+            s.usage.len()
+        )));
+    }
+    for u in &s.usage {
+        roam_wire::ident::check_cell_id(&u.cell).map_err(|e| bad(e.to_string()))?;
+    }
     if let Some(g) = &s.gateway {
         check_addr("gateway address", &g.address)?;
         if let Some(id) = &g.id {

@@ -34,6 +34,7 @@ fn node(name: &str, gw: &str, rtt_us: Option<u64>) -> NodeRecord {
                 rtt_us,
                 services: vec![],
             }),
+            usage: vec![],
         },
         state: NodeState::Ready,
         alive: true,

@@ -390,6 +390,7 @@ mod tests {
                 },
                 cells: vec![],
                 gateway: None,
+                usage: vec![],
             },
             state: NodeState::Ready,
             alive,

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use roam_api::planner::{
-    GatewayPath, HandoffRequest, HeartbeatRequest, NodeStatus, OwnerRequest, RegisterRequest,
-    ServiceTraffic,
+    CellUsage, GatewayPath, HandoffRequest, HeartbeatRequest, NodeStatus, OwnerRequest,
+    RegisterRequest, ServiceTraffic,
 };
 use roam_api::{PlannerClient, PlannerError};
 
@@ -35,17 +35,31 @@ enum Link {
 
 /// The status the node reports: its machine and the cells running here.
 fn status(n: &NodeInner) -> NodeStatus {
-    let mut cells: Vec<String> = n
-        .cells()
+    let table = n.cells();
+    let mut cells: Vec<String> = table
         .iter()
         .filter(|(_, e)| matches!(e.state, CellState::Running | CellState::Migrating))
         .map(|(id, _)| id.clone())
         .collect();
     cells.sort();
+    let mut usage: Vec<CellUsage> = table
+        .iter()
+        .filter(|(_, e)| e.state == CellState::Running)
+        .filter_map(|(id, e)| {
+            let h = e.handle.as_ref()?;
+            Some(CellUsage {
+                cell: id.clone(),
+                cpu_ms: u64::try_from(h.cpu_time()?.as_millis()).unwrap_or(u64::MAX),
+                memory_bytes: h.memory.len() as u64,
+            })
+        })
+        .collect();
+    usage.sort_by(|a, b| a.cell.cmp(&b.cell));
     NodeStatus {
         machine: crate::sysinfo::Machine::read(),
         cells,
         gateway: n.gateway.as_ref().map(gateway_path),
+        usage,
     }
 }
 

@@ -40,6 +40,7 @@ fn node(name: &str, state: NodeState) -> NodeRecord {
             },
             cells: vec![],
             gateway: None,
+            usage: vec![],
         },
         state,
         alive: true,

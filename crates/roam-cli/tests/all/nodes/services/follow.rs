@@ -114,6 +114,35 @@ fn the_planner_moves_a_service_cell_to_its_clients_and_keeps_it_there() {
             .as_u64()
             .unwrap()
     };
+    // The new owner reports what the cell uses: CPU time and memory.
+    let usage = wait_for("the cell's usage on the near node", SLOW, || {
+        let nodes = p.get("/v1/nodes");
+        let near = nodes
+            .as_array()?
+            .iter()
+            .find(|x| x["name"] == "near")?
+            .clone();
+        let u = near["status"]["usage"]
+            .as_array()?
+            .iter()
+            .find(|u| u["cell"] == id.as_str())?
+            .clone();
+        (u["cpu_ms"].as_u64()? > 0).then_some(u)
+    });
+    assert!(
+        usage["memory_bytes"].as_u64().unwrap() >= 1 << 16,
+        "{usage}"
+    );
+    let (_, m) = http_get(&near.addr, "/metrics").unwrap();
+    let m = text(&m);
+    assert!(
+        m.contains(&format!("roam_node_cell_cpu_seconds{{cell=\"{id}\"}}")),
+        "{m}"
+    );
+    assert!(
+        m.contains("roam_node_gateway_rtt_seconds{gateway=\"gw-"),
+        "{m}"
+    );
     // The far line alone delays a round trip by 60 ms.
     assert!(rtt_of("far") >= 60_000, "far: {} µs", rtt_of("far"));
     assert!(rtt_of("near") < rtt_of("far"), "{nodes}");
