@@ -27,7 +27,8 @@ pub(crate) fn render(nodes: &[NodeRecord], cells: &[CellRecord], now: u64) -> St
     }
     h.push_str(
         "<table id=\"nodes-table\"><thead><tr><th>Node</th><th>ISA</th><th>State</th>\
-         <th>Load</th><th>Memory</th><th>Cells</th><th>Heartbeat</th><th>Actions</th>\
+         <th>Load</th><th>Memory</th><th>Cells</th><th>Gateway round trip</th>\
+         <th>Heartbeat</th><th>Actions</th>\
          </tr></thead><tbody>",
     );
     for n in nodes {
@@ -84,7 +85,8 @@ fn row(h: &mut String, n: &NodeRecord, cells: &[CellRecord], now: u64) {
     }
     let _ = write!(
         h,
-        "<td>{owned}</td><td>{}</td><td class=\"actions\">",
+        "<td>{owned}</td><td>{}</td><td>{}</td><td class=\"actions\">",
+        gateway(n),
         when(n.heartbeat_ms, now)
     );
     let (act, label) = match n.state {
@@ -96,4 +98,21 @@ fn row(h: &mut String, n: &NodeRecord, cells: &[CellRecord], now: u64) {
         "<button type=\"button\" data-act=\"{act}\" data-node=\"{name}\">{label}</button>\
          </td></tr>"
     );
+}
+
+/// The node's link to its gateway: the round trip and which gateway.
+fn gateway(n: &NodeRecord) -> String {
+    let Some(g) = &n.status.gateway else {
+        return "<span class=\"sub\">no gateway</span>".into();
+    };
+    let which = esc(g.id.as_deref().unwrap_or(&g.address));
+    if !g.connected {
+        return format!(
+            "<span class=\"pill bad\">link down</span><div class=\"sub\">{which}</div>"
+        );
+    }
+    let rtt = g
+        .rtt_us
+        .map_or("not measured".into(), crate::follow::micros);
+    format!("{rtt}<div class=\"sub\">{which}</div>")
 }

@@ -80,9 +80,20 @@ fn nodes_view_escapes_what_nodes_report_and_offers_the_right_button() {
         node("edge-a", NodeState::Ready),
         node("edge-b", NodeState::Draining),
     ];
+    let mut nodes = nodes;
+    // A gateway address is any printable text a node sends.
+    nodes[0].status.gateway = Some(roam_api::planner::GatewayPath {
+        address: EVIL.replace(' ', ""),
+        id: None,
+        connected: true,
+        rtt_us: Some(4_200),
+        services: vec![],
+    });
     let cells = [cell("c-1", "edge-a", CellState::Running)];
     let h = nodes::render(&nodes, &cells, 12_000);
     assert_escaped(&h);
+    assert!(h.contains("4.2 ms<div class=\"sub\">&lt;script"), "{h}");
+    assert!(h.contains("no gateway"), "{h}");
     assert!(h.contains("data-act=\"drain\" data-node=\"edge-a\""), "{h}");
     assert!(
         h.contains("data-act=\"undrain\" data-node=\"edge-b\""),
