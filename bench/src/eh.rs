@@ -401,6 +401,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
     ));
     notes.push("all four builds run on plain-wasmtime (wasmtime 48, Cranelift, exceptions on), so only the prepared code differs; \"output\" compares all of stdout across builds and repetitions (coremark prints its own timings, so it always differs); code KiB is the code section, .text KiB the machine code in wasmtime's compiled artifact".into());
     Ok(Report {
+        figure: None,
         name: "eh".into(),
         label: opts.size.clone(),
         title: "Capture by exceptions against Asyncify, on plain wasmtime".into(),

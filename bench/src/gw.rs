@@ -295,6 +295,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
             .into(),
     );
     Ok(Report {
+        figure: None,
         name: "gw".into(),
         label: String::new(),
         title:

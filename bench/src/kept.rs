@@ -280,6 +280,7 @@ fn report(rows: &[Row], o: &Options, binaries: &[(PathBuf, String)]) -> Report {
         .map(|(p, _)| format!(" --baseline {}", p.display()))
         .unwrap_or_default();
     Report {
+        figure: None,
         name: "kept".into(),
         label: String::new(),
         title: "Kept checkpoints: the owner's and the holder's memory".into(),

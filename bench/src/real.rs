@@ -277,6 +277,7 @@ pub fn run(paths: &Paths, opts: &Options) -> anyhow::Result<Report> {
         "prepare s: `roam prepare` with default options but the capture (reused when newer than both its input and the `roam` binary, with the time recorded when it was made); roam first run: a run at test size with an empty compile cache, compile included".into(),
     ];
     Ok(Report {
+        figure: None,
         name: "t1-real".into(),
         label: opts.capture.clone(),
         title: format!(

@@ -165,6 +165,9 @@ pub struct Report {
     /// headline is picked from them ([`crate::index::pick_headline`]): put
     /// the main figure in bold in one of them.
     pub notes: Vec<String>,
+    /// A plot, as SVG: written beside the table as `<date>-<label>.svg` and
+    /// shown in the markdown.
+    pub figure: Option<String>,
 }
 
 impl Report {
@@ -177,8 +180,9 @@ impl Report {
         crate::index::pick_headline(&notes).unwrap_or(crate::index::SEE_TABLE)
     }
 
-    /// The markdown document.
-    pub fn markdown(&self, p: &Provenance) -> String {
+    /// The markdown document; `figure` is the file name of the plot, when
+    /// there is one.
+    pub fn markdown(&self, p: &Provenance, figure: Option<&str>) -> String {
         let mut s = format!(
             "# {}\n\n{}- date: {}\n- commit: `{}`\n- prepare revision: {}\n- setup: {}\n- headline: {}\n\n",
             self.title,
@@ -190,6 +194,9 @@ impl Report {
             self.headline().replace('\n', " "),
         );
         s.push_str(&self.table.markdown());
+        if let Some(f) = figure {
+            let _ = write!(s, "\n![{}]({f})\n", self.title);
+        }
         if !self.notes.is_empty() {
             s.push('\n');
             for n in &self.notes {
@@ -209,11 +216,18 @@ impl Report {
     /// commit and prepare revision.
     pub fn emit(&self, dir: &Path) -> std::io::Result<PathBuf> {
         let (date, time) = utc(SystemTime::now());
-        let md = self.markdown(&Provenance::here(time));
-        println!("{md}");
         let bench = dir.join(&self.name);
         std::fs::create_dir_all(&bench)?;
         let stem = free_stem(&bench, &date, &self.label);
+        let svg = format!("{stem}.svg");
+        let md = self.markdown(
+            &Provenance::here(time),
+            self.figure.as_ref().map(|_| svg.as_str()),
+        );
+        println!("{md}");
+        if let Some(f) = &self.figure {
+            std::fs::write(bench.join(&svg), f)?;
+        }
         std::fs::write(bench.join(format!("{stem}.csv")), self.table.csv())?;
         let written = bench.join(format!("{stem}.md"));
         std::fs::write(&written, md)?;
@@ -229,7 +243,7 @@ fn free_stem(dir: &Path, date: &str, label: &str) -> String {
     let label = if label.is_empty() { "run" } else { label };
     let base = format!("{date}-{label}");
     let taken = |s: &str| {
-        ["md", "csv"]
+        ["md", "csv", "svg"]
             .iter()
             .any(|e| dir.join(format!("{s}.{e}")).exists())
     };
@@ -278,6 +292,7 @@ mod tests {
 
     fn report() -> Report {
         Report {
+            figure: None,
             name: "tx".into(),
             label: "M".into(),
             title: "Test".into(),
@@ -341,7 +356,7 @@ mod tests {
             commit: "unknown".into(),
             revision: 7,
         };
-        let md = report().markdown(&p);
+        let md = report().markdown(&p, None);
         assert!(md.starts_with(
             "# Test\n\n- machine: `x`\n- date: 2026-01-02T03:04:05Z\n- commit: `unknown`\n\
              - prepare revision: 7\n- setup: none\n- headline: geomean **1.25×**\n\n| name |"

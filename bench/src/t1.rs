@@ -343,6 +343,7 @@ fn build_report(results: &[(&Workload, Samples)], opts: &Options) -> Report {
     });
     notes.push("times are wall-clock per process (spawn to exit, compile caches warm), median of the repetitions".into());
     Report {
+        figure: None,
         name: "t1".into(),
         label: opts.size.clone(),
         title: "T1: steady-state overhead".into(),

@@ -433,6 +433,7 @@ fn build_report(
         })
         .collect();
     Report {
+        figure: None,
         name: "t13".into(),
         label: opts.size.clone(),
         title: "T1 and T3 together, per variant".into(),

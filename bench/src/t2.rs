@@ -357,6 +357,7 @@ pub fn report(rows: &[Row], samples: usize) -> Report {
          memcpy: clone of an N MiB Vec (allocation + page faults + copy), 3 times"
     ));
     Report {
+        figure: None,
         name: "t2".into(),
         label: String::new(),
         title: "T2: checkpoint capture and restore vs memory size".into(),

@@ -294,6 +294,7 @@ pub fn report(
         "baseline: time from setting a flag and notify_one on a condvar to the waiting thread observing it".into(),
     ];
     Report {
+        figure: None,
         name: "t3".into(),
         label: size.to_string(),
         title: "T3: migration response time".into(),

@@ -357,6 +357,7 @@ pub fn report(outcomes: &[Outcome], setup: String) -> Report {
         }
     }
     Report {
+        figure: None,
         name: "t4".into(),
         label: String::new(),
         title: "T4 — live migration between two nodes".into(),
@@ -384,6 +385,7 @@ pub fn pause_report(outcomes: &[Outcome], setup: String) -> Report {
         }
     }
     Report {
+        figure: None,
         name: "t4-pause".into(),
         label: String::new(),
         title: "T4 — where the pause goes".into(),

@@ -207,6 +207,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<(Report, Report)> {
             .into(),
     );
     let report = Report {
+        figure: None,
         name: "t4kv".into(),
         label: String::new(),
         title: "T4 — the KV cell migrating under redis-benchmark load, as the client sees it".into(),
@@ -225,6 +226,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<(Report, Report)> {
         notes,
     };
     let pause = Report {
+        figure: None,
         name: "t4kv-pause".into(),
         label: String::new(),
         title: "T4 — the KV cell: where the pause goes".into(),

@@ -312,6 +312,7 @@ pub fn report(rows: &[Cellrow], setup: String, mut notes: Vec<String>) -> Report
         ),
     );
     Report {
+        figure: None,
         name: "t5".into(),
         label: String::new(),
         title: "T5 — transfer pipeline vs bandwidth (single round)".into(),

@@ -60,6 +60,10 @@ struct Outcome {
     /// Policy only: for each phase after the first, seconds from its start
     /// until the cell ran on its near node (`None`: not within the phase).
     reactions: Vec<Option<f64>>,
+    /// Replies per second, second by second.
+    per_second: Vec<f64>,
+    /// When the cell changed node (seconds since the load started).
+    moves_at: Vec<f64>,
     failed_migrations: Vec<String>,
     longest_gap: f64,
     errors: u64,
@@ -109,6 +113,7 @@ fn scenario(paths: &Paths, o: &Options, name: &'static str) -> anyhow::Result<Ou
         .as_ref()
         .map(|(_, url)| OwnerWatch::start(url.clone(), cell.clone(), t0));
     let mut phase_starts = Vec::new();
+    let mut scripted_at = Vec::new();
     let mut at = home;
     let mut migrations = 0;
     let mut failed = Vec::new();
@@ -126,6 +131,7 @@ fn scenario(paths: &Paths, o: &Options, name: &'static str) -> anyhow::Result<Ou
                 Ok(_) => {
                     at = near_node;
                     migrations += 1;
+                    scripted_at.push(t0.elapsed().as_secs_f64());
                 }
                 Err(e) => failed.push(format!("phase {p}: {e:#}")),
             }
@@ -136,9 +142,13 @@ fn scenario(paths: &Paths, o: &Options, name: &'static str) -> anyhow::Result<Ou
     }
     let end = load.timeline.now();
     let (timeline, seen) = load.stop();
-    let (mut wrong_moves, mut reactions) = (0, Vec::new());
+    let (mut wrong_moves, mut reactions, mut moves_at) = (0, Vec::new(), scripted_at);
+    let per_second = (0..end.floor() as usize)
+        .map(|t| timeline.rate(t as f64, t as f64 + 1.0))
+        .collect();
     if let Some(w) = watcher {
         let owners = w.stop()?;
+        moves_at = owners.iter().skip(1).map(|x| x.0).collect();
         let near_in = |p: usize| if p.is_multiple_of(2) { "a" } else { "b" };
         let phase_of = |t: f64| phase_starts.iter().rposition(|s| *s <= t).unwrap_or(0);
         for pair in owners.windows(2) {
@@ -167,6 +177,8 @@ fn scenario(paths: &Paths, o: &Options, name: &'static str) -> anyhow::Result<Ou
         migrations,
         wrong_moves,
         reactions,
+        per_second,
+        moves_at,
         failed_migrations: failed,
         longest_gap: seen
             .longest_reader_gap(0.0, end)
@@ -252,7 +264,9 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
          policy follow-the-client; the benchmark never moves the cell, it polls the planner \
          for the cell's owner every 200 ms"
     ));
+    let figure = Some(plot(&outs, o));
     Ok(Report {
+        figure,
         name: "t7".into(),
         label: String::new(),
         title: "T7 — follow-the-user: KV throughput with the cell following the user's nearer node".into(),
@@ -366,4 +380,115 @@ impl OwnerWatch {
             .join()
             .map_err(|_| anyhow::anyhow!("the owner watch panicked"))?
     }
+}
+
+/// Replies per second over time, one line per scenario, with the phase
+/// changes as dashed lines and each scenario's moves as dots on its line:
+/// H-Container's figure 17, as an SVG.
+fn plot(outs: &[Outcome], o: &Options) -> String {
+    use std::fmt::Write;
+    const COLORS: [&str; 4] = ["#8a8a8a", "#c9a227", "#2a7ab0", "#d0452f"];
+    let (w, h, left, bottom, top, right) = (820.0, 340.0, 60.0, 40.0, 20.0, 180.0);
+    let secs = (o.phases as f64 * o.phase_secs).max(1.0);
+    let peak = outs
+        .iter()
+        .flat_map(|x| x.per_second.iter().copied())
+        .filter(|v| v.is_finite())
+        .fold(1.0, f64::max)
+        * 1.1;
+    let x = |t: f64| left + (t / secs).min(1.0) * (w - left - right);
+    let y = |v: f64| h - bottom - (v / peak).clamp(0.0, 1.0) * (h - bottom - top);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    // Axes, ticks every 10 s and at five levels of req/s.
+    let _ = writeln!(
+        s,
+        "<path d=\"M{left} {top} V{} H{}\" stroke=\"black\" fill=\"none\"/>",
+        h - bottom,
+        w - right
+    );
+    let mut t = 0.0;
+    while t <= secs {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{t:.0}</text>",
+            x(t),
+            h - bottom + 16.0
+        );
+        t += 10.0;
+    }
+    for i in 0..=4 {
+        let v = peak / 1.1 * i as f64 / 4.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0}</text>",
+            left - 6.0,
+            y(v) + 4.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">seconds (the near node swaps at each dashed line)</text>\n\
+         <text x=\"14\" y=\"{:.1}\" transform=\"rotate(-90 14 {:.1})\" text-anchor=\"middle\">replies per second</text>",
+        (left + w - right) / 2.0,
+        h - 6.0,
+        h / 2.0,
+        h / 2.0
+    );
+    for p in 1..o.phases {
+        let px = x(p as f64 * o.phase_secs);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{px:.1}\" y1=\"{top}\" x2=\"{px:.1}\" y2=\"{}\" stroke=\"#bbb\" stroke-dasharray=\"4 4\"/>",
+            h - bottom
+        );
+    }
+    for (i, out) in outs.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let pts: Vec<String> = out
+            .per_second
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(t, v)| format!("{:.1},{:.1}", x(t as f64 + 0.5), y(*v)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"1.8\"/>",
+            pts.join(" ")
+        );
+        for m in &out.moves_at {
+            let v = out.per_second.get(*m as usize).copied().unwrap_or(0.0);
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{c}\"/>",
+                x(*m),
+                y(v)
+            );
+        }
+        let ly = top + 16.0 + 20.0 * i as f64;
+        let _ = writeln!(
+            s,
+            "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/>\n\
+             <text x=\"{}\" y=\"{:.1}\">{} ({:.0}/s)</text>",
+            w - right + 10.0,
+            w - right + 30.0,
+            w - right + 36.0,
+            ly + 4.0,
+            out.name,
+            out.rate
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\">dots: the cell moved</text>\n</svg>",
+        w - right + 10.0,
+        top + 16.0 + 20.0 * outs.len() as f64
+    );
+    s
 }

@@ -108,6 +108,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         ]);
     }
     Ok(Report {
+        figure: None,
         // One file per store set, so that runs of one store do not
         // overwrite another's.
         name: "scale".into(),

@@ -74,9 +74,10 @@ pub struct GatewayPath {
     pub id: Option<String>,
     /// Whether the link is up now.
     pub connected: bool,
-    /// Round-trip time, microseconds: the median of the last few pings on
-    /// the link, or the oldest unanswered ping's wait if longer. Absent
-    /// until measured (a gateway older than protocol 3 never answers).
+    /// Round-trip time, microseconds: the smallest of the last few pings
+    /// on the link (the path's floor, not the link's load), or the oldest
+    /// unanswered ping's wait if longer. Absent until measured (a gateway
+    /// older than protocol 3 never answers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtt_us: Option<u64>,
     /// The services served through it here, with their traffic.

@@ -39,7 +39,7 @@ pub(crate) struct Metrics {
     gateway_rtt: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     cell_cpu: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     cell_memory: Family<Labels, Gauge>,
-    gateway_messages: Family<Labels, Gauge>,
+    gateway_messages: Family<Labels, Counter>,
     /// Unix ms of each cell's newest checkpoint taken here.
     last_checkpoint: Mutex<HashMap<String, u64>>,
 }
@@ -111,7 +111,7 @@ impl Metrics {
         let gateway_rtt = Family::default();
         registry.register_with_unit(
             "gateway_rtt",
-            "Round trip to the gateway on this node's link (median of the last pings), by gateway id",
+            "Round trip to the gateway on this node's link (the smallest of the last pings, or a longer unanswered wait), by gateway id",
             Unit::Seconds,
             gateway_rtt.clone(),
         );
@@ -207,7 +207,7 @@ impl Metrics {
                         ("service".to_string(), s.service),
                         ("cell".to_string(), s.cell),
                     ])
-                    .set(i64::try_from(s.traffic.frames).unwrap_or(i64::MAX));
+                    .inc_by(s.traffic.frames);
             }
         }
         let now = unix_ms();
@@ -332,7 +332,7 @@ mod tests {
                 ("service".into(), "kv".into()),
                 ("cell".into(), "c-1".into()),
             ])
-            .set(17);
+            .inc_by(17);
         let mut text = String::new();
         encode(&mut text, &m.registry).unwrap();
         let types = parse(&text);
@@ -349,7 +349,7 @@ mod tests {
             ("roam_node_gateway_rtt_seconds", "gauge"),
             ("roam_node_cell_cpu_seconds", "gauge"),
             ("roam_node_cell_memory_bytes", "gauge"),
-            ("roam_node_gateway_client_messages", "gauge"),
+            ("roam_node_gateway_client_messages", "counter"),
         ];
         for (name, ty) in want {
             assert_eq!(

@@ -13,14 +13,14 @@
 //!
 //! **The decision** ([`Tracker::judge`]), every leader tick, for each
 //! running cell that serves a service:
-//! 1. The cell must have clients: its traffic grew within [`ACTIVE`]. A
+//! 1. The cell must have clients: its traffic grew within [`ACTIVE_MS`]. A
 //!    move of an idle service gains nothing and costs a pause.
 //! 2. The best node by the policy (alive, ready, memory, lowest round
 //!    trip) must beat the owner's round trip by [`MIN_GAIN`] and by
 //!    [`MIN_GAIN_US`]: small differences are noise, not a move.
-//! 3. **Damping.** The same node must have stayed best for [`HOLD`], and no
+//! 3. **Damping.** Some node must have beaten the owner so for [`HOLD_MS`], and no
 //!    move of the cell may have ended within its cool-down (the larger of
-//!    [`COOLDOWN`] and [`COOLDOWN_MOVES`] times its last move's length). A
+//!    [`COOLDOWN_MS`] and [`COOLDOWN_MOVES`] times its last move's length). A
 //!    path that flips faster than that never moves the cell.
 //! 4. **The cost of the move.** A closed-loop client's rate is inversely
 //!    proportional to its round trip. Moving takes `T` (the migration,
@@ -30,7 +30,7 @@
 //!    `H`; it takes how long the new situation has already held (a user
 //!    who has been near another edge for ten seconds is likely to stay ten
 //!    more). `T` and `D` are the cell's last migration's, or defaults
-//!    before it has one ([`DEFAULT_MOVE`], [`DEFAULT_PAUSE`]).
+//!    before it has one ([`DEFAULT_MOVE_MS`], [`DEFAULT_PAUSE_MS`]).
 //!
 //! Each move is recorded as a decision (the dashboard shows it, with every
 //! node's verdict) and counted in `/metrics` under the reason
@@ -123,8 +123,9 @@ struct Watch {
     /// Client messages the owner last reported, and when that number grew.
     frames: u64,
     grew_ms: Option<u64>,
-    /// The node that is best now, since when.
-    best: Option<(String, u64)>,
+    /// Since when some node has beaten the owner's round trip by the
+    /// margins.
+    beaten_since: Option<u64>,
     /// When the cell's last move ended, and what it cost.
     moved_ms: Option<u64>,
     cost: Option<Cost>,
@@ -137,6 +138,27 @@ pub struct Cost {
     pub took_ms: f64,
     /// The cell's pause, ms.
     pub pause_ms: f64,
+}
+
+/// The longest move or pause the policy believes, ms: the figures come
+/// from the source node's report.
+const MAX_COST_MS: f64 = 600_000.0;
+
+impl Cost {
+    /// A node's figures, made finite and bounded (`0..=`[`MAX_COST_MS`]).
+    pub fn reported(took_ms: f64, pause_ms: f64) -> Cost {
+        let clean = |v: f64| {
+            if v.is_finite() {
+                v.clamp(0.0, MAX_COST_MS)
+            } else {
+                MAX_COST_MS
+            }
+        };
+        Cost {
+            took_ms: clean(took_ms),
+            pause_ms: clean(pause_ms),
+        }
+    }
 }
 
 /// The verdict on one cell.
@@ -168,18 +190,20 @@ impl Tracker {
     }
 
     /// A move of `cell` starts at `now_ms`: its cool-down counts from
-    /// here (and again from its end), so a move that fails is not retried
-    /// at once.
+    /// here, and again from its end once the planner has seen it end
+    /// (`last_move` in [`judge`](Self::judge)), so a move that fails is not
+    /// retried at once either.
     pub fn moving(&mut self, cell: &str, now_ms: u64) {
         let w = self.cells.entry(cell.to_string()).or_default();
         w.moved_ms = Some(now_ms);
-        w.best = None;
+        w.beaten_since = None;
     }
 
     /// Judge running cell `c` at `now_ms`, given what `ctx` (whose `want`
     /// names the cell and excludes nothing) says of the nodes.
-    /// `last_move` is asked, when the cell's owner changed since the last
-    /// look, for when its last move ended and what it cost.
+    /// `last_move` is asked, before a move is decided, for when the cell's
+    /// newest finished move ended and what it cost: the planner's own
+    /// moves, a user's, and those a previous leader saw end.
     pub fn judge(
         &mut self,
         now_ms: u64,
@@ -188,22 +212,15 @@ impl Tracker {
         last_move: impl FnOnce() -> Option<(u64, Option<Cost>)>,
     ) -> Verdict {
         let w = self.cells.entry(c.id.clone()).or_default();
-        if w.owner != c.owner || w.generation != c.generation {
-            // A new owner: its counter starts again, and nothing it saw
-            // before applies but the moves.
-            let first = w.owner.is_empty();
-            let (mut moved_ms, mut cost) = (w.moved_ms, w.cost);
-            if !first {
-                if let Some((at, c)) = last_move() {
-                    moved_ms = Some(moved_ms.map_or(at, |m| m.max(at)));
-                    cost = c.or(cost);
-                }
-            }
+        let fresh = w.owner != c.owner || w.generation != c.generation;
+        if fresh {
+            // A new owner, or a first look: its counter is only a
+            // baseline, and nothing seen before applies but the moves.
             *w = Watch {
                 owner: c.owner.clone(),
                 generation: c.generation,
-                moved_ms,
-                cost,
+                moved_ms: w.moved_ms,
+                cost: w.cost,
                 ..Watch::default()
             };
         }
@@ -223,14 +240,14 @@ impl Tracker {
                     .find(|s| s.service == service && s.cell == c.id)
             })
             .map_or(0, |s| s.frames);
-        if frames > w.frames {
+        if frames > w.frames && !fresh {
             w.grew_ms = Some(now_ms);
         }
         w.frames = frames;
         if w.grew_ms
             .is_none_or(|t| now_ms.saturating_sub(t) > ACTIVE_MS)
         {
-            w.best = None;
+            w.beaten_since = None;
             return Verdict::Stay("no client traffic lately".into());
         }
         let Some(from_us) = rtt_of(owner) else {
@@ -242,32 +259,32 @@ impl Tracker {
         let to_us = match rtt_of(best) {
             Some(us) if best.name != c.owner => us,
             _ => {
-                w.best = None;
+                w.beaten_since = None;
                 return Verdict::Stay("its owner is the nearest".into());
             }
         };
         let gain = from_us.saturating_sub(to_us);
         if gain < MIN_GAIN_US || (gain as f64) < MIN_GAIN * from_us as f64 {
-            w.best = None;
+            w.beaten_since = None;
             return Verdict::Stay(format!("{} is nearer by {} only", best.name, micros(gain)));
         }
-        let since = match &w.best {
-            Some((n, t)) if *n == best.name => *t,
-            _ => {
-                w.best = Some((best.name.clone(), now_ms));
-                now_ms
-            }
-        };
+        // How long some node has beaten the owner by the margins: two
+        // near nodes taking turns as the best still count as one spell.
+        let since = *w.beaten_since.get_or_insert(now_ms);
         let held = now_ms.saturating_sub(since);
         if held < HOLD_MS {
             return Verdict::Stay(format!("{} nearer for {held} ms only", best.name));
+        }
+        if let Some((at, cost)) = last_move() {
+            w.moved_ms = Some(w.moved_ms.map_or(at, |m| m.max(at)));
+            w.cost = cost.or(w.cost);
         }
         let cost = w.cost.unwrap_or(Cost {
             took_ms: DEFAULT_MOVE_MS,
             pause_ms: DEFAULT_PAUSE_MS,
         });
         if let Some(t) = w.moved_ms {
-            let cool = COOLDOWN_MS.max(COOLDOWN_MOVES * cost.took_ms as u64);
+            let cool = COOLDOWN_MS.max(COOLDOWN_MOVES.saturating_mul(cost.took_ms as u64));
             if now_ms.saturating_sub(t) < cool {
                 return Verdict::Stay(format!("moved {} ms ago", now_ms.saturating_sub(t)));
             }

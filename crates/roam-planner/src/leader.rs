@@ -194,8 +194,15 @@ fn follow_clients(
     use crate::follow::{micros, FollowTheClient, Verdict};
     tracker.retain(|id| cells.iter().any(|c| c.id == id && !c.state.ended()));
     let load = policy::Load::of_cells(cells);
+    let ready = |name: &str| {
+        nodes
+            .iter()
+            .any(|x| x.name == name && x.alive && x.state == roam_cluster::NodeState::Ready)
+    };
     for c in cells.iter().filter(|c| crate::follow::movable(c)) {
-        if lock(&n.busy).contains(&c.id) {
+        // A dead owner's cells are evacuated, a draining one's drained:
+        // not this policy's to move.
+        if lock(&n.busy).contains(&c.id) || !ready(&c.owner) {
             continue;
         }
         let want = Want {
@@ -227,19 +234,24 @@ fn follow_clients(
             to,
             micros(to_us)
         );
-        tracing::info!(cell = %c.id, "{what}");
-        n.history.decided(crate::history::Decision::new(
-            what,
+        let decision = crate::history::Decision::new(
+            what.clone(),
             Some(c.id.clone()),
             FollowTheClient.name(),
             &policy::explain(&FollowTheClient, &ctx),
-        ));
+        );
         tracker.moving(&c.id, now);
         let (n, c, source, dest) = (n.clone(), c.clone(), source.clone(), dest.clone());
         tokio::spawn(async move {
             let r = crate::moves::start(&n, &c, &source, &dest, "pre-copy", "follow-the-client");
-            if let Err(e) = r.await {
-                tracing::warn!(cell = %c.id, "follow the client: the move did not start: {}", e.1);
+            match r.await {
+                // Only a move that started is a decision people see.
+                Ok(_) => {
+                    tracing::info!(cell = %c.id, "{what}");
+                    n.history.decided(decision);
+                }
+                Err(e) => tracing::warn!(cell = %c.id,
+                    "follow the client: the move did not start: {}", e.1),
             }
         });
     }
@@ -252,10 +264,9 @@ fn last_move(n: &Inner, cell: &str) -> Option<(u64, Option<crate::follow::Cost>)
         .migrations()
         .into_iter()
         .find(|t| t.cell == cell && t.ended_ms.is_some())?;
-    let cost = t.summary.map(|s| crate::follow::Cost {
-        took_ms: s.total_ms,
-        pause_ms: s.downtime_ms,
-    });
+    let cost = t
+        .summary
+        .map(|s| crate::follow::Cost::reported(s.total_ms, s.downtime_ms));
     Some((t.ended_ms?, cost))
 }
 

@@ -275,6 +275,10 @@ impl GatewayLink {
                     s.conns.insert(c.conn, service.to_string());
                 }
             }
+            if s.services.get(service).is_none_or(|v| v.cell != cell) {
+                // Another cell: its traffic counts from now.
+                s.traffic.remove(service);
+            }
             s.services.insert(
                 service.to_string(),
                 Served {

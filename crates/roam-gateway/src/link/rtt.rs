@@ -9,11 +9,16 @@
 //! the client's own path to the gateway. That is the signal the planner's
 //! follow-the-client policy compares between nodes.
 //!
-//! Why the median of the last few samples: one sample caught behind a
-//! migration's burst or a scheduler hiccup must not move a cell, and a
-//! real change of path (a user who moved) must show within a couple of
-//! seconds. An average would either lag or jump; the median of
-//! [`WINDOW`] samples taken every [`PING_EVERY`] does neither.
+//! Why the smallest of the last few samples: a ping that waited behind the
+//! link's own traffic measures that node's load, not its distance, and the
+//! node that serves a busy cell is the one whose link is loaded. Compared
+//! by their medians, an idle node would always look nearer than the busy
+//! owner, and a cell could move back and forth between two equally near
+//! nodes. The minimum of [`WINDOW`] samples taken every [`PING_EVERY`] is
+//! the path's floor; it falls with the first fast answer (a user who came
+//! near) and rises once every answer of the window is slow (a user who
+//! left), about a second later. A path that broke shows at once: see
+//! [`Rtt::waiting`].
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -44,10 +49,10 @@ pub struct Rtt {
 }
 
 impl Rtt {
-    /// The estimate to compare paths by: the median, or the oldest
-    /// unanswered ping's wait when that is already longer.
+    /// The estimate to compare paths by: the smallest recent round trip,
+    /// or the oldest unanswered ping's wait when that is already longer.
     pub fn estimate(&self) -> Duration {
-        self.median.max(self.waiting)
+        self.min.max(self.waiting)
     }
 }
 
@@ -95,9 +100,11 @@ impl Pings {
         Some(rtt)
     }
 
-    /// A new session: the pings sent on the old one will not be answered.
+    /// A new session: the pings sent on the old one will not be answered,
+    /// and the path (or the gateway behind the address) may have changed.
     pub(crate) fn reset(&mut self) {
         self.outstanding.clear();
+        self.samples.clear();
     }
 
     /// The estimate, once there is a sample.
@@ -128,28 +135,49 @@ mod tests {
     }
 
     #[test]
-    fn the_estimate_is_the_median_of_the_last_answers() {
+    fn the_estimate_is_the_floor_of_the_last_answers() {
         let mut p = Pings::default();
         let t0 = Instant::now();
         assert_eq!(p.rtt(t0), None);
-        // 10, 12, 200 (one spike), 11, 13 ms.
-        for (i, d) in [10, 12, 200, 11, 13].into_iter().enumerate() {
+        // A loaded link: 3 ms answers, one of 0.4 ms got through at once.
+        for (i, us) in [3_000, 2_800, 400, 3_100, 2_900].into_iter().enumerate() {
             let at = t0 + ms(1000 * i as u64);
             let n = p.ping(at).unwrap();
-            assert_eq!(p.pong(n, at + ms(d)), Some(ms(d)));
+            let d = Duration::from_micros(us);
+            assert_eq!(p.pong(n, at + d), Some(d));
         }
         let r = p.rtt(t0 + ms(10_000)).unwrap();
-        assert_eq!(r.median, ms(12), "one spike does not move it");
-        assert_eq!(r.min, ms(10));
+        assert_eq!(r.min, Duration::from_micros(400));
+        assert_eq!(r.median, Duration::from_micros(2_900));
+        assert_eq!(
+            r.estimate(),
+            Duration::from_micros(400),
+            "the path, not its load"
+        );
         assert_eq!(r.samples, 5);
         assert_eq!(r.waiting, Duration::ZERO);
-        // The path gets slow: three answers of 50 ms make the median 50.
-        for i in 0..3 {
-            let at = t0 + ms(20_000 + 1000 * i);
+        // The path gets far: the floor holds while the fast answer is in
+        // the window, and rises once the window holds only 50 ms ones.
+        let far = |p: &mut Pings, k: u64| {
+            let at = t0 + ms(20_000 + 1000 * k);
             let n = p.ping(at).unwrap();
             p.pong(n, at + ms(50));
+        };
+        far(&mut p, 0);
+        far(&mut p, 1);
+        assert_eq!(
+            p.rtt(t0 + ms(30_000)).unwrap().estimate(),
+            Duration::from_micros(400)
+        );
+        for k in 2..5 {
+            far(&mut p, k);
         }
-        assert_eq!(p.rtt(t0 + ms(30_000)).unwrap().median, ms(50));
+        assert_eq!(p.rtt(t0 + ms(30_000)).unwrap().estimate(), ms(50));
+        // And near again with the first fast answer.
+        let at = t0 + ms(26_000);
+        let n = p.ping(at).unwrap();
+        p.pong(n, at + ms(2));
+        assert_eq!(p.rtt(t0 + ms(30_000)).unwrap().estimate(), ms(2));
     }
 
     #[test]
@@ -162,7 +190,7 @@ mod tests {
         assert_eq!(p.pong(999, t0 + ms(6)), None, "never sent");
         p.ping(t0 + ms(100)).unwrap();
         let r = p.rtt(t0 + ms(400)).unwrap();
-        assert_eq!(r.median, ms(5));
+        assert_eq!(r.min, ms(5));
         assert_eq!(r.waiting, ms(300));
         assert_eq!(r.estimate(), ms(300));
     }
@@ -177,8 +205,12 @@ mod tests {
         assert_eq!(p.ping(t0 + ms(100)), None);
         // Lost after LOST_AFTER: room again.
         assert!(p.ping(t0 + LOST_AFTER + ms(100)).is_some());
+        let n = p.ping(t0 + LOST_AFTER + ms(101)).unwrap();
+        p.pong(n, t0 + LOST_AFTER + ms(105));
+        assert!(p.rtt(t0 + LOST_AFTER + ms(105)).is_some());
+        // A new session forgets the old path.
         p.reset();
-        assert_eq!(p.rtt(t0).map(|r| r.waiting), None);
+        assert_eq!(p.rtt(t0 + LOST_AFTER + ms(200)), None);
         // An answer to a later ping drops the earlier ones (in order).
         let a = p.ping(t0).unwrap();
         let b = p.ping(t0 + ms(1)).unwrap();

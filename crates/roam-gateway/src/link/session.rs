@@ -180,6 +180,7 @@ fn announce(inner: &Inner) {
     s.control.clear();
     s.conns.clear();
     s.pings.reset();
+    s.gateway_id = None;
     let mut msgs = Vec::new();
     let mut conns = Vec::new();
     for (service, v) in &s.services {

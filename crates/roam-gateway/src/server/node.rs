@@ -22,7 +22,7 @@ use super::state::{LinkHandle, State, Violation};
 use super::Shared;
 use crate::proto::{
     FrameError, FrameReader, Hello, ToGateway, ToNode, MAX_DATA, MIN_PROTOCOL_VERSION,
-    PROTOCOL_VERSION,
+    PING_VERSION, PROTOCOL_VERSION,
 };
 
 /// The link reader's buffer: many small frames per read, a whole `Data`
@@ -323,6 +323,11 @@ fn apply(s: &mut State, id: &str, link: u64, msg: ToGateway) -> Result<(), Strin
             Ok(())
         }
         ToGateway::Ping { nonce } => {
+            if s.links.get(&link).is_some_and(|l| l.version < PING_VERSION) {
+                return Err(format!(
+                    "Ping on a link of protocol version < {PING_VERSION}"
+                ));
+            }
             s.send(
                 link,
                 &ToNode::Pong {
