@@ -388,7 +388,7 @@ impl OwnerWatch {
 fn plot(outs: &[Outcome], o: &Options) -> String {
     use std::fmt::Write;
     const COLORS: [&str; 4] = ["#8a8a8a", "#c9a227", "#2a7ab0", "#d0452f"];
-    let (w, h, left, bottom, top, right) = (820.0, 340.0, 60.0, 40.0, 20.0, 180.0);
+    let (w, h, left, bottom, top, right) = (900.0, 340.0, 60.0, 40.0, 20.0, 260.0);
     let secs = (o.phases as f64 * o.phase_secs).max(1.0);
     let peak = outs
         .iter()
