@@ -5,42 +5,21 @@
 use super::*;
 use crate::policy::{place, Want};
 use roam_api::planner::{GatewayPath, ServiceTraffic};
-use roam_api::sysinfo::Machine;
-use roam_cluster::{NodeState, NodeStatus};
 
 const GW: &str = "gw-00000000000000a1";
 
 fn node(name: &str, gw: &str, rtt_us: Option<u64>) -> NodeRecord {
-    NodeRecord {
-        name: name.into(),
-        isa: "x86_64".into(),
-        api: format!("{name}:7700"),
-        migrate: format!("{name}:8700"),
-        version: "0.1.0".into(),
-        status: NodeStatus {
-            machine: Machine {
-                cores: 4,
-                memory_total: 8 << 30,
-                memory_available: 8 << 30,
-                load1: 0.0,
-            },
-            cells: vec![],
-            gateway: Some(GatewayPath {
-                // Each node dials the gateway through its own path; the
-                // id the gateway answers with says it is the same one.
-                address: format!("{name}.path:7800"),
-                id: Some(gw.into()),
-                connected: true,
-                rtt_us,
-                services: vec![],
-            }),
-            usage: vec![],
-        },
-        state: NodeState::Ready,
-        alive: true,
-        registered_ms: 0,
-        heartbeat_ms: 0,
-    }
+    let mut n = crate::policy::tests::node(name, true, 4, 8);
+    n.status.gateway = Some(GatewayPath {
+        // Each node dials the gateway through its own path; the id the
+        // gateway answers with says it is the same one.
+        address: format!("{name}.path:7800"),
+        id: Some(gw.into()),
+        connected: true,
+        rtt_us,
+        services: vec![],
+    });
+    n
 }
 
 fn serving(mut n: NodeRecord, frames: u64) -> NodeRecord {

@@ -369,12 +369,13 @@ pub fn human(b: u64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use roam_api::sysinfo::Machine;
     use roam_cluster::{CellState, Kept, NodeStatus};
 
-    fn node(name: &str, alive: bool, cores: usize, mem_gib: u64) -> NodeRecord {
+    /// A node record as the planner keeps it (also for `follow_tests`).
+    pub(crate) fn node(name: &str, alive: bool, cores: usize, mem_gib: u64) -> NodeRecord {
         NodeRecord {
             name: name.into(),
             isa: "x86_64".into(),
