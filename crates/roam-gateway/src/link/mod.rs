@@ -85,6 +85,24 @@ pub(crate) struct Shared {
     traffic: HashMap<String, Traffic>,
 }
 
+impl Shared {
+    /// The service `conn` belongs to, and how it is served here.
+    fn route(&self, conn: ConnId) -> Option<(&String, &Served)> {
+        let svc = self.conns.get(&conn)?;
+        Some((svc, self.services.get(svc)?))
+    }
+
+    /// `service` is no longer served here: its hub stops waking the link,
+    /// and its connections and traffic are forgotten.
+    fn forget(&mut self, service: &str) {
+        if let Some(gone) = self.services.remove(service) {
+            gone.hub.set_notify(Arc::new(|| {}));
+        }
+        self.conns.retain(|_, svc| svc != service);
+        self.traffic.remove(service);
+    }
+}
+
 /// Client->cell traffic of one service through this link.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
@@ -317,12 +335,7 @@ impl GatewayLink {
             cell: cell.to_string(),
             generation,
         })?;
-        let mut s = self.inner.lock();
-        if let Some(gone) = s.services.remove(service) {
-            gone.hub.set_notify(Arc::new(|| {}));
-        }
-        s.conns.retain(|_, svc| svc != service);
-        s.traffic.remove(service);
+        self.inner.lock().forget(service);
         Ok(())
     }
 
@@ -334,11 +347,7 @@ impl GatewayLink {
     pub fn release(&self, service: &str, cell: &str) {
         let mut s = self.inner.lock();
         if s.services.get(service).is_some_and(|v| v.cell == cell) {
-            if let Some(gone) = s.services.remove(service) {
-                gone.hub.set_notify(Arc::new(|| {}));
-            }
-            s.conns.retain(|_, svc| svc != service);
-            s.traffic.remove(service);
+            s.forget(service);
             tracing::info!(
                 service,
                 cell,

@@ -3,10 +3,10 @@
 //!
 //! Why on the link and not with ICMP or a side connection: a client's
 //! request through the gateway crosses exactly this path, in this TCP
-//! stream, behind whatever else the link carries. A `Ping` waits in the
-//! same queues (the node's send buffer, a shaped or delayed line, the
-//! gateway's batch), so what it measures is what a request pays on top of
-//! the client's own path to the gateway. That is the signal the planner's
+//! stream, through the same network path (a shaped or delayed line, the
+//! gateway's batches), so what it measures is the part of a request's path
+//! that depends on where the cell runs, on top of the client's own path to
+//! the gateway. That is the signal the planner's
 //! follow-the-client policy compares between nodes.
 //!
 //! Why the smallest of the last few samples: a ping that waited behind the
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 /// How often the node pings the gateway.
 pub const PING_EVERY: Duration = Duration::from_millis(250);
-/// Samples the estimate is the median of.
+/// Round trips the estimate is the smallest of.
 pub const WINDOW: usize = 5;
 /// Pings that may wait for their answer at once; a path slower than
 /// `MAX_OUTSTANDING × PING_EVERY` is sampled less often, not queued up.

@@ -205,16 +205,14 @@ fn announce(inner: &Inner) {
 
 /// The hub of `conn`'s service, if the connection is known here.
 fn hub_of(inner: &Inner, conn: u64) -> Option<Arc<NetHub>> {
-    let s = inner.lock();
-    let svc = s.conns.get(&conn)?;
-    s.services.get(svc).map(|v| v.hub.clone())
+    inner.lock().route(conn).map(|(_, v)| v.hub.clone())
 }
 
-/// [`hub_of`], counting `bytes` of client data to the connection's service.
+/// [`hub_of`], counting `bytes` of client data to the connection's service
+/// under the same lock.
 fn hub_for_data(inner: &Inner, conn: u64, bytes: usize) -> Option<Arc<NetHub>> {
     let mut s = inner.lock();
-    let svc = s.conns.get(&conn)?.clone();
-    let hub = s.services.get(&svc).map(|v| v.hub.clone())?;
+    let (svc, hub) = s.route(conn).map(|(svc, v)| (svc.clone(), v.hub.clone()))?;
     let t = s.traffic.entry(svc).or_default();
     t.frames += 1;
     t.bytes += bytes as u64;

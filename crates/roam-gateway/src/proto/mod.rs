@@ -169,8 +169,8 @@ pub enum ToGateway {
         conn: ConnId,
     },
     /// Answer with `Pong { nonce }` at once (protocol 3): the node measures
-    /// the round-trip time of its path to the gateway, queues included,
-    /// which is what a client's request through this link pays.
+    /// the round-trip time of its path to the gateway, the part of a
+    /// client's request path that depends on where the cell runs.
     Ping {
         /// Chosen by the node; echoed.
         nonce: u64,

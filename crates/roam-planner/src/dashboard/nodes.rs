@@ -105,7 +105,7 @@ fn gateway(n: &NodeRecord) -> String {
     let Some(g) = &n.status.gateway else {
         return "<span class=\"sub\">no gateway</span>".into();
     };
-    let which = esc(g.id.as_deref().unwrap_or(&g.address));
+    let which = esc(crate::follow::gateway_of(n).unwrap_or_default());
     if !g.connected {
         return format!(
             "<span class=\"pill bad\">link down</span><div class=\"sub\">{which}</div>"
