@@ -15,8 +15,10 @@ scripts/setup.sh
 # aarch64 (run under qemu-user), and two workloads: $W and `dirty` (the
 # cluster demo's). scripts/build-all.sh, which scripts/test.sh runs, also
 # builds riscv64 and every workload, the real-program suite included.
+# The aarch64 build waits until steps 1 and 2 have shown a checkpoint on
+# this machine: on a fresh machine each build of roam takes minutes.
+echo "== building roam for $(uname -m) and the workloads (a first build takes several minutes)"
 cargo build --release --locked -p roam-cli
-cargo build --release --locked -p roam-cli --target aarch64-unknown-linux-gnu
 if [ "$W" = dirty ]; then workloads/build.sh dirty; else workloads/build.sh "$W" dirty; fi
 
 T=${CARGO_TARGET_DIR:-target}
@@ -34,6 +36,10 @@ echo
 echo "== 2. the same run on x86-64, checkpointed after 0.5 s"
 "$ROAM_X86" run --checkpoint-after 0.5 --snapshot "$WORK/$W.roam" "$WASM" -- M | tee "$WORK/part1.txt"
 "$ROAM_X86" inspect "$WORK/$W.roam"
+
+echo
+echo "== building roam for aarch64 (run under qemu-user)"
+cargo build --release --locked -p roam-cli --target aarch64-unknown-linux-gnu
 
 echo
 echo "== 3. resumed on aarch64 (qemu-aarch64)"
