@@ -18,6 +18,7 @@
 pub mod client;
 pub mod planner;
 pub mod planner_client;
+pub mod power;
 pub mod serve;
 pub mod sysinfo;
 pub mod types;

@@ -47,6 +47,10 @@ pub struct NodeStatus {
     /// policies read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub usage: Vec<CellUsage>,
+    /// Its declared power model and the energy estimated from it, when it
+    /// has one (`roam node --power`): what the energy policies read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<crate::power::PowerReport>,
 }
 
 /// What one running cell uses on its node.

@@ -172,7 +172,7 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
             return Ok(0);
         }
         println!(
-            "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5} {:>5} {:>10}  HEARTBEAT",
+            "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5} {:>5} {:>10} {:>9}  HEARTBEAT",
             "NODE",
             "ISA",
             "STATE",
@@ -181,12 +181,13 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
             "MEMORY FREE/TOTAL",
             "LOAD",
             "CELLS",
-            "GATEWAY RTT"
+            "GATEWAY RTT",
+            "POWER"
         );
         for n in &nodes {
             let m = &n.status.machine;
             println!(
-                "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5.2} {:>5} {:>11}  {}",
+                "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5.2} {:>5} {:>11} {:>9}  {}",
                 n.name,
                 n.isa,
                 match n.state {
@@ -199,7 +200,24 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
                 m.load1,
                 n.status.cells.len(),
                 gateway_rtt(n),
+                n.status
+                    .power
+                    .map_or("-".into(), |p| roam_api::power::watts(p.watts)),
                 ago(n.heartbeat_ms)
+            );
+        }
+        let reported: Vec<_> = nodes
+            .iter()
+            .filter(|n| n.alive)
+            .filter_map(|n| n.status.power)
+            .collect();
+        if !reported.is_empty() {
+            println!(
+                "{} of {} live nodes report power: {} now, {} since each started",
+                reported.len(),
+                nodes.iter().filter(|n| n.alive).count(),
+                roam_api::power::watts(reported.iter().map(|p| p.watts).sum()),
+                roam_api::power::joules(reported.iter().map(|p| p.joules).sum())
             );
         }
         Ok(0)

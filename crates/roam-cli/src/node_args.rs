@@ -118,6 +118,12 @@ pub struct NodeArgs {
     /// bound].
     #[arg(long, value_name = "ADDR")]
     pub advertise: Option<String>,
+    /// This node's power model, for the energy estimate it reports and the
+    /// planner's energy policies: `idle=W,busy=W[,speed=X]`, its draw idle,
+    /// its extra draw per busy core, and its work per core-second relative
+    /// to the cluster's reference machine [default: no estimate].
+    #[arg(long, value_name = "MODEL")]
+    pub power: Option<roam_api::power::PowerModel>,
 }
 
 /// A CPU amount in cores (`0.5`, `2`, `250m` for thousandths), as

@@ -80,6 +80,7 @@ pub fn node(a: NodeArgs) -> Result<i32> {
         planner: a.planner,
         planner_timeout: std::time::Duration::from_secs(a.planner_timeout),
         advertise: a.advertise,
+        power: a.power,
     };
     runtime()?.block_on(async move {
         let node = Node::bind(cfg).await?;

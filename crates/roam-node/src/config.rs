@@ -60,4 +60,8 @@ pub struct NodeConfig {
     /// The control API's address as others reach it (`host:port` or a
     /// URL), told to the planner. `None`: the bound address.
     pub advertise: Option<String>,
+    /// The power model this node declares (`--power`): it then estimates
+    /// its draw and energy and reports them to the planner and in
+    /// `/metrics`. `None`: no estimate.
+    pub power: Option<roam_api::power::PowerModel>,
 }

@@ -38,6 +38,7 @@ mod log;
 mod metrics;
 mod migrate;
 mod node;
+mod power;
 mod secure;
 pub mod size;
 mod state;

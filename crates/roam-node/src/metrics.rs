@@ -40,6 +40,9 @@ pub(crate) struct Metrics {
     cell_cpu: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     cell_memory: Family<Labels, Gauge>,
     gateway_messages: Family<Labels, Counter>,
+    /// The power model's estimates (no labels; absent without a model).
+    power: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    energy: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Unix ms of each cell's newest checkpoint taken here.
     last_checkpoint: Mutex<HashMap<String, u64>>,
 }
@@ -135,8 +138,24 @@ impl Metrics {
             "Client-to-cell messages through the gateway link, per service, since its cell started serving here",
             gateway_messages.clone(),
         );
+        let power = Family::default();
+        registry.register_with_unit(
+            "power",
+            "Estimated draw since the previous report, by the power model the node declares (--power)",
+            Unit::Other("watts".into()),
+            power.clone(),
+        );
+        let energy = Family::default();
+        registry.register_with_unit(
+            "energy",
+            "Estimated energy since the node started, by its power model (only grows)",
+            Unit::Joules,
+            energy.clone(),
+        );
         Metrics {
             registry,
+            power,
+            energy,
             cpu_weight,
             gateway_rtt,
             gateway_messages,
@@ -187,7 +206,14 @@ impl Metrics {
         &self,
         cells: &HashMap<String, CellEntry>,
         gateway: Option<&roam_gateway::link::GatewayLink>,
+        power: Option<&crate::power::Meter>,
     ) -> String {
+        self.power.clear();
+        self.energy.clear();
+        if let Some(p) = power.map(|m| m.report()) {
+            self.power.get_or_create(&vec![]).set(p.watts);
+            self.energy.get_or_create(&vec![]).set(p.joules);
+        }
         self.cells.clear();
         self.checkpoint_age.clear();
         self.cpu_weight.clear();
@@ -333,6 +359,8 @@ mod tests {
                 ("cell".into(), "c-1".into()),
             ])
             .inc_by(17);
+        m.power.get_or_create(&vec![]).set(61.5);
+        m.energy.get_or_create(&vec![]).set(1234.5);
         let mut text = String::new();
         encode(&mut text, &m.registry).unwrap();
         let types = parse(&text);
@@ -350,6 +378,8 @@ mod tests {
             ("roam_node_cell_cpu_seconds", "gauge"),
             ("roam_node_cell_memory_bytes", "gauge"),
             ("roam_node_gateway_client_messages", "counter"),
+            ("roam_node_power_watts", "gauge"),
+            ("roam_node_energy_joules", "gauge"),
         ];
         for (name, ty) in want {
             assert_eq!(

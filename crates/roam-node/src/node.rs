@@ -69,6 +69,7 @@ impl Node {
             ),
             None => None,
         };
+        let power = cfg.power.map(crate::power::Meter::new);
         let inner = Arc::new(NodeInner {
             cfg,
             rt,
@@ -88,6 +89,7 @@ impl Node {
             uploads: tokio::sync::Semaphore::new(crate::state::UPLOADS),
             grants: Default::default(),
             cpu: Arc::new(cpu),
+            power,
         });
         Ok(Node {
             inner,

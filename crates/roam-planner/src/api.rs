@@ -189,6 +189,10 @@ pub(crate) fn check_status(s: &NodeStatus) -> Result<(), AppError> {
             roam_wire::ident::check_cell_id(&t.cell).map_err(|e| bad(e.to_string()))?;
         }
     }
+    if let Some(p) = &s.power {
+        p.check(s.machine.cores)
+            .map_err(|e| bad(format!("power: {e}")))?;
+    }
     Ok(())
 }
 

@@ -28,7 +28,7 @@ use roam_cluster::{CellRecord, CellState, NodeRecord};
 use crate::cells::{claim, ensure_module, keep_now, snapshot, update};
 use crate::events::Event;
 use crate::kept::grant_on;
-use crate::policy::{self, Ctx, Policy, Want};
+use crate::policy::{self, Ctx, Want};
 use crate::{lock, unix_ms, Inner};
 
 /// How often the leader looks at the cluster.
@@ -77,8 +77,8 @@ struct Seen {
     /// Cell → the owner's heartbeat (Unix ms) after which the leader asked
     /// the owner whether the cell ended: asked once per heartbeat.
     asked: HashMap<String, u64>,
-    /// What follow-the-client remembers of each service cell.
-    follow: crate::follow::Tracker,
+    /// What the policies that move cells by themselves remember.
+    auto: crate::auto::Trackers,
 }
 
 /// A live owner's word that it does not have a cell its record gives it.
@@ -174,100 +174,8 @@ async fn tick(n: &Arc<Inner>, seen: &mut Seen) -> Result<(), crate::api::AppErro
             });
         }
     }
-    if n.placement() == crate::follow::FollowTheClient.name() {
-        follow_clients(n, &nodes, &cells, &mut seen.follow, now);
-    } else {
-        seen.follow = Default::default();
-    }
+    crate::auto::tick(n, &nodes, &cells, &mut seen.auto, now);
     Ok(())
-}
-
-/// Follow-the-client: move each running service cell whose clients are
-/// now nearer another node there (see [`crate::follow`]).
-fn follow_clients(
-    n: &Arc<Inner>,
-    nodes: &[NodeRecord],
-    cells: &[CellRecord],
-    tracker: &mut crate::follow::Tracker,
-    now: u64,
-) {
-    use crate::follow::{micros, FollowTheClient, Verdict};
-    tracker.retain(|id| cells.iter().any(|c| c.id == id && !c.state.ended()));
-    let load = policy::Load::of_cells(cells);
-    let ready = |name: &str| {
-        nodes
-            .iter()
-            .any(|x| x.name == name && x.alive && x.state == roam_cluster::NodeState::Ready)
-    };
-    for c in cells.iter().filter(|c| crate::follow::movable(c)) {
-        // A dead owner's cells are evacuated, a draining one's drained:
-        // not this policy's to move.
-        if lock(&n.busy).contains(&c.id) || !ready(&c.owner) {
-            continue;
-        }
-        let want = Want {
-            cell: Some(c.id.clone()),
-            max_memory: c.max_memory,
-            ..Want::default()
-        };
-        let ctx = Ctx {
-            nodes,
-            cells,
-            load: load.clone(),
-            want: &want,
-        };
-        let last_move = || last_move(n, &c.id);
-        let Verdict::Move { to, from_us, to_us } = tracker.judge(now, c, &ctx, last_move) else {
-            continue;
-        };
-        let (Some(source), Some(dest)) = (
-            nodes.iter().find(|x| x.name == c.owner),
-            nodes.iter().find(|x| x.name == to),
-        ) else {
-            continue;
-        };
-        let what = format!(
-            "follow the client: {} from {} ({}) to {} ({})",
-            c.service.as_deref().unwrap_or("?"),
-            c.owner,
-            micros(from_us),
-            to,
-            micros(to_us)
-        );
-        let decision = crate::history::Decision::new(
-            what.clone(),
-            Some(c.id.clone()),
-            FollowTheClient.name(),
-            &policy::explain(&FollowTheClient, &ctx),
-        );
-        tracker.moving(&c.id, now);
-        let (n, c, source, dest) = (n.clone(), c.clone(), source.clone(), dest.clone());
-        tokio::spawn(async move {
-            let r = crate::moves::start(&n, &c, &source, &dest, "pre-copy", "follow-the-client");
-            match r.await {
-                // Only a move that started is a decision people see.
-                Ok(_) => {
-                    tracing::info!(cell = %c.id, "{what}");
-                    n.history.decided(decision);
-                }
-                Err(e) => tracing::warn!(cell = %c.id,
-                    "follow the client: the move did not start: {}", e.1),
-            }
-        });
-    }
-}
-
-/// When `cell`'s newest finished move ended, and what it cost.
-fn last_move(n: &Inner, cell: &str) -> Option<(u64, Option<crate::follow::Cost>)> {
-    let t = n
-        .history
-        .migrations()
-        .into_iter()
-        .find(|t| t.cell == cell && t.ended_ms.is_some())?;
-    let cost = t
-        .summary
-        .map(|s| crate::follow::Cost::reported(s.total_ms, s.downtime_ms));
-    Some((t.ended_ms?, cost))
 }
 
 /// If running cell `c`'s live owner sent a heartbeat after the cell was

@@ -22,9 +22,11 @@
 #![deny(missing_docs)]
 
 mod api;
+mod auto;
 mod caller;
 mod cells;
 mod dashboard;
+pub mod energy;
 #[cfg(test)]
 mod evac_tests;
 pub mod events;

@@ -35,6 +35,8 @@ pub struct Metrics {
     nodes: Family<Labels, Gauge>,
     cells: Family<Labels, Gauge>,
     kept_age: Family<Labels, Gauge<f64, AtomicU64>>,
+    power: Family<Labels, Gauge<f64, AtomicU64>>,
+    energy: Family<Labels, Gauge<f64, AtomicU64>>,
     leader: Gauge,
     placements: Family<Labels, Counter>,
     evacuations: Family<Labels, Counter>,
@@ -50,6 +52,8 @@ impl Default for Metrics {
             nodes: Family::default(),
             cells: Family::default(),
             kept_age: Family::default(),
+            power: Family::default(),
+            energy: Family::default(),
             leader: Gauge::default(),
             placements: Family::default(),
             evacuations: Family::default(),
@@ -68,6 +72,16 @@ impl Default for Metrics {
             "kept_checkpoint_age_seconds",
             "Age of each cell's newest kept checkpoint",
             m.kept_age.clone(),
+        );
+        registry.register(
+            "node_power_watts",
+            "Each live node's estimated draw, by the power model it declares (roam node --power)",
+            m.power.clone(),
+        );
+        registry.register(
+            "node_energy_joules",
+            "Each live node's estimated energy since it started, as its last heartbeat reported",
+            m.energy.clone(),
         );
         registry.register(
             "leader",
@@ -157,6 +171,18 @@ impl Metrics {
             l.push(("state".into(), state.into()));
             self.nodes.get_or_create(&l).inc();
         }
+        self.power.clear();
+        self.energy.clear();
+        for n in nodes.iter().filter(|n| n.alive) {
+            if let Some(p) = &n.status.power {
+                self.power
+                    .get_or_create(&label("node", &n.name))
+                    .set(p.watts);
+                self.energy
+                    .get_or_create(&label("node", &n.name))
+                    .set(p.joules);
+            }
+        }
         self.cells.clear();
         self.kept_age.clear();
         for c in cells {
@@ -213,5 +239,31 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn live_nodes_with_a_power_model_have_power_and_energy() {
+        let m = Metrics::default();
+        let report = roam_api::power::PowerReport {
+            model: "idle=2,busy=1".parse().unwrap(),
+            watts: 3.5,
+            joules: 120.0,
+        };
+        let mut board = crate::policy::tests::node("board", true, 2, 1);
+        board.status.power = Some(report);
+        let mut dead = crate::policy::tests::node("dead", false, 2, 1);
+        dead.status.power = Some(report);
+        let bare = crate::policy::tests::node("bare", true, 2, 1);
+        let text = m.render(&[board, dead, bare], &[], 0);
+        assert!(
+            text.contains("roam_planner_node_power_watts{node=\"board\"} 3.5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("roam_planner_node_energy_joules{node=\"board\"} 120.0"),
+            "{text}"
+        );
+        assert!(!text.contains("node=\"dead\""), "{text}");
+        assert!(!text.contains("node=\"bare\""), "{text}");
     }
 }

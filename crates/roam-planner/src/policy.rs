@@ -77,6 +77,11 @@ impl Load {
     pub fn on(&self, node: &str) -> usize {
         self.0.get(node).copied().unwrap_or(0)
     }
+
+    /// Count one more cell on `node`: one the planner is moving there.
+    pub fn add(&mut self, node: &str) {
+        *self.0.entry(node.to_string()).or_default() += 1;
+    }
 }
 
 /// The cell being placed and the constraints on it.
@@ -344,6 +349,8 @@ pub fn all() -> Vec<Box<dyn Policy>> {
         Box::new(Manual),
         Box::new(Evacuate),
         Box::new(crate::follow::FollowTheClient),
+        Box::new(crate::energy::EnergyBalanced),
+        Box::new(crate::energy::EnergyUnbalanced),
     ]
 }
 
@@ -392,6 +399,7 @@ pub(crate) mod tests {
                 cells: vec![],
                 gateway: None,
                 usage: vec![],
+                power: None,
             },
             state: NodeState::Ready,
             alive,

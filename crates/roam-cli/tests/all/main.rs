@@ -14,6 +14,7 @@ mod common;
 mod cpu;
 mod cross_isa;
 mod dashboard;
+mod energy;
 mod hostile;
 mod kvserver;
 mod limits;

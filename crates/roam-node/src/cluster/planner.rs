@@ -60,6 +60,7 @@ fn status(n: &NodeInner) -> NodeStatus {
         cells,
         gateway: n.gateway.as_ref().map(gateway_path),
         usage,
+        power: n.power.as_ref().map(|m| m.report()),
     }
 }
 

@@ -17,7 +17,9 @@ pub(super) async fn node_info(State(n): N) -> Json<NodeInfo> {
 
 /// `GET /metrics`: Prometheus text (see [`crate::metrics`]).
 pub(super) async fn metrics(State(n): N) -> Response {
-    let text = n.metrics.render(&n.cells(), n.gateway.as_ref());
+    let text = n
+        .metrics
+        .render(&n.cells(), n.gateway.as_ref(), n.power.as_ref());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 

@@ -64,6 +64,8 @@ pub(crate) struct NodeInner {
     pub grants: crate::grants::Grants,
     /// The cells' CPU limits (see [`crate::cpu`]).
     pub cpu: Arc<crate::cpu::Cpu>,
+    /// The energy estimate, when the node declares a power model.
+    pub power: Option<crate::power::Meter>,
 }
 
 /// Kept checkpoints a holder receives at once.

@@ -78,6 +78,8 @@ pub struct Setup {
     /// Mutual TLS: the node's identity, and the credentials the test's
     /// client (an operator) presents to it.
     pub tls: Option<(roam_auth::Identity, roam_node::ClientAuth)>,
+    /// The power model the node declares.
+    pub power: Option<roam_api::power::PowerModel>,
 }
 
 impl TestNode {
@@ -106,6 +108,7 @@ impl TestNode {
                 .planner_timeout
                 .unwrap_or(roam_node::DEFAULT_PLANNER_TIMEOUT),
             advertise: None,
+            power: setup.power,
         };
         let node = Node::bind(cfg).await.expect("the node binds");
         let url = node.control_url();

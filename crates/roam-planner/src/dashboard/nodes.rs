@@ -27,7 +27,7 @@ pub(crate) fn render(nodes: &[NodeRecord], cells: &[CellRecord], now: u64) -> St
     }
     h.push_str(
         "<table id=\"nodes-table\"><thead><tr><th>Node</th><th>ISA</th><th>State</th>\
-         <th>Load</th><th>Memory</th><th>Cells</th><th>Gateway round trip</th>\
+         <th>Load</th><th>Memory</th><th>Cells</th><th>Gateway round trip</th><th>Power</th>\
          <th>Heartbeat</th><th>Actions</th>\
          </tr></thead><tbody>",
     );
@@ -85,8 +85,9 @@ fn row(h: &mut String, n: &NodeRecord, cells: &[CellRecord], now: u64) {
     }
     let _ = write!(
         h,
-        "<td>{owned}</td><td>{}</td><td>{}</td><td class=\"actions\">",
+        "<td>{owned}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"actions\">",
         gateway(n),
+        power(n),
         when(n.heartbeat_ms, now)
     );
     let (act, label) = match n.state {
@@ -98,6 +99,19 @@ fn row(h: &mut String, n: &NodeRecord, cells: &[CellRecord], now: u64) {
         "<button type=\"button\" data-act=\"{act}\" data-node=\"{name}\">{label}</button>\
          </td></tr>"
     );
+}
+
+/// The node's estimated draw and energy, and its model's cost of work.
+fn power(n: &NodeRecord) -> String {
+    let Some(p) = &n.status.power else {
+        return "<span class=\"sub\">no model</span>".into();
+    };
+    format!(
+        "{}<div class=\"sub\">{} since start · {:.1} J per unit of work</div>",
+        roam_api::power::watts(p.watts),
+        roam_api::power::joules(p.joules),
+        p.model.joules_per_work()
+    )
 }
 
 /// The node's link to its gateway: the round trip and which gateway.

@@ -41,6 +41,7 @@ fn node(name: &str, state: NodeState) -> NodeRecord {
             cells: vec![],
             gateway: None,
             usage: vec![],
+            power: None,
         },
         state,
         alive: true,
@@ -89,9 +90,19 @@ fn nodes_view_escapes_what_nodes_report_and_offers_the_right_button() {
         rtt_us: Some(4_200),
         services: vec![],
     });
+    nodes[1].status.power = Some(roam_api::power::PowerReport {
+        model: "idle=2,busy=1,speed=0.25".parse().unwrap(),
+        watts: 3.25,
+        joules: 4_200.0,
+    });
     let cells = [cell("c-1", "edge-a", CellState::Running)];
     let h = nodes::render(&nodes, &cells, 12_000);
     assert_escaped(&h);
+    assert!(h.contains("no model"), "{h}");
+    assert!(
+        h.contains("3.2 W<div class=\"sub\">4.2 kJ since start · 4.0 J per unit of work"),
+        "{h}"
+    );
     assert!(h.contains("4.2 ms<div class=\"sub\">&lt;script"), "{h}");
     assert!(h.contains("no gateway"), "{h}");
     assert!(h.contains("data-act=\"drain\" data-node=\"edge-a\""), "{h}");

@@ -1,0 +1,185 @@
+//! The moves the leader decides by itself, by the cluster's placement
+//! policy: follow-the-client ([`crate::follow`]) moves service cells
+//! nearer their clients, energy-unbalanced ([`crate::energy`]) moves busy
+//! cells to cheaper cores. Each policy judges; this module applies the
+//! verdicts the same way for both: never a cell the planner is already
+//! moving, never one whose owner is dead or draining (evacuation and drain
+//! move those), a pre-copy move, and a decision people see once the move
+//! has started.
+
+use std::sync::Arc;
+
+use roam_cluster::{CellRecord, NodeRecord, NodeState};
+
+use crate::follow::{micros, Cost};
+use crate::history::Decision;
+use crate::policy::{self, Ctx, Load, Policy, Want};
+use crate::{lock, Inner};
+
+/// What each policy remembers between ticks.
+#[derive(Debug, Default)]
+pub(crate) struct Trackers {
+    follow: crate::follow::Tracker,
+    energy: crate::energy::Tracker,
+}
+
+/// One leader tick: judge and move by the policy in force; forget what
+/// the other policies remembered.
+pub(crate) fn tick(
+    n: &Arc<Inner>,
+    nodes: &[NodeRecord],
+    cells: &[CellRecord],
+    t: &mut Trackers,
+    now: u64,
+) {
+    let placement = n.placement();
+    if placement != crate::follow::FollowTheClient.name() {
+        t.follow = Default::default();
+    }
+    if placement != crate::energy::EnergyUnbalanced.name() {
+        t.energy = Default::default();
+    }
+    let live = |id: &str| cells.iter().any(|c| c.id == id && !c.state.ended());
+    let mut load = Load::of_cells(cells);
+    let ready = |name: &str| {
+        nodes
+            .iter()
+            .any(|x| x.name == name && x.alive && x.state == NodeState::Ready)
+    };
+    if placement == crate::follow::FollowTheClient.name() {
+        use crate::follow::{FollowTheClient, Verdict};
+        t.follow.retain(live);
+        for c in cells.iter().filter(|c| crate::follow::movable(c)) {
+            if lock(&n.busy).contains(&c.id) || !ready(&c.owner) {
+                continue;
+            }
+            let want = want(c);
+            let ctx = ctx(nodes, cells, &load, &want);
+            let Verdict::Move { to, from_us, to_us } =
+                t.follow.judge(now, c, &ctx, || last_move(n, &c.id))
+            else {
+                continue;
+            };
+            let what = format!(
+                "follow the client: {} from {} ({}) to {} ({})",
+                c.service.as_deref().unwrap_or("?"),
+                c.owner,
+                micros(from_us),
+                to,
+                micros(to_us)
+            );
+            let decision = Decision::new(
+                what.clone(),
+                Some(c.id.clone()),
+                FollowTheClient.name(),
+                &policy::explain(&FollowTheClient, &ctx),
+            );
+            if start(n, nodes, c, &to, FollowTheClient.name(), what, decision) {
+                t.follow.moving(&c.id, now);
+                load.add(&to);
+            }
+        }
+    } else if placement == crate::energy::EnergyUnbalanced.name() {
+        use crate::energy::{EnergyUnbalanced, Verdict};
+        t.energy.retain(live);
+        for c in cells.iter().filter(|c| crate::energy::movable(c)) {
+            if lock(&n.busy).contains(&c.id) || !ready(&c.owner) {
+                continue;
+            }
+            let want = want(c);
+            let ctx = ctx(nodes, cells, &load, &want);
+            let Verdict::Move {
+                to,
+                from_j,
+                to_j,
+                saves_j,
+            } = t.energy.judge(now, c, &ctx, || last_move(n, &c.id))
+            else {
+                continue;
+            };
+            let what = format!(
+                "save energy: {} from {} ({from_j:.1} J per unit of work) to {to} ({to_j:.1} J), \
+                 about {} saved",
+                c.id,
+                c.owner,
+                roam_api::power::joules(saves_j)
+            );
+            let decision = Decision::new(
+                what.clone(),
+                Some(c.id.clone()),
+                EnergyUnbalanced.name(),
+                &policy::explain(&EnergyUnbalanced, &ctx),
+            );
+            if start(n, nodes, c, &to, EnergyUnbalanced.name(), what, decision) {
+                t.energy.moving(&c.id, now);
+                // The next cell this tick must not count on the same core.
+                load.add(&to);
+            }
+        }
+    }
+}
+
+fn want(c: &CellRecord) -> Want {
+    Want {
+        cell: Some(c.id.clone()),
+        max_memory: c.max_memory,
+        ..Want::default()
+    }
+}
+
+fn ctx<'a>(
+    nodes: &'a [NodeRecord],
+    cells: &'a [CellRecord],
+    load: &Load,
+    want: &'a Want,
+) -> Ctx<'a> {
+    Ctx {
+        nodes,
+        cells,
+        load: load.clone(),
+        want,
+    }
+}
+
+/// Start a pre-copy move of `c` to `to` for `reason`; `false` when either
+/// node is gone from the view. The decision is recorded once the move has
+/// started.
+fn start(
+    n: &Arc<Inner>,
+    nodes: &[NodeRecord],
+    c: &CellRecord,
+    to: &str,
+    reason: &'static str,
+    what: String,
+    decision: Decision,
+) -> bool {
+    let (Some(source), Some(dest)) = (
+        nodes.iter().find(|x| x.name == c.owner),
+        nodes.iter().find(|x| x.name == to),
+    ) else {
+        return false;
+    };
+    let (n, c, source, dest) = (n.clone(), c.clone(), source.clone(), dest.clone());
+    tokio::spawn(async move {
+        match crate::moves::start(&n, &c, &source, &dest, "pre-copy", reason).await {
+            // Only a move that started is a decision people see.
+            Ok(_) => {
+                tracing::info!(cell = %c.id, "{what}");
+                n.history.decided(decision);
+            }
+            Err(e) => tracing::warn!(cell = %c.id, "{reason}: the move did not start: {}", e.1),
+        }
+    });
+    true
+}
+
+/// When `cell`'s newest finished move ended, and what it cost.
+fn last_move(n: &Inner, cell: &str) -> Option<(u64, Option<Cost>)> {
+    let t = n
+        .history
+        .migrations()
+        .into_iter()
+        .find(|t| t.cell == cell && t.ended_ms.is_some())?;
+    let cost = t.summary.map(|s| Cost::reported(s.total_ms, s.downtime_ms));
+    Some((t.ended_ms?, cost))
+}
