@@ -30,6 +30,10 @@ const WHAT: &[(&str, &str)] = &[
         "cpu",
         "cells' CPU weights: each cell's share, the API's latency",
     ),
+    (
+        "energy",
+        "energy and EDP: static placement against the energy policies",
+    ),
     ("gw", "T8: KV throughput and latency through the gateway"),
     (
         "kept",

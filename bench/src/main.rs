@@ -2,7 +2,7 @@
 //! workloads and on the real-program suite), T2 (checkpoint capture/restore
 //! vs memory size), T3 (migration response time), T4 (live migration
 //! between two nodes), T5 (the page transfer pipeline against bandwidth),
-//! T7 (follow-the-user), the gateway's overhead, the memory kept
+//! T7 (follow-the-user), energy against static placement, the gateway's overhead, the memory kept
 //! checkpoints cost and the control plane at scale; the targets are defined in docs/targets.md.
 //!
 //! Why it exists: roam makes quantitative promises; these programs measure
@@ -18,6 +18,7 @@
 //! cell as a network service and measure what its clients see.
 
 mod eh;
+mod energy;
 mod gw;
 mod index;
 mod kept;
@@ -314,6 +315,34 @@ enum Bench {
         /// Migration mode when following.
         #[arg(long, default_value = "pre-copy")]
         mode: String,
+    },
+    /// Energy (Popcorn): waves of jobs on static clusters and under the
+    /// energy policies, an x86-64 server and an aarch64 board under qemu.
+    Energy {
+        /// Waves of arrivals.
+        #[arg(long, default_value_t = 3)]
+        waves: usize,
+        /// Jobs per wave.
+        #[arg(long, default_value_t = 2)]
+        per_wave: usize,
+        /// Seconds between waves.
+        #[arg(long, default_value_t = 20.0)]
+        gap_secs: f64,
+        /// The job's workload.
+        #[arg(long, default_value = "kmeans")]
+        job: String,
+        /// The job's size.
+        #[arg(long, default_value = "M")]
+        size: String,
+        /// The server's power model (speed 1 is the reference).
+        #[arg(long, default_value = "idle=50,busy=12")]
+        server: String,
+        /// The board's idle draw, watts.
+        #[arg(long, default_value_t = 2.0)]
+        board_idle: f64,
+        /// The board's draw per busy core, watts (its speed is calibrated).
+        #[arg(long, default_value_t = 0.5)]
+        board_busy: f64,
     },
     /// Control-plane scale: one planner, a simulated fleet of nodes and cells.
     Scale {
@@ -654,6 +683,28 @@ fn main() -> anyhow::Result<()> {
             emit(pause)?;
             r
         }
+        Bench::Energy {
+            waves,
+            per_wave,
+            gap_secs,
+            job,
+            size,
+            server,
+            board_idle,
+            board_busy,
+        } => energy::run(
+            &paths,
+            &energy::Options {
+                waves,
+                per_wave,
+                gap_secs,
+                job,
+                size,
+                server,
+                board_idle,
+                board_busy,
+            },
+        )?,
         Bench::Scale {
             nodes,
             cells,

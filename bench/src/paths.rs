@@ -71,6 +71,25 @@ impl Paths {
         Ok(p)
     }
 
+    /// roam built for `triple` (`aarch64-unknown-linux-gnu`), beside this
+    /// build's target directory, which must exist.
+    pub fn cross_roam(&self, triple: &str) -> anyhow::Result<PathBuf> {
+        let p = self
+            .bin_dir
+            .parent()
+            .context("executable is not in a target dir")?
+            .join(triple)
+            .join("release")
+            .join("roam");
+        if !p.exists() {
+            bail!(
+                "{} is missing: build it with `cargo build --release -p roam-cli --target {triple}`",
+                p.display()
+            );
+        }
+        Ok(p)
+    }
+
     /// A fresh, empty directory under the scratch area.
     pub fn fresh_dir(&self, name: &str) -> anyhow::Result<PathBuf> {
         let d = self.scratch.join(name);

@@ -253,6 +253,7 @@ fn status(node: &SimNode) -> NodeStatus {
         cells: node.cells.lock().unwrap().iter().cloned().collect(),
         gateway: None,
         usage: vec![],
+        power: None,
     }
 }
 

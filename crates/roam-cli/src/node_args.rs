@@ -124,6 +124,11 @@ pub struct NodeArgs {
     /// to the cluster's reference machine [default: no estimate].
     #[arg(long, value_name = "MODEL")]
     pub power: Option<roam_api::power::PowerModel>,
+    /// The cores this node offers its cells, as it reports them to the
+    /// planner (whose policies count cells per core) [default: the
+    /// machine's online CPUs].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub cores: Option<u16>,
 }
 
 /// A CPU amount in cores (`0.5`, `2`, `250m` for thousandths), as

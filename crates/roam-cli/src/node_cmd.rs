@@ -81,6 +81,7 @@ pub fn node(a: NodeArgs) -> Result<i32> {
         planner_timeout: std::time::Duration::from_secs(a.planner_timeout),
         advertise: a.advertise,
         power: a.power,
+        cores: a.cores.map(usize::from),
     };
     runtime()?.block_on(async move {
         let node = Node::bind(cfg).await?;

@@ -64,4 +64,8 @@ pub struct NodeConfig {
     /// its draw and energy and reports them to the planner and in
     /// `/metrics`. `None`: no estimate.
     pub power: Option<roam_api::power::PowerModel>,
+    /// The cores this node offers its cells (`--cores`), as it reports
+    /// them to the planner: the policies count cells per core by it.
+    /// `None`: the machine's online CPUs.
+    pub cores: Option<usize>,
 }

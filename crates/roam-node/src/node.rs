@@ -69,7 +69,9 @@ impl Node {
             ),
             None => None,
         };
-        let power = cfg.power.map(crate::power::Meter::new);
+        let power = cfg.power.map(|m| {
+            crate::power::Meter::new(m, cfg.cores.unwrap_or_else(crate::power::online_cores))
+        });
         let inner = Arc::new(NodeInner {
             cfg,
             rt,

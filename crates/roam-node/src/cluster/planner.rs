@@ -55,8 +55,12 @@ fn status(n: &NodeInner) -> NodeStatus {
         })
         .collect();
     usage.sort_by(|a, b| a.cell.cmp(&b.cell));
+    let mut machine = crate::sysinfo::Machine::read();
+    if let Some(cores) = n.cfg.cores {
+        machine.cores = cores;
+    }
     NodeStatus {
-        machine: crate::sysinfo::Machine::read(),
+        machine,
         cells,
         gateway: n.gateway.as_ref().map(gateway_path),
         usage,

@@ -109,6 +109,7 @@ impl TestNode {
                 .unwrap_or(roam_node::DEFAULT_PLANNER_TIMEOUT),
             advertise: None,
             power: setup.power,
+            cores: None,
         };
         let node = Node::bind(cfg).await.expect("the node binds");
         let url = node.control_url();
