@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod client;
+pub mod human;
 pub mod planner;
 pub mod planner_client;
 pub mod power;

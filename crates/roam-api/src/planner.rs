@@ -30,6 +30,71 @@ pub struct NodeRecord {
     pub registered_ms: u64,
     /// When its last heartbeat arrived, Unix milliseconds.
     pub heartbeat_ms: u64,
+    /// Its declared maintenance window, if any (`roam maintenance`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<Maintenance>,
+}
+
+/// A maintenance window declared for a node: the leading planner drains
+/// the node `lead_ms` before `start_ms`, so that its cells have left when
+/// the work begins, keeps it drained until `end_ms`, then puts it back in
+/// service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Maintenance {
+    /// When the work begins, Unix milliseconds.
+    pub start_ms: u64,
+    /// When the node is back, Unix milliseconds.
+    pub end_ms: u64,
+    /// How long before `start_ms` the drain begins, ms.
+    pub lead_ms: u64,
+    /// Whether the planner drained the node for this window. It then puts
+    /// the node back in service at the end; a node drained by hand
+    /// before the window stays drained.
+    #[serde(default)]
+    pub drained: bool,
+}
+
+/// Longest maintenance window, ms (30 days).
+pub const MAX_MAINTENANCE_MS: u64 = 30 * 24 * 3_600_000;
+/// Longest lead before a window, ms (a day).
+pub const MAX_MAINTENANCE_LEAD_MS: u64 = 24 * 3_600_000;
+/// Farthest a window may start from now, ms (a year).
+pub const MAX_MAINTENANCE_AHEAD_MS: u64 = 366 * 24 * 3_600_000;
+
+/// The body of `PUT /v1/nodes/{name}/maintenance`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaintenanceRequest {
+    /// When the work begins, Unix milliseconds.
+    pub start_ms: u64,
+    /// When the node is back, Unix milliseconds.
+    pub end_ms: u64,
+    /// How long before the start the drain begins, ms.
+    pub lead_ms: u64,
+}
+
+impl MaintenanceRequest {
+    /// Whether the window makes sense at `now_ms`: it ends after it starts
+    /// and after now, lasts at most [`MAX_MAINTENANCE_MS`], starts within
+    /// [`MAX_MAINTENANCE_AHEAD_MS`], with a lead of at most
+    /// [`MAX_MAINTENANCE_LEAD_MS`].
+    pub fn check(&self, now_ms: u64) -> Result<(), String> {
+        if self.end_ms <= self.start_ms {
+            return Err("the window must end after it starts".into());
+        }
+        if self.end_ms <= now_ms {
+            return Err("the window has already ended".into());
+        }
+        if self.end_ms - self.start_ms > MAX_MAINTENANCE_MS {
+            return Err("a window lasts at most 30 days".into());
+        }
+        if self.start_ms > now_ms.saturating_add(MAX_MAINTENANCE_AHEAD_MS) {
+            return Err("a window starts within a year".into());
+        }
+        if self.lead_ms > MAX_MAINTENANCE_LEAD_MS {
+            return Err("the lead is at most a day".into());
+        }
+        Ok(())
+    }
 }
 
 /// What a node reports with each heartbeat.

@@ -210,6 +210,23 @@ impl PlannerClient {
         self.call(post(&format!("/v1/nodes/{name}/undrain"))).await
     }
 
+    /// `PUT /v1/nodes/{name}/maintenance`: declare the node's maintenance
+    /// window; the node's record.
+    pub async fn declare_maintenance(
+        &self,
+        name: &str,
+        req: &crate::planner::MaintenanceRequest,
+    ) -> Result<NodeRecord, PlannerError> {
+        let path = format!("/v1/nodes/{name}/maintenance");
+        self.call(|c| c.http().put(c.url(&path)).json(req)).await
+    }
+
+    /// `DELETE /v1/nodes/{name}/maintenance`: cancel it; the node's record.
+    pub async fn cancel_maintenance(&self, name: &str) -> Result<NodeRecord, PlannerError> {
+        let path = format!("/v1/nodes/{name}/maintenance");
+        self.call(|c| c.http().delete(c.url(&path))).await
+    }
+
     /// `POST /v1/modules`: upload to the module repository.
     pub async fn upload_module(&self, bytes: Vec<u8>) -> Result<ModuleInfo, PlannerError> {
         // Shared, not copied, if a second planner has to be tried.

@@ -55,6 +55,9 @@ pub enum Command {
     Undrain(crate::node_args::UndrainArgs),
     /// Show the cluster's placement policies, or set the one in force
     Policy(crate::node_args::PolicyArgs),
+    /// Declare when a node goes down for work: the planner moves its cells
+    /// away beforehand and puts it back in service afterwards
+    Maintenance(crate::maintenance_cmd::MaintenanceArgs),
     /// Run a planner: the one place that knows every node and cell, places
     /// cells, keeps their checkpoints on other nodes, restores a dead
     /// node's cells.

@@ -22,8 +22,16 @@ use crate::node_args::{
 };
 use crate::runtime;
 
-fn planner(p: &PlannerArg, a: &ClientAuthArgs, what: &str) -> Result<PlannerClient> {
+pub(crate) fn planner(p: &PlannerArg, a: &ClientAuthArgs, what: &str) -> Result<PlannerClient> {
     Ok(PlannerClient::with_auth(p.get(what)?, &a.load()?)?)
+}
+
+/// A node's state, as the tables write it.
+pub(crate) fn state_name(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Ready => "ready",
+        NodeState::Draining => "draining",
+    }
 }
 
 fn state_word(s: &CellState) -> String {
@@ -190,10 +198,7 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
                 "{:<14} {:<8} {:<9} {:<8} {:>5} {:>19} {:>5.2} {:>5} {:>11} {:>9}  {}",
                 n.name,
                 n.isa,
-                match n.state {
-                    NodeState::Ready => "ready",
-                    NodeState::Draining => "draining",
-                },
+                state_name(n.state),
                 if n.alive { "alive" } else { "dead" },
                 m.cores,
                 format!("{} / {}", bytes(m.memory_available), bytes(m.memory_total)),
@@ -205,6 +210,14 @@ pub fn nodes(a: NodesArgs) -> Result<i32> {
                     .map_or("-".into(), |p| roam_api::power::watts(p.watts)),
                 ago(n.heartbeat_ms)
             );
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        for n in &nodes {
+            if let Some(m) = &n.maintenance {
+                println!("{}: {}", n.name, crate::maintenance_cmd::describe(m, now));
+            }
         }
         let reported: Vec<_> = nodes
             .iter()

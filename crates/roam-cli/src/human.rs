@@ -47,6 +47,22 @@ fn ago_from(now_ms: u64, ms: u64) -> String {
     }
 }
 
+/// A time in milliseconds since the Unix epoch, in UTC:
+/// `2026-12-01 02:00:00 UTC`.
+pub use roam_api::human::utc;
+
+/// How far ahead a time in milliseconds is from `now_ms`: `in 40 s`, `in
+/// 55 min`, `in 3 h`, `in 2 days`.
+pub fn in_words(ms: u64, now_ms: u64) -> String {
+    let s = ms.saturating_sub(now_ms) / 1000;
+    match s {
+        0..=89 => format!("in {s} s"),
+        90..=5399 => format!("in {} min", s / 60),
+        5400..=129_599 => format!("in {} h", s / 3600),
+        _ => format!("in {} days", s / 86_400),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +83,14 @@ mod tests {
         assert_eq!(ago_from(now, now - 200_000), "3 min ago");
         assert_eq!(ago_from(now, now - 7_200_000), "2 h ago");
         assert_eq!(ago_from(now, now - 5 * 86_400_000), "5 days ago");
+    }
+
+    #[test]
+    fn times_read_in_utc_and_ahead() {
+        assert_eq!(utc(1_796_090_400_000), "2026-12-01 02:00:00 UTC");
+        assert_eq!(in_words(1_000_000 + 40_000, 1_000_000), "in 40 s");
+        assert_eq!(in_words(1_000_000 + 3_300_000, 1_000_000), "in 55 min");
+        assert_eq!(in_words(0, 1_000_000), "in 0 s");
     }
 
     #[test]

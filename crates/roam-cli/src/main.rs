@@ -16,6 +16,7 @@ mod gateway_cmd;
 mod human;
 mod inspect;
 mod listen;
+mod maintenance_cmd;
 mod node_args;
 mod node_cmd;
 mod planner_cmd;
@@ -102,6 +103,7 @@ fn dispatch(command: Command) -> Result<i32> {
         Command::Nodes(a) => cluster_cmd::nodes(a),
         Command::Drain(a) => cluster_cmd::drain(a),
         Command::Undrain(a) => cluster_cmd::undrain(a),
+        Command::Maintenance(a) => maintenance_cmd::maintenance(a),
         Command::Policy(a) => cluster_cmd::policy(a),
     }
 }

@@ -38,6 +38,7 @@ fn node(name: String) -> NodeRecord {
         alive: false,
         registered_ms: 0,
         heartbeat_ms: 0,
+        maintenance: None,
     }
 }
 

@@ -125,6 +125,14 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// the node was never registered.
     async fn set_node_state(&self, name: &str, state: NodeState) -> StoreResult<()>;
 
+    /// Set or clear a node's maintenance window. Not found if the node
+    /// was never registered.
+    async fn set_node_maintenance(
+        &self,
+        name: &str,
+        maintenance: Option<Maintenance>,
+    ) -> StoreResult<()>;
+
     /// Forget a node (an operator removed it).
     async fn remove_node(&self, name: &str) -> StoreResult<()>;
 

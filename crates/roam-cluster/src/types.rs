@@ -2,5 +2,5 @@
 //! in `roam-api`, below both), so what the API shows is what is stored.
 
 pub use roam_api::planner::{
-    CellRecord, CellState, Kept, ModuleRecord, NodeRecord, NodeState, NodeStatus,
+    CellRecord, CellState, Kept, Maintenance, ModuleRecord, NodeRecord, NodeState, NodeStatus,
 };

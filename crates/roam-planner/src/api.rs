@@ -72,6 +72,10 @@ pub(crate) fn router(n: Arc<Inner>) -> Router {
         .route("/v1/nodes/{name}/heartbeat", post(heartbeat))
         .route("/v1/nodes/{name}/drain", post(cells::drain))
         .route("/v1/nodes/{name}/undrain", post(cells::undrain))
+        .route(
+            "/v1/nodes/{name}/maintenance",
+            axum::routing::put(crate::maintenance::declare).delete(crate::maintenance::cancel),
+        )
         .route("/v1/modules", post(upload_module))
         .route("/v1/modules/{hash}", get(get_module))
         .route("/v1/cells", post(cells::launch).get(cells::list))
@@ -262,11 +266,11 @@ async fn register(
     check_register(&r)?;
     caller.may_act_as(&r.name)?;
     let nodes = n.timed("nodes", n.store.nodes()).await?;
-    // A node that registers again stays draining if it was.
-    let state = nodes
-        .iter()
-        .find(|x| x.name == r.name)
-        .map_or(NodeState::Ready, |x| x.state);
+    // A node that registers again stays draining if it was, and keeps its
+    // maintenance window.
+    let before = nodes.iter().find(|x| x.name == r.name);
+    let state = before.map_or(NodeState::Ready, |x| x.state);
+    let maintenance = before.and_then(|x| x.maintenance);
     let now = unix_ms();
     let running = r.status.cells.clone();
     let rec = NodeRecord {
@@ -280,6 +284,7 @@ async fn register(
         alive: true,
         registered_ms: now,
         heartbeat_ms: now,
+        maintenance,
     };
     n.timed("register_node", n.store.register_node(rec, n.cfg.lease))
         .await?;

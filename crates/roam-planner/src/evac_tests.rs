@@ -17,12 +17,12 @@ use serde_json::{json, Value};
 
 use crate::{Planner, PlannerConfig};
 
-type Asked = Arc<Mutex<Vec<(String, Value)>>>;
+pub(crate) type Asked = Arc<Mutex<Vec<(String, Value)>>>;
 
 const SNAPSHOT: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
 
 /// A simulated node: its API address and what it was asked.
-async fn sim_node() -> (String, Asked) {
+pub(crate) async fn sim_node() -> (String, Asked) {
     sim_node_with(false).await
 }
 
@@ -79,6 +79,15 @@ async fn sim_node_with(refuse: bool) -> (String, Asked) {
             ),
         )
         .route(
+            "/v1/cells/{id}/migrate",
+            post(
+                |State(a): State<Asked>, Path(id): Path<String>, Json(v): Json<Value>| async move {
+                    a.lock().unwrap().push((format!("migrate {id}"), v));
+                    Json(json!({"migration": format!("m-{id}")}))
+                },
+            ),
+        )
+        .route(
             "/v1/kept/{id}/grant",
             post(
                 |State(a): State<Asked>, Path(id): Path<String>, Json(v): Json<Value>| async move {
@@ -114,7 +123,7 @@ pub(crate) fn cell(id: &str, module: &str) -> CellRecord {
     }
 }
 
-async fn send(http: &reqwest::Client, url: String, body: Value) -> (u16, Value) {
+pub(crate) async fn send(http: &reqwest::Client, url: String, body: Value) -> (u16, Value) {
     let r = http.post(url).json(&body).send().await.unwrap();
     let st = r.status().as_u16();
     (st, r.json().await.unwrap_or(Value::Null))
@@ -140,7 +149,9 @@ async fn wait_cell(
 
 /// A planner on a fresh redb store, serving: the store, its URL, and the
 /// temp dir to keep.
-async fn planner(lease: Option<Duration>) -> (Arc<dyn ClusterStore>, String, tempfile::TempDir) {
+pub(crate) async fn planner(
+    lease: Option<Duration>,
+) -> (Arc<dyn ClusterStore>, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ClusterStore> =
         Arc::new(RedbStore::open(dir.path().join("cluster.redb")).unwrap());
@@ -162,7 +173,13 @@ fn machine() -> Value {
 }
 
 /// Register node `name` reachable at `api`, reporting `cells` running.
-async fn register(http: &reqwest::Client, url: &str, name: &str, api: &str, cells: Value) {
+pub(crate) async fn register(
+    http: &reqwest::Client,
+    url: &str,
+    name: &str,
+    api: &str,
+    cells: Value,
+) {
     let (st, v) = send(
         http,
         format!("{url}/v1/nodes"),
@@ -174,7 +191,7 @@ async fn register(http: &reqwest::Client, url: &str, name: &str, api: &str, cell
 }
 
 /// Heartbeat for `names` every 200 ms, reporting no cells, until aborted.
-fn heartbeats(
+pub(crate) fn heartbeats(
     http: &reqwest::Client,
     url: &str,
     names: &[&'static str],
@@ -192,7 +209,7 @@ fn heartbeats(
 }
 
 /// A module in the store: its hash and bytes.
-async fn module(store: &Arc<dyn ClusterStore>) -> (String, Vec<u8>) {
+pub(crate) async fn module(store: &Arc<dyn ClusterStore>) -> (String, Vec<u8>) {
     let wasm = b"\0asm\x01\0\0\0".to_vec();
     let hash = blake3::hash(&wasm).to_hex().to_string();
     store.put_module(&hash, &wasm).await.unwrap();

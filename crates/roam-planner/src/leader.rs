@@ -79,6 +79,8 @@ struct Seen {
     asked: HashMap<String, u64>,
     /// What the policies that move cells by themselves remember.
     auto: crate::auto::Trackers,
+    /// What the maintenance windows' evacuation remembers.
+    maintenance: crate::maintenance::Seen,
 }
 
 /// A live owner's word that it does not have a cell its record gives it.
@@ -175,6 +177,7 @@ async fn tick(n: &Arc<Inner>, seen: &mut Seen) -> Result<(), crate::api::AppErro
         }
     }
     crate::auto::tick(n, &nodes, &cells, &mut seen.auto, now);
+    crate::maintenance::tick(n, &nodes, &cells, &mut seen.maintenance, now).await;
     Ok(())
 }
 

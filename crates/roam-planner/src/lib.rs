@@ -36,6 +36,7 @@ mod kept;
 #[cfg(test)]
 mod kept_tests;
 mod leader;
+mod maintenance;
 pub mod metrics;
 mod moves;
 mod placement;

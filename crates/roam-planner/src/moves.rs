@@ -300,32 +300,46 @@ pub(crate) async fn drain(
     )
     .await?;
     n.events.send(Event::Drain { node: name.clone() });
+    let moves = move_all_off(&n, &name, "drain").await?;
+    Ok(Json(DrainResponse { node: name, moves }))
+}
+
+/// Live-migrate (pre-copy) every cell `name` owns, that is not being moved
+/// already, to the node the `evacuate` policy picks; `reason` is the
+/// migrations' reason. One entry per cell.
+pub(crate) async fn move_all_off(
+    n: &Arc<Inner>,
+    name: &str,
+    reason: &'static str,
+) -> Result<Vec<DrainMove>, AppError> {
+    let name = name.to_string();
     let mut moves = Vec::new();
-    let (nodes, _) = snapshot(&n).await?;
+    let (nodes, _) = snapshot(n).await?;
     let source = nodes
         .iter()
         .find(|x| x.name == name)
         .cloned()
         .ok_or_else(|| AppError(StatusCode::NOT_FOUND, format!("node {name} disappeared")))?;
-    let owned: Vec<CellRecord> = snapshot(&n)
+    let owned: Vec<CellRecord> = snapshot(n)
         .await?
         .1
         .into_iter()
         .filter(|c| c.owner == name && !c.state.ended())
+        .filter(|c| !crate::lock(&n.busy).contains(&c.id))
         .collect();
     for c in owned {
         // Read again for each cell: the earlier moves changed the load.
-        let (nodes, cells) = snapshot(&n).await?;
+        let (nodes, cells) = snapshot(n).await?;
         let want = Want {
             cell: Some(c.id.clone()),
             max_memory: c.max_memory,
             exclude: vec![(name.clone(), "the node being drained")],
             ..Want::default()
         };
-        let what = format!("drain of {name}");
+        let what = format!("{reason} of {name}");
         let load = Load::of_cells(&cells);
-        let moved = match choose(&n, &what, "evacuate", &want, &nodes, &cells, load) {
-            Ok((dest, _)) => start(&n, &c, &source, &dest, "pre-copy", "drain")
+        let moved = match choose(n, &what, "evacuate", &want, &nodes, &cells, load) {
+            Ok((dest, _)) => start(n, &c, &source, &dest, "pre-copy", reason)
                 .await
                 .map(|m| (dest.name, m)),
             Err(e) => Err(e),
@@ -345,5 +359,5 @@ pub(crate) async fn drain(
             },
         });
     }
-    Ok(Json(DrainResponse { node: name, moves }))
+    Ok(moves)
 }

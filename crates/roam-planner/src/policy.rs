@@ -405,6 +405,7 @@ pub(crate) mod tests {
             alive,
             registered_ms: 0,
             heartbeat_ms: 0,
+            maintenance: None,
         }
     }
 

@@ -21,7 +21,11 @@
 //! with the default's snapshot of three small programs also restored on
 //! aarch64. `ROAM_DIFF=full` runs every program under every option and
 //! restores every snapshot on aarch64 too. Each test prints its seed;
-//! `ROAM_DIFF_SEED=<n>` repeats its choice of points.
+//! `ROAM_DIFF_SEED=<n>` repeats its choice of points. An option whose
+//! prepared module is byte for byte one already tested for the program
+//! (the Asyncify path's switches under the default capture, or a switch
+//! that finds nothing to change in that program) is reported and not run
+//! again: the same bytes run the same way.
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
@@ -178,8 +182,19 @@ impl Case<'_> {
     }
 
     /// Prepare with `flags`, run through, then stop at a random point and
-    /// restore on the host (and on aarch64 when `cross`).
-    fn differential(&self, flags: &[&str], rng: &mut u64, cross: bool) {
+    /// restore on the host (and on aarch64 when `cross`). `seen` holds the
+    /// hashes of the modules already tested for this program, with their
+    /// options: an option that yields the same bytes as one tested before
+    /// (a switch of the Asyncify path under the default capture, say) is
+    /// reported and not run again, unless it is to cross where the first
+    /// did not.
+    fn differential(
+        &self,
+        flags: &[&str],
+        rng: &mut u64,
+        cross: bool,
+        seen: &mut Vec<(blake3::Hash, String, bool)>,
+    ) {
         let name = &self.program.name;
         let label = if flags.is_empty() {
             "default".to_string()
@@ -203,6 +218,12 @@ impl Case<'_> {
             "{what}: prepare failed\n{}",
             text(&out.stderr)
         );
+        let hash = blake3::hash(&std::fs::read(&prepared).unwrap());
+        if let Some((_, first, _)) = seen.iter().find(|(h, _, c)| *h == hash && (*c || !cross)) {
+            eprintln!("{what}: the same module as [{first}], tested already");
+            return;
+        }
+        seen.push((hash, label.clone(), cross));
 
         // Straight through, counting the points reached.
         let stdin = self.open_stdin();
@@ -312,6 +333,7 @@ fn differential_under(name: &str, only: Option<&[&'static [&'static str]]>) {
         Some(o) => o.to_vec(),
         None => sample(&suite, name),
     };
+    let mut seen = Vec::new();
     for (i, flags) in options.into_iter().enumerate() {
         // The first of each capture crosses to aarch64.
         let first = i == 0 || flags == ["--capture", "eh"] || flags == ["--capture", "returns"];
@@ -319,6 +341,7 @@ fn differential_under(name: &str, only: Option<&[&'static [&'static str]]>) {
             flags,
             &mut rng,
             (full() && only.is_none()) || (first && cross_default),
+            &mut seen,
         );
     }
 }

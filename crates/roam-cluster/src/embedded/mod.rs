@@ -40,8 +40,8 @@ use redb::{
 
 use crate::record::{self, decode, encode, now_ms, StoredNode};
 use crate::{
-    CellRecord, ClusterStore, Leadership, ModuleRecord, NodeRecord, NodeState, NodeStatus,
-    StoreError, StoreResult, Versioned,
+    CellRecord, ClusterStore, Leadership, Maintenance, ModuleRecord, NodeRecord, NodeState,
+    NodeStatus, StoreError, StoreResult, Versioned,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -365,6 +365,24 @@ impl ClusterStore for RedbStore {
                     return Err(StoreError::NotFound(format!("node {name}")));
                 };
                 stored.node.state = state;
+                inner.write_node(txn, &stored)
+            })
+            .await
+    }
+
+    async fn set_node_maintenance(
+        &self,
+        name: &str,
+        maintenance: Option<Maintenance>,
+    ) -> StoreResult<()> {
+        record::check_node(name)?;
+        let name = name.to_string();
+        self.writer
+            .write(true, move |inner, txn| {
+                let Some(mut stored) = inner.read_node(txn, &name)? else {
+                    return Err(StoreError::NotFound(format!("node {name}")));
+                };
+                stored.node.maintenance = maintenance;
                 inner.write_node(txn, &stored)
             })
             .await

@@ -43,8 +43,8 @@ use etcd_client::{
 
 use crate::record::{self, decode, encode, now_ms, StoredNode};
 use crate::{
-    CellRecord, ClusterStore, Leadership, ModuleRecord, NodeRecord, NodeState, NodeStatus,
-    StoreError, StoreResult, Versioned,
+    CellRecord, ClusterStore, Leadership, Maintenance, ModuleRecord, NodeRecord, NodeState,
+    NodeStatus, StoreError, StoreResult, Versioned,
 };
 
 /// Keys under one kind, as (name, value, mod_revision).
@@ -450,6 +450,22 @@ impl ClusterStore for EtcdStore {
         record::check_node(name)?;
         self.forget_node(name);
         match self.change_node(name, |s| s.node.state = state).await? {
+            Some(_) => Ok(()),
+            None => Err(StoreError::NotFound(format!("node {name}"))),
+        }
+    }
+
+    async fn set_node_maintenance(
+        &self,
+        name: &str,
+        maintenance: Option<Maintenance>,
+    ) -> StoreResult<()> {
+        record::check_node(name)?;
+        self.forget_node(name);
+        match self
+            .change_node(name, |s| s.node.maintenance = maintenance)
+            .await?
+        {
             Some(_) => Ok(()),
             None => Err(StoreError::NotFound(format!("node {name}"))),
         }

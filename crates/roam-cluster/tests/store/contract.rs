@@ -35,6 +35,7 @@ pub fn node(name: &str) -> NodeRecord {
         alive: false,
         registered_ms: 1_700_000_000_000,
         heartbeat_ms: 0,
+        maintenance: None,
     }
 }
 
@@ -149,6 +150,24 @@ pub async fn nodes_live_expire_and_come_back<S: ClusterStore>(s: &S) {
         .unwrap();
     s.heartbeat("steady", status.clone()).await.unwrap();
     assert_eq!(find(s, "steady").await.unwrap().state, NodeState::Draining);
+    // So does a maintenance window, until it is cleared.
+    let window = roam_cluster::Maintenance {
+        start_ms: 1_800_000_000_000,
+        end_ms: 1_800_003_600_000,
+        lead_ms: 60_000,
+        drained: true,
+    };
+    s.set_node_maintenance("steady", Some(window))
+        .await
+        .unwrap();
+    s.heartbeat("steady", status.clone()).await.unwrap();
+    assert_eq!(find(s, "steady").await.unwrap().maintenance, Some(window));
+    s.set_node_maintenance("steady", None).await.unwrap();
+    assert_eq!(find(s, "steady").await.unwrap().maintenance, None);
+    assert!(matches!(
+        s.set_node_maintenance("nobody", None).await,
+        Err(StoreError::NotFound(_))
+    ));
 
     // Removal.
     s.remove_node("brief").await.unwrap();

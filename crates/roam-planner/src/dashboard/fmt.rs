@@ -67,19 +67,7 @@ pub(crate) fn ago(then: u64, now: u64) -> String {
 
 /// Unix ms as a UTC date and time, `2025-03-01 14:02:07 UTC`.
 pub(crate) fn date(unix_ms: u64) -> String {
-    let secs = i64::try_from(unix_ms / 1000).unwrap_or(i64::MAX);
-    match time::OffsetDateTime::from_unix_timestamp(secs) {
-        Ok(t) => format!(
-            "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
-            t.year(),
-            u8::from(t.month()),
-            t.day(),
-            t.hour(),
-            t.minute(),
-            t.second()
-        ),
-        Err(_) => format!("{secs} s after 1970 (out of range)"),
-    }
+    roam_api::human::utc(unix_ms)
 }
 
 /// `<time>` with the date as its title and "3 min ago" as its text.

@@ -63,13 +63,18 @@ fn row(h: &mut String, n: &NodeRecord, cells: &[CellRecord], now: u64) {
         "<tr class=\"node\" data-node=\"{name}\"><td><b>{name}</b>\
          <div class=\"sub\">{api} · roam {version}</div></td>\
          <td><span class=\"isa\">{isa}</span></td>\
-         <td><span class=\"pill {class}\">{state}</span></td>\
+         <td><span class=\"pill {class}\">{state}</span>{window}</td>\
          <td>{load_bar}<div class=\"sub\">{load1:.2} on {cores} cores</div></td>",
         api = esc(&n.api),
         version = esc(&n.version),
         isa = esc(&n.isa),
         load_bar = bar(load, if load > 1.0 { "hot" } else { "fill" }),
         load1 = m.load1,
+        window = n.maintenance.map_or(String::new(), |w| format!(
+            "<div class=\"sub\">maintenance {} to {}</div>",
+            super::fmt::date(w.start_ms),
+            super::fmt::date(w.end_ms)
+        )),
     );
     if m.memory_total == 0 {
         h.push_str("<td><span class=\"sub\">not reported</span></td>");

@@ -47,6 +47,7 @@ fn node(name: &str, state: NodeState) -> NodeRecord {
         alive: true,
         registered_ms: 1_000,
         heartbeat_ms: 9_000,
+        maintenance: None,
     }
 }
 
@@ -90,6 +91,12 @@ fn nodes_view_escapes_what_nodes_report_and_offers_the_right_button() {
         rtt_us: Some(4_200),
         services: vec![],
     });
+    nodes[1].maintenance = Some(roam_cluster::Maintenance {
+        start_ms: 1_796_090_400_000,
+        end_ms: 1_796_094_000_000,
+        lead_ms: 300_000,
+        drained: true,
+    });
     nodes[1].status.power = Some(roam_api::power::PowerReport {
         model: "idle=2,busy=1,speed=0.25".parse().unwrap(),
         watts: 3.25,
@@ -99,6 +106,10 @@ fn nodes_view_escapes_what_nodes_report_and_offers_the_right_button() {
     let h = nodes::render(&nodes, &cells, 12_000);
     assert_escaped(&h);
     assert!(h.contains("no model"), "{h}");
+    assert!(
+        h.contains("maintenance 2026-12-01 02:00:00 UTC to 2026-12-01 03:00:00 UTC"),
+        "{h}"
+    );
     assert!(
         h.contains("3.2 W<div class=\"sub\">4.2 kJ since start · 4.0 J per unit of work"),
         "{h}"
