@@ -326,7 +326,7 @@ enum Bench {
         #[arg(long, default_value_t = 2)]
         per_wave: usize,
         /// Seconds between waves.
-        #[arg(long, default_value_t = 20.0)]
+        #[arg(long, default_value_t = 30.0)]
         gap_secs: f64,
         /// The job's workload.
         #[arg(long, default_value = "kmeans")]

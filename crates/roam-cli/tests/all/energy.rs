@@ -60,9 +60,8 @@ fn energy_unbalanced_moves_a_busy_cell_to_the_cheaper_node() {
         if c["owner"] == "board" && c["state"]["state"] == "running" {
             break c;
         }
-        assert_eq!(
-            c["state"]["state"],
-            "running",
+        assert!(
+            matches!(c["state"]["state"].as_str(), Some("running" | "migrating")),
             "the cell ended on the server before the planner moved it: {c}\n{}",
             logs()
         );

@@ -18,6 +18,7 @@ mod energy;
 mod hostile;
 mod kvserver;
 mod limits;
+mod maintenance;
 mod nodes;
 mod real;
 mod snapshot_errors;
