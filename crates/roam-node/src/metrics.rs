@@ -23,6 +23,7 @@ use crate::ids::unix_ms;
 use crate::types::CellState;
 
 type Labels = Vec<(String, String)>;
+type F64Gauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 /// The node's metrics.
 pub(crate) struct Metrics {
@@ -40,15 +41,16 @@ pub(crate) struct Metrics {
     cell_cpu: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     cell_memory: Family<Labels, Gauge>,
     gateway_messages: Family<Labels, Counter>,
-    /// The power model's estimates (no labels; absent without a model).
-    power: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    energy: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// The power model's estimates: draw and energy (registered only when
+    /// the node declares a model).
+    power: Option<(F64Gauge, F64Gauge)>,
     /// Unix ms of each cell's newest checkpoint taken here.
     last_checkpoint: Mutex<HashMap<String, u64>>,
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Metrics {
+    /// The node's metrics; `power`: it declares a power model.
+    pub(crate) fn new(power: bool) -> Metrics {
         let mut registry = Registry::with_prefix("roam_node");
         let cells = Family::<Labels, Gauge>::default();
         registry.register("cells", "Cells on this node, by state", cells.clone());
@@ -138,24 +140,25 @@ impl Metrics {
             "Client-to-cell messages through the gateway link, per service, since its cell started serving here",
             gateway_messages.clone(),
         );
-        let power = Family::default();
-        registry.register_with_unit(
-            "power",
-            "Estimated draw since the previous report, by the power model the node declares (--power)",
-            Unit::Other("watts".into()),
-            power.clone(),
-        );
-        let energy = Family::default();
-        registry.register_with_unit(
-            "energy",
-            "Estimated energy since the node started, by its power model (only grows)",
-            Unit::Joules,
-            energy.clone(),
-        );
+        let power = power.then(|| {
+            let (watts, joules) = (F64Gauge::default(), F64Gauge::default());
+            registry.register_with_unit(
+                "power",
+                "Estimated draw since the previous report, by the power model the node declares (--power)",
+                Unit::Other("watts".into()),
+                watts.clone(),
+            );
+            registry.register_with_unit(
+                "energy",
+                "Estimated energy since the node started, by its power model (only grows)",
+                Unit::Joules,
+                joules.clone(),
+            );
+            (watts, joules)
+        });
         Metrics {
             registry,
             power,
-            energy,
             cpu_weight,
             gateway_rtt,
             gateway_messages,
@@ -208,11 +211,9 @@ impl Metrics {
         gateway: Option<&roam_gateway::link::GatewayLink>,
         power: Option<&crate::power::Meter>,
     ) -> String {
-        self.power.clear();
-        self.energy.clear();
-        if let Some(p) = power.map(|m| m.report()) {
-            self.power.get_or_create(&vec![]).set(p.watts);
-            self.energy.get_or_create(&vec![]).set(p.joules);
+        if let (Some((watts, joules)), Some(p)) = (&self.power, power.map(|m| m.report())) {
+            watts.set(p.watts);
+            joules.set(p.joules);
         }
         self.cells.clear();
         self.checkpoint_age.clear();
@@ -328,7 +329,7 @@ mod tests {
 
     #[test]
     fn the_text_parses_with_the_documented_names_and_types() {
-        let m = Metrics::new();
+        let m = Metrics::new(true);
         m.migration("pre-copy", Some((12.5, 3 << 20)));
         m.migration("stop-and-copy", None);
         m.kept("c-1", unix_ms(), 1000, 100);
@@ -359,10 +360,18 @@ mod tests {
                 ("cell".into(), "c-1".into()),
             ])
             .inc_by(17);
-        m.power.get_or_create(&vec![]).set(61.5);
-        m.energy.get_or_create(&vec![]).set(1234.5);
+        let (watts, joules) = m.power.as_ref().unwrap();
+        watts.set(61.5);
+        joules.set(1234.5);
         let mut text = String::new();
         encode(&mut text, &m.registry).unwrap();
+        assert!(
+            text.contains("\nroam_node_energy_joules 1234.5\n"),
+            "{text}"
+        );
+        let mut bare = String::new();
+        encode(&mut bare, &Metrics::new(false).registry).unwrap();
+        assert!(!bare.contains("energy"), "{bare}");
         let types = parse(&text);
         let want = [
             ("roam_node_cells", "gauge"),

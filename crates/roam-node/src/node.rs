@@ -72,6 +72,7 @@ impl Node {
         let power = cfg.power.map(|m| {
             crate::power::Meter::new(m, cfg.cores.unwrap_or_else(crate::power::online_cores))
         });
+        let metrics = crate::metrics::Metrics::new(cfg.power.is_some());
         let inner = Arc::new(NodeInner {
             cfg,
             rt,
@@ -85,7 +86,7 @@ impl Node {
             gateway,
             planner,
             tokio: tokio::runtime::Handle::current(),
-            metrics: crate::metrics::Metrics::new(),
+            metrics,
             fence: crate::state::Fence::default(),
             copies: Arc::new(tokio::sync::Semaphore::new(1)),
             uploads: tokio::sync::Semaphore::new(crate::state::UPLOADS),

@@ -90,8 +90,9 @@ fn energy_unbalanced_moves_a_busy_cell_to_the_cheaper_node() {
     let board = &nodes[1].1;
     let (_, m) = http_get(&board.addr, "/metrics").unwrap();
     let m = text(&m);
-    assert!(m.contains("roam_node_power_watts "), "{m}");
-    assert!(m.contains("roam_node_energy_joules "), "{m}");
+    // The samples themselves, not only their metadata.
+    assert!(m.contains("\nroam_node_power_watts "), "{m}");
+    assert!(m.contains("\nroam_node_energy_joules "), "{m}");
     let (_, m) = http_get(p.addr(), "/metrics").unwrap();
     let m = text(&m);
     assert!(
