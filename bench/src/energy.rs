@@ -250,7 +250,7 @@ fn scenario(
 ) -> anyhow::Result<Outcome> {
     let run = dir.join(policy.replace(' ', "-")).join(specs[1].name);
     std::fs::create_dir_all(&run)?;
-    let (_planner, url) = planner(roam, &run, policy)?;
+    let (_planner, url) = kv::planner(roam, &run, policy)?;
     let mut nodes: Vec<(Proc, SocketAddr)> = Vec::new();
     for s in specs {
         let listen = kv::free_addr()?;
@@ -353,23 +353,6 @@ fn scenario(
             .sum(),
         on_board: cells.iter().filter(|c| c["owner"] == "board").count(),
     })
-}
-
-/// A `roam planner` on a fresh redb store with `policy` in force.
-fn planner(roam: &Path, dir: &Path, policy: &str) -> anyhow::Result<(Proc, String)> {
-    let addr = kv::free_addr()?;
-    let store = format!("redb:{}", dir.join("cluster.redb").display());
-    let mut cmd = Command::new(roam);
-    cmd.args(["planner", "--listen", &addr.to_string(), "--store", &store])
-        .args(["--lease", "3", "--checkpoint-interval", "0"]);
-    let mut p = Proc::spawn(cmd, &dir.join("planner.log"), "roam planner")?;
-    kv::wait_listening(addr, &mut p, Duration::from_secs(30))?;
-    let url = format!("http://{addr}");
-    kv::run_bounded(
-        Command::new(roam).args(["policy", policy, "--planner", &url]),
-        Duration::from_secs(30),
-    )?;
-    Ok((p, url))
 }
 
 /// Wait until `n` nodes are alive and report power.

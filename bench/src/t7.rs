@@ -84,7 +84,7 @@ fn scenario(paths: &Paths, o: &Options, name: &'static str) -> anyhow::Result<Ou
     let pa = DelayProxy::start(control, near)?;
     let pb = DelayProxy::start(control, far)?;
     let planner = if name == POLICY {
-        Some(start_planner(&roam, &dir)?)
+        Some(kv::planner(&roam, &dir, "follow-the-client")?)
     } else {
         None
     };
@@ -279,27 +279,6 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         table: t,
         notes,
     })
-}
-
-/// A `roam planner` on a fresh redb store, heartbeats every second, with
-/// the follow-the-client policy in force: the process and its URL.
-fn start_planner(
-    roam: &std::path::Path,
-    dir: &std::path::Path,
-) -> anyhow::Result<(kv::Proc, String)> {
-    let addr = kv::free_addr()?;
-    let store = format!("redb:{}", dir.join("cluster.redb").display());
-    let mut cmd = Command::new(roam);
-    cmd.args(["planner", "--listen", &addr.to_string(), "--store", &store])
-        .args(["--lease", "3", "--checkpoint-interval", "0"]);
-    let mut p = kv::Proc::spawn(cmd, &dir.join("planner.log"), "roam planner")?;
-    kv::wait_listening(addr, &mut p, Duration::from_secs(30))?;
-    let url = format!("http://{addr}");
-    kv::run_bounded(
-        Command::new(roam).args(["policy", "follow-the-client", "--planner", &url]),
-        Duration::from_secs(30),
-    )?;
-    Ok((p, url))
 }
 
 /// `roam launch --planner URL --on NODE --service kv`, once both nodes

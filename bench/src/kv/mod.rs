@@ -174,6 +174,25 @@ pub fn node_with(
     Ok(p)
 }
 
+/// A `roam planner` on a fresh redb store in `dir`, lease 3 s (heartbeats
+/// every second), no kept checkpoints, with placement `policy` in force:
+/// the process and its URL.
+pub fn planner(roam: &Path, dir: &Path, policy: &str) -> anyhow::Result<(Proc, String)> {
+    let addr = free_addr()?;
+    let store = format!("redb:{}", dir.join("cluster.redb").display());
+    let mut cmd = Command::new(roam);
+    cmd.args(["planner", "--listen", &addr.to_string(), "--store", &store])
+        .args(["--lease", "3", "--checkpoint-interval", "0"]);
+    let mut p = Proc::spawn(cmd, &dir.join("planner.log"), "roam planner")?;
+    wait_listening(addr, &mut p, Duration::from_secs(30))?;
+    let url = format!("http://{addr}");
+    run_bounded(
+        Command::new(roam).args(["policy", policy, "--planner", &url]),
+        Duration::from_secs(30),
+    )?;
+    Ok((p, url))
+}
+
 /// Run `cmd` with a deadline; its stdout on success, else an error with its output.
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> anyhow::Result<String> {
     let mut child = cmd

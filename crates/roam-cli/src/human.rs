@@ -38,12 +38,17 @@ pub fn ago(ms: u64) -> String {
 }
 
 fn ago_from(now_ms: u64, ms: u64) -> String {
-    let s = now_ms.saturating_sub(ms) / 1000;
+    format!("{} ago", span(now_ms.saturating_sub(ms) / 1000))
+}
+
+/// Whole seconds in the unit that suits them, rounded down: `4 s`, `3
+/// min`, `2 h`, `5 days`.
+fn span(s: u64) -> String {
     match s {
-        0..=89 => format!("{s} s ago"),
-        90..=5399 => format!("{} min ago", s / 60),
-        5400..=129_599 => format!("{} h ago", s / 3600),
-        _ => format!("{} days ago", s / 86_400),
+        0..=89 => format!("{s} s"),
+        90..=5399 => format!("{} min", s / 60),
+        5400..=129_599 => format!("{} h", s / 3600),
+        _ => format!("{} days", s / 86_400),
     }
 }
 
@@ -54,13 +59,7 @@ pub use roam_api::human::utc;
 /// How far ahead a time in milliseconds is from `now_ms`: `in 40 s`, `in
 /// 55 min`, `in 3 h`, `in 2 days`.
 pub fn in_words(ms: u64, now_ms: u64) -> String {
-    let s = ms.saturating_sub(now_ms) / 1000;
-    match s {
-        0..=89 => format!("in {s} s"),
-        90..=5399 => format!("in {} min", s / 60),
-        5400..=129_599 => format!("in {} h", s / 3600),
-        _ => format!("in {} days", s / 86_400),
-    }
+    format!("in {}", span(ms.saturating_sub(now_ms) / 1000))
 }
 
 #[cfg(test)]

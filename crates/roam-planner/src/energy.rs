@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use roam_api::power::PowerModel;
 use roam_cluster::{CellRecord, CellState, NodeRecord};
 
-use crate::follow::{Cost, COOLDOWN_MOVES, COOLDOWN_MS, DEFAULT_MOVE_MS, DEFAULT_PAUSE_MS};
+use crate::follow::{Cost, Moves};
 use crate::policy::{base_filter, cells_on, Ctx, Policy, Reason};
 
 /// A cheaper node must cost at most this fraction less per unit of work
@@ -132,8 +132,7 @@ struct Watch {
     busy: Option<f64>,
     /// Since when some cheaper node has had a free core for it.
     beaten_since: Option<u64>,
-    moved_ms: Option<u64>,
-    cost: Option<Cost>,
+    moves: Moves,
 }
 
 /// The verdict on one cell.
@@ -170,7 +169,7 @@ impl Tracker {
     /// A move of `cell` starts at `now_ms` (see `follow::Tracker::moving`).
     pub fn moving(&mut self, cell: &str, now_ms: u64) {
         let w = self.cells.entry(cell.to_string()).or_default();
-        w.moved_ms = Some(now_ms);
+        w.moves.started(now_ms);
         w.beaten_since = None;
     }
 
@@ -189,8 +188,7 @@ impl Tracker {
                 owner: c.owner.clone(),
                 generation: c.generation,
                 since_ms: now_ms,
-                moved_ms: w.moved_ms,
-                cost: w.cost,
+                moves: w.moves,
                 ..Watch::default()
             };
         }
@@ -241,19 +239,10 @@ impl Tracker {
         if held < HOLD_MS {
             return Verdict::Stay(format!("{} free for {held} ms only", best.name));
         }
-        if let Some((at, cost)) = last_move() {
-            w.moved_ms = Some(w.moved_ms.map_or(at, |m| m.max(at)));
-            w.cost = cost.or(w.cost);
-        }
-        let cost = w.cost.unwrap_or(Cost {
-            took_ms: DEFAULT_MOVE_MS,
-            pause_ms: DEFAULT_PAUSE_MS,
-        });
-        if let Some(t) = w.moved_ms {
-            let cool = COOLDOWN_MS.max(COOLDOWN_MOVES.saturating_mul(cost.took_ms as u64));
-            if now_ms.saturating_sub(t) < cool {
-                return Verdict::Stay(format!("moved {} ms ago", now_ms.saturating_sub(t)));
-            }
+        w.moves.saw(last_move());
+        let cost = w.moves.cost();
+        if let Some(ago) = w.moves.cooling(now_ms) {
+            return Verdict::Stay(format!("moved {ago} ms ago"));
         }
         // A cell that has run for a while is likely to run as long again.
         let horizon_s = now_ms.saturating_sub(w.since_ms).min(MAX_HORIZON_MS) as f64 / 1000.0;

@@ -30,22 +30,7 @@ fn board(cores: usize) -> NodeRecord {
 }
 
 fn cell(id: &str, owner: &str) -> CellRecord {
-    CellRecord {
-        id: id.into(),
-        module: "0".repeat(64),
-        args: vec!["job".into()],
-        env: vec![],
-        dirs: vec![],
-        max_memory: None,
-        service: None,
-        owner: owner.into(),
-        generation: 1,
-        state: CellState::Running,
-        checkpoint_interval_s: 0,
-        kept: None,
-        created_ms: 0,
-        handoff: None,
-    }
+    crate::policy::tests::cell(id, owner, CellState::Running)
 }
 
 fn want(cell: Option<&str>) -> Want {

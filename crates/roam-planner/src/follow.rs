@@ -126,9 +126,51 @@ struct Watch {
     /// Since when some node has beaten the owner's round trip by the
     /// margins.
     beaten_since: Option<u64>,
-    /// When the cell's last move ended, and what it cost.
+    /// The cell's moves, for the cool-down.
+    moves: Moves,
+}
+
+/// What a policy that moves cells by itself remembers of one cell's
+/// moves: when the last one started or ended, and what it cost. Both
+/// follow-the-client and energy-unbalanced cool down by it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Moves {
     moved_ms: Option<u64>,
     cost: Option<Cost>,
+}
+
+impl Moves {
+    /// A move starts at `now_ms`.
+    pub fn started(&mut self, now_ms: u64) {
+        self.moved_ms = Some(now_ms);
+    }
+
+    /// Take in the cell's newest finished move, if any: when it ended and
+    /// what it cost.
+    pub fn saw(&mut self, last: Option<(u64, Option<Cost>)>) {
+        if let Some((at, cost)) = last {
+            self.moved_ms = Some(self.moved_ms.map_or(at, |m| m.max(at)));
+            self.cost = cost.or(self.cost);
+        }
+    }
+
+    /// The last move's cost, or the defaults before the cell has moved.
+    pub fn cost(&self) -> Cost {
+        self.cost.unwrap_or(Cost {
+            took_ms: DEFAULT_MOVE_MS,
+            pause_ms: DEFAULT_PAUSE_MS,
+        })
+    }
+
+    /// How long ago the last move was, while the cell still cools down
+    /// from it: the larger of [`COOLDOWN_MS`] and [`COOLDOWN_MOVES`] times
+    /// its length.
+    pub fn cooling(&self, now_ms: u64) -> Option<u64> {
+        let t = self.moved_ms?;
+        let cool = COOLDOWN_MS.max(COOLDOWN_MOVES.saturating_mul(self.cost().took_ms as u64));
+        let ago = now_ms.saturating_sub(t);
+        (ago < cool).then_some(ago)
+    }
 }
 
 /// What one move of the cell cost, as its migration reported.
@@ -195,7 +237,7 @@ impl Tracker {
     /// retried at once either.
     pub fn moving(&mut self, cell: &str, now_ms: u64) {
         let w = self.cells.entry(cell.to_string()).or_default();
-        w.moved_ms = Some(now_ms);
+        w.moves.started(now_ms);
         w.beaten_since = None;
     }
 
@@ -219,8 +261,7 @@ impl Tracker {
             *w = Watch {
                 owner: c.owner.clone(),
                 generation: c.generation,
-                moved_ms: w.moved_ms,
-                cost: w.cost,
+                moves: w.moves,
                 ..Watch::default()
             };
         }
@@ -275,19 +316,10 @@ impl Tracker {
         if held < HOLD_MS {
             return Verdict::Stay(format!("{} nearer for {held} ms only", best.name));
         }
-        if let Some((at, cost)) = last_move() {
-            w.moved_ms = Some(w.moved_ms.map_or(at, |m| m.max(at)));
-            w.cost = cost.or(w.cost);
-        }
-        let cost = w.cost.unwrap_or(Cost {
-            took_ms: DEFAULT_MOVE_MS,
-            pause_ms: DEFAULT_PAUSE_MS,
-        });
-        if let Some(t) = w.moved_ms {
-            let cool = COOLDOWN_MS.max(COOLDOWN_MOVES.saturating_mul(cost.took_ms as u64));
-            if now_ms.saturating_sub(t) < cool {
-                return Verdict::Stay(format!("moved {} ms ago", now_ms.saturating_sub(t)));
-            }
+        w.moves.saw(last_move());
+        let cost = w.moves.cost();
+        if let Some(ago) = w.moves.cooling(now_ms) {
+            return Verdict::Stay(format!("moved {ago} ms ago"));
         }
         let ratio = from_us as f64 / to_us.max(1) as f64;
         if (held as f64 - cost.took_ms) * (ratio - 1.0) <= cost.pause_ms {

@@ -409,7 +409,8 @@ pub(crate) mod tests {
         }
     }
 
-    fn cell(id: &str, owner: &str, state: CellState) -> CellRecord {
+    /// A cell record as the planner keeps it (also for `energy_tests`).
+    pub(crate) fn cell(id: &str, owner: &str, state: CellState) -> CellRecord {
         CellRecord {
             id: id.into(),
             module: "0".repeat(64),

@@ -164,6 +164,26 @@ fn node_alive(stored: StoredNode, now: u64) -> NodeRecord {
 }
 
 impl RedbStore {
+    /// Change node `name`'s record durably with `f`; not found if it was
+    /// never registered.
+    async fn change_node(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut NodeRecord) + Send + 'static,
+    ) -> StoreResult<()> {
+        record::check_node(name)?;
+        let name = name.to_string();
+        self.writer
+            .write(true, move |inner, txn| {
+                let Some(mut stored) = inner.read_node(txn, &name)? else {
+                    return Err(StoreError::NotFound(format!("node {name}")));
+                };
+                f(&mut stored.node);
+                inner.write_node(txn, &stored)
+            })
+            .await
+    }
+
     /// Open the database at `path`, creating it if it does not exist.
     ///
     /// Fails with a [`StoreError::Backend`] that says so when another
@@ -357,17 +377,7 @@ impl ClusterStore for RedbStore {
     }
 
     async fn set_node_state(&self, name: &str, state: NodeState) -> StoreResult<()> {
-        record::check_node(name)?;
-        let name = name.to_string();
-        self.writer
-            .write(true, move |inner, txn| {
-                let Some(mut stored) = inner.read_node(txn, &name)? else {
-                    return Err(StoreError::NotFound(format!("node {name}")));
-                };
-                stored.node.state = state;
-                inner.write_node(txn, &stored)
-            })
-            .await
+        self.change_node(name, move |n| n.state = state).await
     }
 
     async fn set_node_maintenance(
@@ -375,16 +385,7 @@ impl ClusterStore for RedbStore {
         name: &str,
         maintenance: Option<Maintenance>,
     ) -> StoreResult<()> {
-        record::check_node(name)?;
-        let name = name.to_string();
-        self.writer
-            .write(true, move |inner, txn| {
-                let Some(mut stored) = inner.read_node(txn, &name)? else {
-                    return Err(StoreError::NotFound(format!("node {name}")));
-                };
-                stored.node.maintenance = maintenance;
-                inner.write_node(txn, &stored)
-            })
+        self.change_node(name, move |n| n.maintenance = maintenance)
             .await
     }
 
