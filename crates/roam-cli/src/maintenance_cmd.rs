@@ -126,15 +126,18 @@ pub fn maintenance(a: MaintenanceArgs) -> Result<i32> {
             return Ok(0);
         }
         let now = now_ms();
+        let ms = |what: &str, d: Duration| {
+            u64::try_from(d.as_millis()).with_context(|| format!("{what} is too long"))
+        };
         let start_ms = match (&a.at, a.start_in) {
             (Some(at), _) => parse_at(at)?,
-            (None, Some(d)) => now.saturating_add(d.as_millis() as u64),
+            (None, Some(d)) => now.saturating_add(ms("--in", d)?),
             (None, None) => bail!("say when the work begins: --at TIME or --in DURATION"),
         };
         let req = MaintenanceRequest {
             start_ms,
-            end_ms: start_ms.saturating_add(a.lasts.as_millis() as u64),
-            lead_ms: a.lead.as_millis() as u64,
+            end_ms: start_ms.saturating_add(ms("--for", a.lasts)?),
+            lead_ms: ms("--lead", a.lead)?,
         };
         let node = p.declare_maintenance(&a.node, &req).await?;
         let m = node

@@ -125,13 +125,19 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// the node was never registered.
     async fn set_node_state(&self, name: &str, state: NodeState) -> StoreResult<()>;
 
-    /// Set or clear a node's maintenance window. Not found if the node
-    /// was never registered.
-    async fn set_node_maintenance(
+    /// Replace a node's maintenance window with `new`, and its state with
+    /// `state` if given, in one change, but only if its window is still
+    /// `expected` (what the caller read): `Ok(false)`, with nothing
+    /// changed, when someone changed it since. Not found if the node was
+    /// never registered. Registering again keeps a node's state and
+    /// window.
+    async fn swap_node_maintenance(
         &self,
         name: &str,
-        maintenance: Option<Maintenance>,
-    ) -> StoreResult<()>;
+        expected: Option<Maintenance>,
+        new: Option<Maintenance>,
+        state: Option<NodeState>,
+    ) -> StoreResult<bool>;
 
     /// Forget a node (an operator removed it).
     async fn remove_node(&self, name: &str) -> StoreResult<()>;

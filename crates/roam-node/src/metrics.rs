@@ -211,7 +211,7 @@ impl Metrics {
         gateway: Option<&roam_gateway::link::GatewayLink>,
         power: Option<&crate::power::Meter>,
     ) -> String {
-        if let (Some((watts, joules)), Some(p)) = (&self.power, power.map(|m| m.report())) {
+        if let (Some((watts, joules)), Some(p)) = (&self.power, power.map(|m| m.peek())) {
             watts.set(p.watts);
             joules.set(p.joules);
         }

@@ -45,17 +45,24 @@ impl Meter {
     }
 
     /// The model, the draw since the previous report and the energy since
-    /// the node started.
+    /// the node started: what a heartbeat carries. Each report starts the
+    /// interval of the next one's draw.
     pub fn report(&self) -> PowerReport {
-        self.report_at(Instant::now(), process_cpu())
+        self.report_at(Instant::now(), process_cpu(), true)
     }
 
-    fn report_at(&self, now: Instant, cpu: Duration) -> PowerReport {
+    /// The same without starting a new interval: for `/metrics`, so that
+    /// scrapes do not cut the heartbeats' intervals short.
+    pub fn peek(&self) -> PowerReport {
+        self.report_at(Instant::now(), process_cpu(), false)
+    }
+
+    fn report_at(&self, now: Instant, cpu: Duration, advance: bool) -> PowerReport {
         let m = self.model;
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let (at, cpu_then, watts_then) = *last;
         let dt = now.saturating_duration_since(at);
-        let watts = if dt < MIN_INTERVAL {
+        let watts = if dt < MIN_INTERVAL || !advance {
             watts_then
         } else {
             let busy = cpu.saturating_sub(cpu_then).as_secs_f64() / dt.as_secs_f64();
@@ -110,6 +117,7 @@ mod tests {
         let r = m.report_at(
             t0 + Duration::from_secs(10),
             m.cpu_at_start + Duration::from_secs(4),
+            true,
         );
         assert!((r.joules - (10.0 * 10.0 + 5.0 * 4.0)).abs() < 1e-9, "{r:?}");
         // Four CPU seconds in ten: 0.4 of a core busy on average.
@@ -122,13 +130,32 @@ mod tests {
         let m = Meter::new(model(), 2);
         let t0 = m.started;
         let cpu = m.cpu_at_start;
-        let first = m.report_at(t0 + Duration::from_secs(1), cpu + Duration::from_secs(1));
+        let first = m.report_at(
+            t0 + Duration::from_secs(1),
+            cpu + Duration::from_secs(1),
+            true,
+        );
         let close = m.report_at(
             t0 + Duration::from_millis(1010),
             cpu + Duration::from_millis(1009),
+            true,
         );
         assert_eq!(first.watts, close.watts);
         assert!(close.joules > first.joules);
+        // A peek (a scrape) leaves the interval to the next report.
+        let peek = m.report_at(
+            t0 + Duration::from_secs(3),
+            cpu + Duration::from_secs(3),
+            false,
+        );
+        assert_eq!(peek.watts, first.watts);
+        let next = m.report_at(
+            t0 + Duration::from_secs(3),
+            cpu + Duration::from_secs(2),
+            true,
+        );
+        // One CPU second in the two since the first report: half a core.
+        assert!((next.watts - (10.0 + 5.0 * 0.5)).abs() < 1e-9, "{next:?}");
     }
 
     #[test]

@@ -157,6 +157,9 @@ fn check_addr(what: &str, s: &str) -> Result<(), AppError> {
 }
 
 /// A node's reported status: bounded, and every cell id valid.
+/// Most cores a node may report (as many as `roam node --cores` takes).
+const MAX_CORES: usize = 65_535;
+
 pub(crate) fn check_status(s: &NodeStatus) -> Result<(), AppError> {
     if s.cells.len() > MAX_REPORTED_CELLS {
         return Err(bad(format!(
@@ -192,6 +195,12 @@ pub(crate) fn check_status(s: &NodeStatus) -> Result<(), AppError> {
             roam_wire::ident::check_service_name(&t.service).map_err(|e| bad(e.to_string()))?;
             roam_wire::ident::check_cell_id(&t.cell).map_err(|e| bad(e.to_string()))?;
         }
+    }
+    if s.machine.cores > MAX_CORES {
+        return Err(bad(format!(
+            "the status reports {} cores, more than {MAX_CORES}",
+            s.machine.cores
+        )));
     }
     if let Some(p) = &s.power {
         p.check(s.machine.cores)

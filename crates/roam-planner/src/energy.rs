@@ -32,13 +32,14 @@ use roam_cluster::{CellRecord, CellState, NodeRecord};
 use crate::follow::{Cost, Moves};
 use crate::policy::{base_filter, cells_on, Ctx, Policy, Reason};
 
-/// A cheaper node must cost at most this fraction less per unit of work
+/// A cheaper node must cost at least this fraction less per unit of work
 /// for a running cell to move there.
 pub const MIN_GAIN: f64 = 0.2;
 /// A cell busier than this (cores) is worth moving; an idler one saves
 /// too little.
 pub const MIN_BUSY_CORES: f64 = 0.25;
-/// The same cheaper node must stay available this long, ms.
+/// Some cheaper node with a free core must have been there this long
+/// (not necessarily the same one), ms.
 pub const HOLD_MS: u64 = 2_000;
 /// The longest remaining run the planner assumes for a cell, ms.
 pub const MAX_HORIZON_MS: u64 = 3_600_000;

@@ -215,13 +215,27 @@ fn a_moved_cell_cools_down_and_its_counter_starts_again() {
     );
     let v = judge(&mut tr, 30_000, &at(30_000), &cells);
     assert!(matches!(&v, Verdict::Move { .. }), "{v:?}");
-    // On a new owner (a new generation) the CPU counter restarts from 0,
-    // which is a baseline, not a negative rate.
+    // On a new owner (a new generation) the leader starts watching afresh:
+    // the CPU counter, which restarts from 0 there, is a baseline.
     let mut moved = cell("c1", "board");
     moved.generation = 2;
     let nodes = [server(), beat(board(2), "c1", 32_000, 5)];
     let v = judge(&mut tr, 32_000, &nodes, std::slice::from_ref(&moved));
     assert_eq!(v, Verdict::Stay("not CPU-busy".into()));
+}
+
+#[test]
+fn a_cell_on_its_way_takes_the_free_core_it_goes_to() {
+    // b1 is moving to the board's only core: a second busy cell must not
+    // be sent there too.
+    let mut b1 = cell("b1", "server");
+    b1.state = CellState::Migrating { to: "board".into() };
+    let cells = [cell("c1", "server"), b1];
+    let mut tr = Tracker::default();
+    let at = |t: u64| [beat(server(), "c1", t, t), board(1)];
+    judge(&mut tr, 0, &at(0), &cells);
+    let v = judge(&mut tr, 2_000, &at(2_000), &cells);
+    assert_eq!(v, Verdict::Stay("no cheaper node has a free core".into()));
 }
 
 #[test]

@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::Json;
 use roam_api::planner::{MaintenanceRequest, NodeRecord};
 use roam_cluster::{CellRecord, CellState, Maintenance, NodeState};
@@ -38,22 +39,21 @@ pub(crate) async fn declare(
     Path(name): Path<String>,
     Json(r): Json<MaintenanceRequest>,
 ) -> Result<Json<NodeRecord>, AppError> {
-    r.check(unix_ms()).map_err(bad)?;
+    let now = unix_ms();
+    r.check(now).map_err(bad)?;
     let node = crate::cells::get_node(&n, &name).await?;
-    // A window replaced while the planner has the node drained for the
-    // old one stays drained for the new one.
-    let drained = node.maintenance.is_some_and(|m| m.drained);
+    // The planner drained the node for the window this one replaces: it
+    // stays drained only if the new window's drain has begun too.
+    let ours = node.maintenance.is_some_and(|m| m.drained) && node.state == NodeState::Draining;
+    let keep = ours && now >= r.start_ms.saturating_sub(r.lead_ms);
     let window = Maintenance {
         start_ms: r.start_ms,
         end_ms: r.end_ms,
         lead_ms: r.lead_ms,
-        drained,
+        drained: keep,
     };
-    n.timed(
-        "set_node_maintenance",
-        n.store.set_node_maintenance(&name, Some(window)),
-    )
-    .await?;
+    let state = (ours && !keep).then_some(NodeState::Ready);
+    swap(&n, &node, Some(window), state).await?;
     tracing::info!(node = %name, start_ms = r.start_ms, end_ms = r.end_ms, "maintenance declared");
     Ok(Json(crate::cells::get_node(&n, &name).await?))
 }
@@ -70,24 +70,47 @@ pub(crate) async fn cancel(
     Ok(Json(crate::cells::get_node(&n, &name).await?))
 }
 
-/// Clear `node`'s window, and undrain it if the planner drained it.
-async fn finish(n: &Arc<Inner>, node: &NodeRecord) -> Result<(), AppError> {
-    n.timed(
-        "set_node_maintenance",
-        n.store.set_node_maintenance(&node.name, None),
-    )
-    .await?;
-    if node.maintenance.is_some_and(|m| m.drained) && node.state == NodeState::Draining {
-        n.timed(
-            "set_node_state",
-            n.store.set_node_state(&node.name, NodeState::Ready),
+/// Replace `node`'s window (as read) with `new`, and its state if given,
+/// in one change; `409` if the window changed since it was read.
+async fn swap(
+    n: &Arc<Inner>,
+    node: &NodeRecord,
+    new: Option<Maintenance>,
+    state: Option<NodeState>,
+) -> Result<(), AppError> {
+    let swapped = n
+        .timed(
+            "swap_node_maintenance",
+            n.store
+                .swap_node_maintenance(&node.name, node.maintenance, new, state),
         )
         .await?;
-        n.events.send(Event::Undrain {
+    if !swapped {
+        return Err(AppError(
+            StatusCode::CONFLICT,
+            format!(
+                "node {}'s maintenance window changed meanwhile; look again and retry",
+                node.name
+            ),
+        ));
+    }
+    match state {
+        Some(NodeState::Ready) => n.events.send(Event::Undrain {
             node: node.name.clone(),
-        });
+        }),
+        Some(NodeState::Draining) => n.events.send(Event::Drain {
+            node: node.name.clone(),
+        }),
+        None => {}
     }
     Ok(())
+}
+
+/// Clear `node`'s window, and undrain it (in the same change) if the
+/// planner drained it.
+async fn finish(n: &Arc<Inner>, node: &NodeRecord) -> Result<(), AppError> {
+    let ours = node.maintenance.is_some_and(|m| m.drained) && node.state == NodeState::Draining;
+    swap(n, node, None, ours.then_some(NodeState::Ready)).await
 }
 
 /// What the leader remembers between ticks.
@@ -142,18 +165,10 @@ async fn one(
         return Ok(());
     }
     let draining = if !m.drained && node.state == NodeState::Ready {
-        n.timed(
-            "set_node_state",
-            n.store.set_node_state(name, NodeState::Draining),
-        )
-        .await?;
-        n.timed(
-            "set_node_maintenance",
-            n.store
-                .set_node_maintenance(name, Some(Maintenance { drained: true, ..m })),
-        )
-        .await?;
-        n.events.send(Event::Drain { node: name.clone() });
+        // The window (as read) and the state change together, or not at
+        // all: a window replaced or cancelled meanwhile wins.
+        let drained = Maintenance { drained: true, ..m };
+        swap(n, node, Some(drained), Some(NodeState::Draining)).await?;
         tracing::info!(node = %name, "maintenance: draining before the window");
         true
     } else {

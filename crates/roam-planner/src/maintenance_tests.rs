@@ -58,6 +58,11 @@ async fn windows_are_checked_kept_and_cancelled() {
             json!({"start_ms": now, "end_ms": now + 60_000, "lead_ms": 2 * 86_400_000u64}),
             "at most a day",
         ),
+        (
+            json!({"start_ms": now + 400 * 86_400_000u64,
+                "end_ms": now + 401 * 86_400_000u64, "lead_ms": 0}),
+            "within a year",
+        ),
     ] {
         let (st, v) = put(&http, at("a"), body).await;
         assert_eq!(st, 400, "{v}");
@@ -160,5 +165,44 @@ async fn the_leader_drains_before_the_window_and_undrains_after() {
         n.iter().find(|x| x.name == "c").unwrap().state,
         NodeState::Draining
     );
+    beats.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_moved_later_or_cancelled_gives_the_node_back() {
+    let (store, url, _dir) = planner(None).await;
+    let http = reqwest::Client::new();
+    let (a, _) = sim_node().await;
+    register(&http, &url, "a", &a, json!([])).await;
+    let beats = heartbeats(&http, &url, &["a"]);
+    let at = format!("{url}/v1/nodes/a/maintenance");
+    let soon = |now: u64| json!({"start_ms": now + 500, "end_ms": now + 60_000, "lead_ms": 1_000});
+    let drained = |n: &roam_cluster::NodeRecord| {
+        n.state == NodeState::Draining && n.maintenance.is_some_and(|m| m.drained)
+    };
+    let (st, v) = put(&http, at.clone(), soon(unix_ms())).await;
+    assert_eq!(st, 200, "{v}");
+    wait_node(&store, "a", "a drained for its window", drained).await;
+    // Postponed by an hour: the node takes cells again until the new
+    // window's drain begins.
+    let later = unix_ms() + 3_600_000;
+    let (st, v) = put(
+        &http,
+        at.clone(),
+        json!({"start_ms": later, "end_ms": later + 600_000, "lead_ms": 300_000}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["state"], "ready", "{v}");
+    assert_eq!(v["maintenance"]["drained"], false, "{v}");
+    // Brought forward again, then cancelled while drained: back in service.
+    let (st, v) = put(&http, at.clone(), soon(unix_ms())).await;
+    assert_eq!(st, 200, "{v}");
+    wait_node(&store, "a", "a drained again", drained).await;
+    let r = http.delete(&at).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["state"], "ready", "{v}");
+    assert!(v["maintenance"].is_null(), "{v}");
     beats.abort();
 }

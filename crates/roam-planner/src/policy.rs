@@ -68,9 +68,17 @@ impl Load {
         Load(m)
     }
 
-    /// Count every cell of `cells`.
+    /// Count every cell of `cells`; a cell on its way to a node counts on
+    /// that node too (it arrives there, and a second cell sent to the same
+    /// free core meanwhile would share it).
     pub fn of_cells(cells: &[CellRecord]) -> Load {
-        Load::of(cells.iter().map(|c| (c.owner.as_str(), c.state.ended())))
+        let mut load = Load::of(cells.iter().map(|c| (c.owner.as_str(), c.state.ended())));
+        for c in cells {
+            if let roam_cluster::CellState::Migrating { to } = &c.state {
+                load.add(to);
+            }
+        }
+        load
     }
 
     /// Cells `node` owns that have not ended.

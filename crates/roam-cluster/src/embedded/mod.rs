@@ -328,6 +328,11 @@ impl ClusterStore for RedbStore {
                 }
                 node.heartbeat_ms = now;
                 node.alive = false;
+                // A node registering again keeps what operators set.
+                if let Some(before) = inner.read_node(txn, &node.name)? {
+                    node.state = before.node.state;
+                    node.maintenance = before.node.maintenance;
+                }
                 let stored = StoredNode {
                     node,
                     ttl_ms,
@@ -380,12 +385,30 @@ impl ClusterStore for RedbStore {
         self.change_node(name, move |n| n.state = state).await
     }
 
-    async fn set_node_maintenance(
+    async fn swap_node_maintenance(
         &self,
         name: &str,
-        maintenance: Option<Maintenance>,
-    ) -> StoreResult<()> {
-        self.change_node(name, move |n| n.maintenance = maintenance)
+        expected: Option<Maintenance>,
+        new: Option<Maintenance>,
+        state: Option<NodeState>,
+    ) -> StoreResult<bool> {
+        record::check_node(name)?;
+        let name = name.to_string();
+        self.writer
+            .write(true, move |inner, txn| {
+                let Some(mut stored) = inner.read_node(txn, &name)? else {
+                    return Err(StoreError::NotFound(format!("node {name}")));
+                };
+                if stored.node.maintenance != expected {
+                    return Ok(false);
+                }
+                stored.node.maintenance = new;
+                if let Some(s) = state {
+                    stored.node.state = s;
+                }
+                inner.write_node(txn, &stored)?;
+                Ok(true)
+            })
             .await
     }
 

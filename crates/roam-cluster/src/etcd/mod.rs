@@ -348,6 +348,12 @@ impl ClusterStore for EtcdStore {
         }
         node.heartbeat_ms = now;
         node.alive = false;
+        // A node registering again keeps what operators set (as read just
+        // before; the embedded store does this inside its transaction).
+        if let Some((before, _)) = &previous {
+            node.state = before.node.state;
+            node.maintenance = before.node.maintenance;
+        }
         let name = node.name.clone();
         let stored = StoredNode {
             node,
@@ -455,18 +461,29 @@ impl ClusterStore for EtcdStore {
         }
     }
 
-    async fn set_node_maintenance(
+    async fn swap_node_maintenance(
         &self,
         name: &str,
-        maintenance: Option<Maintenance>,
-    ) -> StoreResult<()> {
+        expected: Option<Maintenance>,
+        new: Option<Maintenance>,
+        state: Option<NodeState>,
+    ) -> StoreResult<bool> {
         record::check_node(name)?;
         self.forget_node(name);
-        match self
-            .change_node(name, |s| s.node.maintenance = maintenance)
-            .await?
-        {
-            Some(_) => Ok(()),
+        let mut swapped = false;
+        let changed = self
+            .change_node(name, |s| {
+                swapped = s.node.maintenance == expected;
+                if swapped {
+                    s.node.maintenance = new;
+                    if let Some(st) = state {
+                        s.node.state = st;
+                    }
+                }
+            })
+            .await?;
+        match changed {
+            Some(_) => Ok(swapped),
             None => Err(StoreError::NotFound(format!("node {name}"))),
         }
     }

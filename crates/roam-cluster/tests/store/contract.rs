@@ -157,15 +157,39 @@ pub async fn nodes_live_expire_and_come_back<S: ClusterStore>(s: &S) {
         lead_ms: 60_000,
         drained: true,
     };
-    s.set_node_maintenance("steady", Some(window))
+    assert!(s
+        .swap_node_maintenance("steady", None, Some(window), None)
         .await
-        .unwrap();
+        .unwrap());
     s.heartbeat("steady", status.clone()).await.unwrap();
     assert_eq!(find(s, "steady").await.unwrap().maintenance, Some(window));
-    s.set_node_maintenance("steady", None).await.unwrap();
-    assert_eq!(find(s, "steady").await.unwrap().maintenance, None);
+    // Only over the window the caller read, with the state in the same change.
+    assert!(!s
+        .swap_node_maintenance("steady", None, None, Some(NodeState::Ready))
+        .await
+        .unwrap());
+    let kept = find(s, "steady").await.unwrap();
+    assert_eq!(
+        (kept.maintenance, kept.state),
+        (Some(window), NodeState::Draining)
+    );
+    // Registering again keeps both.
+    s.register_node(node("steady"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let kept = find(s, "steady").await.unwrap();
+    assert_eq!(
+        (kept.maintenance, kept.state),
+        (Some(window), NodeState::Draining)
+    );
+    assert!(s
+        .swap_node_maintenance("steady", Some(window), None, Some(NodeState::Ready))
+        .await
+        .unwrap());
+    let kept = find(s, "steady").await.unwrap();
+    assert_eq!((kept.maintenance, kept.state), (None, NodeState::Ready));
     assert!(matches!(
-        s.set_node_maintenance("nobody", None).await,
+        s.swap_node_maintenance("nobody", None, None, None).await,
         Err(StoreError::NotFound(_))
     ));
 
