@@ -36,7 +36,11 @@ pub(crate) fn tick(
     if placement != crate::follow::FollowTheClient.name() {
         t.follow = Default::default();
     }
-    if placement != crate::energy::EnergyUnbalanced.name() {
+    let energy = [
+        crate::energy::EnergyUnbalanced.name(),
+        crate::energy::EnergyBalanced.name(),
+    ];
+    if !energy.contains(&placement) {
         t.energy = Default::default();
     }
     let live = |id: &str| cells.iter().any(|c| c.id == id && !c.state.ended());
@@ -79,8 +83,14 @@ pub(crate) fn tick(
                 load.add(&to);
             }
         }
-    } else if placement == crate::energy::EnergyUnbalanced.name() {
-        use crate::energy::{EnergyUnbalanced, Verdict};
+    } else if energy.contains(&placement) {
+        use crate::energy::{EnergyBalanced, EnergyUnbalanced, Verdict};
+        let unbalanced = placement == EnergyUnbalanced.name();
+        let policy: &dyn Policy = if unbalanced {
+            &EnergyUnbalanced
+        } else {
+            &EnergyBalanced
+        };
         t.energy.retain(live);
         for c in cells.iter().filter(|c| crate::energy::movable(c)) {
             if lock(&n.busy).contains(&c.id) || !ready(&c.owner) {
@@ -88,29 +98,49 @@ pub(crate) fn tick(
             }
             let want = want(c);
             let ctx = ctx(nodes, cells, &load, &want);
-            let Verdict::Move {
-                to,
-                from_j,
-                to_j,
-                saves_j,
-            } = t.energy.judge(now, c, &ctx, || last_move(n, &c.id))
-            else {
-                continue;
+            let last = || last_move(n, &c.id);
+            let verdict = if unbalanced {
+                t.energy.judge(now, c, &ctx, last)
+            } else {
+                t.energy.judge_balanced(now, c, &ctx, last)
             };
-            let what = format!(
-                "save energy: {} from {} ({from_j:.1} J per unit of work) to {to} ({to_j:.1} J), \
-                 about {} saved",
-                c.id,
-                c.owner,
-                roam_api::power::joules(saves_j)
-            );
+            let (to, what) = match verdict {
+                Verdict::Stay(_) => continue,
+                Verdict::Move {
+                    to,
+                    from_j,
+                    to_j,
+                    saves_j,
+                } => {
+                    let what = format!(
+                        "save energy: {} from {} ({from_j:.1} J per unit of work) to {to} \
+                         ({to_j:.1} J), about {} saved",
+                        c.id,
+                        c.owner,
+                        roam_api::power::joules(saves_j)
+                    );
+                    (to, what)
+                }
+                Verdict::Balance {
+                    to,
+                    from_per_core,
+                    to_per_core,
+                } => {
+                    let what = format!(
+                        "even the load: {} from {} ({from_per_core:.2} cells per core) to {to} \
+                         ({to_per_core:.2} with it)",
+                        c.id, c.owner
+                    );
+                    (to, what)
+                }
+            };
             let decision = Decision::new(
                 what.clone(),
                 Some(c.id.clone()),
-                EnergyUnbalanced.name(),
-                &policy::explain(&EnergyUnbalanced, &ctx),
+                policy.name(),
+                &policy::explain(policy, &ctx),
             );
-            if start(n, nodes, c, &to, EnergyUnbalanced.name(), what, decision) {
+            if start(n, nodes, c, &to, policy.name(), what, decision) {
                 t.energy.moving(&c.id, now);
                 // The next cell this tick must not count on the same core.
                 load.add(&to);

@@ -12,7 +12,9 @@
 //!
 //! - **`energy-balanced`** spreads cells like `least-loaded` (fewest cells
 //!   per core) and, among nodes equally loaded, takes the one where work
-//!   costs least. Performance first, energy as the tie-break.
+//!   costs least. Performance first, energy as the tie-break. The leader
+//!   also moves a busy cell to where the policy would place it when that
+//!   evens the cells per core out ([`Tracker::judge_balanced`]).
 //! - **`energy-unbalanced`** packs: the node where work costs least that
 //!   still has a free core (fewer cells than cores), then the next; when
 //!   every core is taken, the least loaded. The leader also moves running,
@@ -41,6 +43,9 @@ pub const MIN_BUSY_CORES: f64 = 0.25;
 /// Some cheaper node with a free core must have been there this long
 /// (not necessarily the same one), ms.
 pub const HOLD_MS: u64 = 2_000;
+/// `energy-balanced` moves a cell only once it has run this many times
+/// as long as a move of it takes.
+pub const BALANCE_PAYBACK: f64 = 5.0;
 /// The longest remaining run the planner assumes for a cell, ms.
 pub const MAX_HORIZON_MS: u64 = 3_600_000;
 
@@ -79,7 +84,8 @@ impl Policy for EnergyBalanced {
     }
     fn description(&self) -> &'static str {
         "the live, ready node with the fewest cells per core; among those equally loaded, the \
-         one where work costs the least energy by its declared power model"
+         one where work costs the least energy by its declared power model; the leader also \
+         moves CPU-busy cells to even the cells per core out (damped)"
     }
     fn filter(&self, ctx: &Ctx, node: &NodeRecord) -> Result<(), Reason> {
         base_filter(ctx, node)
@@ -141,7 +147,7 @@ struct Watch {
 pub enum Verdict {
     /// Leave it; why.
     Stay(String),
-    /// Move it to `to`.
+    /// Move it to `to` to save energy (`energy-unbalanced`).
     Move {
         /// The destination.
         to: String,
@@ -153,9 +159,18 @@ pub enum Verdict {
         /// the move's.
         saves_j: f64,
     },
+    /// Move it to `to` to even the load out (`energy-balanced`).
+    Balance {
+        /// The destination.
+        to: String,
+        /// Cells per core on the owner now.
+        from_per_core: f64,
+        /// Cells per core on `to` once the cell is there.
+        to_per_core: f64,
+    },
 }
 
-/// The leader's memory of the cells `energy-unbalanced` watches.
+/// The leader's memory of the cells the energy policies watch.
 #[derive(Debug, Default)]
 pub struct Tracker {
     cells: HashMap<String, Watch>,
@@ -174,15 +189,10 @@ impl Tracker {
         w.beaten_since = None;
     }
 
-    /// Judge running cell `c` at `now_ms`; `ctx.want` names the cell.
-    /// `last_move` as in `follow::Tracker::judge`.
-    pub fn judge(
-        &mut self,
-        now_ms: u64,
-        c: &CellRecord,
-        ctx: &Ctx,
-        last_move: impl FnOnce() -> Option<(u64, Option<Cost>)>,
-    ) -> Verdict {
+    /// What every judgement starts with: the watch of `c` (started afresh
+    /// on a new owner or generation) and the cores it kept busy between
+    /// its owner's last two heartbeats, or why the cell stays.
+    fn busy(&mut self, now_ms: u64, c: &CellRecord, ctx: &Ctx) -> Result<f64, Verdict> {
         let w = self.cells.entry(c.id.clone()).or_default();
         if w.owner != c.owner || w.generation != c.generation {
             *w = Watch {
@@ -194,9 +204,8 @@ impl Tracker {
             };
         }
         let Some(owner) = ctx.nodes.iter().find(|n| n.name == c.owner) else {
-            return Verdict::Stay("its owner is not registered".into());
+            return Err(Verdict::Stay("its owner is not registered".into()));
         };
-        // The cell's CPU rate between the owner's last two heartbeats.
         if let Some(u) = owner.status.usage.iter().find(|u| u.cell == c.id) {
             let beat = owner.heartbeat_ms;
             match w.sample {
@@ -209,9 +218,29 @@ impl Tracker {
                 None => w.sample = Some((beat, u.cpu_ms)),
             }
         }
-        let Some(busy) = w.busy.filter(|b| *b >= MIN_BUSY_CORES) else {
+        w.busy.filter(|b| *b >= MIN_BUSY_CORES).ok_or_else(|| {
             w.beaten_since = None;
-            return Verdict::Stay("not CPU-busy".into());
+            Verdict::Stay("not CPU-busy".into())
+        })
+    }
+
+    /// Judge running cell `c` at `now_ms` for `energy-unbalanced`;
+    /// `ctx.want` names the cell. `last_move` as in
+    /// `follow::Tracker::judge`.
+    pub fn judge(
+        &mut self,
+        now_ms: u64,
+        c: &CellRecord,
+        ctx: &Ctx,
+        last_move: impl FnOnce() -> Option<(u64, Option<Cost>)>,
+    ) -> Verdict {
+        let busy = match self.busy(now_ms, c, ctx) {
+            Ok(b) => b,
+            Err(v) => return v,
+        };
+        let w = self.cells.get_mut(&c.id).expect("watched by busy()");
+        let Some(owner) = ctx.nodes.iter().find(|n| n.name == c.owner) else {
+            return Verdict::Stay("its owner is not registered".into());
         };
         let Some(from) = model_of(owner) else {
             return Verdict::Stay("its owner declares no power model".into());
@@ -261,6 +290,60 @@ impl Tracker {
             from_j,
             to_j,
             saves_j: saved - spent,
+        }
+    }
+
+    /// Judge running cell `c` at `now_ms` for `energy-balanced`: move a
+    /// busy cell to the node `energy-balanced` would place it on when that
+    /// evens the cells per core out (the owner, less the cell, stays above
+    /// the destination with it), damped like the unbalanced rule, and only
+    /// once the cell has run [`BALANCE_PAYBACK`] times as long as a move
+    /// takes.
+    pub fn judge_balanced(
+        &mut self,
+        now_ms: u64,
+        c: &CellRecord,
+        ctx: &Ctx,
+        last_move: impl FnOnce() -> Option<(u64, Option<Cost>)>,
+    ) -> Verdict {
+        if let Err(v) = self.busy(now_ms, c, ctx) {
+            return v;
+        }
+        let w = self.cells.get_mut(&c.id).expect("watched by busy()");
+        let Some(owner) = ctx.nodes.iter().find(|n| n.name == c.owner) else {
+            return Verdict::Stay("its owner is not registered".into());
+        };
+        let Ok(best) = crate::policy::place(&EnergyBalanced, ctx) else {
+            return Verdict::Stay("no node can take it".into());
+        };
+        let cores = |n: &NodeRecord| n.status.machine.cores.max(1);
+        let (on_owner, on_best) = (cells_on(ctx, &owner.name), cells_on(ctx, &best.name));
+        // After the move: the owner has one cell fewer, `best` one more.
+        // Compared by cross-multiplication: cells per core, exactly.
+        if best.name == c.owner || on_owner * cores(best) <= (on_best + 1) * cores(owner) {
+            w.beaten_since = None;
+            return Verdict::Stay("the load is as even as a move can make it".into());
+        }
+        let since = *w.beaten_since.get_or_insert(now_ms);
+        let held = now_ms.saturating_sub(since);
+        if held < HOLD_MS {
+            return Verdict::Stay(format!("{} less loaded for {held} ms only", best.name));
+        }
+        w.moves.saw(last_move());
+        let cost = w.moves.cost();
+        if let Some(ago) = w.moves.cooling(now_ms) {
+            return Verdict::Stay(format!("moved {ago} ms ago"));
+        }
+        let ran = now_ms.saturating_sub(w.since_ms);
+        if (ran as f64) < BALANCE_PAYBACK * cost.took_ms {
+            return Verdict::Stay(format!(
+                "ran {ran} ms here, less than {BALANCE_PAYBACK} moves' length"
+            ));
+        }
+        Verdict::Balance {
+            to: best.name.clone(),
+            from_per_core: on_owner as f64 / cores(owner) as f64,
+            to_per_core: (on_best + 1) as f64 / cores(best) as f64,
         }
     }
 }

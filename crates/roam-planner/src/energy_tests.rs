@@ -239,6 +239,50 @@ fn a_cell_on_its_way_takes_the_free_core_it_goes_to() {
 }
 
 #[test]
+fn balanced_moves_a_busy_cell_only_when_it_evens_the_load_out() {
+    let a = |t: u64| beat(node("a", 2, Some("idle=50,busy=12")), "c1", t, t);
+    let b = node("b", 2, Some("idle=50,busy=12"));
+    let judge_b = |tr: &mut Tracker, t: u64, nodes: &[NodeRecord], cells: &[CellRecord]| {
+        let w = want(Some("c1"));
+        let ctx = Ctx::new(nodes, cells, &w);
+        tr.judge_balanced(t, &cells[0], &ctx, || None)
+    };
+    // Three cells on a's two cores, none on b: 1.5 per core against 0.5.
+    let three = [cell("c1", "a"), cell("c2", "a"), cell("c3", "a")];
+    let mut tr = Tracker::default();
+    judge_b(&mut tr, 0, &[a(0), b.clone()], &three);
+    let v = judge_b(&mut tr, 2_000, &[a(2_000), b.clone()], &three);
+    assert!(
+        matches!(&v, Verdict::Stay(why) if why.contains("for 0 ms")),
+        "{v:?}"
+    );
+    // Held, but it has run 4 s here, less than five 2-second moves.
+    let v = judge_b(&mut tr, 4_000, &[a(4_000), b.clone()], &three);
+    assert!(
+        matches!(&v, Verdict::Stay(why) if why.contains("ran 4000 ms")),
+        "{v:?}"
+    );
+    let v = judge_b(&mut tr, 10_000, &[a(10_000), b.clone()], &three);
+    assert_eq!(
+        v,
+        Verdict::Balance {
+            to: "b".into(),
+            from_per_core: 1.5,
+            to_per_core: 0.5
+        }
+    );
+    // Two on a, one on b: moving one would only swap the imbalance.
+    let two = [cell("c1", "a"), cell("c2", "a"), cell("c3", "b")];
+    let mut tr = Tracker::default();
+    judge_b(&mut tr, 0, &[a(0), b.clone()], &two);
+    let v = judge_b(&mut tr, 2_000, &[a(2_000), b.clone()], &two);
+    assert_eq!(
+        v,
+        Verdict::Stay("the load is as even as a move can make it".into())
+    );
+}
+
+#[test]
 fn both_policies_are_registered() {
     for name in ["energy-balanced", "energy-unbalanced"] {
         assert_eq!(crate::policy::by_name(name).unwrap().name(), name);
