@@ -13,19 +13,22 @@ use super::common::*;
 const BUSY: [&str; 3] = ["8", "200", "20"];
 
 fn powered(p: &Planner, name: &str, model: &str) -> Node {
-    Node::start_with(
-        Isa::X86_64,
-        &[
-            "--migrate-listen",
-            "127.0.0.1:0",
-            "--planner",
-            &p.url,
-            "--name",
-            name,
-            "--power",
-            model,
-        ],
-    )
+    powered_with(p, name, model, &[])
+}
+
+fn powered_with(p: &Planner, name: &str, model: &str, extra: &[&str]) -> Node {
+    let mut args = vec![
+        "--migrate-listen",
+        "127.0.0.1:0",
+        "--planner",
+        &p.url,
+        "--name",
+        name,
+        "--power",
+        model,
+    ];
+    args.extend(extra);
+    Node::start_with(Isa::X86_64, &args)
 }
 
 #[test]
@@ -99,7 +102,13 @@ fn energy_unbalanced_moves_a_busy_cell_to_the_cheaper_node() {
         m.contains("roam_planner_node_power_watts{node=\"server\"}"),
         "{m}"
     );
-    assert!(m.contains("reason=\"energy-unbalanced\""), "{m}");
+    // The move is counted once the planner has seen its migration end.
+    wait_for("the move in the planner's metrics", SLOW, || {
+        let (_, m) = http_get(p.addr(), "/metrics").ok()?;
+        text(&m)
+            .contains("reason=\"energy-unbalanced\"")
+            .then_some(())
+    });
     // The server's estimate counts its idle draw: at least 50 W for every
     // second it has been up.
     let server = p
@@ -131,4 +140,60 @@ fn energy_unbalanced_moves_a_busy_cell_to_the_cheaper_node() {
         text(&expected.join().unwrap()),
         "the moved cell's output differs from an uninterrupted run"
     );
+}
+
+/// `energy-balanced`: two busy cells launched on one node of one core;
+/// the planner moves one of them to the other node by itself, and both
+/// finish with the uninterrupted run's output.
+#[test]
+fn energy_balanced_evens_busy_cells_out() {
+    let p = Planner::start(None, &["--lease", "3", "--checkpoint-interval", "0"]);
+    let out = p.roam(&["policy", "energy-balanced"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let one = ["--cores", "1"];
+    let nodes = vec![
+        (
+            "a".to_string(),
+            powered_with(&p, "a", "idle=50,busy=12", &one),
+        ),
+        (
+            "b".to_string(),
+            powered_with(&p, "b", "idle=50,busy=12", &one),
+        ),
+    ];
+    wait_alive(&p, 2);
+    let logs = || all_logs(&p, &nodes);
+    let expected = std::thread::spawn(|| reference(&BUSY));
+    let ids = [
+        p.launch(&BUSY, &["--on", "a"]),
+        p.launch(&BUSY, &["--on", "a"]),
+    ];
+    let moved = wait_for("one cell to move to b", SLOW, || {
+        ids.iter()
+            .map(|id| p.cell(id))
+            .find(|c| c["owner"] == "b" && c["state"]["state"] == "running")
+    });
+    assert_eq!(moved["generation"], 2, "{moved}\n{}", logs());
+    // Counted once the planner has seen the migration end.
+    wait_for("the move in the planner's metrics", SLOW, || {
+        let (_, m) = http_get(p.addr(), "/metrics").ok()?;
+        text(&m)
+            .contains("reason=\"energy-balanced\"")
+            .then_some(())
+    });
+    let expected = text(&expected.join().unwrap());
+    for id in &ids {
+        let owner = p.cell(id)["owner"].as_str().unwrap().to_string();
+        let node = &nodes.iter().find(|(n, _)| *n == owner).unwrap().1;
+        let end = node.wait_end(id, SLOW);
+        assert_eq!(end["state"], "exited", "{end}\n{}", logs());
+        // Neither moved twice: one stayed, one moved once.
+        assert!(
+            p.cell(id)["generation"].as_u64().unwrap() <= 2,
+            "{}",
+            logs()
+        );
+        let (_, log) = http_get(p.addr(), &format!("/v1/cells/{id}/logs")).unwrap();
+        assert_eq!(text(&log), expected, "cell {id}'s output differs");
+    }
 }
