@@ -79,12 +79,10 @@ fn a_declared_maintenance_moves_the_cells_before_it_begins() {
         (a["state"] == "ready" && a["maintenance"].is_null()).then_some(())
     });
     assert!(declared.elapsed() >= Duration::from_secs(15));
-    let (_, metrics) = http_get(p.addr(), "/metrics").unwrap();
-    assert!(
-        text(&metrics).contains("reason=\"maintenance\""),
-        "{}",
-        text(&metrics)
-    );
+    wait_for("the move in the planner's metrics", SLOW, || {
+        let (_, m) = http_get(p.addr(), "/metrics").ok()?;
+        text(&m).contains("reason=\"maintenance\"").then_some(())
+    });
 
     let end = nodes[1].1.wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", logs());
