@@ -142,6 +142,35 @@ struct Watch {
     moves: Moves,
 }
 
+impl Watch {
+    /// The damping both energy rules share, once a better node is there:
+    /// it must have been there for [`HOLD_MS`], and the cell's last move
+    /// must be out of its cool-down; then the cost of a move of this cell.
+    fn damped(
+        &mut self,
+        now_ms: u64,
+        last_move: impl FnOnce() -> Option<(u64, Option<Cost>)>,
+    ) -> Result<Cost, Wait> {
+        let since = *self.beaten_since.get_or_insert(now_ms);
+        let held = now_ms.saturating_sub(since);
+        if held < HOLD_MS {
+            return Err(Wait::Held(held));
+        }
+        self.moves.saw(last_move());
+        if let Some(ago) = self.moves.cooling(now_ms) {
+            return Err(Wait::Cooling(ago));
+        }
+        Ok(self.moves.cost())
+    }
+}
+
+/// Why a move waits: the better node has been there this long only, or
+/// the cell moved this long ago (ms).
+enum Wait {
+    Held(u64),
+    Cooling(u64),
+}
+
 /// The verdict on one cell.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
@@ -264,16 +293,13 @@ impl Tracker {
                 (1.0 - to_j / from_j) * 100.0
             ));
         }
-        let since = *w.beaten_since.get_or_insert(now_ms);
-        let held = now_ms.saturating_sub(since);
-        if held < HOLD_MS {
-            return Verdict::Stay(format!("{} free for {held} ms only", best.name));
-        }
-        w.moves.saw(last_move());
-        let cost = w.moves.cost();
-        if let Some(ago) = w.moves.cooling(now_ms) {
-            return Verdict::Stay(format!("moved {ago} ms ago"));
-        }
+        let cost = match w.damped(now_ms, last_move) {
+            Ok(cost) => cost,
+            Err(Wait::Cooling(ago)) => return Verdict::Stay(format!("moved {ago} ms ago")),
+            Err(Wait::Held(ms)) => {
+                return Verdict::Stay(format!("{} free for {ms} ms only", best.name))
+            }
+        };
         // A cell that has run for a while is likely to run as long again.
         let horizon_s = now_ms.saturating_sub(w.since_ms).min(MAX_HORIZON_MS) as f64 / 1000.0;
         let work_per_s = busy * from.speed;
@@ -324,16 +350,13 @@ impl Tracker {
             w.beaten_since = None;
             return Verdict::Stay("the load is as even as a move can make it".into());
         }
-        let since = *w.beaten_since.get_or_insert(now_ms);
-        let held = now_ms.saturating_sub(since);
-        if held < HOLD_MS {
-            return Verdict::Stay(format!("{} less loaded for {held} ms only", best.name));
-        }
-        w.moves.saw(last_move());
-        let cost = w.moves.cost();
-        if let Some(ago) = w.moves.cooling(now_ms) {
-            return Verdict::Stay(format!("moved {ago} ms ago"));
-        }
+        let cost = match w.damped(now_ms, last_move) {
+            Ok(cost) => cost,
+            Err(Wait::Cooling(ago)) => return Verdict::Stay(format!("moved {ago} ms ago")),
+            Err(Wait::Held(ms)) => {
+                return Verdict::Stay(format!("{} less loaded for {ms} ms only", best.name))
+            }
+        };
         let ran = now_ms.saturating_sub(w.since_ms);
         if (ran as f64) < BALANCE_PAYBACK * cost.took_ms {
             return Verdict::Stay(format!(
