@@ -7,6 +7,7 @@
 //! move those), a pre-copy move, and a decision people see once the move
 //! has started.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use roam_cluster::{CellRecord, NodeRecord, NodeState};
@@ -24,11 +25,13 @@ pub(crate) struct Trackers {
 }
 
 /// One leader tick: judge and move by the policy in force; forget what
-/// the other policies remembered.
+/// the other policies remembered. `live`: the ids of the cells that have
+/// not ended, as the leader's tick already collected them.
 pub(crate) fn tick(
     n: &Arc<Inner>,
     nodes: &[NodeRecord],
     cells: &[CellRecord],
+    live: &HashSet<&str>,
     t: &mut Trackers,
     now: u64,
 ) {
@@ -43,13 +46,15 @@ pub(crate) fn tick(
     if !energy.contains(&placement) {
         t.energy = Default::default();
     }
-    let live = |id: &str| cells.iter().any(|c| c.id == id && !c.state.ended());
+    let live = |id: &str| live.contains(id);
     let mut load = Load::of_cells(cells);
-    let ready = |name: &str| {
-        nodes
-            .iter()
-            .any(|x| x.name == name && x.alive && x.state == NodeState::Ready)
-    };
+    // Looked up once per cell: a set, not a scan of every node.
+    let ready_nodes: HashSet<&str> = nodes
+        .iter()
+        .filter(|x| x.alive && x.state == NodeState::Ready)
+        .map(|x| x.name.as_str())
+        .collect();
+    let ready = |name: &str| ready_nodes.contains(name);
     if placement == crate::follow::FollowTheClient.name() {
         use crate::follow::{FollowTheClient, Verdict};
         t.follow.retain(live);

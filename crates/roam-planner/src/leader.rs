@@ -176,7 +176,7 @@ async fn tick(n: &Arc<Inner>, seen: &mut Seen) -> Result<(), crate::api::AppErro
             });
         }
     }
-    crate::auto::tick(n, &nodes, &cells, &mut seen.auto, now);
+    crate::auto::tick(n, &nodes, &cells, &live, &mut seen.auto, now);
     crate::maintenance::tick(n, &nodes, &cells, &mut seen.maintenance, now).await;
     Ok(())
 }
