@@ -280,7 +280,14 @@ fn scenario(
         kv::wait_listening(listen, &mut p, Duration::from_secs(120))?;
         nodes.push((p, listen));
     }
-    wait_registered(roam, &url, specs.len())?;
+    kv::wait_nodes(
+        roam,
+        &url,
+        specs.len(),
+        Duration::from_secs(120),
+        "the nodes did not register with their power models",
+        |x| !x["status"]["power"].is_null(),
+    )?;
     let energy = |nodes: &[(Proc, SocketAddr)]| -> anyhow::Result<Vec<f64>> {
         nodes.iter().map(|(_, a)| joules(*a)).collect()
     };
@@ -353,30 +360,6 @@ fn scenario(
             .sum(),
         on_board: cells.iter().filter(|c| c["owner"] == "board").count(),
     })
-}
-
-/// Wait until `n` nodes are alive and report power.
-fn wait_registered(roam: &Path, url: &str, n: usize) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let out = kv::run_bounded(
-            Command::new(roam).args(["nodes", "--planner", url, "--json"]),
-            Duration::from_secs(30),
-        )?;
-        let nodes: serde_json::Value = serde_json::from_str(&out)?;
-        let ready = nodes.as_array().map_or(0, |v| {
-            v.iter()
-                .filter(|x| x["alive"] == true && !x["status"]["power"].is_null())
-                .count()
-        });
-        if ready == n {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the nodes did not register with their power models: {out}");
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 /// `roam_node_energy_joules` from a node's `/metrics`.

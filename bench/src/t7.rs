@@ -289,25 +289,14 @@ fn launch_through(
     on: &str,
     wasm: &std::path::Path,
 ) -> anyhow::Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let out = kv::run_bounded(
-            Command::new(roam).args(["nodes", "--planner", url, "--json"]),
-            Duration::from_secs(30),
-        )?;
-        let nodes: serde_json::Value = serde_json::from_str(&out)?;
-        let alive = nodes
-            .as_array()
-            .map_or(0, |v| v.iter().filter(|n| n["alive"] == true).count());
-        if alive == 2 {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the nodes did not register: {out}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    kv::wait_nodes(
+        roam,
+        url,
+        2,
+        Duration::from_secs(30),
+        "the nodes did not register",
+        |_| true,
+    )?;
     let mut cmd = Command::new(roam);
     cmd.args(["launch", "--planner", url, "--on", on, "--service", "kv"])
         .arg(wasm);

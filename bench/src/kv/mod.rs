@@ -193,6 +193,37 @@ pub fn planner(roam: &Path, dir: &Path, policy: &str) -> anyhow::Result<(Proc, S
     Ok((p, url))
 }
 
+/// Wait, up to `limit`, until `n` nodes of the planner at `url` are alive
+/// and `ready` (what else the caller needs of each record); else an error
+/// naming `what` with the planner's last answer.
+pub fn wait_nodes(
+    roam: &Path,
+    url: &str,
+    n: usize,
+    limit: Duration,
+    what: &str,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let out = run_bounded(
+            Command::new(roam).args(["nodes", "--planner", url, "--json"]),
+            Duration::from_secs(30),
+        )?;
+        let nodes: serde_json::Value = serde_json::from_str(&out)?;
+        let count = nodes.as_array().map_or(0, |v| {
+            v.iter().filter(|x| x["alive"] == true && ready(x)).count()
+        });
+        if count == n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: {out}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Run `cmd` with a deadline; its stdout on success, else an error with its output.
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> anyhow::Result<String> {
     let mut child = cmd
