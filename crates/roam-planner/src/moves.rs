@@ -325,7 +325,10 @@ pub(crate) async fn move_all_off(
         .1
         .into_iter()
         .filter(|c| c.owner == name && !c.state.ended())
-        .filter(|c| !crate::lock(&n.busy).contains(&c.id))
+        // A cell on its way already is its migration's to finish. (A
+        // kept checkpoint in progress does not hold a move back: the
+        // owner serialises the two.)
+        .filter(|c| !matches!(c.state, roam_cluster::CellState::Migrating { .. }))
         .collect();
     for c in owned {
         // Read again for each cell: the earlier moves changed the load.
