@@ -23,11 +23,12 @@ const SNAPSHOT: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a
 
 /// A simulated node: its API address and what it was asked.
 pub(crate) async fn sim_node() -> (String, Asked) {
-    sim_node_with(false).await
+    sim_node_with(false, Duration::ZERO).await
 }
 
-/// A simulated node that, if `refuse`, fails every restore.
-async fn sim_node_with(refuse: bool) -> (String, Asked) {
+/// A simulated node that, if `refuse`, fails every restore, and takes
+/// `keep_delay` to answer a kept checkpoint.
+pub(crate) async fn sim_node_with(refuse: bool, keep_delay: Duration) -> (String, Asked) {
     let asked: Asked = Arc::default();
     let app = Router::new()
         .route(
@@ -69,8 +70,9 @@ async fn sim_node_with(refuse: bool) -> (String, Asked) {
         .route(
             "/v1/cells/{id}/keep",
             post(
-                |State(a): State<Asked>, Path(id): Path<String>, Json(v): Json<Value>| async move {
+                move |State(a): State<Asked>, Path(id): Path<String>, Json(v): Json<Value>| async move {
                     a.lock().unwrap().push((format!("keep {id}"), v));
+                    tokio::time::sleep(keep_delay).await;
                     Json(
                         json!({"snapshot": SNAPSHOT, "bytes": 4096, "sent_bytes": 1024,
                         "taken_ms": 1_700_000_000_000u64}),
@@ -344,7 +346,7 @@ struct Trio {
 /// Start a [`Trio`]; b refuses every restore if `b_refuses`.
 async fn trio(b_refuses: bool) -> Trio {
     let (store, url, dir) = planner(Some(Duration::from_secs(2))).await;
-    let (b_api, b_asked) = sim_node_with(b_refuses).await;
+    let (b_api, b_asked) = sim_node_with(b_refuses, Duration::ZERO).await;
     let (c_api, c_asked) = sim_node().await;
     let http = reqwest::Client::new();
     for (name, api) in [("a", "127.0.0.1:9"), ("b", &b_api), ("c", &c_api)] {

@@ -7,7 +7,9 @@ use std::time::Duration;
 use roam_cluster::{ClusterStore, NodeState};
 use serde_json::{json, Value};
 
-use crate::evac_tests::{cell, heartbeats, module, planner, register, send, sim_node};
+use crate::evac_tests::{
+    cell, heartbeats, module, planner, register, send, sim_node, sim_node_with,
+};
 use crate::unix_ms;
 
 async fn put(http: &reqwest::Client, url: String, body: Value) -> (u16, Value) {
@@ -204,5 +206,47 @@ async fn a_window_moved_later_or_cancelled_gives_the_node_back() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["state"], "ready", "{v}");
     assert!(v["maintenance"].is_null(), "{v}");
+    beats.abort();
+}
+
+/// A drain while a kept checkpoint of the cell is in progress still moves
+/// the cell (the owner serialises the two): a drained node must not keep a
+/// cell because a checkpoint happened to overlap the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_moves_a_cell_whose_checkpoint_is_in_progress() {
+    let (store, url, _dir) = planner(None).await;
+    let http = reqwest::Client::new();
+    let (a, asked_a) = sim_node_with(false, Duration::from_secs(3)).await;
+    let (b, _) = sim_node().await;
+    register(&http, &url, "a", &a, json!(["c1"])).await;
+    register(&http, &url, "b", &b, json!([])).await;
+    let beats = heartbeats(&http, &url, &["a", "b"]);
+    let (hash, _) = module(&store).await;
+    store.create_cell(cell("c1", &hash)).await.unwrap();
+    let keep = {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move {
+            send(&http, format!("{url}/v1/cells/c1/checkpoint"), Value::Null).await
+        })
+    };
+    let asked = |what: &str| asked_a.lock().unwrap().iter().any(|(k, _)| k == what);
+    for _ in 0..100 {
+        if asked("keep c1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(asked("keep c1"), "a was never asked to keep c1");
+    let (st, v) = send(&http, format!("{url}/v1/nodes/a/drain"), Value::Null).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(!keep.is_finished(), "the checkpoint ended before the drain");
+    let moves = v["moves"].as_array().unwrap();
+    assert_eq!(moves.len(), 1, "{v}");
+    assert_eq!(moves[0]["cell"], "c1", "{v}");
+    assert!(moves[0]["error"].is_null(), "{v}");
+    assert!(asked("migrate c1"), "a was never asked to move c1");
+    // The checkpoint's own answer is whatever the planner makes of a cell
+    // that left meanwhile; it must only come.
+    keep.await.unwrap();
     beats.abort();
 }
