@@ -73,6 +73,12 @@ pub struct GatewayArgs {
     /// --token-file`).
     #[arg(long, requires = "planner")]
     pub token_file: Option<PathBuf>,
+    /// Serve `GET /metrics` (Prometheus text) on ADDR: clients and bytes
+    /// per service, the round trip to each client machine and to each
+    /// node. Plain HTTP, without authentication, and it names client
+    /// addresses: an address that is not loopback needs --insecure.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
 }
 
 /// The planner as the gateway's authority on who may serve a service.
@@ -172,6 +178,14 @@ pub fn gateway(a: GatewayArgs) -> Result<i32> {
     if !(a.wait_timeout.is_finite() && a.wait_timeout > 0.0 && a.wait_timeout <= 86_400.0) {
         bail!("--wait-timeout must be between 0 and 86400 seconds");
     }
+    if let Some(m) = a.metrics {
+        if !m.ip().is_loopback() && !a.tls.insecure {
+            bail!(
+                "--metrics {m}: the metrics port has no authentication and names client \
+                 addresses; bind it to loopback (127.0.0.1:PORT), or add --insecure"
+            );
+        }
+    }
     let tls = a.tls.identity()?;
     let authority = authority(&a, tls.as_ref())?;
     let cfg = GatewayConfig {
@@ -197,6 +211,36 @@ pub fn gateway(a: GatewayArgs) -> Result<i32> {
             );
         }
         eprintln!("roam gateway: nodes connect to {}", gw.control_addr());
+        if let Some(addr) = a.metrics {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics {addr}: cannot listen"))?;
+            eprintln!(
+                "roam gateway: metrics on http://{}/metrics",
+                l.local_addr()?
+            );
+            let handle = gw.handle();
+            let app = axum::Router::new().route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let text = handle.metrics_text();
+                    async move {
+                        (
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            text,
+                        )
+                    }
+                }),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(l, app).await {
+                    eprintln!("roam gateway: the metrics server stopped: {e}");
+                }
+            });
+        }
         match &a.planner {
             Some(p) => eprintln!(
                 "roam gateway: a Serve changes a route only for the owner the planner at {p} names"

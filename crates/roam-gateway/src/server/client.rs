@@ -71,6 +71,7 @@ async fn writer(shared: &Shared, id: ConnId, wake: &ConnWake, mut wr: OwnedWrite
     let mut shut = false;
     // Reused for every write: no allocation per reply.
     let mut b: Vec<u8> = Vec::new();
+    let mut sample = super::report::Every::default();
     loop {
         let step = {
             let s = shared.lock();
@@ -98,7 +99,17 @@ async fn writer(shared: &Shared, id: ConnId, wake: &ConnWake, mut wr: OwnedWrite
         };
         match step {
             Step::Write => match wr.write_all(&b).await {
-                Ok(()) => shared.lock().written(id, b.len()),
+                Ok(()) => {
+                    let rtt = sample
+                        .due()
+                        .then(|| super::report::tcp_rtt(wr.as_ref()))
+                        .flatten();
+                    let mut s = shared.lock();
+                    s.written(id, b.len());
+                    if let (Some(rtt), Some(c)) = (rtt, s.conns.get_mut(&id)) {
+                        c.rtt = Some(rtt);
+                    }
+                }
                 Err(e) => {
                     tracing::debug!(conn = id, "client write failed: {e}");
                     shared.lock().remove(id, true);

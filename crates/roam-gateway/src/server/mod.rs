@@ -18,6 +18,7 @@ mod authority;
 mod client;
 mod node;
 mod outq;
+mod report;
 mod routing;
 mod state;
 
@@ -36,6 +37,7 @@ use state::{Limits, State};
 pub use authority::{
     Assignment, AuthorityError, AuthorityFuture, ServeAuthority, ASK_TIMEOUT, CACHE_FOR,
 };
+pub use report::{encode_report, ClientReport, LinkReport, Report, ServiceReport, Traffic};
 
 /// Default time a client waits for a service's cell.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -43,6 +43,8 @@ pub(crate) async fn serve(
     tls: Option<TlsAcceptor>,
 ) {
     sock.set_nodelay(true).ok();
+    // Kept open by `stream` for as long as the link is served below.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
     let (stream, cert): (Box<dyn Stream>, Option<Vec<u8>>) = match tls {
         None => (Box::new(sock), None),
         Some(acc) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acc.accept(sock)).await {
@@ -97,6 +99,7 @@ pub(crate) async fn serve(
         version,
         window,
         out: out.clone(),
+        rtt: None,
     });
     tracing::info!(node = %hello.node, peer = %addr, link, "node link up");
     let o = out.clone();
@@ -112,6 +115,7 @@ pub(crate) async fn serve(
             "the node has not read the last {} MiB the gateway sent it",
             shared.lock().limits.link_queue >> 20
         )),
+        never = sample_rtt(&shared, link, fd) => match never {},
     };
     shared.lock().link_lost(link);
     match end {
@@ -128,6 +132,26 @@ pub(crate) async fn serve(
     // A node that does not read would keep the writer, and all it holds,
     // blocked for ever.
     let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut writer.task).await;
+}
+
+/// Read the link's round trip into the state every
+/// [`super::report::SAMPLE_EVERY`]; never ends. `fd` must stay open while
+/// this runs: the caller polls it only while it holds the link's stream.
+async fn sample_rtt(
+    shared: &Shared,
+    link: u64,
+    fd: std::os::fd::RawFd,
+) -> std::convert::Infallible {
+    // SAFETY: see above; the borrow lives only inside this future.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    loop {
+        if let Some(rtt) = super::report::tcp_rtt(&sock) {
+            if let Some(l) = shared.lock().links.get_mut(&link) {
+                l.rtt = Some(rtt);
+            }
+        }
+        tokio::time::sleep(super::report::SAMPLE_EVERY).await;
+    }
 }
 
 /// Ends a link's writer with the link's task, also when the gateway stops

@@ -70,6 +70,9 @@ pub(crate) struct Conn {
     /// Bytes to write to the client before closing it (the wait-timeout
     /// error), or an empty vector: close now.
     pub fail: Option<Vec<u8>>,
+    /// The kernel's smoothed round trip to the client, sampled by its
+    /// writer (`report.rs`).
+    pub rtt: Option<std::time::Duration>,
 }
 
 impl Conn {
@@ -97,6 +100,8 @@ pub(crate) struct Service {
     pub held: bool,
     /// The serving node's link dropped at this instant.
     pub detached_since: Option<Instant>,
+    /// Its clients and their bytes since the gateway started.
+    pub traffic: super::report::Traffic,
 }
 
 /// A node's link, as the state sees it.
@@ -108,6 +113,8 @@ pub(crate) struct LinkHandle {
     /// Frames for the node, bounded by [`Limits::link_queue`]; past it
     /// the queue tells the link's task, which closes the link.
     pub out: Arc<LinkOut>,
+    /// The kernel's smoothed round trip to the node (`report.rs`).
+    pub rtt: Option<std::time::Duration>,
 }
 
 /// Limits of the gateway's buffers.
@@ -182,6 +189,7 @@ impl State {
                         route: None,
                         held: false,
                         detached_since: None,
+                        traffic: Default::default(),
                     };
                     (name, s)
                 })
@@ -250,7 +258,11 @@ impl State {
             down_shut: None,
             cell_closed: false,
             fail: None,
+            rtt: None,
         };
+        if let Some(s) = self.services.get_mut(service) {
+            s.traffic.accepted += 1;
+        }
         self.conns.insert(id, c);
         self.open_if_attached(id);
         (id, wake)
@@ -344,6 +356,9 @@ impl State {
         };
         c.up.extend(bytes);
         self.total_up += bytes.len();
+        if let Some(s) = self.services.get_mut(&c.service) {
+            s.traffic.to_cell += bytes.len() as u64;
+        }
         self.pump(id);
     }
 
@@ -417,6 +432,9 @@ impl State {
         };
         c.down.drain(..n);
         c.down_base += n as u64;
+        if let Some(s) = self.services.get_mut(&c.service) {
+            s.traffic.to_client += n as u64;
+        }
         let link = match self.route_link(&self.conns[&id].service) {
             Some(l) => l,
             None => return,

@@ -93,6 +93,65 @@ async fn bytes_flow_both_ways_in_order() {
     .await;
 }
 
+/// The report (`GET /metrics` of `roam gateway --metrics`): the route,
+/// every byte both ways, a round trip to a connected client and to the
+/// node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_counts_clients_bytes_and_round_trips() {
+    let gw = TestGateway::start(|_| {}).await;
+    let a = link(&gw, "node-a").await;
+    let cell = Cell::new();
+    a.serve("kv", "c-1", 0, cell.hub()).unwrap();
+    served(&gw, "node-a", 0).await;
+    let run = cell.start();
+    for i in 0..2 {
+        client(gw.service, i, 100_000, 10_000, Duration::ZERO).await;
+    }
+    // One client that stays: its round trip is known once it was written to.
+    let mut c = TcpStream::connect(gw.service).await.unwrap();
+    c.write_all(&[1, 2, 3]).await.unwrap();
+    let mut echo = [0u8; 3];
+    c.read_exact(&mut echo).await.unwrap();
+    assert_eq!(echo, [2, 3, 4]);
+    wait_until("the report", || {
+        let r = gw.handle.report();
+        let kv = &r.services[0];
+        kv.clients.len() == 1
+            && kv.clients[0].rtt.is_some()
+            && kv.traffic.to_client == 200_003
+            && r.links.iter().any(|l| l.rtt.is_some())
+    })
+    .await;
+    let r = gw.handle.report();
+    let kv = &r.services[0];
+    assert_eq!(kv.name, "kv");
+    assert_eq!(kv.node.as_deref(), Some("node-a"));
+    assert_eq!(kv.traffic.accepted, 3);
+    assert_eq!(kv.traffic.to_cell, 200_003);
+    assert_eq!(kv.clients[0].peer, c.local_addr().unwrap().to_string());
+    let rtt = kv.clients[0].rtt.unwrap();
+    assert!(rtt < Duration::from_secs(1), "{rtt:?}");
+    assert_eq!(r.links.len(), 1);
+    assert_eq!(r.links[0].node, "node-a");
+    let text = gw.handle.metrics_text();
+    assert!(
+        text.contains(
+            "roam_gateway_client_bytes_total{service=\"kv\",direction=\"to_cell\"} 200003"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("roam_gateway_client_rtt_seconds{service=\"kv\",client=\"127.0.0.1\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("roam_gateway_node_rtt_seconds{node=\"node-a\"}"),
+        "{text}"
+    );
+    drop(c);
+    run.pause().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_mid_stream_loses_duplicates_and_reorders_nothing() {
     let gw = TestGateway::start(|_| {}).await;

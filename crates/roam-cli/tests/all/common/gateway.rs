@@ -20,6 +20,8 @@ pub struct Gateway {
     pub port: u16,
     /// Where nodes connect (`127.0.0.1:port`).
     pub control: String,
+    /// Its `GET /metrics` (`127.0.0.1:port`).
+    pub metrics: String,
     _dir: tempfile::TempDir,
     pub log: PathBuf,
 }
@@ -29,11 +31,12 @@ impl Gateway {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("gateway.log");
         let (port, control) = (free_port(), format!("127.0.0.1:{}", free_port()));
+        let metrics = format!("127.0.0.1:{}", free_port());
         let mut cmd = roam(Isa::X86_64);
         cmd.arg("gateway")
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--service", SERVICE, "--resp", "--control", &control])
-            .args(["--wait-timeout", "120"])
+            .args(["--wait-timeout", "120", "--metrics", &metrics])
             // Client connections too: a test checks when one arrived.
             .env("ROAM_LOG", "info,roam_gateway::server::client=debug");
         let mut child = spawn_logged(&mut cmd, &log);
@@ -51,6 +54,7 @@ impl Gateway {
             child,
             port,
             control,
+            metrics,
             _dir: dir,
             log,
         }
@@ -85,6 +89,27 @@ impl Gateway {
             "the client from port {port} did not arrive while the service was held\n{}",
             self.log()
         );
+    }
+
+    /// The value of the `/metrics` line that starts with `series` (name
+    /// and labels), if there is one.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (st, body) = http_get(&self.metrics, "/metrics").expect("GET /metrics");
+        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+        let text = String::from_utf8(body).expect("UTF-8 metrics");
+        let v = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok());
+        v
+    }
+
+    /// How many `/metrics` lines start with `prefix`.
+    pub fn metric_lines(&self, prefix: &str) -> usize {
+        let (_, body) = http_get(&self.metrics, "/metrics").expect("GET /metrics");
+        String::from_utf8_lossy(&body)
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .count()
     }
 
     pub fn log(&self) -> String {

@@ -247,6 +247,20 @@ fn kv_cell_moves_across_isas_in_every_mode_under_load() {
     // Each move held the clients, and the last Serve is generation 4.
     assert_eq!(gw.count("service held"), 4, "{}", gw.log());
     assert_eq!(gw.count("generation=4 conns="), 1, "{}", gw.log());
+    // The gateway's metrics saw the clients, their bytes and both nodes.
+    let accepted = gw.metric(r#"roam_gateway_clients_accepted_total{service="kv"}"#);
+    assert!(accepted.is_some_and(|n| n >= 2.0), "{accepted:?}");
+    for dir in ["to_cell", "to_client"] {
+        let bytes = gw.metric(&format!(
+            r#"roam_gateway_client_bytes_total{{service="kv",direction="{dir}"}}"#
+        ));
+        assert!(bytes.is_some_and(|n| n > 100_000.0), "{dir}: {bytes:?}");
+    }
+    assert_eq!(gw.metric_lines("roam_gateway_node_rtt_seconds{"), 2);
+    assert_eq!(
+        gw.metric_lines(r#"roam_gateway_service_node{service="kv""#),
+        1
+    );
 }
 
 /// A move whose link is cut mid-transfer, and one whose destination is
