@@ -35,6 +35,41 @@ async fn wait_node(
     panic!("{what}: {:?}", store.nodes().await.unwrap());
 }
 
+/// A planner with nodes a and b, heartbeating, and cell c1 running on a.
+struct Pair {
+    store: std::sync::Arc<dyn ClusterStore>,
+    url: String,
+    http: reqwest::Client,
+    /// b's API address.
+    b: String,
+    /// What a was asked.
+    asked_a: crate::evac_tests::Asked,
+    beats: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+/// [`Pair`], where a takes `keep_delay` to answer a kept checkpoint.
+async fn pair(keep_delay: Duration) -> Pair {
+    let (store, url, _dir) = planner(None).await;
+    let http = reqwest::Client::new();
+    let (a, asked_a) = sim_node_with(false, keep_delay).await;
+    let (b, _) = sim_node().await;
+    register(&http, &url, "a", &a, json!(["c1"])).await;
+    register(&http, &url, "b", &b, json!([])).await;
+    let beats = heartbeats(&http, &url, &["a", "b"]);
+    let (hash, _) = module(&store).await;
+    store.create_cell(cell("c1", &hash)).await.unwrap();
+    Pair {
+        store,
+        url,
+        http,
+        b,
+        asked_a,
+        beats,
+        _dir,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn windows_are_checked_kept_and_cancelled() {
     let (store, url, _dir) = planner(None).await;
@@ -89,15 +124,15 @@ async fn windows_are_checked_kept_and_cancelled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_drains_before_the_window_and_undrains_after() {
-    let (store, url, _dir) = planner(None).await;
-    let http = reqwest::Client::new();
-    let (a, asked_a) = sim_node().await;
-    let (b, _) = sim_node().await;
-    register(&http, &url, "a", &a, json!(["c1"])).await;
-    register(&http, &url, "b", &b, json!([])).await;
-    let beats = heartbeats(&http, &url, &["a", "b"]);
-    let (hash, _) = module(&store).await;
-    store.create_cell(cell("c1", &hash)).await.unwrap();
+    let Pair {
+        store,
+        url,
+        http,
+        b,
+        asked_a,
+        beats,
+        _dir,
+    } = pair(Duration::ZERO).await;
     // A node drained by hand before its window stays drained after it.
     let (c, _) = sim_node().await;
     register(&http, &url, "c", &c, json!([])).await;
@@ -214,15 +249,14 @@ async fn a_window_moved_later_or_cancelled_gives_the_node_back() {
 /// cell because a checkpoint happened to overlap the drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_moves_a_cell_whose_checkpoint_is_in_progress() {
-    let (store, url, _dir) = planner(None).await;
-    let http = reqwest::Client::new();
-    let (a, asked_a) = sim_node_with(false, Duration::from_secs(3)).await;
-    let (b, _) = sim_node().await;
-    register(&http, &url, "a", &a, json!(["c1"])).await;
-    register(&http, &url, "b", &b, json!([])).await;
-    let beats = heartbeats(&http, &url, &["a", "b"]);
-    let (hash, _) = module(&store).await;
-    store.create_cell(cell("c1", &hash)).await.unwrap();
+    let Pair {
+        url,
+        http,
+        asked_a,
+        beats,
+        _dir,
+        ..
+    } = pair(Duration::from_secs(3)).await;
     let keep = {
         let (http, url) = (http.clone(), url.clone());
         tokio::spawn(async move {
