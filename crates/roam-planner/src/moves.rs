@@ -314,15 +314,13 @@ pub(crate) async fn move_all_off(
 ) -> Result<Vec<DrainMove>, AppError> {
     let name = name.to_string();
     let mut moves = Vec::new();
-    let (nodes, _) = snapshot(n).await?;
+    let (nodes, cells) = snapshot(n).await?;
     let source = nodes
         .iter()
         .find(|x| x.name == name)
         .cloned()
         .ok_or_else(|| AppError(StatusCode::NOT_FOUND, format!("node {name} disappeared")))?;
-    let owned: Vec<CellRecord> = snapshot(n)
-        .await?
-        .1
+    let owned: Vec<CellRecord> = cells
         .into_iter()
         .filter(|c| c.owner == name && !c.state.ended())
         // A cell on its way already is its migration's to finish. (A

@@ -43,8 +43,9 @@ pub(crate) async fn serve(
     tls: Option<TlsAcceptor>,
 ) {
     sock.set_nodelay(true).ok();
-    // Kept open by `stream` for as long as the link is served below.
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+    // A second descriptor of the socket, for reading its round trip: it
+    // lives as long as the sampler, whatever becomes of the stream.
+    let rtt_fd = std::os::fd::AsFd::as_fd(&sock).try_clone_to_owned().ok();
     let (stream, cert): (Box<dyn Stream>, Option<Vec<u8>>) = match tls {
         None => (Box::new(sock), None),
         Some(acc) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acc.accept(sock)).await {
@@ -115,7 +116,7 @@ pub(crate) async fn serve(
             "the node has not read the last {} MiB the gateway sent it",
             shared.lock().limits.link_queue >> 20
         )),
-        never = sample_rtt(&shared, link, fd) => match never {},
+        never = sample_rtt(&shared, link, rtt_fd) => match never {},
     };
     shared.lock().link_lost(link);
     match end {
@@ -135,17 +136,18 @@ pub(crate) async fn serve(
 }
 
 /// Read the link's round trip into the state every
-/// [`super::report::SAMPLE_EVERY`]; never ends. `fd` must stay open while
-/// this runs: the caller polls it only while it holds the link's stream.
+/// [`super::report::SAMPLE_EVERY`]; never ends. Without a descriptor
+/// (none could be duplicated) the link has no estimate.
 async fn sample_rtt(
     shared: &Shared,
     link: u64,
-    fd: std::os::fd::RawFd,
+    fd: Option<std::os::fd::OwnedFd>,
 ) -> std::convert::Infallible {
-    // SAFETY: see above; the borrow lives only inside this future.
-    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let Some(fd) = fd else {
+        return std::future::pending().await;
+    };
     loop {
-        if let Some(rtt) = super::report::tcp_rtt(&sock) {
+        if let Some(rtt) = super::report::tcp_rtt(&fd) {
             if let Some(l) = shared.lock().links.get_mut(&link) {
                 l.rtt = Some(rtt);
             }

@@ -248,7 +248,7 @@ pub(crate) fn tcp_rtt(sock: &impl AsRawFd) -> Option<Duration> {
     (r == 0 && filled && info.tcpi_rtt > 0).then(|| Duration::from_micros(info.tcpi_rtt.into()))
 }
 
-/// Calls `f` at most once per [`SAMPLE_EVERY`].
+/// Says a sample is due at most once per [`SAMPLE_EVERY`].
 #[derive(Debug, Default)]
 pub(crate) struct Every(Option<Instant>);
 

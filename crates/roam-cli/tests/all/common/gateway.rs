@@ -91,22 +91,25 @@ impl Gateway {
         );
     }
 
+    /// Its `GET /metrics` text.
+    fn metrics_text(&self) -> String {
+        let (st, body) = http_get(&self.metrics, "/metrics").expect("GET /metrics");
+        let text = String::from_utf8(body).expect("UTF-8 metrics");
+        assert_eq!(st, 200, "{text}");
+        text
+    }
+
     /// The value of the `/metrics` line that starts with `series` (name
     /// and labels), if there is one.
     pub fn metric(&self, series: &str) -> Option<f64> {
-        let (st, body) = http_get(&self.metrics, "/metrics").expect("GET /metrics");
-        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
-        let text = String::from_utf8(body).expect("UTF-8 metrics");
-        let v = text
+        self.metrics_text()
             .lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok());
-        v
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
     /// How many `/metrics` lines start with `prefix`.
     pub fn metric_lines(&self, prefix: &str) -> usize {
-        let (_, body) = http_get(&self.metrics, "/metrics").expect("GET /metrics");
-        String::from_utf8_lossy(&body)
+        self.metrics_text()
             .lines()
             .filter(|l| l.starts_with(prefix))
             .count()
