@@ -16,7 +16,7 @@ fn src() -> PathBuf {
 /// The crate's modules, from the bottom layer up (`docs/architecture.md`, "Inside
 /// roam-node").
 const LAYERS: &[&str] = &[
-    "size", "ids", "limits", "cpu", "config", "error", "grants", "log", "cell", "metrics",
+    "size", "ids", "limits", "cpu", "power", "config", "error", "grants", "log", "cell", "metrics",
     "secure", "state", "cells", "kept", "cluster", "migrate", "http", "node",
 ];
 
