@@ -18,4 +18,6 @@ echo "== fuzz targets compile"
 cargo check --quiet --manifest-path fuzz/Cargo.toml
 echo "== tests"
 # `cargo test`, then the 20 slowest tests and their durations.
-scripts/timed-tests.sh --workspace --release --locked
+# --no-fail-fast: one failing test binary must not hide the failures of the
+# binaries after it.
+scripts/timed-tests.sh --workspace --release --locked --no-fail-fast
