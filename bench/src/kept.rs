@@ -141,6 +141,7 @@ async fn one_binary(
             id: None,
             generation: None,
             cpu: Default::default(),
+            far: None,
         })
         .await?
         .id;

@@ -19,6 +19,7 @@
 
 mod eh;
 mod energy;
+mod far;
 mod gw;
 mod index;
 mod kept;
@@ -343,6 +344,25 @@ enum Bench {
         /// The board's draw per busy core, watts (its speed is calibrated).
         #[arg(long, default_value_t = 0.5)]
         board_busy: f64,
+    },
+    /// Far memory: slowdown with 75/50/25 % of the working set resident,
+    /// per eviction policy, against all of it; and Linux swap to zram.
+    Far {
+        /// Comma-separated workloads.
+        #[arg(long, default_value = "is,kv,kmeans")]
+        only: String,
+        /// Their size.
+        #[arg(long, default_value = "M")]
+        size: String,
+        /// Shares of the working set resident, percent, comma-separated.
+        #[arg(long, default_value = "75,50,25")]
+        shares: String,
+        /// Runs per variant (median).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Also Linux swap to zram in a memory cgroup (root only).
+        #[arg(long)]
+        zram: bool,
     },
     /// Control-plane scale: one planner, a simulated fleet of nodes and cells.
     Scale {
@@ -703,6 +723,26 @@ fn main() -> anyhow::Result<()> {
                 server,
                 board_idle,
                 board_busy,
+            },
+        )?,
+        Bench::Far {
+            only,
+            size,
+            shares,
+            reps,
+            zram,
+        } => far::run(
+            &paths,
+            &far::Options {
+                workloads: only.split(',').map(str::to_string).collect(),
+                size,
+                shares: shares
+                    .split(',')
+                    .map(|s| s.trim().parse())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| anyhow::anyhow!("--shares: percentages, comma-separated: {e}"))?,
+                reps,
+                zram,
             },
         )?,
         Bench::Scale {

@@ -97,6 +97,7 @@ fn info(id: &str, state: CellState) -> CellInfo {
         hops: 0,
         service: None,
         cpu: None,
+        far: None,
     }
 }
 

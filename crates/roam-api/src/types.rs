@@ -138,6 +138,44 @@ pub struct LaunchRequest {
     /// it (`docs/control-plane.md`). `None`: a cell no planner knows.
     #[serde(default)]
     pub generation: Option<u64>,
+    /// Far memory: keep at most this much of the cell's memory on the node
+    /// and the rest on a memory server (`docs/far-memory.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub far: Option<FarRequest>,
+}
+
+/// How a cell's memory is split between its node and a memory server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FarRequest {
+    /// Bytes of the cell's memory resident on its node at most (at least
+    /// 256 KiB).
+    pub local_memory: u64,
+    /// The memory server's control address (`host:port` or URL): a node
+    /// started with `--memory-server`.
+    pub server: String,
+    /// Which page leaves when the local memory is full: `clock` (the
+    /// default) or `random`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction: Option<String>,
+}
+
+/// Where a far-memory cell's pages are now.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct FarInfo {
+    /// The memory server's name.
+    pub server: String,
+    /// The local budget, bytes.
+    pub local_memory: u64,
+    /// Bytes resident on the node now.
+    pub resident_bytes: u64,
+    /// Bytes whose only copy is on the memory server now.
+    pub far_bytes: u64,
+    /// Faults that waited for the memory server.
+    pub far_faults: u64,
+    /// Bytes fetched from the memory server so far.
+    pub bytes_in: u64,
+    /// Bytes written to the memory server so far.
+    pub bytes_out: u64,
 }
 
 /// `POST /v1/cells/restore` body (asked of a node by the planner): start a
@@ -287,6 +325,9 @@ pub struct CellInfo {
     /// The CPU limits it runs under here (running cells only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CellCpu>,
+    /// Far memory (running cells launched with it only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub far: Option<FarInfo>,
 }
 
 /// `POST /v1/cells/{id}/migrate` body.

@@ -269,6 +269,19 @@ pub struct RunArgs {
     /// Migration-point policy, when the module is prepared on the fly.
     #[arg(long, value_enum, default_value_t = Points::Loops)]
     pub points: Points,
+    /// Keep at most SIZE of the program's memory resident (at least
+    /// 256KiB) and page the rest to an unlinked swap file in --swap-dir
+    /// (roam's own local swap; a node pages to a memory server instead,
+    /// `roam launch --local-memory`).
+    #[arg(long, value_name = "SIZE", value_parser = crate::node_args::size)]
+    pub local_memory: Option<u64>,
+    /// Where --local-memory's swap file lives [default: the system's
+    /// temporary directory].
+    #[arg(long, value_name = "DIR", requires = "local_memory")]
+    pub swap_dir: Option<PathBuf>,
+    /// Which page leaves when --local-memory is full.
+    #[arg(long, value_name = "POLICY", value_parser = ["clock", "random"], requires = "local_memory")]
+    pub eviction: Option<String>,
     /// The module (prepared or not).
     pub module: PathBuf,
     /// Arguments for the program.

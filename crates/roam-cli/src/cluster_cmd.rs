@@ -55,6 +55,11 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
              (its cells get their node's defaults, roam node --cell-cpu-weight and --cell-cpu-max)"
         );
     }
+    if a.local_memory.is_some() {
+        anyhow::bail!(
+            "--local-memory needs --node: the planner does not place far-memory cells yet              (launch on a node, with --memory-server naming a node started with --memory-server)"
+        );
+    }
     let (module, args, env) = a.parts()?;
     runtime()?.block_on(async move {
         let p = planner(&a.planner, &a.auth, "roam launch")?;

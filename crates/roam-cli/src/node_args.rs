@@ -129,6 +129,11 @@ pub struct NodeArgs {
     /// machine's online CPUs].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub cores: Option<u16>,
+    /// Offer up to SIZE of this node's RAM to other nodes' cells as far
+    /// memory (`roam launch --local-memory`): their pages live here while
+    /// the cell runs elsewhere [default: not a memory server].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub memory_server: Option<u64>,
 }
 
 /// A CPU amount in cores (`0.5`, `2`, `250m` for thousandths), as
@@ -198,6 +203,18 @@ pub struct LaunchArgs {
     /// node's --cell-cpu-max]; it keeps it when it moves.
     #[arg(long, value_name = "CORES", value_parser = cores)]
     pub cpu_max: Option<u32>,
+    /// Far memory: keep at most SIZE of the cell's memory on its node
+    /// (at least 256KiB), and the rest on the memory server given by
+    /// --memory-server (`docs/far-memory.md`).
+    #[arg(long, value_name = "SIZE", value_parser = size, requires = "memory_server")]
+    pub local_memory: Option<u64>,
+    /// The memory server for --local-memory: the control address of a
+    /// node started with --memory-server.
+    #[arg(long, value_name = "ADDR", requires = "local_memory")]
+    pub memory_server: Option<String>,
+    /// Which page leaves the node when its local memory is full.
+    #[arg(long, value_name = "POLICY", value_parser = ["clock", "random"], requires = "local_memory")]
+    pub eviction: Option<String>,
     /// The module (prepared or not).
     pub module: PathBuf,
     /// Arguments for the program.
@@ -212,6 +229,15 @@ pub struct LaunchArgs {
 pub type LaunchParts = (Vec<u8>, Vec<String>, Vec<(String, String)>);
 
 impl LaunchArgs {
+    /// The far-memory request, when --local-memory is given.
+    pub fn far(&self) -> Option<roam_node::types::FarRequest> {
+        Some(roam_node::types::FarRequest {
+            local_memory: self.local_memory?,
+            server: self.memory_server.clone()?,
+            eviction: self.eviction.clone(),
+        })
+    }
+
     /// Read the module and split the environment into pairs.
     pub fn parts(&self) -> Result<LaunchParts> {
         let bytes = std::fs::read(&self.module)

@@ -82,6 +82,7 @@ pub fn node(a: NodeArgs) -> Result<i32> {
         advertise: a.advertise,
         power: a.power,
         cores: a.cores.map(usize::from),
+        memory_server: a.memory_server,
     };
     runtime()?.block_on(async move {
         let node = Node::bind(cfg).await?;
@@ -121,6 +122,7 @@ pub fn launch(node: &str, a: LaunchArgs) -> Result<i32> {
                     weight: a.cpu_weight,
                     max_millicores: a.cpu_max,
                 },
+                far: a.far(),
             })
             .await?;
         println!("{}", r.id);
@@ -151,7 +153,7 @@ pub fn cells(node: &str, a: CellsArgs) -> Result<i32> {
                 c.id,
                 st,
                 c.program,
-                bytes(c.memory_bytes),
+                memory_column(&c),
                 c.uptime_ms as f64 / 1000.0,
                 c.hops,
                 cpu_column(c.cpu.as_ref()),
@@ -160,6 +162,19 @@ pub fn cells(node: &str, a: CellsArgs) -> Result<i32> {
         }
         Ok(0)
     })
+}
+
+/// A cell's memory in `roam cells`; a far-memory cell's with the share
+/// resident on its node (`256.0 MiB, 25% here`).
+fn memory_column(c: &roam_node::types::CellInfo) -> String {
+    match &c.far {
+        Some(f) if c.memory_bytes > 0 => format!(
+            "{}, {:.0}% here",
+            bytes(c.memory_bytes),
+            100.0 * f.resident_bytes as f64 / c.memory_bytes as f64
+        ),
+        _ => bytes(c.memory_bytes),
+    }
 }
 
 /// A running cell's CPU limits in `roam cells`: mechanism, weight and cap

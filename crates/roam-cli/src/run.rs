@@ -76,6 +76,24 @@ fn parse_env(env: &[String]) -> anyhow::Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// Page the cell's memory beyond `bytes` to a swap file (`--local-memory`).
+fn attach_far(cell: &mut Cell, bytes: u64, a: &RunArgs) -> anyhow::Result<roam_runtime::FarMemory> {
+    let dir = a.swap_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let pages = cell.live_memory().page_count() as usize;
+    let max = a.cell.max_memory.unwrap_or(4 << 30);
+    let store = roam_runtime::FileStore::create(&dir, (max / 4096) as usize)
+        .with_context(|| format!("cannot make a swap file in {}", dir.display()))?;
+    let mut opts = roam_runtime::FarOptions::new(usize::try_from(bytes / 4096)?);
+    if let Some(e) = &a.eviction {
+        opts.eviction = e.parse().map_err(anyhow::Error::msg)?;
+    }
+    let far = cell
+        .attach_far(opts, Box::new(store))
+        .context("--local-memory")?;
+    tracing::debug!(pages, "far memory attached");
+    Ok(far)
+}
+
 /// `roam run`.
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let signals = install_signals()?;
@@ -99,7 +117,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         listeners: labels.clone(),
     };
     let first_fd = 3 + cfg.preopens.len();
-    let cell = Cell::start(&rt, module, cfg, cell_options(&a.cell)?)?;
+    let mut cell = Cell::start(&rt, module, cfg, cell_options(&a.cell)?)?;
+    let far = match a.local_memory {
+        Some(bytes) => Some(attach_far(&mut cell, bytes, &a)?),
+        None => None,
+    };
     let serving = cell.net().map(|hub| {
         for (i, l) in labels.iter().enumerate() {
             eprintln!("roam: listening on {l} (fd {})", first_fd + i);
@@ -110,7 +132,23 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         let stem = a.module.file_stem().unwrap_or_default().to_string_lossy();
         PathBuf::from(format!("{}.roam", stem.trim_end_matches(".roam")))
     });
-    drive(cell, &a.cell, &path, signals, serving)
+    let code = drive(cell, &a.cell, &path, signals, serving);
+    if let Some(far) = far {
+        let s = far.stats();
+        let mib = |pages: u64| pages as f64 * 4096.0 / (1 << 20) as f64;
+        eprintln!(
+            "roam: local memory {:.1} MiB (peak {:.1} MiB resident); {} faults waited {}; \
+             {:.1} MiB read back, {:.1} MiB written out, {:.1} MiB dropped clean",
+            mib(far.options().local_pages as u64),
+            mib(s.resident_peak),
+            s.far_faults,
+            crate::human::duration(s.fault_wait),
+            mib(s.pages_in),
+            mib(s.pages_out),
+            mib(s.clean_drops),
+        );
+    }
+    code
 }
 
 /// `roam restore`.

@@ -77,6 +77,9 @@ pub(crate) struct CellHandle {
     pub cpu: OnceLock<roam_api::types::CellCpu>,
     /// The cell's thread, once it runs: where its CPU time is read.
     tid: OnceLock<i32>,
+    /// Far memory, for a cell launched with it: the pages' counters and
+    /// the memory server's name.
+    pub far: OnceLock<(roam_runtime::FarMemory, String)>,
     waiter: Mutex<Option<oneshot::Sender<Paused>>>,
     checkpoint: Mutex<Option<CheckpointReply>>,
 }
@@ -195,6 +198,7 @@ pub(crate) fn handle_for(
         cpu_ctl: cpu,
         cpu: OnceLock::new(),
         tid: OnceLock::new(),
+        far: OnceLock::new(),
         ended: std::sync::atomic::AtomicBool::new(false),
         controller: cell.controller(),
         memory: cell.live_memory(),

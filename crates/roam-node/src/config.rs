@@ -68,4 +68,7 @@ pub struct NodeConfig {
     /// them to the planner: the policies count cells per core by it.
     /// `None`: the machine's online CPUs.
     pub cores: Option<usize>,
+    /// Keep up to this many bytes of other nodes' far pages
+    /// (`--memory-server SIZE`). `None`: not a memory server.
+    pub memory_server: Option<u64>,
 }

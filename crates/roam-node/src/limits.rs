@@ -14,6 +14,7 @@
 //! share. Ask for a smaller limit at launch (`roam launch --max-memory`)
 //! to fit more cells.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -163,5 +164,53 @@ mod tests {
             ..NodeLimits::default()
         };
         assert!(l.validate().unwrap_err().contains("--cell-cpu-max"));
+    }
+}
+
+/// The far pages this node holds for other nodes as a memory server
+/// (`--memory-server SIZE`), all connections together; served by
+/// `migrate::far`.
+#[derive(Debug)]
+pub(crate) struct FarServer {
+    capacity: u64,
+    used: AtomicU64,
+}
+
+impl FarServer {
+    /// A server that holds at most `bytes`.
+    pub(crate) fn new(bytes: u64) -> FarServer {
+        FarServer {
+            capacity: bytes / roam_wire::FAR_PAGE as u64,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// Pages it can still take.
+    pub(crate) fn free_pages(&self) -> u64 {
+        self.capacity
+            .saturating_sub(self.used.load(Ordering::Relaxed))
+    }
+
+    /// Pages held now.
+    pub(crate) fn used_pages(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes it offers in all.
+    pub(crate) fn capacity_bytes(&self) -> u64 {
+        self.capacity * roam_wire::FAR_PAGE as u64
+    }
+
+    /// Take `n` more pages, or refuse.
+    pub(crate) fn take(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                (u + n <= self.capacity).then_some(u + n)
+            })
+            .is_ok()
+    }
+
+    pub(crate) fn give_back(&self, n: u64) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
     }
 }

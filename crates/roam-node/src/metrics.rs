@@ -40,6 +40,10 @@ pub(crate) struct Metrics {
     gateway_rtt: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     cell_cpu: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     cell_memory: Family<Labels, Gauge>,
+    /// Far-memory cells: bytes resident here, and bytes on the memory server.
+    cell_far: Family<Labels, Gauge>,
+    /// As a memory server: bytes held for other nodes, and offered.
+    memory_server: Family<Labels, Gauge>,
     gateway_messages: Family<Labels, Counter>,
     /// The power model's estimates: draw and energy (registered only when
     /// the node declares a model).
@@ -134,6 +138,20 @@ impl Metrics {
             Unit::Bytes,
             cell_memory.clone(),
         );
+        let cell_far = Family::default();
+        registry.register_with_unit(
+            "cell_far_memory",
+            "Far-memory cells' memory by where it is: `local` (resident here) or `far` (only on the memory server)",
+            Unit::Bytes,
+            cell_far.clone(),
+        );
+        let memory_server = Family::default();
+        registry.register_with_unit(
+            "memory_server",
+            "As a memory server (--memory-server): bytes `held` for other nodes' cells, and the `capacity` offered",
+            Unit::Bytes,
+            memory_server.clone(),
+        );
         let gateway_messages = Family::default();
         registry.register(
             "gateway_client_messages",
@@ -164,6 +182,8 @@ impl Metrics {
             gateway_messages,
             cell_cpu,
             cell_memory,
+            cell_far,
+            memory_server,
             cells,
             migrations,
             downtime,
@@ -210,6 +230,7 @@ impl Metrics {
         cells: &HashMap<String, CellEntry>,
         gateway: Option<&roam_gateway::link::GatewayLink>,
         power: Option<&crate::power::Meter>,
+        far_server: Option<&crate::limits::FarServer>,
     ) -> String {
         if let (Some((watts, joules)), Some(p)) = (&self.power, power.map(|m| m.peek())) {
             watts.set(p.watts);
@@ -222,6 +243,17 @@ impl Metrics {
         self.gateway_messages.clear();
         self.cell_cpu.clear();
         self.cell_memory.clear();
+        self.cell_far.clear();
+        if let Some(f) = far_server {
+            let page = roam_wire::FAR_PAGE as u64;
+            let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            self.memory_server
+                .get_or_create(&vec![("kind".to_string(), "held".to_string())])
+                .set(bytes(f.used_pages() * page));
+            self.memory_server
+                .get_or_create(&vec![("kind".to_string(), "capacity".to_string())])
+                .set(bytes(f.capacity_bytes()));
+        }
         if let Some(g) = gateway {
             if let (Some(rtt), Some(id), true) = (g.rtt(), g.gateway_id(), g.is_connected()) {
                 self.gateway_rtt
@@ -268,6 +300,17 @@ impl Metrics {
                 self.cell_memory
                     .get_or_create(&cell)
                     .set(i64::try_from(h.memory.len()).unwrap_or(i64::MAX));
+                if let Some((far, _)) = h.far.get() {
+                    let st = far.stats();
+                    for (place, pages) in [("local", st.resident), ("far", st.far)] {
+                        self.cell_far
+                            .get_or_create(&vec![
+                                ("cell".to_string(), id.clone()),
+                                ("place".to_string(), place.to_string()),
+                            ])
+                            .set(i64::try_from(pages * 4096).unwrap_or(i64::MAX));
+                    }
+                }
             }
             let cpu = e.handle.as_ref().and_then(|h| h.cpu.get());
             if let (CellState::Running, Some(cpu)) = (&e.state, cpu) {
@@ -360,6 +403,15 @@ mod tests {
                 ("cell".into(), "c-1".into()),
             ])
             .inc_by(17);
+        m.cell_far
+            .get_or_create(&vec![
+                ("cell".into(), "c-1".into()),
+                ("place".into(), "far".into()),
+            ])
+            .set(4096);
+        m.memory_server
+            .get_or_create(&vec![("kind".into(), "held".into())])
+            .set(8192);
         let (watts, joules) = m.power.as_ref().unwrap();
         watts.set(61.5);
         joules.set(1234.5);
@@ -387,6 +439,8 @@ mod tests {
             ("roam_node_cell_cpu_seconds", "gauge"),
             ("roam_node_cell_memory_bytes", "gauge"),
             ("roam_node_gateway_client_messages", "counter"),
+            ("roam_node_cell_far_memory_bytes", "gauge"),
+            ("roam_node_memory_server_bytes", "gauge"),
             ("roam_node_power_watts", "gauge"),
             ("roam_node_energy_joules", "gauge"),
         ];

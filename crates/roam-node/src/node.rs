@@ -73,6 +73,7 @@ impl Node {
             crate::power::Meter::new(m, cfg.cores.unwrap_or_else(crate::power::online_cores))
         });
         let metrics = crate::metrics::Metrics::new(cfg.power.is_some());
+        let far_server = cfg.memory_server.map(crate::limits::FarServer::new);
         let inner = Arc::new(NodeInner {
             cfg,
             rt,
@@ -93,6 +94,7 @@ impl Node {
             grants: Default::default(),
             cpu: Arc::new(cpu),
             power,
+            far_server,
         });
         Ok(Node {
             inner,

@@ -113,6 +113,7 @@ fn launch(module: &str, max_memory: Option<u64>) -> roam_node::types::LaunchRequ
         id: None,
         generation: None,
         cpu: Default::default(),
+        far: None,
     }
 }
 

@@ -263,6 +263,7 @@ async fn start_on(n: &Inner, node: &NodeRecord, c: &CellRecord) -> Result<(), St
         id: Some(c.id.clone()),
         generation: Some(c.generation),
         cpu: Default::default(),
+        far: None,
     };
     match client.launch(&req).await {
         Ok(_) => Ok(()),

@@ -104,6 +104,8 @@ pub struct Cell {
     stopped: bool,
     /// Post-copy: keeps the fault handler running while the cell lives.
     pub(crate) lazy: Option<crate::lazy::Owner>,
+    /// Far memory: keeps its fault handler running while the cell lives.
+    far: Option<crate::far::Owner>,
 }
 
 pub(crate) struct Parts {
@@ -312,6 +314,7 @@ impl Cell {
             live: p.live,
             stopped: false,
             lazy: None,
+            far: None,
         }
     }
 
@@ -319,6 +322,28 @@ impl Cell {
     /// while the program runs (see [`LiveMemory`]).
     pub fn live_memory(&self) -> LiveMemory {
         self.live.clone()
+    }
+
+    /// Keep at most `opts.local_pages` of this cell's memory resident and
+    /// the rest in `store` (see [`crate::FarMemory`]). Call before the
+    /// program runs, once; pages over the budget leave at once. Not with
+    /// post-copy memory still arriving, nor with dirty tracking (both use
+    /// the same kernel mechanism on the same pages).
+    pub fn attach_far(
+        &mut self,
+        opts: crate::FarOptions,
+        store: Box<dyn crate::PageStore>,
+    ) -> Result<crate::FarMemory, crate::FarError> {
+        if self.far.is_some() || self.lazy.is_some() {
+            return Err(crate::FarError::Setup(
+                "the memory is already paged by roam (far or post-copy)".into(),
+            ));
+        }
+        let lost = self.store.data().lost.clone();
+        let (far, owner) =
+            crate::far::FarMemory::attach(self.live.clone(), opts, store, lost, self.control.clone())?;
+        self.far = Some(owner);
+        Ok(far)
     }
 
     /// The linear memory, while the program is not running (e.g. after

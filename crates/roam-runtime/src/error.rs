@@ -175,7 +175,7 @@ pub enum RunError {
     /// Post-copy: the pages of memory still at the source cannot be fetched
     /// any more ([`crate::LazyMemory::fail`]). The program was stopped at
     /// once and is lost on this node.
-    #[error("memory pages could not be fetched from the source, the program was stopped: {0}")]
+    #[error("memory pages could not be fetched (from the migration source or the memory server), the program was stopped: {0}")]
     PagesLost(String),
     /// [`crate::Controller::kill`] ended the program: no checkpoint was
     /// taken, and it cannot be resumed.

@@ -35,6 +35,7 @@ mod cell;
 mod control;
 mod dirty;
 mod error;
+mod far;
 pub mod files;
 mod flag;
 mod from_file;
@@ -51,6 +52,10 @@ mod unwind;
 pub use cell::{Cell, CellOptions, Outcome, Taken};
 pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger, STOP_GRACE};
 pub use dirty::{DirtyTracker, TrackError, TrackMethod};
+pub use far::{
+    Eviction, FarError, FarMemory, FarOptions, FarStats, FileStore, MemStore, PageStore,
+    MIN_LOCAL_PAGES,
+};
 pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
 pub use flag::LowerError;
 pub use host::PAUSE_BUFFER_MAX;

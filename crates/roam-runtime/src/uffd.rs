@@ -165,11 +165,28 @@ impl Uffd {
     ///
     /// `src` must be readable for `len` bytes.
     pub(crate) unsafe fn copy(&self, dst: usize, src: *const u8, len: usize) -> io::Result<bool> {
+        // SAFETY: as the caller promises.
+        unsafe { self.copy_mode(dst, src, len, 0) }
+    }
+
+    /// [`Uffd::copy`] with a mode (`UFFDIO_COPY_MODE_WP` installs the
+    /// page write-protected).
+    ///
+    /// # Safety
+    ///
+    /// `src` must be readable for `len` bytes.
+    pub(crate) unsafe fn copy_mode(
+        &self,
+        dst: usize,
+        src: *const u8,
+        len: usize,
+        mode: u64,
+    ) -> io::Result<bool> {
         let mut c = Copy {
             dst: dst as u64,
             src: src as u64,
             len: len as u64,
-            mode: 0,
+            mode,
             copy: 0,
         };
         match retry_again(|| ioctl(&self.fd, UFFDIO_COPY, &mut c)) {

@@ -19,10 +19,12 @@
 
 #![deny(missing_docs)]
 
+mod far;
 mod frame;
 pub mod ident;
 mod msg;
 
+pub use far::{check_far_request, FarOpen, FarPages, FAR_BATCH_MAX, FAR_PAGE};
 pub use frame::{read_frame, write_frame, FrameError, FRAME_HEADER, MAX_FRAME};
 pub use ident::{IdentKind, InvalidIdent};
 pub use msg::{

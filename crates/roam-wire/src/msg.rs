@@ -27,7 +27,10 @@ use crate::frame::FrameError;
 /// Version 6: [`CellSpec`] carries the cell's CPU settings
 /// ([`CellSpec::cpu`]), so a cell keeps its weight and its cap where it
 /// moves.
-pub const PROTOCOL_VERSION: u16 = 6;
+///
+/// Version 7: the memory-server messages ([`Msg::FarOpen`] and the rest,
+/// `far.rs`), at the end of [`Msg`].
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Most bytes of file data or log in one [`Msg::FileData`] or
 /// [`Msg::LogChunk`].
@@ -329,6 +332,24 @@ pub enum Msg {
     /// Destination → source (post-copy): every page is present; the source
     /// may drop its copy.
     Complete,
+    /// Client → memory server: keep far pages for a cell (`far.rs`).
+    FarOpen(crate::FarOpen),
+    /// Memory server → client: open; it can take this many more pages.
+    FarOpened {
+        /// Pages free on the server now.
+        free_pages: u64,
+    },
+    /// Client → memory server: keep these pages, replacing older copies.
+    FarPut(crate::FarPages),
+    /// Client → memory server: send these pages back.
+    FarGet {
+        /// Page indices.
+        pages: Vec<u32>,
+    },
+    /// Memory server → client: the pages asked for.
+    FarData(crate::FarPages),
+    /// Memory server → client: the pages put are kept.
+    FarAck,
 }
 
 /// What a page of a paused cell's memory holds, as post-copy announces it
@@ -387,6 +408,12 @@ impl Msg {
             Msg::PageRequest { .. } => "page-request",
             Msg::PagesDone => "pages-done",
             Msg::Complete => "complete",
+            Msg::FarOpen(_) => "far-open",
+            Msg::FarOpened { .. } => "far-opened",
+            Msg::FarPut(_) => "far-put",
+            Msg::FarGet { .. } => "far-get",
+            Msg::FarData(_) => "far-data",
+            Msg::FarAck => "far-ack",
         }
     }
 }

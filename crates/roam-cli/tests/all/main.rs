@@ -15,6 +15,7 @@ mod cpu;
 mod cross_isa;
 mod dashboard;
 mod energy;
+mod far;
 mod hostile;
 mod kvserver;
 mod limits;

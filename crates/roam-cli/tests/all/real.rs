@@ -286,6 +286,53 @@ impl Case<'_> {
     }
 }
 
+impl Case<'_> {
+    /// Run with at most `local` of memory resident and the rest paged to a
+    /// swap file, under `eviction`: the output must be the reference's,
+    /// and pages must have left.
+    fn far(&self, local: &str, eviction: &str) {
+        let stdin = self.open_stdin();
+        let mut cmd = roam(Isa::X86_64);
+        cmd.args(["run", "--local-memory", local, "--eviction", eviction])
+            .arg("--swap-dir")
+            .arg(self.dir.path());
+        self.run_args(&mut cmd, &self.module);
+        let out = with_stdin(cmd, stdin.as_ref());
+        let what = format!("{} with {local} local ({eviction})", self.program.name);
+        self.check(&what, &out, &out.stdout);
+        let err = text(&out.stderr);
+        let written: f64 = err
+            .split(" MiB written out")
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no far-memory summary in\n{err}"));
+        assert!(written > 0.0, "{what}: nothing was paged out\n{err}");
+    }
+}
+
+/// [`Case::far`] for the program `name`, with its smallest budget under
+/// clock and a larger one under random.
+fn far(name: &str) {
+    let suite = suite();
+    let program = suite
+        .get(name)
+        .unwrap_or_else(|| panic!("workloads/real/suite.toml has no {name}"));
+    let root = repo_root();
+    let case = Case {
+        program,
+        module: program.module(&root),
+        stdin: program
+            .test
+            .stdin
+            .as_ref()
+            .map(|s| root.join("target/workloads/real").join(s)),
+        dir: tempfile::tempdir().unwrap(),
+    };
+    case.far("256KiB", "clock");
+    case.far("1MiB", "random");
+}
+
 /// The count in roam's "reached only N migration points" note.
 fn points_reached(stderr: &[u8]) -> u64 {
     let text = text(stderr);
@@ -377,6 +424,24 @@ macro_rules! real_program_tests {
                         $name,
                         Some(&[&["--capture", "eh"], &["--capture", "returns"]]),
                     );
+                }
+            )*
+        }
+
+        /// Far memory (`docs/far-memory.md`): every program, run with a
+        /// few hundred KiB of its memory resident and the rest in a swap
+        /// file, prints its reference.
+        mod far {
+            $(
+                #[test]
+                fn $ci() {
+                    super::far($ci_name);
+                }
+            )*
+            $(
+                #[test]
+                fn $test() {
+                    super::far($name);
                 }
             )*
         }

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use roam_runtime::{Cell, CellOptions, LoadedModule};
+use roam_snapshot::PAGE_SIZE;
 use roam_wasi::Preopen;
 use roam_wire::CellSpec;
 
@@ -27,7 +28,7 @@ use crate::types::*;
 pub(crate) mod admit;
 mod start;
 
-pub(crate) use start::{check, start, Begin, Rebuild, Start};
+pub(crate) use start::{check, start, Begin, FarPlan, Rebuild, Start};
 
 /// What this node is, for `GET /v1/node`.
 pub(crate) fn node_info(n: &NodeInner) -> NodeInfo {
@@ -174,6 +175,7 @@ pub(crate) fn cpu_limits(r: CpuRequest) -> roam_wire::CpuLimits {
 pub(crate) async fn launch(
     n: &Arc<NodeInner>,
     req: LaunchRequest,
+    far: Option<FarPlan>,
 ) -> Result<LaunchResponse, NodeError> {
     let id = match &req.id {
         Some(id) => {
@@ -198,6 +200,7 @@ pub(crate) async fn launch(
         generation: req.generation,
         cpu: cpu_limits(req.cpu),
         begin: Begin::Fresh,
+        far,
     };
     start(n, s).await?;
     Ok(LaunchResponse { id })
@@ -221,6 +224,25 @@ pub(crate) fn info(e: &CellEntry) -> CellInfo {
             .as_ref()
             .filter(|h| !h.has_ended())
             .and_then(|h| h.cpu.get().cloned()),
+        far: e
+            .handle
+            .as_ref()
+            .filter(|h| !h.has_ended())
+            .and_then(|h| h.far.get())
+            .map(|(far, server)| far_info(far, server)),
+    }
+}
+
+fn far_info(far: &roam_runtime::FarMemory, server: &str) -> roam_api::types::FarInfo {
+    let (s, page) = (far.stats(), PAGE_SIZE as u64);
+    roam_api::types::FarInfo {
+        server: server.to_string(),
+        local_memory: far.options().local_pages as u64 * page,
+        resident_bytes: s.resident * page,
+        far_bytes: s.far * page,
+        far_faults: s.far_faults,
+        bytes_in: s.pages_in * page,
+        bytes_out: s.pages_out * page,
     }
 }
 

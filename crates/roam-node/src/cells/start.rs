@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use roam_runtime::{Cell, LoadedModule};
-use roam_snapshot::Snapshot;
+use roam_snapshot::{Snapshot, PAGE_SIZE};
 use roam_wasi::WasiConfig;
 use roam_wire::CellSpec;
 
@@ -48,6 +48,16 @@ pub(crate) struct Start {
     /// Its CPU weight and cap; unset: the node's defaults.
     pub cpu: roam_wire::CpuLimits,
     pub begin: Begin,
+    /// Far memory: the budget and the store of its far pages.
+    pub far: Option<FarPlan>,
+}
+
+/// A cell's far memory, its store already open (`migrate::far`).
+pub(crate) struct FarPlan {
+    pub opts: roam_runtime::FarOptions,
+    pub store: Box<dyn roam_runtime::PageStore>,
+    /// The memory server's name.
+    pub server: String,
 }
 
 /// Check what a start asks for before anything is taken: the arguments,
@@ -86,7 +96,13 @@ pub(crate) async fn start(n: &Arc<NodeInner>, s: Start) -> Result<(), NodeError>
         )));
     }
     let max_memory = s.max_memory.unwrap_or(n.cfg.limits.cell_memory);
-    let admission = super::admit::admit(n, &format!("cell {}", s.id), max_memory).map_err(|e| {
+    // A far-memory cell takes its local budget here, not its limit: the
+    // rest lives on the memory server.
+    let here = match &s.far {
+        Some(f) => max_memory.min((f.opts.local_pages * PAGE_SIZE) as u64),
+        None => max_memory,
+    };
+    let admission = super::admit::admit(n, &format!("cell {}", s.id), here).map_err(|e| {
         if max_memory > n.cfg.limits.max_cell_memory {
             NodeError::BadRequest(e)
         } else {
@@ -126,6 +142,17 @@ fn build_and_run(n: &Arc<NodeInner>, s: Start, max_memory: u64) -> Result<(), No
             (cell, log)
         }
     };
+    let mut cell = cell;
+    let far = match s.far {
+        Some(plan) => {
+            let far = cell
+                .attach_far(plan.opts, plan.store)
+                .map_err(|e| NodeError::bad(format!("cell {}: {e}", s.id)))?;
+            tracing::info!(cell = %s.id, local = plan.opts.local_pages * PAGE_SIZE, server = %plan.server, "far memory");
+            Some((far, plan.server))
+        }
+        None => None,
+    };
     let spec = CellSpec {
         id: s.id,
         module_hash: s.module,
@@ -139,7 +166,7 @@ fn build_and_run(n: &Arc<NodeInner>, s: Start, max_memory: u64) -> Result<(), No
         generation: s.generation,
         cpu: s.cpu,
     };
-    spawn(n, spec, Arc::new(log), cell)
+    spawn(n, spec, Arc::new(log), cell, far)
 }
 
 /// Put a cell into the table and start its thread.
@@ -148,9 +175,13 @@ fn spawn(
     spec: CellSpec,
     log: Arc<CellLog>,
     mut cell: Cell,
+    far: Option<(roam_runtime::FarMemory, String)>,
 ) -> Result<(), NodeError> {
     let id = spec.id.clone();
     let handle = register(n, spec, log, &mut cell);
+    if let Some(far) = far {
+        let _ = handle.far.set(far);
+    }
     cell::spawn(&id, cell, handle, on_end(n, &id)).map_err(|e| {
         n.set_state(
             &id,

@@ -19,7 +19,12 @@ pub(super) async fn node_info(State(n): N) -> Json<NodeInfo> {
 pub(super) async fn metrics(State(n): N) -> Response {
     let text = n
         .metrics
-        .render(&n.cells(), n.gateway.as_ref(), n.power.as_ref());
+        .render(
+            &n.cells(),
+            n.gateway.as_ref(),
+            n.power.as_ref(),
+            n.far_server.as_ref(),
+        );
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
@@ -44,9 +49,19 @@ pub(super) async fn upload_module(
 
 pub(super) async fn launch(
     State(n): N,
-    Json(req): Json<LaunchRequest>,
+    Json(mut req): Json<LaunchRequest>,
 ) -> Answer<Json<LaunchResponse>> {
-    Ok(Json(core::launch(&n, req).await?))
+    let far = match req.far.take() {
+        Some(f) => {
+            // The memory server keeps the pages under the cell's id.
+            let id = req.id.get_or_insert_with(|| crate::ids::new_id("c-")).clone();
+            roam_wire::ident::check_cell_id(&id).map_err(NodeError::bad)?;
+            let max_memory = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
+            Some(crate::migrate::far::plan(&n, &f, &id, max_memory).await?)
+        }
+        None => None,
+    };
+    Ok(Json(core::launch(&n, req, far).await?))
 }
 
 pub(super) async fn list(State(n): N) -> Json<Vec<CellInfo>> {

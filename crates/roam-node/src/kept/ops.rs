@@ -367,6 +367,7 @@ pub(crate) async fn restore(
             generation: Some(req.generation),
             cpu: cells::cpu_limits(req.cpu),
             begin: Begin::Restore(rebuild),
+            far: None,
         },
     )
     .await?;

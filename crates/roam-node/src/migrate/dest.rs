@@ -90,6 +90,8 @@ async fn receive(n: Arc<NodeInner>, conn: Conn) -> Result<(), String> {
     super::transport::check_peer(&n, peer_cert.as_ref(), &peer.node)?;
     let mut offer = match recv(&mut rd).await.map_err(|e| e.to_string())? {
         Msg::Offer(o) => o,
+        // Not a migration: a node that keeps its far pages here.
+        Msg::FarOpen(open) => return super::far::serve(&n, &peer, open, &mut rd, &mut wr).await,
         m => return Err(unexpected(&m, "the offer")),
     };
     // Identifiers become host paths (`state_dir/cells/{id}`): check them

@@ -16,6 +16,7 @@ use crate::state::NodeInner;
 use crate::types::MigrationStatus;
 
 pub(crate) mod dest;
+pub(crate) mod far;
 mod files;
 mod pages;
 mod postfail;

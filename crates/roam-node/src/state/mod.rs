@@ -66,6 +66,8 @@ pub(crate) struct NodeInner {
     pub cpu: Arc<crate::cpu::Cpu>,
     /// The energy estimate, when the node declares a power model.
     pub power: Option<crate::power::Meter>,
+    /// The far pages held for other nodes (`--memory-server`).
+    pub far_server: Option<crate::limits::FarServer>,
 }
 
 /// Kept checkpoints a holder receives at once.

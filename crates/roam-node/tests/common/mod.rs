@@ -80,6 +80,8 @@ pub struct Setup {
     pub tls: Option<(roam_auth::Identity, roam_node::ClientAuth)>,
     /// The power model the node declares.
     pub power: Option<roam_api::power::PowerModel>,
+    /// Bytes offered as a memory server.
+    pub memory_server: Option<u64>,
 }
 
 impl TestNode {
@@ -110,6 +112,7 @@ impl TestNode {
             advertise: None,
             power: setup.power,
             cores: None,
+            memory_server: setup.memory_server,
         };
         let node = Node::bind(cfg).await.expect("the node binds");
         let url = node.control_url();
@@ -165,6 +168,7 @@ impl TestNode {
             id: Some(id.to_string()),
             generation: None,
             cpu: Default::default(),
+            far: None,
         };
         self.client.launch(&req).await.expect("the cell launches");
     }

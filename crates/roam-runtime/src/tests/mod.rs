@@ -4,6 +4,7 @@
 
 mod common;
 mod dirty;
+mod far;
 mod flag;
 mod from_file;
 mod kill;

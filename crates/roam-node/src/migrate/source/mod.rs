@@ -48,6 +48,14 @@ pub(crate) async fn start(
 ) -> Result<MigrateResponse, NodeError> {
     let plan = Plan::parse(req).map_err(NodeError::BadRequest)?;
     let handle = running_handle(n, id)?;
+    if handle.far.get().is_some() && plan.mode != Mode::StopAndCopy {
+        // Dirty tracking and lazy pages use the same kernel mechanism on
+        // the same pages as far memory.
+        return Err(NodeError::bad(format!(
+            "cell {id} runs with far memory: it moves by stop-and-copy only, not {}",
+            plan.mode.as_str()
+        )));
+    }
     n.set_state(id, CellState::Migrating);
     let m = Arc::new(Migration::new(new_id("m-"), id.to_string(), plan.mode));
     n.migrations

@@ -1,0 +1,311 @@
+//! Far memory's slowdown (`docs/far-memory.md`): each workload run with
+//! 75 %, 50 % and 25 % of its working set resident, under each eviction
+//! policy, against the same workload with all of its memory, side by side
+//! in one run.
+//!
+//! Stores compared:
+//! - `swap file`: `roam run --local-memory` paging to an unlinked file on
+//!   this machine's disk (through the page cache);
+//! - `linux zram`: the plain `roam run` in a memory cgroup limited to the
+//!   same budget (plus roam's own resident memory), swapping to a zram
+//!   device: what a board does without roam's far memory. Only as root,
+//!   with `/dev/zram0` and the cgroup v1 memory controller; skipped (and
+//!   said so) otherwise.
+//!
+//! The working set is the peak resident memory of a run with an unbounded
+//! budget, as far memory counts it. Every run's checksum must equal the
+//! run with all of its memory.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::paths::Paths;
+use crate::proc::checksum;
+use crate::report::{Report, Table};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Workloads.
+    pub workloads: Vec<String>,
+    /// Their size.
+    pub size: String,
+    /// Shares of the working set kept resident, percent.
+    pub shares: Vec<u32>,
+    /// Runs per variant (median).
+    pub reps: usize,
+    /// Also Linux swap to zram, when possible here.
+    pub zram: bool,
+}
+
+/// A `roam run` of `name`, with `extra` flags first; wall time, checksum
+/// and the far-memory summary (stderr's last line) when there is one.
+fn roam_run(
+    paths: &Paths,
+    name: &str,
+    size: &str,
+    extra: &[String],
+    wrap: Option<&[String]>,
+) -> anyhow::Result<(Duration, String, String)> {
+    let roam = paths.tool("roam")?;
+    let mut cmd = match wrap {
+        Some(w) => {
+            let mut c = Command::new(&w[0]);
+            c.args(&w[1..]).arg(&roam);
+            c
+        }
+        None => Command::new(&roam),
+    };
+    cmd.arg("run").args(extra).arg(paths.wasm(name)?).arg("--").arg(size);
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run roam on {name}"))?;
+    if !out.status.success() {
+        bail!(
+            "roam run {name} {extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let sum = checksum(&String::from_utf8_lossy(&out.stdout))
+        .with_context(|| format!("{name} printed no checksum"))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    let summary = err
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("roam: local memory"))
+        .unwrap_or_default()
+        .to_string();
+    // The caller times; this only returns what ran.
+    Ok((Duration::ZERO, sum, summary))
+}
+
+/// The median wall time of `reps` runs, each checked against `want`.
+fn timed(
+    reps: usize,
+    want: &str,
+    what: &str,
+    mut f: impl FnMut() -> anyhow::Result<(Duration, String, String)>,
+) -> anyhow::Result<(Duration, String)> {
+    let mut times = Vec::new();
+    let mut summary = String::new();
+    for _ in 0..reps.max(1) {
+        let began = Instant::now();
+        let (_, sum, s) = f()?;
+        times.push(began.elapsed());
+        if sum != want {
+            bail!("{what}: checksum {sum}, uninterrupted {want}");
+        }
+        summary = s;
+    }
+    times.sort();
+    Ok((times[times.len() / 2], summary))
+}
+
+/// A number before `unit` in a far-memory summary (`12.5 MiB read back`).
+fn figure(summary: &str, unit: &str) -> Option<f64> {
+    summary
+        .split(unit)
+        .next()?
+        .rsplit(|c: char| c == ' ' || c == '(')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Runs `roam run` in a memory cgroup that swaps to zram; undone on drop.
+struct Zram {
+    cgroup: PathBuf,
+}
+
+impl Zram {
+    /// Set up zram swap of `bytes` and an empty cgroup, or say why not.
+    fn setup(bytes: u64) -> Result<Zram, String> {
+        if !rustix::process::geteuid().is_root() {
+            return Err("not root".into());
+        }
+        let mem = Path::new("/sys/fs/cgroup/memory");
+        if !mem.join("memory.limit_in_bytes").exists() {
+            return Err("no cgroup v1 memory controller".into());
+        }
+        if !Path::new("/sys/block/zram0").exists() {
+            return Err("no /dev/zram0".into());
+        }
+        let sh = |c: &str| {
+            let ok = Command::new("sh").arg("-c").arg(c).status();
+            match ok {
+                Ok(s) if s.success() => Ok(()),
+                _ => Err(format!("`{c}` failed")),
+            }
+        };
+        let _ = sh("swapoff /dev/zram0 2>/dev/null; echo 1 > /sys/block/zram0/reset");
+        sh(&format!("echo {bytes} > /sys/block/zram0/disksize"))?;
+        sh("mkswap /dev/zram0 >/dev/null && swapon /dev/zram0")?;
+        let cgroup = mem.join("roam-bench-far");
+        let _ = std::fs::create_dir(&cgroup);
+        Ok(Zram { cgroup })
+    }
+
+    /// The wrapper that runs a command in the cgroup at `limit` bytes.
+    fn wrap(&self, limit: u64) -> Vec<String> {
+        let g = self.cgroup.display();
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "echo {limit} > {g}/memory.limit_in_bytes && echo 60 > {g}/memory.swappiness \
+                 && echo $$ > {g}/cgroup.procs && exec \"$@\""
+            ),
+            "sh".into(),
+        ]
+    }
+}
+
+impl Drop for Zram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.cgroup);
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg("swapoff /dev/zram0; echo 1 > /sys/block/zram0/reset")
+            .status();
+    }
+}
+
+/// Run the benchmark.
+pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
+    let scratch = paths.fresh_dir("far")?;
+    let swap = scratch.join("swap");
+    std::fs::create_dir_all(&swap)?;
+    let swap_flag = |local: u64, eviction: &str| -> Vec<String> {
+        vec![
+            "--local-memory".into(),
+            format!("{}KiB", local / 1024),
+            "--eviction".into(),
+            eviction.into(),
+            "--swap-dir".into(),
+            swap.display().to_string(),
+        ]
+    };
+    let mut zram = if o.zram {
+        match Zram::setup(4 << 30) {
+            Ok(z) => Some(z),
+            Err(why) => {
+                eprintln!("far: no Linux zram baseline: {why}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut table = Table::new(&[
+        "workload",
+        "working set (MiB)",
+        "resident",
+        "store",
+        "eviction",
+        "time (s)",
+        "slowdown",
+        "far faults",
+        "MiB read back",
+        "MiB written out",
+    ]);
+    let mut worst: Vec<(String, f64)> = Vec::new();
+    for name in &o.workloads {
+        // Uninterrupted, with all of its memory: the reference.
+        let (_, want, _) = roam_run(paths, name, &o.size, &[], None)?;
+        let (base, _) = timed(o.reps, &want, name, || {
+            roam_run(paths, name, &o.size, &[], None)
+        })?;
+        // The working set: the peak resident with an unbounded budget.
+        let (_, _, s) = roam_run(paths, name, &o.size, &swap_flag(4 << 30, "clock"), None)?;
+        let ws_mib = figure(&s, " MiB resident)").context("no peak in the summary")?;
+        let ws = (ws_mib * 1048576.0) as u64;
+        table.push(vec![
+            name.clone(),
+            format!("{ws_mib:.1}"),
+            "100 %".into(),
+            "-".into(),
+            "-".into(),
+            format!("{:.2}", base.as_secs_f64()),
+            "1.00".into(),
+            "0".into(),
+            "0".into(),
+            "0".into(),
+        ]);
+        for &share in &o.shares {
+            let local = (ws * u64::from(share) / 100).max(256 << 10) / 4096 * 4096;
+            let mut row = |store: &str, eviction: &str, t: Duration, summary: &str| {
+                let slow = t.as_secs_f64() / base.as_secs_f64();
+                worst.push((format!("{name} {share} % {store} {eviction}"), slow));
+                table.push(vec![
+                    name.clone(),
+                    format!("{ws_mib:.1}"),
+                    format!("{share} %"),
+                    store.to_string(),
+                    eviction.to_string(),
+                    format!("{:.2}", t.as_secs_f64()),
+                    format!("{slow:.2}"),
+                    figure(summary, " faults").map_or("-".into(), |f| format!("{f:.0}")),
+                    figure(summary, " MiB read back").map_or("-".into(), |f| format!("{f:.1}")),
+                    figure(summary, " MiB written out").map_or("-".into(), |f| format!("{f:.1}")),
+                ]);
+            };
+            for eviction in ["clock", "random"] {
+                let what = format!("{name} at {share} % ({eviction})");
+                let (t, s) = timed(o.reps, &want, &what, || {
+                    roam_run(paths, name, &o.size, &swap_flag(local, eviction), None)
+                })?;
+                row("swap file", eviction, t, &s);
+            }
+            if let Some(z) = zram.as_mut() {
+                // roam's own memory (engine, code, buffers) is not the
+                // program's: the cgroup gets it on top of the budget.
+                let limit = local + (48 << 20);
+                let wrap = z.wrap(limit);
+                let what = format!("{name} at {share} % (zram)");
+                let (t, _) = timed(o.reps, &want, &what, || {
+                    roam_run(paths, name, &o.size, &[], Some(&wrap))
+                })?;
+                row("linux zram", "kernel", t, "");
+            }
+        }
+    }
+    worst.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut notes = vec![format!(
+        "Slowdown is the median time over {} run(s) against the same workload with all of its memory, in the same run; every run's checksum equals that run's.",
+        o.reps
+    )];
+    if let Some((what, x)) = worst.first() {
+        notes.push(format!("Worst: **{x:.2}×** ({what})."));
+    }
+    notes.push(
+        "HEXO's Netswap (their Fig. 9–10): up to +40 % throughput over plain TCP swap; their boards page 512 pages per batch, as roam does."
+            .into(),
+    );
+    if o.zram && zram.is_none() {
+        notes.push("No Linux zram baseline on this machine (see stderr).".into());
+    }
+    drop(zram);
+    Ok(Report {
+        name: "far".into(),
+        label: o.size.clone(),
+        title: "Far memory: slowdown with part of the working set resident".into(),
+        setup: format!(
+            "`roam-bench far --size {} --shares {} --reps {}`{}",
+            o.size,
+            o.shares
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            o.reps,
+            if o.zram { " --zram" } else { "" }
+        ),
+        table,
+        notes,
+        figure: None,
+    })
+}

@@ -1,0 +1,214 @@
+//! Far memory (`docs/far-memory.md`): every workload runs right with most
+//! of its memory paged out, to a swap file (`roam run --local-memory`) and
+//! to another node's memory server (`roam launch --local-memory`); a cell
+//! whose memory server dies stops with the reason and prints nothing wrong.
+//! The real programs run under far memory in `real.rs` (`mod far`).
+
+use std::time::Duration;
+
+use super::common::*;
+
+/// Every workload of the suite.
+const SUITE: [&str; 12] = roam_testkit::WORKLOADS;
+
+/// `roam run` of `name` at size `S`, with `extra` flags; stdout.
+fn run_workload(name: &str, extra: &[&str]) -> Vec<u8> {
+    let data = tempfile::tempdir().unwrap();
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("run").args(extra);
+    if name == "filework" {
+        cmd.arg("--dir")
+            .arg(format!("{}::/data", data.path().display()));
+    }
+    cmd.arg(workload(name)).arg("--").arg("S");
+    let out = run_bounded(cmd, Duration::from_secs(300));
+    assert!(
+        out.status.success(),
+        "roam run {extra:?} {name}: {}",
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).contains("checksum: "), "{name}");
+    out.stdout
+}
+
+#[test]
+fn every_workload_runs_right_paging_to_a_swap_file() {
+    let swap = tempfile::tempdir().unwrap();
+    let dir = swap.path().display().to_string();
+    for name in SUITE {
+        let want = run_workload(name, &[]);
+        for (local, eviction) in [("256KiB", "clock"), ("1MiB", "random")] {
+            let flags = [
+                "--local-memory",
+                local,
+                "--eviction",
+                eviction,
+                "--swap-dir",
+                &dir,
+            ];
+            assert_eq!(
+                text(&run_workload(name, &flags)),
+                text(&want),
+                "{name} with {local} local ({eviction})"
+            );
+        }
+    }
+    // The swap files were unlinked as soon as they were made.
+    assert_eq!(std::fs::read_dir(swap.path()).unwrap().count(), 0);
+}
+
+/// A memory server and a node of little memory beside it.
+fn pair(server_bytes: &str) -> (Node, Node) {
+    let server = Node::start_with(
+        Isa::X86_64,
+        &[
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--name",
+            "memory-server",
+            "--memory-server",
+            server_bytes,
+        ],
+    );
+    let board = Node::start_with(
+        Isa::X86_64,
+        &[
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--name",
+            "board",
+            "--max-total-memory",
+            "48MiB",
+        ],
+    );
+    (server, board)
+}
+
+/// `roam launch` of the `dirty` workload on `board` with `local` of its
+/// memory there and the rest on `server`.
+fn launch_far(board: &Node, server: &Node, local: &str, max: &str, args: &[&str]) -> String {
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["launch", "--node", &board.addr])
+        .args(["--local-memory", local, "--memory-server", &server.addr])
+        .args(["--max-memory", max])
+        .arg(workload(WORKLOAD))
+        .arg("--")
+        .args(args);
+    let out = run_bounded(cmd, SLOW);
+    launched(&out, || both_logs(server, board))
+}
+
+/// The memory server's `roam_node_memory_server_bytes{kind}`.
+fn held(server: &Node) -> u64 {
+    let (_, body) = http_get(&server.addr, "/metrics").unwrap();
+    let text = String::from_utf8(body).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("roam_node_memory_server_bytes{kind=\"held\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no held bytes in\n{text}"))
+}
+
+#[test]
+fn a_cell_bigger_than_its_node_runs_right_with_its_pages_on_a_memory_server() {
+    // 96 MiB of state, rewritten for 8 s, on a node that admits 48 MiB in
+    // all: refused without far memory, right with 8 MiB of it local.
+    let (server, board) = pair("256MiB");
+    let args = ["96", "24", "8"];
+    let want = reference(&args);
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["launch", "--node", &board.addr, "--max-memory", "128MiB"])
+        .arg(workload(WORKLOAD))
+        .arg("--")
+        .args(args);
+    let refused = run_bounded(cmd, SLOW);
+    assert!(
+        !refused.status.success(),
+        "a 128 MiB cell was admitted by a 48 MiB node"
+    );
+
+    let id = launch_far(&board, &server, "8MiB", "128MiB", &args);
+    let far = wait_for("pages on the memory server", SLOW, || {
+        let c = board.cell(&id)?;
+        assert_eq!(c["state"], "running", "{c}\n{}", both_logs(&server, &board));
+        let far = c["far"]["far_bytes"].as_u64()?;
+        (far >= 32 << 20).then_some(c)
+    });
+    // The board keeps at most its budget (and one fetch batch).
+    let resident = far["far"]["resident_bytes"].as_u64().unwrap();
+    assert!(resident <= (8 << 20) + (64 << 12), "{far}");
+    assert!(held(&server) >= 32 << 20);
+    let cells = run_bounded(
+        {
+            let mut c = roam(Isa::X86_64);
+            c.args(["cells", "--node", &board.addr]);
+            c
+        },
+        SLOW,
+    );
+    assert!(text(&cells.stdout).contains("% here"), "{}", text(&cells.stdout));
+
+    let end = board.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "exited", "{end}\n{}", both_logs(&server, &board));
+    assert_eq!(text(&logs(&id, &board)), text(&want));
+    // The cell ended: its connection closed, and its pages went.
+    wait_for("the memory server to free the pages", SLOW, || {
+        (held(&server) == 0).then_some(())
+    });
+}
+
+#[test]
+fn a_cell_whose_memory_server_dies_stops_with_the_reason() {
+    let (mut server, board) = pair("256MiB");
+    let args = ["64", "16", "30"];
+    let id = launch_far(&board, &server, "4MiB", "128MiB", &args);
+    wait_for("pages on the memory server", SLOW, || {
+        let far = board.cell(&id)?["far"]["far_bytes"].as_u64()?;
+        (far >= 16 << 20).then_some(())
+    });
+    server.kill9();
+    let end = board.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "failed", "{end}\n{}", board.log());
+    let error = end["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("memory pages could not be fetched") && error.contains("memory-server"),
+        "{end}"
+    );
+    // It never went on with wrong memory: no checksum was printed.
+    let out = logs(&id, &board);
+    assert!(!text(&out).contains("checksum: "), "{}", text(&out));
+}
+
+#[test]
+fn far_memory_is_refused_with_the_reason() {
+    let (server, board) = pair("1MiB");
+    // Below the minimum budget.
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["launch", "--node", &board.addr])
+        .args(["--local-memory", "64KiB", "--memory-server", &server.addr])
+        .arg(workload(WORKLOAD))
+        .args(["--", "8", "4", "1"]);
+    let out = run_bounded(cmd, SLOW);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("below the minimum"), "{}", text(&out.stderr));
+    // A node that is not a memory server.
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["launch", "--node", &board.addr])
+        .args(["--local-memory", "1MiB", "--memory-server", &board.addr])
+        .arg(workload(WORKLOAD))
+        .args(["--", "8", "4", "1"]);
+    let out = run_bounded(cmd, SLOW);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("is not a memory server"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A memory server too small for the pages: the cell stops, and says so.
+    let id = launch_far(&board, &server, "1MiB", "64MiB", &["16", "4", "10"]);
+    let end = board.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "failed", "{end}");
+    assert!(
+        end["error"].as_str().unwrap_or_default().contains("the memory server is full"),
+        "{end}"
+    );
+}
