@@ -110,10 +110,10 @@ fn held(server: &Node) -> u64 {
 
 #[test]
 fn a_cell_bigger_than_its_node_runs_right_with_its_pages_on_a_memory_server() {
-    // 96 MiB of state, rewritten for 8 s, on a node that admits 48 MiB in
+    // 64 MiB of state, rewritten for 4 s, on a node that admits 48 MiB in
     // all: refused without far memory, right with 8 MiB of it local.
     let (server, board) = pair("256MiB");
-    let args = ["96", "24", "8"];
+    let args = ["64", "16", "4"];
     let want = reference(&args);
     let mut cmd = roam(Isa::X86_64);
     cmd.args(["launch", "--node", &board.addr, "--max-memory", "128MiB"])

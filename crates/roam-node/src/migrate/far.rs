@@ -103,11 +103,14 @@ pub(crate) async fn serve(
 
 fn put(space: &mut Space<'_>, p: FarPages) -> Result<Msg, String> {
     p.check(space.max_pages)?;
-    let new = p
+    // Pages not held yet, each counted once even if the batch repeats it.
+    let fresh: std::collections::HashSet<u32> = p
         .pages
         .iter()
+        .copied()
         .filter(|i| !space.pages.contains_key(i))
-        .count() as u64;
+        .collect();
+    let new = fresh.len() as u64;
     if !space.server.take(new) {
         return Err(format!(
             "the memory server is full: {} more pages asked, {} free",

@@ -562,7 +562,9 @@ impl Handler {
                 }
             }
         }
+        // The hand may pass a page twice in one call (two turns).
         out.sort_unstable();
+        out.dedup();
         out
     }
 
@@ -587,7 +589,8 @@ impl Handler {
         }
         let mut bytes = vec![0u8; dirty.len() * PAGE_SIZE];
         let mut kept = 0;
-        for &p in &dirty {
+        for i in 0..dirty.len() {
+            let p = dirty[i];
             let out = &mut bytes[kept * PAGE_SIZE..(kept + 1) * PAGE_SIZE];
             // SAFETY: page `p` is resident (its flags say so, and only this
             // thread drops pages) and write-protected, so the copy cannot

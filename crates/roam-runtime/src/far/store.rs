@@ -100,6 +100,11 @@ impl MemStore {
 impl PageStore for MemStore {
     fn put(&mut self, pages: &[(u32, &[u8])]) -> Result<(), String> {
         self.check()?;
+        // Strict, for the tests: a batch names each page once.
+        let mut seen = std::collections::HashSet::new();
+        if let Some((p, _)) = pages.iter().find(|(p, _)| !seen.insert(*p)) {
+            return Err(format!("page {p} twice in one put"));
+        }
         for &(p, bytes) in pages {
             self.pages.insert(p, bytes.into());
         }

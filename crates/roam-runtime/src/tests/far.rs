@@ -64,11 +64,14 @@ fn far_run(opts: FarOptions) -> Option<(Vec<u8>, crate::FarStats)> {
     assert!(matches!(run(&mut cell), Outcome::Exited(0)));
     let stats = far.stats();
     assert_eq!(out.stdout(), want, "far memory changed the output: {stats:?}");
-    // Never more resident than the budget and one fetch batch.
+    // Never more resident than the budget and one fetch batch, and the
+    // counts add up (a page counted out twice would wrap them).
     assert!(
         stats.resident_peak as usize <= opts.local_pages + opts.max_batch,
         "{stats:?}"
     );
+    assert!(stats.resident <= stats.resident_peak, "{stats:?}");
+    assert!(stats.resident + stats.far <= 4096 + 64, "{stats:?}");
     Some((want, stats))
 }
 
