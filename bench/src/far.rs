@@ -59,7 +59,11 @@ fn roam_run(
         }
         None => Command::new(&roam),
     };
-    cmd.arg("run").args(extra).arg(paths.wasm(name)?).arg("--").arg(size);
+    cmd.arg("run")
+        .args(extra)
+        .arg(paths.wasm(name)?)
+        .arg("--")
+        .arg(size);
     let out = cmd
         .stdin(std::process::Stdio::null())
         .output()

@@ -14,8 +14,8 @@
 //! share. Ask for a smaller limit at launch (`roam launch --max-memory`)
 //! to fit more cells.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::size::human;

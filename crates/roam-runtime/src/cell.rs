@@ -340,8 +340,13 @@ impl Cell {
             ));
         }
         let lost = self.store.data().lost.clone();
-        let (far, owner) =
-            crate::far::FarMemory::attach(self.live.clone(), opts, store, lost, self.control.clone())?;
+        let (far, owner) = crate::far::FarMemory::attach(
+            self.live.clone(),
+            opts,
+            store,
+            lost,
+            self.control.clone(),
+        )?;
         self.far = Some(owner);
         Ok(far)
     }

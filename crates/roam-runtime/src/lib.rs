@@ -52,11 +52,11 @@ mod unwind;
 pub use cell::{Cell, CellOptions, Outcome, Taken};
 pub use control::{CheckpointKind, CheckpointTiming, Controller, Trigger, STOP_GRACE};
 pub use dirty::{DirtyTracker, TrackError, TrackMethod};
+pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
 pub use far::{
     Eviction, FarError, FarMemory, FarOptions, FarStats, FileStore, MemStore, PageStore,
     MIN_LOCAL_PAGES,
 };
-pub use error::{CheckpointError, LoadError, RestoreError, RunError, StartError};
 pub use flag::LowerError;
 pub use host::PAUSE_BUFFER_MAX;
 pub use incoming::Incoming;

@@ -102,7 +102,10 @@ mod tests {
             pages: vec![1],
             bytes: vec![0; 100],
         };
-        assert!(short.check(10).unwrap_err().contains("100 bytes for 1 pages"));
+        assert!(short
+            .check(10)
+            .unwrap_err()
+            .contains("100 bytes for 1 pages"));
         assert!(check_far_request(&[0; FAR_BATCH_MAX + 1], 10).is_err());
         for m in [
             Msg::FarOpen(FarOpen {

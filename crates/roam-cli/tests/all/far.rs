@@ -145,10 +145,19 @@ fn a_cell_bigger_than_its_node_runs_right_with_its_pages_on_a_memory_server() {
         },
         SLOW,
     );
-    assert!(text(&cells.stdout).contains("% here"), "{}", text(&cells.stdout));
+    assert!(
+        text(&cells.stdout).contains("% here"),
+        "{}",
+        text(&cells.stdout)
+    );
 
     let end = board.wait_end(&id, SLOW);
-    assert_eq!(end["state"], "exited", "{end}\n{}", both_logs(&server, &board));
+    assert_eq!(
+        end["state"],
+        "exited",
+        "{end}\n{}",
+        both_logs(&server, &board)
+    );
     assert_eq!(text(&logs(&id, &board)), text(&want));
     // The cell ended: its connection closed, and its pages went.
     wait_for("the memory server to free the pages", SLOW, || {
@@ -189,7 +198,11 @@ fn far_memory_is_refused_with_the_reason() {
         .args(["--", "8", "4", "1"]);
     let out = run_bounded(cmd, SLOW);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("below the minimum"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("below the minimum"),
+        "{}",
+        text(&out.stderr)
+    );
     // A node that is not a memory server.
     let mut cmd = roam(Isa::X86_64);
     cmd.args(["launch", "--node", &board.addr])
@@ -208,7 +221,10 @@ fn far_memory_is_refused_with_the_reason() {
     let end = board.wait_end(&id, SLOW);
     assert_eq!(end["state"], "failed", "{end}");
     assert!(
-        end["error"].as_str().unwrap_or_default().contains("the memory server is full"),
+        end["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the memory server is full"),
         "{end}"
     );
 }

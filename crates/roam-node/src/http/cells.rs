@@ -17,14 +17,12 @@ pub(super) async fn node_info(State(n): N) -> Json<NodeInfo> {
 
 /// `GET /metrics`: Prometheus text (see [`crate::metrics`]).
 pub(super) async fn metrics(State(n): N) -> Response {
-    let text = n
-        .metrics
-        .render(
-            &n.cells(),
-            n.gateway.as_ref(),
-            n.power.as_ref(),
-            n.far_server.as_ref(),
-        );
+    let text = n.metrics.render(
+        &n.cells(),
+        n.gateway.as_ref(),
+        n.power.as_ref(),
+        n.far_server.as_ref(),
+    );
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
@@ -54,7 +52,10 @@ pub(super) async fn launch(
     let far = match req.far.take() {
         Some(f) => {
             // The memory server keeps the pages under the cell's id.
-            let id = req.id.get_or_insert_with(|| crate::ids::new_id("c-")).clone();
+            let id = req
+                .id
+                .get_or_insert_with(|| crate::ids::new_id("c-"))
+                .clone();
             roam_wire::ident::check_cell_id(&id).map_err(NodeError::bad)?;
             let max_memory = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
             Some(crate::migrate::far::plan(&n, &f, &id, max_memory).await?)

@@ -82,7 +82,10 @@ pub(crate) async fn serve(
         let answer = match msg {
             Msg::FarPut(p) => put(&mut space, p),
             Msg::FarGet { pages } => get(&space, &pages),
-            m => Err(format!("unexpected `{}` message from a far-memory client", m.name())),
+            m => Err(format!(
+                "unexpected `{}` message from a far-memory client",
+                m.name()
+            )),
         };
         match answer {
             Ok(a) => {
@@ -181,7 +184,13 @@ impl RemoteStore {
         send(&mut wr, &open).await.map_err(|e| e.to_string())?;
         let free = match answer(&mut rd).await? {
             Msg::FarOpened { free_pages } => free_pages,
-            m => return Err(format!("memory server {}: unexpected `{}`", info.name, m.name())),
+            m => {
+                return Err(format!(
+                    "memory server {}: unexpected `{}`",
+                    info.name,
+                    m.name()
+                ))
+            }
         };
         let what = format!("memory server {} ({})", info.name, info.migrate_addr);
         let rt = tokio::runtime::Handle::current();
@@ -284,7 +293,9 @@ pub(crate) async fn plan(
         )));
     }
     let max_pages = u32::try_from(max_memory.div_ceil(FAR_PAGE as u64)).map_err(|_| {
-        NodeError::bad(format!("a memory limit of {max_memory} bytes is too large for far memory"))
+        NodeError::bad(format!(
+            "a memory limit of {max_memory} bytes is too large for far memory"
+        ))
     })?;
     let (store, free) = RemoteStore::connect(n, &req.server, cell, max_pages)
         .await

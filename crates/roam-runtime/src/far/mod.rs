@@ -402,7 +402,11 @@ impl Handler {
                 // passed: it is now dirty and referenced.
                 self.s.write_faults.fetch_add(1, Ordering::Relaxed);
                 self.flags[page] = (f | DIRTY | REF) & !WP;
-                if let Err(e) = self.s.uffd.write_protect(self.s.addr(page), PAGE_SIZE, false) {
+                if let Err(e) = self
+                    .s
+                    .uffd
+                    .write_protect(self.s.addr(page), PAGE_SIZE, false)
+                {
                     self.s.fail(format!("cannot unprotect page {page}: {e}"));
                 }
             } else {
@@ -415,7 +419,9 @@ impl Handler {
             // Never touched (or nothing can be fetched any more): zeros.
             match self.s.uffd.zeropage(self.s.addr(page), PAGE_SIZE) {
                 Ok(_) => self.make_resident(page, RESIDENT | DIRTY | REF),
-                Err(e) => self.s.fail(format!("cannot map a zero page at {page}: {e}")),
+                Err(e) => self
+                    .s
+                    .fail(format!("cannot map a zero page at {page}: {e}")),
             }
             return;
         }
@@ -454,7 +460,10 @@ impl Handler {
             let p = *p as usize;
             let asked = want.binary_search(&(p as u32)).is_ok();
             if !asked || bytes.len() != PAGE_SIZE || self.flags[p] & RESIDENT != 0 {
-                let why = format!("{} sent page {p}, which was not asked for", self.store.describe());
+                let why = format!(
+                    "{} sent page {p}, which was not asked for",
+                    self.store.describe()
+                );
                 return self.lose(page, why);
             }
             // The faulting page of a write goes in writable and dirty;
@@ -463,7 +472,11 @@ impl Handler {
             let mode = if dirty { 0 } else { COPY_MODE_WP };
             // SAFETY: `bytes` is one readable page; the destination lies in
             // the registered range of our mapping, kept alive by `mem`.
-            match unsafe { self.s.uffd.copy_mode(self.s.addr(p), bytes.as_ptr(), PAGE_SIZE, mode) } {
+            match unsafe {
+                self.s
+                    .uffd
+                    .copy_mode(self.s.addr(p), bytes.as_ptr(), PAGE_SIZE, mode)
+            } {
                 Ok(_) => {
                     let f = if dirty { STORED | DIRTY } else { STORED | WP };
                     self.make_resident(p, RESIDENT | REF | f);
@@ -536,7 +549,11 @@ impl Handler {
                         // Second chance; see its next write.
                         let mut nf = f & !REF;
                         if f & WP == 0
-                            && self.s.uffd.write_protect(self.s.addr(p), PAGE_SIZE, true).is_ok()
+                            && self
+                                .s
+                                .uffd
+                                .write_protect(self.s.addr(p), PAGE_SIZE, true)
+                                .is_ok()
                         {
                             nf |= WP;
                         }
@@ -596,7 +613,11 @@ impl Handler {
             // thread drops pages) and write-protected, so the copy cannot
             // fault and sees a stable page.
             unsafe {
-                std::ptr::copy_nonoverlapping(self.s.addr(p) as *const u8, out.as_mut_ptr(), PAGE_SIZE)
+                std::ptr::copy_nonoverlapping(
+                    self.s.addr(p) as *const u8,
+                    out.as_mut_ptr(),
+                    PAGE_SIZE,
+                )
             };
             if out.iter().all(|&b| b == 0) {
                 // Zeros: the page goes back to untouched, and costs
@@ -625,7 +646,11 @@ impl Handler {
             // the store holds its bytes, and the next access faults and is
             // served from there.
             let rc = unsafe {
-                libc::madvise(self.s.addr(p) as *mut libc::c_void, PAGE_SIZE, libc::MADV_DONTNEED)
+                libc::madvise(
+                    self.s.addr(p) as *mut libc::c_void,
+                    PAGE_SIZE,
+                    libc::MADV_DONTNEED,
+                )
             };
             if rc != 0 {
                 return Err(format!("madvise: {}", std::io::Error::last_os_error()));
@@ -644,4 +669,3 @@ impl Handler {
         Ok(())
     }
 }
-

@@ -63,7 +63,11 @@ fn far_run(opts: FarOptions) -> Option<(Vec<u8>, crate::FarStats)> {
     let far = cell.attach_far(opts, Box::new(MemStore::new())).unwrap();
     assert!(matches!(run(&mut cell), Outcome::Exited(0)));
     let stats = far.stats();
-    assert_eq!(out.stdout(), want, "far memory changed the output: {stats:?}");
+    assert_eq!(
+        out.stdout(),
+        want,
+        "far memory changed the output: {stats:?}"
+    );
     // Never more resident than the budget and one fetch batch, and the
     // counts add up (a page counted out twice would wrap them).
     assert!(
@@ -99,7 +103,9 @@ fn a_cell_4_times_its_budget_runs_right_under_random() {
 fn clean_pages_leave_without_being_written_again() {
     // The sequential pass reads pages that the scattered pass wrote
     // before: fetched, not written, and dropped for free.
-    let Some((_, s)) = far_run(FarOptions::new(512)) else { return };
+    let Some((_, s)) = far_run(FarOptions::new(512)) else {
+        return;
+    };
     assert!(s.clean_drops > 0, "{s:?}");
 }
 
@@ -109,7 +115,9 @@ fn a_budget_below_the_minimum_is_refused() {
         return;
     }
     let env = env();
-    let Some(m) = load(&env.rt, BIG_WAT) else { return };
+    let Some(m) = load(&env.rt, BIG_WAT) else {
+        return;
+    };
     let (mut cell, _) = start(&env.rt, &m, CellOptions::default());
     let e = cell
         .attach_far(FarOptions::new(8), Box::new(MemStore::new()))
@@ -123,7 +131,9 @@ fn a_far_cell_checkpoints_and_restores_without_far_memory() {
         return;
     }
     let env = env();
-    let Some(m) = load(&env.rt, BIG_WAT) else { return };
+    let Some(m) = load(&env.rt, BIG_WAT) else {
+        return;
+    };
     let want = reference(&env.rt, &m);
     let opts = CellOptions {
         checkpoint_at_point: Some(3000),
@@ -140,7 +150,8 @@ fn a_far_cell_checkpoints_and_restores_without_far_memory() {
     assert!(far.stats().far > 0, "nothing was far: {:?}", far.stats());
     let before = out.stdout();
     drop(cell);
-    let mut back = Cell::restore(&env.rt, m.clone(), &snap, vec![], CellOptions::default()).unwrap();
+    let mut back =
+        Cell::restore(&env.rt, m.clone(), &snap, vec![], CellOptions::default()).unwrap();
     let rest = back.capture_output();
     assert!(matches!(run(&mut back), Outcome::Exited(0)));
     let mut got = before;
@@ -154,12 +165,22 @@ fn a_dead_store_stops_the_cell_with_the_reason() {
         return;
     }
     let env = env();
-    let Some(m) = load(&env.rt, BIG_WAT) else { return };
-    let mut cell = Cell::start(&env.rt, m.clone(), WasiConfig::default(), CellOptions::default()).unwrap();
+    let Some(m) = load(&env.rt, BIG_WAT) else {
+        return;
+    };
+    let mut cell = Cell::start(
+        &env.rt,
+        m.clone(),
+        WasiConfig::default(),
+        CellOptions::default(),
+    )
+    .unwrap();
     let out = cell.capture_output();
     let store = MemStore::new();
     let breaker = store.breaker();
-    let far = cell.attach_far(FarOptions::new(64), Box::new(store)).unwrap();
+    let far = cell
+        .attach_far(FarOptions::new(64), Box::new(store))
+        .unwrap();
     let watcher = {
         let far = far.clone();
         std::thread::spawn(move || {
