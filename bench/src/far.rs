@@ -114,7 +114,7 @@ fn figure(summary: &str, unit: &str) -> Option<f64> {
     summary
         .split(unit)
         .next()?
-        .rsplit(|c: char| c == ' ' || c == '(')
+        .rsplit([' ', '('])
         .next()?
         .parse()
         .ok()
