@@ -150,6 +150,30 @@ struct Case<'a> {
 }
 
 impl Case<'_> {
+    /// The program `name` of `suite`, with a fresh directory.
+    fn of<'a>(suite: &'a Suite, name: &str) -> Case<'a> {
+        let program = suite
+            .get(name)
+            .unwrap_or_else(|| panic!("workloads/real/suite.toml has no {name}"));
+        let root = repo_root();
+        let module = program.module(&root);
+        assert!(
+            module.exists(),
+            "{} is missing: run workloads/build.sh (or scripts/test.sh)",
+            module.display()
+        );
+        Case {
+            program,
+            module,
+            stdin: program
+                .test
+                .stdin
+                .as_ref()
+                .map(|s| root.join("target/workloads/real").join(s)),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
     fn open_stdin(&self) -> Option<File> {
         self.stdin
             .as_ref()
@@ -323,20 +347,7 @@ impl Case<'_> {
 /// under clock, three quarters under random.
 fn far(name: &str) {
     let suite = suite();
-    let program = suite
-        .get(name)
-        .unwrap_or_else(|| panic!("workloads/real/suite.toml has no {name}"));
-    let root = repo_root();
-    let case = Case {
-        program,
-        module: program.module(&root),
-        stdin: program
-            .test
-            .stdin
-            .as_ref()
-            .map(|s| root.join("target/workloads/real").join(s)),
-        dir: tempfile::tempdir().unwrap(),
-    };
+    let case = Case::of(&suite, name);
     // First with room for all of it, to learn its working set; then with
     // half of it under clock and three quarters under random.
     // A program smaller than twice the smallest budget (256 KiB) cannot
@@ -368,26 +379,7 @@ fn differential(name: &str) {
 /// [`differential`] under `only` these options instead of the sample.
 fn differential_under(name: &str, only: Option<&[&'static [&'static str]]>) {
     let suite = suite();
-    let program = suite
-        .get(name)
-        .unwrap_or_else(|| panic!("workloads/real/suite.toml has no {name}"));
-    let root = repo_root();
-    let module = program.module(&root);
-    assert!(
-        module.exists(),
-        "{} is missing: run workloads/build.sh (or scripts/test.sh)",
-        module.display()
-    );
-    let case = Case {
-        program,
-        module,
-        stdin: program
-            .test
-            .stdin
-            .as_ref()
-            .map(|s| root.join("target/workloads/real").join(s)),
-        dir: tempfile::tempdir().unwrap(),
-    };
+    let case = Case::of(&suite, name);
     let mut rng = seed(name) | 1;
     // The eh-only runs stay on the host: compiling their copies under qemu
     // takes minutes for the larger programs.
