@@ -104,9 +104,13 @@ pub fn launch(node: &str, a: LaunchArgs) -> Result<i32> {
     let (bytes, args, env) = a.parts()?;
     runtime()?.block_on(async move {
         let c = client(node, &a.auth)?;
-        // Ask the node first: a refused credential then reads as the
+        // Ask the node first, with a call only those who may launch may
+        // make (listing cells): a refused credential then reads as the
         // node's answer, not as a broken pipe halfway through the upload.
-        c.node().await?;
+        // (`GET /v1/node` is open to other nodes, so it did not: with a
+        // node certificate, a cold module cache made the upload lose that
+        // race.)
+        c.cells().await?;
         let m = c.upload_module(bytes).await?;
         let r = c
             .launch(&LaunchRequest {
