@@ -41,15 +41,16 @@ pub struct Options {
     pub zram: bool,
 }
 
-/// A `roam run` of `name`, with `extra` flags first; wall time, checksum
-/// and the far-memory summary (stderr's last line) when there is one.
+/// A `roam run` of `name`, with `extra` flags first (and `wrap` around
+/// it): its checksum and the far-memory summary, when there is one. The
+/// caller times it.
 fn roam_run(
     paths: &Paths,
     name: &str,
     size: &str,
     extra: &[String],
     wrap: Option<&[String]>,
-) -> anyhow::Result<(Duration, String, String)> {
+) -> anyhow::Result<(String, String)> {
     let roam = paths.tool("roam")?;
     let mut cmd = match wrap {
         Some(w) => {
@@ -83,8 +84,7 @@ fn roam_run(
         .find(|l| l.starts_with("roam: local memory"))
         .unwrap_or_default()
         .to_string();
-    // The caller times; this only returns what ran.
-    Ok((Duration::ZERO, sum, summary))
+    Ok((sum, summary))
 }
 
 /// The median wall time of `reps` runs, each checked against `want`.
@@ -92,13 +92,13 @@ fn timed(
     reps: usize,
     want: &str,
     what: &str,
-    mut f: impl FnMut() -> anyhow::Result<(Duration, String, String)>,
+    mut f: impl FnMut() -> anyhow::Result<(String, String)>,
 ) -> anyhow::Result<(Duration, String)> {
     let mut times = Vec::new();
     let mut summary = String::new();
     for _ in 0..reps.max(1) {
         let began = Instant::now();
-        let (_, sum, s) = f()?;
+        let (sum, s) = f()?;
         times.push(began.elapsed());
         if sum != want {
             bail!("{what}: checksum {sum}, uninterrupted {want}");
@@ -219,12 +219,12 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
     let mut worst: Vec<(String, f64)> = Vec::new();
     for name in &o.workloads {
         // Uninterrupted, with all of its memory: the reference.
-        let (_, want, _) = roam_run(paths, name, &o.size, &[], None)?;
+        let (want, _) = roam_run(paths, name, &o.size, &[], None)?;
         let (base, _) = timed(o.reps, &want, name, || {
             roam_run(paths, name, &o.size, &[], None)
         })?;
         // The working set: the peak resident with an unbounded budget.
-        let (_, _, s) = roam_run(paths, name, &o.size, &swap_flag(4 << 30, "clock"), None)?;
+        let (_, s) = roam_run(paths, name, &o.size, &swap_flag(4 << 30, "clock"), None)?;
         let ws_mib = figure(&s, " MiB resident)").context("no peak in the summary")?;
         let ws = (ws_mib * 1048576.0) as u64;
         table.push(vec![
