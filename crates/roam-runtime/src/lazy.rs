@@ -156,11 +156,7 @@ impl Incoming {
         source: Box<dyn PageSource>,
         batch: usize,
     ) -> Result<(Cell, LazyMemory), RestoreError> {
-        if !uffd::userfaultfd_available() {
-            let why = match uffd::probe() {
-                Err(e) => e.clone(),
-                Ok(_) => "the host page size is not 4 KiB".into(),
-            };
+        if let Some(why) = uffd::unavailable() {
             return Err(RestoreError::NoUserfaultfd(why));
         }
         let len = kinds.len() * PAGE_SIZE;

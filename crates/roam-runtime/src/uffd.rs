@@ -317,6 +317,18 @@ pub(crate) fn probe() -> &'static Result<u64, String> {
     })
 }
 
+/// Why this process cannot use userfaultfd for roam's pages, or `None`
+/// when it can ([`userfaultfd_available`]).
+pub(crate) fn unavailable() -> Option<String> {
+    match probe() {
+        Err(e) => Some(e.clone()),
+        Ok(_) if crate::memory::host_page_size() != roam_snapshot::PAGE_SIZE => {
+            Some("the host page size is not 4 KiB".into())
+        }
+        Ok(_) => None,
+    }
+}
+
 /// Whether this process can use userfaultfd (probed once, then cached). It
 /// is missing under qemu-user, where the system call returns `ENOSYS`, and
 /// without privilege when `vm.unprivileged_userfaultfd` is 0.

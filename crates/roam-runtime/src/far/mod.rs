@@ -224,11 +224,7 @@ impl FarMemory {
                 pages: opts.local_pages,
             });
         }
-        if !uffd::userfaultfd_available() {
-            let why = match uffd::probe() {
-                Err(e) => e.clone(),
-                Ok(_) => "the host page size is not 4 KiB".into(),
-            };
+        if let Some(why) = uffd::unavailable() {
             return Err(FarError::Unsupported(why));
         }
         let fd = Uffd::open(uffd::FEATURE_PAGEFAULT_FLAG_WP)
