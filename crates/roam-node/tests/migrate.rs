@@ -149,6 +149,7 @@ async fn an_offer_that_reuses_a_migration_id_is_refused() {
             service: None,
             generation: None,
             cpu: Default::default(),
+            far: None,
         },
         mode: Mode::StopAndCopy,
         module_len: 1,

@@ -231,16 +231,20 @@ pub(crate) fn restore_memory(
     live: &LiveMemory,
     snapshot: &Snapshot,
     module: &LoadedModule,
+    paged: bool,
 ) -> Result<(), RestoreError> {
     let image = &snapshot.memory;
     grow_to(store, memory, image.byte_len())?;
     let err = |e: roam_snapshot::RestoreError| RestoreError::Memory(e.to_string());
     let initial = module.initial_image();
+    // Memory that roam pages itself (far memory) is written page by page
+    // through its fault handler: mapping a file over it would drop the
+    // handler's registration, and populating it would fault it all in.
     let fd = match image.stored_data_fd() {
-        Some(fd) if map_restore_enabled() && host_page_size() == PAGE_SIZE => fd,
+        Some(fd) if !paged && map_restore_enabled() && host_page_size() == PAGE_SIZE => fd,
         _ => {
             for (page, _, n) in image.data_runs() {
-                if n >= MAP_MIN_PAGES {
+                if n >= MAP_MIN_PAGES && !paged {
                     live.map
                         .populate(page as usize * PAGE_SIZE, n as usize * PAGE_SIZE);
                 }

@@ -220,6 +220,28 @@ impl Cell {
         Cell::finish_incoming(incoming, snapshot, preopens)
     }
 
+    /// [`Cell::restore`] into far memory: at most `far.local_pages` of the
+    /// memory stay resident, from the first page written on, and the rest
+    /// goes to `store` (see [`crate::FarMemory`]).
+    pub fn restore_far(
+        rt: &Runtime,
+        module: Arc<LoadedModule>,
+        snapshot: &Snapshot,
+        preopens: Vec<Preopen>,
+        opts: CellOptions,
+        far: crate::FarOptions,
+        store: Box<dyn crate::PageStore>,
+    ) -> Result<(Cell, crate::FarMemory), RestoreError> {
+        check_module(snapshot, &module)?;
+        CellLimits::of(&opts).check_memory(snapshot.memory.byte_len())?;
+        let mut incoming = Cell::incoming(rt, module, opts)?;
+        let paged = incoming
+            .attach_far(far, store)
+            .map_err(|e| RestoreError::Memory(e.to_string()))?;
+        incoming.write_image(snapshot)?;
+        Ok((Cell::finish_incoming(incoming, snapshot, preopens)?, paged))
+    }
+
     /// Instantiate `module` to receive a migrating program: its memory
     /// holds the initial image (data segments) and can be grown and written
     /// page by page with the returned [`Incoming`], then
@@ -247,6 +269,7 @@ impl Cell {
             module,
             opts,
             control,
+            far: None,
         })
     }
 
@@ -261,6 +284,7 @@ impl Cell {
             module,
             opts,
             control,
+            far,
         } = incoming;
         check_module(snapshot, &module)?;
         if let Some(files) = &snapshot.files {
@@ -282,6 +306,7 @@ impl Cell {
         let buffer =
             capture::restore_state(&mut parts.store, parts.memory, &parts.globals, snapshot)?;
         let mut cell = Cell::assemble(parts, module, &opts, control);
+        cell.far = far;
         cell.begin_rewind(buffer, &snapshot.stack.data)
             .map_err(RestoreError::Stack)?;
         Ok(cell)

@@ -27,6 +27,8 @@ pub struct Incoming {
     pub(crate) module: Arc<LoadedModule>,
     pub(crate) opts: CellOptions,
     pub(crate) control: Arc<Control>,
+    /// Far memory attached before the pages arrive.
+    pub(crate) far: Option<crate::far::Owner>,
 }
 
 impl Incoming {
@@ -54,6 +56,33 @@ impl Incoming {
         self.parts.live.clone()
     }
 
+    /// Page this memory from now on: at most `opts.local_pages` stay
+    /// resident and the rest goes to `store` as it is written (see
+    /// [`crate::FarMemory`]). Call before the pages arrive, so that a cell
+    /// bigger than its node's budget never has all of its memory here,
+    /// even while it arrives; the finished cell keeps paging.
+    pub fn attach_far(
+        &mut self,
+        opts: crate::FarOptions,
+        store: Box<dyn crate::PageStore>,
+    ) -> Result<crate::FarMemory, crate::FarError> {
+        if self.far.is_some() {
+            return Err(crate::FarError::Setup(
+                "the memory is already paged by roam".into(),
+            ));
+        }
+        let lost = self.parts.store.data().lost.clone();
+        let (far, owner) = crate::far::FarMemory::attach(
+            self.parts.live.clone(),
+            opts,
+            store,
+            lost,
+            self.control.clone(),
+        )?;
+        self.far = Some(owner);
+        Ok(far)
+    }
+
     /// The module being received.
     pub fn module(&self) -> &Arc<LoadedModule> {
         &self.module
@@ -68,6 +97,7 @@ impl Incoming {
             &self.parts.live,
             snapshot,
             &self.module,
+            self.far.is_some(),
         )
     }
 

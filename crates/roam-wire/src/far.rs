@@ -33,6 +33,52 @@ pub struct FarOpen {
     pub max_pages: u32,
 }
 
+/// Smallest local memory of a far-memory cell (64 pages): below it, one
+/// fetch batch and one eviction batch would not fit side by side.
+pub const FAR_LOCAL_MIN: u64 = 64 * FAR_PAGE as u64;
+
+/// Longest memory-server address a [`FarSpec`] may carry.
+pub const FAR_SERVER_MAX: usize = 255;
+
+/// How a cell's memory is split between its node and a memory server,
+/// carried in its [`crate::CellSpec`] so that every node it moves to keeps
+/// the same split.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FarSpec {
+    /// Bytes resident on the node at most.
+    pub local_memory: u64,
+    /// The memory server's control address (`host:port` or URL).
+    pub server: String,
+    /// Victim choice: `clock` or `random`.
+    pub eviction: String,
+}
+
+impl FarSpec {
+    /// Check what a peer sent: the budget, the eviction policy's name, and
+    /// an address of bounded length made of printable ASCII.
+    pub fn check(&self) -> Result<(), String> {
+        if self.local_memory < FAR_LOCAL_MIN {
+            return Err(format!(
+                "a local memory of {} bytes is below the minimum of {FAR_LOCAL_MIN}",
+                self.local_memory
+            ));
+        }
+        if !matches!(self.eviction.as_str(), "clock" | "random") {
+            return Err(format!(
+                "unknown eviction policy {:?} (clock, random)",
+                self.eviction
+            ));
+        }
+        let printable = self.server.bytes().all(|b| b.is_ascii_graphic());
+        if self.server.is_empty() || self.server.len() > FAR_SERVER_MAX || !printable {
+            return Err(format!(
+                "a memory-server address must be 1 to {FAR_SERVER_MAX} printable ASCII characters"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Pages with their bytes, in the order of `pages`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FarPages {
@@ -107,6 +153,37 @@ mod tests {
             .unwrap_err()
             .contains("100 bytes for 1 pages"));
         assert!(check_far_request(&[0; FAR_BATCH_MAX + 1], 10).is_err());
+        let spec = FarSpec {
+            local_memory: 8 << 20,
+            server: "10.0.0.2:7400".into(),
+            eviction: "clock".into(),
+        };
+        assert!(spec.check().is_ok());
+        let bad = [
+            FarSpec {
+                local_memory: FAR_LOCAL_MIN - 1,
+                ..spec.clone()
+            },
+            FarSpec {
+                eviction: "lru".into(),
+                ..spec.clone()
+            },
+            FarSpec {
+                server: String::new(),
+                ..spec.clone()
+            },
+            FarSpec {
+                server: "a b".into(),
+                ..spec.clone()
+            },
+            FarSpec {
+                server: "x".repeat(FAR_SERVER_MAX + 1),
+                ..spec.clone()
+            },
+        ];
+        for b in bad {
+            assert!(b.check().is_err(), "{b:?} passed");
+        }
         for m in [
             Msg::FarOpen(FarOpen {
                 cell: "c1".into(),

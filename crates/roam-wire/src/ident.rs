@@ -341,6 +341,7 @@ mod tests {
             service: Some("kv".into()),
             generation: None,
             cpu: crate::CpuLimits::default(),
+            far: None,
         };
         let offer = Offer {
             migration_id: "m-1".into(),

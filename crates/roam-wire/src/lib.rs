@@ -24,7 +24,10 @@ mod frame;
 pub mod ident;
 mod msg;
 
-pub use far::{check_far_request, FarOpen, FarPages, FAR_BATCH_MAX, FAR_PAGE};
+pub use far::{
+    check_far_request, FarOpen, FarPages, FarSpec, FAR_BATCH_MAX, FAR_LOCAL_MIN, FAR_PAGE,
+    FAR_SERVER_MAX,
+};
 pub use frame::{read_frame, write_frame, FrameError, FRAME_HEADER, MAX_FRAME};
 pub use ident::{IdentKind, InvalidIdent};
 pub use msg::{

@@ -30,7 +30,10 @@ use crate::frame::FrameError;
 ///
 /// Version 7: the memory-server messages ([`Msg::FarOpen`] and the rest,
 /// `far.rs`), at the end of [`Msg`].
-pub const PROTOCOL_VERSION: u16 = 7;
+///
+/// Version 8: [`CellSpec`] carries a far-memory cell's split
+/// ([`CellSpec::far`]), so the cell keeps it on the node it moves to.
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// Most bytes of file data or log in one [`Msg::FileData`] or
 /// [`Msg::LogChunk`].
@@ -131,6 +134,10 @@ pub struct CellSpec {
     /// --cpu-weight`, `--cpu-max`); what it does not set is the default of
     /// the node it runs on.
     pub cpu: CpuLimits,
+    /// Far memory (`roam launch --local-memory`): how much of the cell's
+    /// memory stays on its node, and which memory server holds the rest.
+    /// `None`: all of it is local.
+    pub far: Option<Box<crate::FarSpec>>,
 }
 
 /// Smallest [`CpuLimits::weight`] (cgroup v2's `cpu.weight` range).

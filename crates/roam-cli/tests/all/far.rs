@@ -165,6 +165,94 @@ fn a_cell_bigger_than_its_node_runs_right_with_its_pages_on_a_memory_server() {
     });
 }
 
+/// A node that admits `total` of cells in all.
+fn board(name: &str, total: &str) -> Node {
+    Node::start_with(
+        Isa::X86_64,
+        &[
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--name",
+            name,
+            "--max-total-memory",
+            total,
+        ],
+    )
+}
+
+/// `roam migrate` of `id` from `a` to `b` by stop-and-copy; the JSON report.
+fn migrate(id: &str, a: &Node, b: &Node, nodes: &[&Node]) -> serde_json::Value {
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["migrate", id, "--from", &a.addr, "--to", &b.addr])
+        .args(["--mode", "stop-and-copy", "--json"]);
+    let out = run_bounded(cmd, SLOW);
+    let logs: String = nodes.iter().map(|n| n.log()).collect();
+    assert!(
+        out.status.success(),
+        "roam migrate: {}\n{logs}",
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The cell's far-memory row on `node` once it runs there with at least
+/// `far` bytes on the memory server.
+fn far_row(node: &Node, id: &str, far: u64) -> serde_json::Value {
+    wait_for("the cell's pages on the memory server", SLOW, || {
+        let c = node.cell(id)?;
+        assert_eq!(c["state"], "running", "{c}\n{}", node.log());
+        (c["far"]["far_bytes"].as_u64()? >= far).then_some(c)
+    })
+}
+
+#[test]
+fn a_256_mib_cell_runs_on_64_mib_nodes_and_migrates_keeping_its_pages_far() {
+    // 256 MiB of state, on nodes that admit 64 MiB of cells in all, with
+    // 32 MiB of it local. It moves there and back by stop-and-copy, each
+    // time checkpointed on one node and restored on the other, and must
+    // print what an uninterrupted run prints.
+    let server = Node::start_with(
+        Isa::X86_64,
+        &[
+            "--migrate-listen",
+            "127.0.0.1:0",
+            "--name",
+            "memory-server",
+            "--memory-server",
+            "768MiB",
+        ],
+    );
+    let (a, b) = (board("board-a", "64MiB"), board("board-b", "64MiB"));
+    let args = ["256", "8", "6"];
+    let want = reference(&args);
+    let local = 32u64 << 20;
+    let id = launch_far(&a, &server, "32MiB", "320MiB", &args);
+    far_row(&a, &id, 128 << 20);
+    let nodes = [&server, &a, &b];
+    for (from, to) in [(&a, &b), (&b, &a)] {
+        let report = migrate(&id, from, to, &nodes);
+        assert_eq!(report["summary"]["mode"], "stop-and-copy", "{report}");
+        // On arrival it pages as it did before: the destination holds its
+        // budget, and the memory server the rest.
+        let row = far_row(to, &id, 128 << 20);
+        let resident = row["far"]["resident_bytes"].as_u64().unwrap();
+        assert!(resident <= local + (64 << 12), "{row}");
+        assert_eq!(row["far"]["local_memory"].as_u64(), Some(local), "{row}");
+        // The source's page space is freed once the cell left it: one
+        // cell's worth stays held (its memory is at most 257 MiB).
+        wait_for("the source's pages to be freed", SLOW, || {
+            (held(&server) <= 260 << 20).then_some(())
+        });
+    }
+    let end = a.wait_end(&id, SLOW);
+    let logs_all = || nodes.iter().map(|n| n.log()).collect::<String>();
+    assert_eq!(end["state"], "exited", "{end}\n{}", logs_all());
+    assert_eq!(text(&logs(&id, &a)), text(&want));
+    wait_for("the memory server to free the pages", SLOW, || {
+        (held(&server) == 0).then_some(())
+    });
+}
+
 #[test]
 fn a_cell_whose_memory_server_dies_stops_with_the_reason() {
     let (mut server, board) = pair("256MiB");

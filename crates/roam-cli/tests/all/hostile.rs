@@ -75,6 +75,7 @@ fn offer(cell_id: &str, migration_id: &str, dirs: &[&str]) -> Offer {
             service: None,
             generation: None,
             cpu: Default::default(),
+            far: None,
         },
         mode: Mode::StopAndCopy,
         module_len: 100,

@@ -25,13 +25,23 @@ fn in_use(n: &NodeInner, pending: &HashMap<String, u64>) -> Use {
     let (mut count, mut memory, mut largest) = (0, 0u64, 0u64);
     for e in live {
         count += 1;
-        memory = memory.saturating_add(e.spec.max_memory);
-        largest = largest.max(e.spec.max_memory);
+        let here = local_memory(&e.spec);
+        memory = memory.saturating_add(here);
+        largest = largest.max(here);
     }
     Use {
         cells: count + pending.len(),
         memory: memory.saturating_add(pending.values().sum::<u64>()),
         largest: largest.max(pending.values().copied().max().unwrap_or(0)),
+    }
+}
+
+/// What a cell may hold on its node: its memory limit, or its local budget
+/// if it has far memory (the rest lives on a memory server).
+pub(crate) fn local_memory(spec: &roam_wire::CellSpec) -> u64 {
+    match &spec.far {
+        Some(f) => spec.max_memory.min(f.local_memory),
+        None => spec.max_memory,
     }
 }
 
@@ -150,7 +160,19 @@ pub(crate) fn admit_offer(
         ));
     }
     offer.cell.max_memory = limit;
+    if let Some(far) = &offer.cell.far {
+        far.check()
+            .map_err(|e| format!("the cell's far memory is refused: {e}"))?;
+        if !n.features().userfaultfd {
+            return Err(format!(
+                "node {} ({}) cannot run a far-memory cell: userfaultfd is not available here",
+                n.cfg.name,
+                roam_runtime::host_isa()
+            ));
+        }
+    }
     // Keys of migrations and of launches never meet, whatever ids a peer
     // chooses.
-    admit(n, &format!("migration {}", offer.migration_id), limit)
+    let here = local_memory(&offer.cell);
+    admit(n, &format!("migration {}", offer.migration_id), here)
 }

@@ -58,6 +58,8 @@ pub(crate) struct FarPlan {
     pub store: Box<dyn roam_runtime::PageStore>,
     /// The memory server's name.
     pub server: String,
+    /// What the cell carries where it moves.
+    pub spec: roam_wire::FarSpec,
 }
 
 /// Check what a start asks for before anything is taken: the arguments,
@@ -119,8 +121,9 @@ pub(crate) async fn start(n: &Arc<NodeInner>, s: Start) -> Result<(), NodeError>
 }
 
 /// The blocking half of [`start`].
-fn build_and_run(n: &Arc<NodeInner>, s: Start, max_memory: u64) -> Result<(), NodeError> {
+fn build_and_run(n: &Arc<NodeInner>, mut s: Start, max_memory: u64) -> Result<(), NodeError> {
     let module = module(n, &s.module)?;
+    let (mut far_spec, mut far_mem) = (None, None);
     let preopens = make_preopens(n, &s.id, &s.dirs).map_err(NodeError::internal)?;
     let opts = options(n, &s.dirs, max_memory);
     let (cell, log) = match s.begin {
@@ -137,22 +140,36 @@ fn build_and_run(n: &Arc<NodeInner>, s: Start, max_memory: u64) -> Result<(), No
         }
         Begin::Restore(rebuild) => {
             let (snap, log) = rebuild(&module)?;
-            let cell = Cell::restore(&n.rt, module, &snap, preopens, opts)
+            let restored = match s.far.take() {
+                // Its memory goes to the memory server as it is written,
+                // so it never all sits here.
+                Some(plan) => {
+                    Cell::restore_far(&n.rt, module, &snap, preopens, opts, plan.opts, plan.store)
+                        .map(|(cell, far)| {
+                            far_spec = Some(plan.spec);
+                            far_mem = Some((far, plan.server));
+                            cell
+                        })
+                }
+                None => Cell::restore(&n.rt, module, &snap, preopens, opts),
+            };
+            let cell = restored
                 .map_err(|e| NodeError::bad(format!("cannot restore cell {}: {e}", s.id)))?;
             (cell, log)
         }
     };
     let mut cell = cell;
-    let far = match s.far {
-        Some(plan) => {
-            let far = cell
-                .attach_far(plan.opts, plan.store)
-                .map_err(|e| NodeError::bad(format!("cell {}: {e}", s.id)))?;
-            tracing::info!(cell = %s.id, local = plan.opts.local_pages * PAGE_SIZE, server = %plan.server, "far memory");
-            Some((far, plan.server))
-        }
-        None => None,
-    };
+    if let Some(plan) = s.far.take() {
+        let far = cell
+            .attach_far(plan.opts, plan.store)
+            .map_err(|e| NodeError::bad(format!("cell {}: {e}", s.id)))?;
+        far_spec = Some(plan.spec);
+        far_mem = Some((far, plan.server));
+    }
+    if let Some((far, server)) = &far_mem {
+        let local = far.options().local_pages * PAGE_SIZE;
+        tracing::info!(cell = %s.id, local, %server, "far memory");
+    }
     let spec = CellSpec {
         id: s.id,
         module_hash: s.module,
@@ -165,8 +182,9 @@ fn build_and_run(n: &Arc<NodeInner>, s: Start, max_memory: u64) -> Result<(), No
         service: s.service,
         generation: s.generation,
         cpu: s.cpu,
+        far: far_spec.map(Box::new),
     };
-    spawn(n, spec, Arc::new(log), cell, far)
+    spawn(n, spec, Arc::new(log), cell, far_mem)
 }
 
 /// Put a cell into the table and start its thread.

@@ -209,12 +209,15 @@ fn admit(n: &NodeInner, offer: &mut Offer) -> Result<crate::limits::Admission, S
     }
     let admission = crate::cells::admit::admit_offer(n, offer)?;
     let m = crate::sysinfo::Machine::read();
-    let need = offer.memory_bytes + n.cfg.memory_reserve;
+    let here = offer
+        .memory_bytes
+        .min(crate::cells::admit::local_memory(&offer.cell));
+    let need = here + n.cfg.memory_reserve;
     if m.memory_available > 0 && need > m.memory_available {
         return Err(format!(
             "node {} lacks memory: the cell needs {} MiB plus a {} MiB reserve, {} MiB are available",
             n.cfg.name,
-            offer.memory_bytes >> 20,
+            here >> 20,
             n.cfg.memory_reserve >> 20,
             m.memory_available >> 20
         ));
@@ -330,12 +333,23 @@ async fn receive_cell(
     let (prep_tx, prep_rx) = oneshot::channel::<Result<(), String>>();
     let (run_tx, run_rx) = oneshot::channel::<Started>();
     let post = (offer.mode == Mode::PostCopy).then(PostCopyPages::new);
+    // A far-memory cell keeps its split here: a page space of its own on
+    // the same memory server, filled as the pages arrive.
+    let far = match &offer.cell.far {
+        Some(spec) => Some(
+            super::far::open(n, spec, &offer.cell.id, offer.cell.max_memory)
+                .await
+                .map_err(|e| format!("far memory: {e}"))?,
+        ),
+        None => None,
+    };
     {
         let (n, offer, inbound, post) = (n.clone(), offer.clone(), inbound.clone(), post.clone());
+        let run = Run { inbound, post, far };
         std::thread::Builder::new()
             .name(format!("recv-{}", offer.cell.id))
             .stack_size(roam_runtime::RUN_THREAD_STACK)
-            .spawn(move || assemble(n, module, offer, rx, prep_tx, run_tx, inbound, post))
+            .spawn(move || assemble(n, module, offer, rx, prep_tx, run_tx, run))
             .map_err(|e| e.to_string())?;
     }
     prep_rx
@@ -465,8 +479,15 @@ async fn started(
     run_rx.await.map_err(ended)?
 }
 
+/// How the arriving cell runs: its migration, and how its memory is
+/// paged (post-copy or far memory), if it is.
+struct Run {
+    inbound: Arc<Inbound>,
+    post: Option<Arc<PostCopyPages>>,
+    far: Option<crate::cells::FarPlan>,
+}
+
 /// The receiving thread: build the instance, apply pages, finish, run.
-#[allow(clippy::too_many_arguments)]
 fn assemble(
     n: Arc<NodeInner>,
     module: Arc<LoadedModule>,
@@ -474,14 +495,23 @@ fn assemble(
     mut rx: mpsc::Receiver<Msg>,
     prep_tx: oneshot::Sender<Result<(), String>>,
     run_tx: oneshot::Sender<Started>,
-    inbound: Arc<Inbound>,
-    post: Option<Arc<PostCopyPages>>,
+    run: Run,
 ) {
+    let Run { inbound, post, far } = run;
     let opts = crate::cells::options(&n, &offer.cell.dirs, offer.cell.max_memory);
-    let mut incoming = match Cell::incoming(&n.rt, module.clone(), opts) {
-        Ok(i) => i,
+    let built = Cell::incoming(&n.rt, module.clone(), opts)
+        .map_err(|e| format!("cannot instantiate the module here: {e}"))
+        .and_then(|mut i| match far {
+            Some(plan) => i
+                .attach_far(plan.opts, plan.store)
+                .map(|far| (i, Some((far, plan.server))))
+                .map_err(|e| format!("far memory: {e}")),
+            None => Ok((i, None)),
+        });
+    let (mut incoming, far) = match built {
+        Ok(x) => x,
         Err(e) => {
-            let _ = prep_tx.send(Err(format!("cannot instantiate the module here: {e}")));
+            let _ = prep_tx.send(Err(e));
             return;
         }
     };
@@ -564,6 +594,9 @@ fn assemble(
         }
     };
     let id = offer.cell.id.clone();
+    if let Some(far) = far {
+        let _ = handle.far.set(far);
+    }
     marks.picked = picked;
     marks.last_apply = last_apply;
     if learn_after {

@@ -145,13 +145,28 @@ fn get(space: &Space<'_>, pages: &[u32]) -> Result<Msg, String> {
 
 /// A cell's far pages on a memory server: a [`PageStore`] for
 /// [`roam_runtime::Cell::attach_far`]. Its calls block the fault-handler
-/// thread on the node's runtime.
+/// thread.
+///
+/// Its connection lives on a runtime of its own, driven by the thread that
+/// calls (the fault handler): a page fault can block any thread that reads
+/// the cell's memory, a worker of the node's runtime included (a migration
+/// source reads it there), and a store whose socket needed that runtime's
+/// workers would then wait on itself.
 pub(crate) struct RemoteStore {
-    rt: tokio::runtime::Handle,
+    rt: Option<tokio::runtime::Runtime>,
     rd: ReadHalf,
     wr: WriteHalf,
     max_pages: u32,
     what: String,
+}
+
+impl Drop for RemoteStore {
+    fn drop(&mut self) {
+        // Allowed anywhere, async code included (a plan dropped unused).
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl RemoteStore {
@@ -163,54 +178,90 @@ impl RemoteStore {
         cell: &str,
         max_pages: u32,
     ) -> Result<(RemoteStore, u64), String> {
-        let api = n
-            .client(server)
-            .map_err(|e| format!("cannot reach memory server {server}: {e}"))?;
-        let info = api
-            .node()
-            .await
-            .map_err(|e| format!("cannot reach memory server {server}: {e}"))?;
-        let Conn {
-            mut rd,
-            mut wr,
-            peer_cert,
-        } = super::transport::connect(n, &info.migrate_addr, &info.name).await?;
-        let peer = super::dest::handshake(n, &mut rd, &mut wr).await?;
-        super::transport::check_peer(n, peer_cert.as_ref(), &peer.node)?;
-        let open = Msg::FarOpen(FarOpen {
-            cell: cell.to_string(),
-            max_pages,
-        });
-        send(&mut wr, &open).await.map_err(|e| e.to_string())?;
-        let free = match answer(&mut rd).await? {
-            Msg::FarOpened { free_pages } => free_pages,
-            m => {
-                return Err(format!(
-                    "memory server {}: unexpected `{}`",
-                    info.name,
-                    m.name()
-                ))
-            }
-        };
-        let what = format!("memory server {} ({})", info.name, info.migrate_addr);
-        let rt = tokio::runtime::Handle::current();
-        let store = RemoteStore {
-            rt,
-            rd,
-            wr,
-            max_pages,
-            what,
-        };
-        Ok((store, free))
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (n, server, cell) = (n.clone(), server.to_string(), cell.to_string());
+        std::thread::Builder::new()
+            .name(format!("far-open-{cell}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("cannot start far memory's runtime: {e}")));
+                        return;
+                    }
+                };
+                let opened = rt.block_on(open_space(&n, &server, &cell, max_pages));
+                let _ = tx.send(opened.map(|(rd, wr, free, what)| {
+                    let store = RemoteStore {
+                        rt: Some(rt),
+                        rd,
+                        wr,
+                        max_pages,
+                        what,
+                    };
+                    (store, free)
+                }));
+            })
+            .map_err(|e| format!("cannot start a thread: {e}"))?;
+        rx.await
+            .map_err(|_| "the far-memory connection thread ended".to_string())?
     }
 
     fn call(&mut self, msg: Msg) -> Result<Msg, String> {
         let (rd, wr) = (&mut self.rd, &mut self.wr);
-        self.rt.block_on(async {
+        let Some(rt) = &self.rt else {
+            return Err("far memory's runtime is gone".into());
+        };
+        rt.block_on(async {
             send(wr, &msg).await.map_err(|e| e.to_string())?;
             answer(rd).await
         })
     }
+}
+
+/// Reach the memory server at `server` as a migration source reaches its
+/// destination, and open a page space for `cell`: the connection's halves,
+/// the server's free pages, and its description.
+async fn open_space(
+    n: &Arc<NodeInner>,
+    server: &str,
+    cell: &str,
+    max_pages: u32,
+) -> Result<(ReadHalf, WriteHalf, u64, String), String> {
+    let api = n
+        .client(server)
+        .map_err(|e| format!("cannot reach memory server {server}: {e}"))?;
+    let info = api
+        .node()
+        .await
+        .map_err(|e| format!("cannot reach memory server {server}: {e}"))?;
+    let Conn {
+        mut rd,
+        mut wr,
+        peer_cert,
+    } = super::transport::connect(n, &info.migrate_addr, &info.name).await?;
+    let peer = super::dest::handshake(n, &mut rd, &mut wr).await?;
+    super::transport::check_peer(n, peer_cert.as_ref(), &peer.node)?;
+    let open = Msg::FarOpen(FarOpen {
+        cell: cell.to_string(),
+        max_pages,
+    });
+    send(&mut wr, &open).await.map_err(|e| e.to_string())?;
+    let free = match answer(&mut rd).await? {
+        Msg::FarOpened { free_pages } => free_pages,
+        m => {
+            return Err(format!(
+                "memory server {}: unexpected `{}`",
+                info.name,
+                m.name()
+            ))
+        }
+    };
+    let what = format!("memory server {} ({})", info.name, info.migrate_addr);
+    Ok((rd, wr, free, what))
 }
 
 /// The next message, or the server's refusal as an error.
@@ -274,17 +325,36 @@ pub(crate) async fn plan(
     cell: &str,
     max_memory: u64,
 ) -> Result<crate::cells::FarPlan, NodeError> {
-    let eviction = match req.eviction.as_deref() {
-        None => Eviction::default(),
-        Some(e) => e.parse().map_err(NodeError::BadRequest)?,
+    let spec = roam_wire::FarSpec {
+        local_memory: req.local_memory,
+        server: req.server.clone(),
+        eviction: req
+            .eviction
+            .clone()
+            .unwrap_or_else(|| Eviction::default().to_string()),
     };
-    let local_pages = usize::try_from(req.local_memory / FAR_PAGE as u64).unwrap_or(usize::MAX);
-    if local_pages < roam_runtime::MIN_LOCAL_PAGES {
+    if spec.local_memory < roam_wire::FAR_LOCAL_MIN {
         return Err(NodeError::bad(format!(
             "--local-memory {} is below the minimum of 256 KiB",
             crate::size::human(req.local_memory)
         )));
     }
+    spec.check().map_err(NodeError::BadRequest)?;
+    open(n, &spec, cell, max_memory).await
+}
+
+/// Open the far memory `spec` describes for `cell`, whose memory limit is
+/// `max_memory`: at a launch, at a restore, and where a far cell arrives
+/// by migration (the same memory server, a new page space).
+pub(crate) async fn open(
+    n: &Arc<NodeInner>,
+    spec: &roam_wire::FarSpec,
+    cell: &str,
+    max_memory: u64,
+) -> Result<crate::cells::FarPlan, NodeError> {
+    spec.check().map_err(NodeError::BadRequest)?;
+    let eviction: Eviction = spec.eviction.parse().map_err(NodeError::BadRequest)?;
+    let local_pages = usize::try_from(spec.local_memory / FAR_PAGE as u64).unwrap_or(usize::MAX);
     if !roam_runtime::userfaultfd_available() {
         return Err(NodeError::bad(format!(
             "node {} cannot run far memory: userfaultfd is not usable here (under qemu-user, \
@@ -297,7 +367,7 @@ pub(crate) async fn plan(
             "a memory limit of {max_memory} bytes is too large for far memory"
         ))
     })?;
-    let (store, free) = RemoteStore::connect(n, &req.server, cell, max_pages)
+    let (store, free) = RemoteStore::connect(n, &spec.server, cell, max_pages)
         .await
         .map_err(NodeError::Upstream)?;
     let server = store.what.clone();
@@ -309,5 +379,6 @@ pub(crate) async fn plan(
         },
         store: Box::new(store),
         server,
+        spec: spec.clone(),
     })
 }

@@ -127,6 +127,7 @@ mod tests {
             service: Some("web".into()),
             generation,
             cpu: Default::default(),
+            far: None,
         }
     }
 

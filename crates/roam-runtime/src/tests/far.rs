@@ -160,6 +160,55 @@ fn a_far_cell_checkpoints_and_restores_without_far_memory() {
 }
 
 #[test]
+fn a_far_cell_restores_into_far_memory_within_its_budget() {
+    if !userfaultfd_or_skip() {
+        return;
+    }
+    let env = env();
+    let Some(m) = load(&env.rt, BIG_WAT) else {
+        return;
+    };
+    let want = reference(&env.rt, &m);
+    let opts = CellOptions {
+        checkpoint_at_point: Some(3000),
+        ..CellOptions::default()
+    };
+    let (mut cell, out) = start(&env.rt, &m, opts);
+    cell.attach_far(FarOptions::new(128), Box::new(MemStore::new()))
+        .unwrap();
+    let snap = match run(&mut cell) {
+        Outcome::Stopped(s, _) => *s,
+        other => panic!("expected a stop, got {other:?}"),
+    };
+    let before = out.stdout();
+    drop(cell);
+    // The pages go to the new store as they are written: the memory
+    // (16 MiB, 4,096 pages) is never all resident, even while it arrives.
+    let budget = FarOptions::new(96);
+    let mut incoming = Cell::incoming(&env.rt, m.clone(), CellOptions::default()).unwrap();
+    let far = incoming
+        .attach_far(budget, Box::new(MemStore::new()))
+        .unwrap();
+    let mut back = incoming.finish(&snap, vec![]).unwrap();
+    let arrived = far.stats();
+    assert!(
+        arrived.far > 2000
+            && arrived.resident_peak as usize <= budget.local_pages + budget.max_batch,
+        "the restore did not page: {arrived:?}"
+    );
+    let rest = back.capture_output();
+    assert!(matches!(run(&mut back), Outcome::Exited(0)));
+    let mut got = before;
+    got.extend(rest.stdout());
+    assert_eq!(got, want, "{:?}", far.stats());
+    let s = far.stats();
+    assert!(
+        s.resident_peak as usize <= budget.local_pages + budget.max_batch,
+        "{s:?}"
+    );
+}
+
+#[test]
 fn a_dead_store_stops_the_cell_with_the_reason() {
     if !userfaultfd_or_skip() {
         return;
