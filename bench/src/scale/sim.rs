@@ -255,6 +255,7 @@ fn status(node: &SimNode) -> NodeStatus {
         gateway: None,
         usage: vec![],
         power: None,
+        memory_server: None,
     }
 }
 

@@ -116,6 +116,35 @@ pub struct NodeStatus {
     /// has one (`roam node --power`): what the energy policies read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power: Option<crate::power::PowerReport>,
+    /// What it offers as a memory server (`roam node --memory-server`):
+    /// where the planner puts far-memory cells' pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_server: Option<MemoryServer>,
+}
+
+/// A node's memory offered to other nodes' far-memory cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MemoryServer {
+    /// Bytes offered in all (`--memory-server SIZE`).
+    pub capacity: u64,
+    /// Bytes not holding pages now.
+    pub free: u64,
+}
+
+/// Far memory asked for at a launch through the planner (`roam launch
+/// --local-memory`): the planner picks the memory server unless one is
+/// named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FarPlace {
+    /// Bytes of the cell's memory resident on its node at most.
+    pub local_memory: u64,
+    /// `clock` (the default) or `random`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction: Option<String>,
+    /// The memory server's node name; `None`: the planner picks the node
+    /// with the most free memory-server room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
 }
 
 /// What one running cell uses on its node.
@@ -216,6 +245,10 @@ pub struct CellRecord {
     /// source can take the cell back after an ambiguous commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff: Option<Handoff>,
+    /// Far memory, as asked at its launch; `server` is the memory server
+    /// the planner chose, by node name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub far: Option<FarPlace>,
 }
 
 /// A hand-off of a cell, announced by its owner before a migration
@@ -428,6 +461,10 @@ pub struct PlaceRequest {
     /// 0: none.
     #[serde(default)]
     pub checkpoint_interval_s: Option<u64>,
+    /// Far memory: keep at most this much of the cell's memory on its node
+    /// and the rest on a memory server (`docs/far-memory.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub far: Option<FarPlace>,
 }
 
 /// `POST /v1/cells/{id}/migrate` on the planner.

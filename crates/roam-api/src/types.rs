@@ -210,6 +210,10 @@ pub struct RestoreRequest {
     pub holder: String,
     /// The kept snapshot's BLAKE3 hash.
     pub snapshot: String,
+    /// Far memory: the restored cell keeps at most this much of its memory
+    /// here, and the rest on this memory server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub far: Option<FarRequest>,
 }
 
 /// `POST /v1/cells/{id}/keep` body (asked of a cell's owner by the

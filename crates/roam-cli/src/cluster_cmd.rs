@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use roam_api::planner::{
-    CellRecord, CellState, DrainResponse, MoveRequest, MoveResponse, NodeRecord, NodeState,
-    PlaceRequest, PoliciesResponse,
+    CellRecord, CellState, DrainResponse, FarPlace, MoveRequest, MoveResponse, NodeRecord,
+    NodeState, PlaceRequest, PoliciesResponse,
 };
 use roam_api::PlannerClient;
 use roam_node::Client;
@@ -55,11 +55,6 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
              (its cells get their node's defaults, roam node --cell-cpu-weight and --cell-cpu-max)"
         );
     }
-    if a.local_memory.is_some() {
-        anyhow::bail!(
-            "--local-memory needs --node: the planner does not place far-memory cells yet              (launch on a node, with --memory-server naming a node started with --memory-server)"
-        );
-    }
     let (module, args, env) = a.parts()?;
     runtime()?.block_on(async move {
         let p = planner(&a.planner, &a.auth, "roam launch")?;
@@ -74,9 +69,25 @@ pub fn launch(a: LaunchArgs) -> Result<i32> {
                 service: a.service.clone(),
                 node: a.on.clone(),
                 checkpoint_interval_s: a.checkpoint_interval,
+                far: a.local_memory.map(|local_memory| FarPlace {
+                    local_memory,
+                    eviction: a.eviction.clone(),
+                    server: a.memory_server.clone(),
+                }),
             })
             .await?;
-        eprintln!("placed on {}", cell.owner);
+        match &cell.far {
+            Some(FarPlace {
+                server: Some(server),
+                local_memory,
+                ..
+            }) => eprintln!(
+                "placed on {}, {} of its memory there and the rest on memory server {server}",
+                cell.owner,
+                bytes(*local_memory)
+            ),
+            _ => eprintln!("placed on {}", cell.owner),
+        }
         println!("{}", cell.id);
         Ok(0)
     })

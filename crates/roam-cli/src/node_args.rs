@@ -204,13 +204,14 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "CORES", value_parser = cores)]
     pub cpu_max: Option<u32>,
     /// Far memory: keep at most SIZE of the cell's memory on its node
-    /// (at least 256KiB), and the rest on the memory server given by
-    /// --memory-server (`docs/far-memory.md`).
-    #[arg(long, value_name = "SIZE", value_parser = size, requires = "memory_server")]
+    /// (at least 256KiB), and the rest on a memory server
+    /// (`docs/far-memory.md`).
+    #[arg(long, value_name = "SIZE", value_parser = size)]
     pub local_memory: Option<u64>,
-    /// The memory server for --local-memory: the control address of a
-    /// node started with --memory-server.
-    #[arg(long, value_name = "ADDR", requires = "local_memory")]
+    /// The memory server for --local-memory, a node started with
+    /// --memory-server: its control address with --node (required there),
+    /// its name through the planner [default: the planner picks].
+    #[arg(long, value_name = "NODE", requires = "local_memory")]
     pub memory_server: Option<String>,
     /// Which page leaves the node when its local memory is full.
     #[arg(long, value_name = "POLICY", value_parser = ["clock", "random"], requires = "local_memory")]

@@ -101,6 +101,12 @@ pub fn node(a: NodeArgs) -> Result<i32> {
 
 /// `roam launch --node ADDR`.
 pub fn launch(node: &str, a: LaunchArgs) -> Result<i32> {
+    if a.local_memory.is_some() && a.memory_server.is_none() {
+        anyhow::bail!(
+            "--local-memory with --node needs --memory-server, the control address of a node \
+             started with --memory-server (through the planner, it picks one)"
+        );
+    }
     let (bytes, args, env) = a.parts()?;
     runtime()?.block_on(async move {
         let c = client(node, &a.auth)?;

@@ -58,6 +58,7 @@ fn cell(id: String, owner: String) -> CellRecord {
         kept: None,
         created_ms: 1_700_000_000_000,
         handoff: None,
+        far: None,
     }
 }
 

@@ -19,6 +19,8 @@ use roam_api::planner::{Handoff, HandoffRequest, OwnerRequest, OwnerResponse, Pl
 use roam_api::types::LaunchRequest;
 use roam_cluster::{CellRecord, CellState, NodeRecord, StoreError, Versioned};
 
+use crate::far;
+
 use crate::api::{bad, AppError, P};
 use crate::events::Event;
 use crate::policy::{self, Ctx, Load, Want};
@@ -62,6 +64,9 @@ fn check_place(r: &PlaceRequest) -> Result<(), AppError> {
     }
     if let Some(node) = &r.node {
         roam_wire::ident::check_node_name(node).map_err(|e| bad(e.to_string()))?;
+    }
+    if let Some(f) = &r.far {
+        far::check(f, r.max_memory)?;
     }
     Ok(())
 }
@@ -250,7 +255,12 @@ pub(crate) async fn ensure_module(
 }
 
 /// Start cell `c` on `node`, which owns it.
-async fn start_on(n: &Inner, node: &NodeRecord, c: &CellRecord) -> Result<(), String> {
+async fn start_on(
+    n: &Inner,
+    node: &NodeRecord,
+    c: &CellRecord,
+    far: Option<roam_api::types::FarRequest>,
+) -> Result<(), String> {
     let module = ensure_module(n, node, &c.module).await?;
     let client = n.node_client(node).map_err(|e| e.to_string())?;
     let req = LaunchRequest {
@@ -263,7 +273,7 @@ async fn start_on(n: &Inner, node: &NodeRecord, c: &CellRecord) -> Result<(), St
         id: Some(c.id.clone()),
         generation: Some(c.generation),
         cpu: Default::default(),
-        far: None,
+        far,
     };
     match client.launch(&req).await {
         Ok(_) => Ok(()),
@@ -272,7 +282,10 @@ async fn start_on(n: &Inner, node: &NodeRecord, c: &CellRecord) -> Result<(), St
             lock(&n.uploaded).remove(&(node.name.clone(), c.module.clone()));
             let module = ensure_module(n, node, &c.module).await?;
             client
-                .launch(&LaunchRequest { module, ..req })
+                .launch(&LaunchRequest {
+                    module,
+                    ..req.clone()
+                })
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string())
@@ -299,9 +312,22 @@ pub(crate) async fn launch(
         ));
     }
     let (nodes, load) = load_view(&n).await?;
+    // A far-memory cell's server first: the host needs room for the local
+    // budget only, and is never the server.
+    let server = match &r.far {
+        Some(f) => {
+            let room = far::room(f, r.max_memory);
+            Some(far::pick_server(&nodes, f, room, r.node.as_deref())?.clone())
+        }
+        None => None,
+    };
     let want = Want {
-        max_memory: r.max_memory,
+        max_memory: far::host_memory(r.far.as_ref(), r.max_memory),
         node: r.node.clone(),
+        exclude: server
+            .iter()
+            .map(|s| (s.name.clone(), far::HOLDS_PAGES))
+            .collect(),
         ..Want::default()
     };
     let (node, policy) = match choose(&n, "launch", n.placement(), &want, &nodes, &[], load) {
@@ -311,6 +337,15 @@ pub(crate) async fn launch(
             return Err(e);
         }
     };
+    let far_place = r.far.clone().zip(server.as_ref()).map(|(f, s)| {
+        (
+            roam_api::planner::FarPlace {
+                server: Some(s.name.clone()),
+                ..f
+            },
+            s,
+        )
+    });
     let rec = CellRecord {
         id: format!("c-{}", random_hex(6)),
         module: r.module,
@@ -328,11 +363,13 @@ pub(crate) async fn launch(
         kept: None,
         created_ms: unix_ms(),
         handoff: None,
+        far: far_place.as_ref().map(|(f, _)| f.clone()),
     };
     n.timed("create_cell", n.store.create_cell(rec.clone()))
         .await?;
     lock(&n.owners).note(&rec);
-    let started = start_on(&n, &node, &rec).await;
+    let far_req = far_place.as_ref().map(|(f, s)| far::request(f, s));
+    let started = start_on(&n, &node, &rec, far_req).await;
     let id = rec.id.clone();
     let new_state = match &started {
         Ok(()) => CellState::Running,

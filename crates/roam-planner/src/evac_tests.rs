@@ -122,6 +122,7 @@ pub(crate) fn cell(id: &str, module: &str) -> CellRecord {
         kept: None,
         created_ms: 0,
         handoff: None,
+        far: None,
     }
 }
 

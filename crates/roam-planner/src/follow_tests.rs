@@ -49,6 +49,7 @@ fn cell(owner: &str, generation: u64) -> CellRecord {
         kept: None,
         created_ms: 0,
         handoff: None,
+        far: None,
     }
 }
 

@@ -353,10 +353,33 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord, why: Why) -> Result<(), Gone> {
             );
             return Err(lose(n, &now, error).await);
         };
+        // A far-memory cell pages to a live server again (its old one may
+        // be the node that died), which is then no host for it.
+        let server = match &c.far {
+            Some(f) => {
+                let room = crate::far::room(f, c.max_memory);
+                let any = roam_api::planner::FarPlace {
+                    server: None,
+                    ..f.clone()
+                };
+                match crate::far::pick_server(&nodes, &any, room, None) {
+                    Ok(s) => Some(s.clone()),
+                    Err(e) => {
+                        let error = format!("{}, and {}", why.owner(&c.owner), e.1);
+                        return Err(lose(n, &now, error).await);
+                    }
+                }
+            }
+            None => None,
+        };
+        let mut exclude_here = exclude.clone();
+        if let Some(s) = &server {
+            exclude_here.push((s.name.clone(), crate::far::HOLDS_PAGES));
+        }
         let want = Want {
             cell: Some(c.id.clone()),
-            max_memory: c.max_memory,
-            exclude: exclude.clone(),
+            max_memory: crate::far::host_memory(c.far.as_ref(), c.max_memory),
+            exclude: exclude_here,
             ..Want::default()
         };
         let ctx = Ctx::new(&nodes, &cells, &want);
@@ -372,7 +395,9 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord, why: Why) -> Result<(), Gone> {
             Err(e) if failed.is_empty() => return Err(Gone::Retry(e.to_string())),
             Err(_) => break,
         };
-        match restore_on(n, &now, &c.owner, &kept, holder, &target).await? {
+        let far = c.far.as_ref().zip(server.as_ref());
+        let far = far.map(|(f, s)| crate::far::request(f, s));
+        match restore_on(n, &now, &c.owner, &kept, holder, &target, far).await? {
             Ok(()) => return Ok(()),
             Err(e) => {
                 tracing::warn!(cell = %c.id, node = %target.name, "restore failed: {e}");
@@ -410,6 +435,7 @@ async fn restore_on(
     kept: &roam_cluster::Kept,
     holder: &NodeRecord,
     target: &NodeRecord,
+    far: Option<roam_api::types::FarRequest>,
 ) -> Result<Result<(), String>, Gone> {
     // Take ownership for the target first: from here on the dead owner,
     // should it come back, is told to stop the cell.
@@ -453,6 +479,7 @@ async fn restore_on(
                 holder: holder.api.clone(),
                 snapshot: kept.snapshot.clone(),
                 cpu: Default::default(),
+                far,
             })
             .await
             .map_err(|e| e.to_string())

@@ -30,6 +30,7 @@ pub mod energy;
 #[cfg(test)]
 mod evac_tests;
 pub mod events;
+mod far;
 pub mod follow;
 pub mod history;
 mod kept;

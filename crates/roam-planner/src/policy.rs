@@ -408,6 +408,7 @@ pub(crate) mod tests {
                 gateway: None,
                 usage: vec![],
                 power: None,
+                memory_server: None,
             },
             state: NodeState::Ready,
             alive,
@@ -434,6 +435,7 @@ pub(crate) mod tests {
             kept: None,
             created_ms: 0,
             handoff: None,
+            far: None,
         }
     }
 

@@ -127,6 +127,7 @@ fn cell(id: &str, owner: &str) -> CellRecord {
         kept: None,
         created_ms: 0,
         handoff: None,
+        far: None,
     }
 }
 

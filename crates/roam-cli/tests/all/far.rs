@@ -316,3 +316,93 @@ fn far_memory_is_refused_with_the_reason() {
         "{end}"
     );
 }
+
+/// A node of the planner `p`'s cluster, with `extra` flags.
+fn cluster_node(p: &Planner, name: &str, extra: &[&str]) -> Node {
+    let mut args = vec![
+        "--migrate-listen",
+        "127.0.0.1:0",
+        "--planner",
+        &p.url,
+        "--name",
+        name,
+    ];
+    args.extend(extra);
+    Node::start_with(Isa::X86_64, &args)
+}
+
+#[test]
+fn the_planner_places_a_far_cell_and_restores_it_far_when_its_node_dies() {
+    // Two boards that admit 64 MiB of cells each, and a memory server. The
+    // planner must put a 128 MiB cell's pages on the server and the cell
+    // on a board, and, when that board dies, bring the cell back from its
+    // kept checkpoint on the other board, paging to a server again.
+    let p = Planner::start(None, &["--lease", "5"]);
+    let server = cluster_node(&p, "server", &["--memory-server", "512MiB"]);
+    let mut boards = vec![
+        (
+            "board-a".to_string(),
+            cluster_node(&p, "board-a", &["--max-total-memory", "64MiB"]),
+        ),
+        (
+            "board-b".to_string(),
+            cluster_node(&p, "board-b", &["--max-total-memory", "64MiB"]),
+        ),
+    ];
+    wait_alive(&p, 3);
+    let args = ["128", "4", "30"];
+    let expected = std::thread::spawn(move || reference(&args));
+    let flags = [
+        "--local-memory",
+        "16MiB",
+        "--max-memory",
+        "192MiB",
+        "--checkpoint-interval",
+        "5",
+    ];
+    let id = p.launch(&args, &flags);
+    let c = p.cell(&id);
+    assert_eq!(c["far"]["server"], "server", "{c}");
+    assert_eq!(c["far"]["local_memory"], 16 << 20, "{c}");
+    let first = c["owner"].as_str().unwrap().to_string();
+    assert!(first.starts_with("board-"), "placed on {first}: {c}");
+    let owner = owner_node(&c, &mut boards);
+    let row = wait_for("the cell's pages on the memory server", SLOW, || {
+        let row = owner.cell(&id)?;
+        (row["far"]["far_bytes"].as_u64()? >= 64 << 20).then_some(row)
+    });
+    assert!(
+        row["far"]["resident_bytes"].as_u64().unwrap() <= (16 << 20) + (64 << 12),
+        "{row}"
+    );
+
+    // Its node dies after a kept checkpoint: restored on the other board,
+    // never on the server, with its pages far again.
+    let kept = wait_kept(&p, &id);
+    let generation = kept["generation"].as_u64().unwrap();
+    owner_node(&kept, &mut boards).kill9();
+    let back = wait_restored(&p, &id, generation, &first);
+    let second = back["owner"].as_str().unwrap().to_string();
+    assert!(second.starts_with("board-") && second != first, "{back}");
+    let node = owner_node(&back, &mut boards);
+    let row = wait_for(
+        "the restored cell's pages on the memory server",
+        SLOW,
+        || {
+            let row = node.cell(&id)?;
+            (row["far"]["far_bytes"].as_u64()? >= 64 << 20).then_some(row)
+        },
+    );
+    assert!(
+        row["far"]["resident_bytes"].as_u64().unwrap() <= (16 << 20) + (64 << 12),
+        "{row}"
+    );
+    let end = node.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "exited", "{end}\n{}", all_logs(&p, &boards));
+    assert_eq!(
+        text(&logs(&id, node)),
+        text(&expected.join().unwrap()),
+        "{}",
+        server.log()
+    );
+}

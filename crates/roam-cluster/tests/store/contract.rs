@@ -55,6 +55,7 @@ pub fn cell(id: &str, owner: &str) -> CellRecord {
         kept: None,
         created_ms: 1_700_000_000_000,
         handoff: None,
+        far: None,
     }
 }
 

@@ -65,6 +65,13 @@ fn status(n: &NodeInner) -> NodeStatus {
         gateway: n.gateway.as_ref().map(gateway_path),
         usage,
         power: n.power.as_ref().map(|m| m.report()),
+        memory_server: n
+            .far_server
+            .as_ref()
+            .map(|f| roam_api::planner::MemoryServer {
+                capacity: f.capacity_bytes(),
+                free: f.free_pages() * roam_wire::FAR_PAGE as u64,
+            }),
     }
 }
 

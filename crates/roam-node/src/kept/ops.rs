@@ -292,6 +292,15 @@ pub(crate) async fn restore(
     cells::check(n, &req.args, &req.dirs, req.service.as_deref())?;
     cells::cpu_limits(req.cpu).check().map_err(NodeError::bad)?;
     let max = n.cfg.limits.max_cell_memory;
+    // A far-memory cell gets a page space of its own before its memory is
+    // written, which then goes there as it is.
+    let far = match &req.far {
+        Some(f) => {
+            let limit = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
+            Some(crate::migrate::far::plan(n, f, &req.id, limit).await?)
+        }
+        None => None,
+    };
     // Rebuilding the memory is one more copy of it (see `keep`).
     let copy = n
         .copies
@@ -367,7 +376,7 @@ pub(crate) async fn restore(
             generation: Some(req.generation),
             cpu: cells::cpu_limits(req.cpu),
             begin: Begin::Restore(rebuild),
-            far: None,
+            far,
         },
     )
     .await?;

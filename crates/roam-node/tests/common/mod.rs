@@ -384,6 +384,7 @@ impl Planner {
                 service: service.map(str::to_string),
                 node: Some(node.to_string()),
                 checkpoint_interval_s: Some(interval_s),
+                far: None,
             })
             .await
             .expect("the planner places the cell")
@@ -428,6 +429,7 @@ pub fn restore_request(
         holder: holder.url.clone(),
         snapshot: snapshot.into(),
         cpu: Default::default(),
+        far: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn node(name: &str, state: NodeState) -> NodeRecord {
             gateway: None,
             usage: vec![],
             power: None,
+            memory_server: None,
         },
         state,
         alive: true,
@@ -73,6 +74,7 @@ fn cell(id: &str, owner: &str, state: CellState) -> CellRecord {
         }),
         created_ms: 2_000,
         handoff: None,
+        far: None,
     }
 }
 
