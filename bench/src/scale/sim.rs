@@ -98,6 +98,7 @@ fn info(id: &str, state: CellState) -> CellInfo {
         service: None,
         cpu: None,
         far: None,
+        memory_lost: false,
     }
 }
 

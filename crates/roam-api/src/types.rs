@@ -332,6 +332,10 @@ pub struct CellInfo {
     /// Far memory (running cells launched with it only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub far: Option<FarInfo>,
+    /// It failed because pages of its memory were lost (its memory server
+    /// died, or a post-copy source): a kept checkpoint can bring it back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_lost: bool,
 }
 
 /// `POST /v1/cells/{id}/migrate` body.

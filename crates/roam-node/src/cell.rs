@@ -80,6 +80,9 @@ pub(crate) struct CellHandle {
     /// Far memory, for a cell launched with it: the pages' counters and
     /// the memory server's name.
     pub far: OnceLock<(roam_runtime::FarMemory, String)>,
+    /// The cell failed because pages of its memory were lost (its memory
+    /// server died): a kept checkpoint can bring it back.
+    pub memory_lost: std::sync::atomic::AtomicBool,
     waiter: Mutex<Option<oneshot::Sender<Paused>>>,
     checkpoint: Mutex<Option<CheckpointReply>>,
 }
@@ -175,6 +178,9 @@ pub(crate) struct CellEntry {
     pub state: CellState,
     pub log: Arc<CellLog>,
     pub handle: Option<Arc<CellHandle>>,
+    /// It failed because pages of its memory were lost (kept from its
+    /// handle, which goes when the cell ends).
+    pub memory_lost: bool,
 }
 
 /// Called by the cell's thread when its state changes for good.
@@ -199,6 +205,7 @@ pub(crate) fn handle_for(
         cpu: OnceLock::new(),
         tid: OnceLock::new(),
         far: OnceLock::new(),
+        memory_lost: std::sync::atomic::AtomicBool::new(false),
         ended: std::sync::atomic::AtomicBool::new(false),
         controller: cell.controller(),
         memory: cell.live_memory(),
@@ -292,6 +299,10 @@ fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
                     .take()
                 {
                     let _ = tx.send(Err(e.to_string()));
+                }
+                if matches!(e, RunError::PagesLost(_)) {
+                    h.memory_lost
+                        .store(true, std::sync::atomic::Ordering::Release);
                 }
                 return Some(CellState::Failed {
                     error: e.to_string(),

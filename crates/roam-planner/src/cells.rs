@@ -317,7 +317,12 @@ pub(crate) async fn launch(
     let server = match &r.far {
         Some(f) => {
             let room = far::room(f, r.max_memory);
-            Some(far::pick_server(&nodes, f, room, r.node.as_deref())?.clone())
+            let host: Vec<(&str, &str)> = r
+                .node
+                .iter()
+                .map(|h| (h.as_str(), "it runs the cell"))
+                .collect();
+            Some(far::pick_server(&nodes, f, room, &host)?.clone())
         }
         None => None,
     };
@@ -441,6 +446,10 @@ pub(crate) enum Settled {
     /// The live owner answered that it does not know the cell at all (not
     /// running, not ended, not arriving).
     Unknown,
+    /// It failed on its owner because pages of its memory were lost (its
+    /// memory server died), and a kept checkpoint can bring it back: the
+    /// record stays as it is for the restore.
+    MemoryLost,
     /// Neither: it runs, the record changed, or the owner did not answer.
     Unchanged,
 }
@@ -454,6 +463,7 @@ pub(crate) async fn settle(n: &Inner, c: &CellRecord) -> Result<Settled, AppErro
         return Ok(Settled::Unchanged);
     }
     let ended = match ask_owner(n, c).await {
+        Some(Ok(info)) if info.memory_lost && c.kept.is_some() => return Ok(Settled::MemoryLost),
         Some(Ok(info)) => match info.state {
             OnNode::Exited { code } => CellState::Exited { code },
             OnNode::Failed { error } => CellState::Failed { error },

@@ -48,12 +48,13 @@ pub(crate) fn room(far: &FarPlace, max_memory: Option<u64>) -> u64 {
 }
 
 /// The memory server for a cell that needs `room` bytes of it: the node
-/// named, or the live node with the most free room. Never `host`.
+/// named, or the live node with the most free room. Never one of `avoid`
+/// (the cell's host, or a server that just failed it).
 pub(crate) fn pick_server<'a>(
     nodes: &'a [NodeRecord],
     far: &FarPlace,
     room: u64,
-    host: Option<&str>,
+    avoid: &[(&str, &str)],
 ) -> Result<&'a NodeRecord, AppError> {
     let mut why = Vec::new();
     let mut best: Option<(&NodeRecord, u64)> = None;
@@ -70,8 +71,9 @@ pub(crate) fn pick_server<'a>(
                 why.push(format!("{}: dead", node.name));
                 continue;
             }
-            Some(_) if host == Some(node.name.as_str()) => {
-                why.push(format!("{}: it runs the cell", node.name));
+            Some(_) if avoid.iter().any(|(n, _)| *n == node.name) => {
+                let (_, reason) = avoid.iter().find(|(n, _)| *n == node.name).unwrap();
+                why.push(format!("{}: {reason}", node.name));
                 continue;
             }
             Some(m) if m.free < room => {
@@ -152,24 +154,26 @@ mod tests {
             node("dead", Some(1 << 30), false),
         ];
         let f = far(None);
-        assert_eq!(pick_server(&nodes, &f, 32 << 20, None).unwrap().name, "big");
+        assert_eq!(pick_server(&nodes, &f, 32 << 20, &[]).unwrap().name, "big");
         assert_eq!(
-            pick_server(&nodes, &f, 32 << 20, Some("big")).unwrap().name,
+            pick_server(&nodes, &f, 32 << 20, &[("big", "it runs the cell")])
+                .unwrap()
+                .name,
             "small"
         );
-        let e = pick_server(&nodes, &f, 256 << 20, Some("big")).unwrap_err();
+        let e = pick_server(&nodes, &f, 256 << 20, &[("big", "it runs the cell")]).unwrap_err();
         assert!(
             e.1.contains("small: 64.0 MiB free") && e.1.contains("dead: dead"),
             "{}",
             e.1
         );
         assert_eq!(
-            pick_server(&nodes, &far(Some("small")), 32 << 20, None)
+            pick_server(&nodes, &far(Some("small")), 32 << 20, &[])
                 .unwrap()
                 .name,
             "small"
         );
-        let e = pick_server(&nodes, &far(Some("board")), 1, None).unwrap_err();
+        let e = pick_server(&nodes, &far(Some("board")), 1, &[]).unwrap_err();
         assert!(e.1.contains("board: not a memory server"), "{}", e.1);
     }
 

@@ -87,7 +87,16 @@ async fn keep_inner(n: &Inner, id: &str) -> Result<Kept, AppError> {
         cell: Some(id.to_string()),
         // A holder keeps a snapshot, not the running cell.
         max_memory: Some(0),
-        exclude: vec![(c.owner.clone(), "the cell's owner")],
+        // Nor its memory server: one failure would take both the far pages
+        // and the checkpoint that replaces them.
+        exclude: std::iter::once((c.owner.clone(), "the cell's owner"))
+            .chain(
+                c.far
+                    .as_ref()
+                    .and_then(|f| f.server.clone())
+                    .map(|s| (s, "it holds the cell's far pages")),
+            )
+            .collect(),
         ..Want::default()
     };
     let ctx = Ctx {

@@ -133,6 +133,12 @@ async fn tick(n: &Arc<Inner>, seen: &mut Seen) -> Result<(), crate::api::AppErro
                     tokio::spawn(async move {
                         match crate::cells::settle(&n, &c).await {
                             Ok(crate::cells::Settled::Unknown) => absent_on_owner(&c, &absent),
+                            Ok(crate::cells::Settled::MemoryLost) => {
+                                lock(&absent).remove(&c.id);
+                                tracing::warn!(cell = %c.id, owner = %c.owner,
+                                    "the cell lost its far memory: restoring it from its kept checkpoint");
+                                evacuate(&n, c, Why::MemoryLost).await;
+                            }
                             Ok(_) => {
                                 lock(&absent).remove(&c.id);
                             }
@@ -258,6 +264,8 @@ enum Why {
     Dead,
     /// The owner is alive but does not have the cell.
     Absent,
+    /// The cell failed on its owner because its memory server died.
+    MemoryLost,
 }
 
 impl Why {
@@ -266,6 +274,7 @@ impl Why {
         match self {
             Why::Dead => "the cell's dead owner",
             Why::Absent => "the cell's owner, which lost it",
+            Why::MemoryLost => "the node where the cell lost its far memory",
         }
     }
 
@@ -274,6 +283,7 @@ impl Why {
         match self {
             Why::Dead => format!("its owner {owner} died"),
             Why::Absent => format!("its owner {owner} no longer had it"),
+            Why::MemoryLost => format!("it lost its far memory on {owner}"),
         }
     }
 }
@@ -362,7 +372,16 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord, why: Why) -> Result<(), Gone> {
                     server: None,
                     ..f.clone()
                 };
-                match crate::far::pick_server(&nodes, &any, room, None) {
+                // The server that failed the cell may not look dead yet.
+                let failed: Vec<(&str, &str)> = match why {
+                    Why::MemoryLost => f
+                        .server
+                        .iter()
+                        .map(|s| (s.as_str(), "it failed the cell"))
+                        .collect(),
+                    Why::Dead | Why::Absent => Vec::new(),
+                };
+                match crate::far::pick_server(&nodes, &any, room, &failed) {
                     Ok(s) => Some(s.clone()),
                     Err(e) => {
                         let error = format!("{}, and {}", why.owner(&c.owner), e.1);
@@ -396,7 +415,7 @@ async fn restore(n: &Arc<Inner>, c: &CellRecord, why: Why) -> Result<(), Gone> {
             Err(_) => break,
         };
         let far = c.far.as_ref().zip(server.as_ref());
-        let far = far.map(|(f, s)| crate::far::request(f, s));
+        let far = far.map(|(f, s)| (crate::far::request(f, s), s.name.clone()));
         match restore_on(n, &now, &c.owner, &kept, holder, &target, far).await? {
             Ok(()) => return Ok(()),
             Err(e) => {
@@ -435,17 +454,21 @@ async fn restore_on(
     kept: &roam_cluster::Kept,
     holder: &NodeRecord,
     target: &NodeRecord,
-    far: Option<roam_api::types::FarRequest>,
+    far: Option<(roam_api::types::FarRequest, String)>,
 ) -> Result<Result<(), String>, Gone> {
     // Take ownership for the target first: from here on the dead owner,
     // should it come back, is told to stop the cell.
     let generation = c.generation + 1;
+    let (far, server) = far.unzip();
     let moved = update(n, &c.id, |x| {
         let same = x.owner == c.owner && x.generation == c.generation && !x.state.ended();
         if same {
             x.owner = target.name.clone();
             x.generation = generation;
             x.state = CellState::Restoring;
+            if let (Some(f), Some(s)) = (x.far.as_mut(), &server) {
+                f.server = Some(s.clone());
+            }
         }
         same
     })

@@ -406,3 +406,87 @@ fn the_planner_places_a_far_cell_and_restores_it_far_when_its_node_dies() {
         server.log()
     );
 }
+
+#[test]
+fn a_cell_whose_memory_server_dies_comes_back_from_its_kept_checkpoint() {
+    // Its pages on the roomier of two memory servers, which dies after a
+    // kept checkpoint: the cell fails on its board without printing
+    // anything wrong, and the planner restores it from the checkpoint
+    // (never kept on the server that held its pages), paging to the other
+    // server, to finish with the uninterrupted run's output.
+    let p = Planner::start(None, &["--lease", "5"]);
+    let mut servers = [
+        cluster_node(&p, "server-1", &["--memory-server", "1GiB"]),
+        cluster_node(&p, "server-2", &["--memory-server", "512MiB"]),
+    ];
+    let mut boards = vec![
+        (
+            "board-a".to_string(),
+            cluster_node(&p, "board-a", &["--max-total-memory", "64MiB"]),
+        ),
+        (
+            "board-b".to_string(),
+            cluster_node(&p, "board-b", &["--max-total-memory", "64MiB"]),
+        ),
+    ];
+    wait_alive(&p, 4);
+    let args = ["128", "4", "30"];
+    let expected = std::thread::spawn(move || reference(&args));
+    let flags = [
+        "--local-memory",
+        "16MiB",
+        "--max-memory",
+        "192MiB",
+        "--checkpoint-interval",
+        "5",
+        "--on",
+        "board-a",
+    ];
+    let id = p.launch(&args, &flags);
+    let c = p.cell(&id);
+    assert_eq!(c["far"]["server"], "server-1", "{c}");
+    let first = c["owner"].as_str().unwrap().to_string();
+    let kept = wait_kept(&p, &id);
+    assert_ne!(kept["kept"]["holder"], "server-1", "{kept}");
+    let generation = kept["generation"].as_u64().unwrap();
+    servers[0].kill9();
+    let back = wait_for("the cell to be restored", SLOW, || {
+        let c = p.cell(&id);
+        assert_ne!(c["state"]["state"], "lost", "{c}\n{}", p.log());
+        assert_ne!(c["state"]["state"], "failed", "{c}\n{}", p.log());
+        (c["generation"].as_u64().unwrap() > generation && c["state"]["state"] == "running")
+            .then_some(c)
+    });
+    assert_eq!(back["far"]["server"], "server-2", "{back}");
+    let second = back["owner"].as_str().unwrap().to_string();
+    assert!(second.starts_with("board-") && second != first, "{back}");
+    // On the board it failed on: failed for its lost memory, and without
+    // printing a wrong checksum.
+    let failed_on = &boards.iter().find(|(n, _)| *n == first).unwrap().1;
+    let row = failed_on.cell(&id).unwrap();
+    assert_eq!(row["state"], "failed", "{row}");
+    assert_eq!(row["memory_lost"], true, "{row}");
+    assert!(!text(&logs(&id, failed_on)).contains("checksum"));
+    let node = owner_node(&back, &mut boards);
+    let row = wait_for(
+        "the restored cell's pages on the other server",
+        SLOW,
+        || {
+            let row = node.cell(&id)?;
+            let far = &row["far"];
+            (far["far_bytes"].as_u64()? >= 64 << 20).then_some(row.clone())
+        },
+    );
+    assert!(
+        row["far"]["server"].as_str().unwrap().contains("server-2"),
+        "{row}"
+    );
+    let end = node.wait_end(&id, SLOW);
+    assert_eq!(end["state"], "exited", "{end}\n{}", all_logs(&p, &boards));
+    assert_eq!(
+        text(&logs(&id, node)),
+        text(&expected.join().unwrap()),
+        "{}",
+        servers[1].log()
+    );
+}

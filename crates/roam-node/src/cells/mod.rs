@@ -128,6 +128,7 @@ pub(crate) fn register(
             state: CellState::Running,
             log,
             handle: Some(handle.clone()),
+            memory_lost: false,
         },
     );
     n.serve(&spec, handle.net.as_ref());
@@ -230,6 +231,7 @@ pub(crate) fn info(e: &CellEntry) -> CellInfo {
             .filter(|h| !h.has_ended())
             .and_then(|h| h.far.get())
             .map(|(far, server)| far_info(far, server)),
+        memory_lost: e.memory_lost,
     }
 }
 

@@ -86,7 +86,9 @@ impl NodeInner {
             tracing::info!(cell = id, ?state, "cell state");
             let here = |s: &CellState| matches!(s, CellState::Running | CellState::Migrating);
             if !here(&state) {
-                e.handle = None;
+                if let Some(h) = e.handle.take() {
+                    e.memory_lost = h.memory_lost.load(std::sync::atomic::Ordering::Acquire);
+                }
                 if here(&e.state) && e.spec.service.is_some() {
                     left = Some(e.spec.clone());
                 }
