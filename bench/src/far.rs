@@ -39,6 +39,8 @@ pub struct Options {
     pub reps: usize,
     /// Also Linux swap to zram, when possible here.
     pub zram: bool,
+    /// Also a memory server on another node (`far_server.rs`).
+    pub server: bool,
 }
 
 /// A `roam run` of `name`, with `extra` flags first (and `wrap` around
@@ -217,6 +219,13 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         "MiB written out",
     ]);
     let mut worst: Vec<(String, f64)> = Vec::new();
+    let pair = match o.server {
+        true => Some(crate::far_server::Pair::start(
+            &paths.tool("roam")?,
+            &scratch.join("nodes"),
+        )?),
+        false => None,
+    };
     for name in &o.workloads {
         // Uninterrupted, with all of its memory: the reference.
         let (want, _) = roam_run(paths, name, &o.size, &[], None)?;
@@ -227,22 +236,45 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         let (_, s) = roam_run(paths, name, &o.size, &swap_flag(4 << 30, "clock"), None)?;
         let ws_mib = figure(&s, " MiB resident)").context("no peak in the summary")?;
         let ws = (ws_mib * 1048576.0) as u64;
-        table.push(vec![
-            name.clone(),
-            format!("{ws_mib:.1}"),
-            "100 %".into(),
-            "-".into(),
-            "-".into(),
-            format!("{:.2}", base.as_secs_f64()),
-            "1.00".into(),
-            "0".into(),
-            "0".into(),
-            "0".into(),
-        ]);
+        let full = |store: &str, t: Duration| {
+            vec![
+                name.clone(),
+                format!("{ws_mib:.1}"),
+                "100 %".into(),
+                store.to_string(),
+                "-".into(),
+                format!("{:.2}", t.as_secs_f64()),
+                "1.00".into(),
+                "0".into(),
+                "0".into(),
+                "0".into(),
+            ]
+        };
+        table.push(full("-", base));
+        // Through the nodes, all of it on the board: the memory server's
+        // rows are measured against this.
+        let wasm = paths.wasm(name)?;
+        let node_base = match &pair {
+            Some(p) => {
+                // Once untimed: the board compiles the module and caches it.
+                p.run(&wasm, &o.size, None)?;
+                let (t, _) = timed(o.reps, &want, name, || {
+                    p.run(&wasm, &o.size, None)
+                        .map(|(s, _, _)| (s, String::new()))
+                })?;
+                table.push(full("node, no server", t));
+                Some(t)
+            }
+            None => None,
+        };
         for &share in &o.shares {
             let local = (ws * u64::from(share) / 100).max(256 << 10) / 4096 * 4096;
             let mut row = |store: &str, eviction: &str, t: Duration, summary: &str| {
-                let slow = t.as_secs_f64() / base.as_secs_f64();
+                let against = match store {
+                    "memory server" => node_base.unwrap_or(base),
+                    _ => base,
+                };
+                let slow = t.as_secs_f64() / against.as_secs_f64();
                 worst.push((format!("{name} {share} % {store} {eviction}"), slow));
                 table.push(vec![
                     name.clone(),
@@ -263,6 +295,15 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
                     roam_run(paths, name, &o.size, &swap_flag(local, eviction), None)
                 })?;
                 row("swap file", eviction, t, &s);
+                if let Some(p) = &pair {
+                    // Timed like the run without a server: launch, run,
+                    // and the log's fetch.
+                    let (t, s) = timed(o.reps, &want, &what, || {
+                        p.run(&wasm, &o.size, Some((local, eviction)))
+                            .map(|(sum, _, s)| (sum, s))
+                    })?;
+                    row("memory server", eviction, t, &s);
+                }
             }
             if let Some(z) = zram.as_mut() {
                 // roam's own memory (engine, code, buffers) is not the
@@ -289,6 +330,12 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         "HEXO's Netswap (their Fig. 9–10): up to +40 % throughput over plain TCP swap; their boards page 512 pages per batch, as roam does."
             .into(),
     );
+    if o.server {
+        notes.push(
+            "Memory-server rows: two `roam node` processes on this machine's loopback, the cell launched on one with its far pages on the other; each against the same launch with all of its memory (`node, no server`), both timed from the launch to the fetched log. The link is loopback, not a board's network; no shaped link yet. Their faults and bytes are the node's counters at its last poll before the end."
+                .into(),
+        );
+    }
     if o.zram && zram.is_none() {
         notes.push("No Linux zram baseline on this machine (see stderr).".into());
     }
@@ -298,7 +345,8 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         label: o.size.clone(),
         title: "Far memory: slowdown with part of the working set resident".into(),
         setup: format!(
-            "`roam-bench far --size {} --shares {} --reps {}`{}",
+            "`roam-bench far --only {} --size {} --shares {} --reps {}{}{}`",
+            o.workloads.join(","),
             o.size,
             o.shares
                 .iter()
@@ -306,7 +354,8 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
                 .collect::<Vec<_>>()
                 .join(","),
             o.reps,
-            if o.zram { " --zram" } else { "" }
+            if o.zram { " --zram" } else { "" },
+            if o.server { " --server" } else { "" },
         ),
         table,
         notes,

@@ -34,7 +34,7 @@ pub struct Options {
 }
 
 /// A node process, killed on drop.
-struct Proc(Child);
+pub(crate) struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -64,13 +64,18 @@ fn memory(pid: u32) -> anyhow::Result<(f64, f64)> {
 
 /// A free loopback port (bound and released: another process could take
 /// it in between, which the node's start would then report).
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-fn start_node(roam: &Path, name: &str, dir: &Path) -> anyhow::Result<(Proc, String)> {
+pub(crate) fn start_node(
+    roam: &Path,
+    name: &str,
+    dir: &Path,
+    extra: &[&str],
+) -> anyhow::Result<(Proc, String)> {
     let port = free_port()?;
     let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
     let child = Command::new(roam)
@@ -81,6 +86,7 @@ fn start_node(roam: &Path, name: &str, dir: &Path) -> anyhow::Result<(Proc, Stri
         .arg("--cache-dir")
         .arg(dir.join("cache"))
         .args(["--memory-reserve-mib", "0"])
+        .args(extra)
         // The nodes are killed at the end: with nice, no CPU group of theirs
         // is left behind (what is measured here is memory). An environment
         // variable, not the flag, so that a baseline older than CPU limits
@@ -123,8 +129,8 @@ async fn one_binary(
     dir: &Path,
     o: &Options,
 ) -> anyhow::Result<Vec<Row>> {
-    let (owner, owner_url) = start_node(roam, "owner", dir)?;
-    let (holder, holder_url) = start_node(roam, "holder", dir)?;
+    let (owner, owner_url) = start_node(roam, "owner", dir, &[])?;
+    let (holder, holder_url) = start_node(roam, "holder", dir, &[])?;
     let oc = Client::new(&owner_url);
     wait_up(&oc).await?;
     wait_up(&Client::new(&holder_url)).await?;

@@ -20,6 +20,7 @@
 mod eh;
 mod energy;
 mod far;
+mod far_server;
 mod gw;
 mod index;
 mod kept;
@@ -363,6 +364,9 @@ enum Bench {
         /// Also Linux swap to zram in a memory cgroup (root only).
         #[arg(long)]
         zram: bool,
+        /// Also page to a memory server: a second `roam node` on loopback.
+        #[arg(long)]
+        server: bool,
     },
     /// Control-plane scale: one planner, a simulated fleet of nodes and cells.
     Scale {
@@ -731,6 +735,7 @@ fn main() -> anyhow::Result<()> {
             shares,
             reps,
             zram,
+            server,
         } => far::run(
             &paths,
             &far::Options {
@@ -743,6 +748,7 @@ fn main() -> anyhow::Result<()> {
                     .map_err(|e| anyhow::anyhow!("--shares: percentages, comma-separated: {e}"))?,
                 reps,
                 zram,
+                server,
             },
         )?,
         Bench::Scale {

@@ -291,6 +291,18 @@ fn far_memory_is_refused_with_the_reason() {
         "{}",
         text(&out.stderr)
     );
+    // On a node, the memory server must be named (only a planner picks).
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["launch", "--node", &board.addr, "--local-memory", "1MiB"])
+        .arg(workload(WORKLOAD))
+        .args(["--", "8", "4", "1"]);
+    let out = run_bounded(cmd, SLOW);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("needs --memory-server"),
+        "{}",
+        text(&out.stderr)
+    );
     // A node that is not a memory server.
     let mut cmd = roam(Isa::X86_64);
     cmd.args(["launch", "--node", &board.addr])
