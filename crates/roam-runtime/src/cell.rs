@@ -359,21 +359,20 @@ impl Cell {
         opts: crate::FarOptions,
         store: Box<dyn crate::PageStore>,
     ) -> Result<crate::FarMemory, crate::FarError> {
-        if self.far.is_some() || self.lazy.is_some() {
+        if self.lazy.is_some() {
             return Err(crate::FarError::Setup(
                 "the memory is already paged by roam (far or post-copy)".into(),
             ));
         }
         let lost = self.store.data().lost.clone();
-        let (far, owner) = crate::far::FarMemory::attach(
+        crate::far::attach_into(
+            &mut self.far,
             self.live.clone(),
             opts,
             store,
             lost,
             self.control.clone(),
-        )?;
-        self.far = Some(owner);
-        Ok(far)
+        )
     }
 
     /// The linear memory, while the program is not running (e.g. after

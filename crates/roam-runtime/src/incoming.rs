@@ -66,21 +66,15 @@ impl Incoming {
         opts: crate::FarOptions,
         store: Box<dyn crate::PageStore>,
     ) -> Result<crate::FarMemory, crate::FarError> {
-        if self.far.is_some() {
-            return Err(crate::FarError::Setup(
-                "the memory is already paged by roam".into(),
-            ));
-        }
         let lost = self.parts.store.data().lost.clone();
-        let (far, owner) = crate::far::FarMemory::attach(
+        crate::far::attach_into(
+            &mut self.far,
             self.parts.live.clone(),
             opts,
             store,
             lost,
             self.control.clone(),
-        )?;
-        self.far = Some(owner);
-        Ok(far)
+        )
     }
 
     /// The module being received.

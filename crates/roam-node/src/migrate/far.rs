@@ -339,7 +339,7 @@ pub(crate) async fn plan(
             crate::size::human(req.local_memory)
         )));
     }
-    spec.check().map_err(NodeError::BadRequest)?;
+    // `open` checks the rest.
     open(n, &spec, cell, max_memory).await
 }
 

@@ -209,6 +209,26 @@ impl Drop for Owner {
     }
 }
 
+/// Attach far memory to a cell's memory, its owner kept in `slot` (a
+/// cell's, or a receiving cell's), unless the slot already holds one.
+pub(crate) fn attach_into(
+    slot: &mut Option<Owner>,
+    mem: LiveMemory,
+    opts: FarOptions,
+    store: Box<dyn PageStore>,
+    lost: Arc<OnceLock<String>>,
+    control: Arc<Control>,
+) -> Result<FarMemory, FarError> {
+    if slot.is_some() {
+        return Err(FarError::Setup(
+            "the memory is already paged by roam (far or post-copy)".into(),
+        ));
+    }
+    let (far, owner) = FarMemory::attach(mem, opts, store, lost, control)?;
+    *slot = Some(owner);
+    Ok(far)
+}
+
 impl FarMemory {
     /// Put the memory of a cell that is not running under far memory, with
     /// `store` for its far pages. Pages beyond the budget leave at once.
