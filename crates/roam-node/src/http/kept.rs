@@ -109,7 +109,17 @@ pub(super) async fn restore(
     State(n): N,
     Json(req): Json<RestoreRequest>,
 ) -> Answer<Json<CellInfo>> {
-    Ok(Json(ops::restore(&n, req).await?))
+    // A far-memory cell gets a page space of its own on its memory server
+    // before its memory is written, which then goes there as it is.
+    let far = match &req.far {
+        Some(f) => {
+            roam_wire::ident::check_cell_id(&req.id).map_err(NodeError::bad)?;
+            let limit = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
+            Some(crate::migrate::far::plan(&n, f, &req.id, limit).await?)
+        }
+        None => None,
+    };
+    Ok(Json(ops::restore(&n, req, far).await?))
 }
 
 pub(super) async fn commit(

@@ -281,10 +281,13 @@ pub(crate) async fn commit(
     Ok(())
 }
 
-/// `POST /v1/cells/restore`.
+/// `POST /v1/cells/restore`. A far-memory cell comes with its page space
+/// already opened on the memory server (`far`, made by the HTTP layer with
+/// `migrate::far::plan`), so its memory is written there as it is rebuilt.
 pub(crate) async fn restore(
     n: &Arc<NodeInner>,
     req: RestoreRequest,
+    far: Option<cells::FarPlan>,
 ) -> Result<CellInfo, NodeError> {
     roam_wire::ident::check_cell_id(&req.id).map_err(NodeError::bad)?;
     let module = cells::parse_hash(&req.module)?;
@@ -292,15 +295,6 @@ pub(crate) async fn restore(
     cells::check(n, &req.args, &req.dirs, req.service.as_deref())?;
     cells::cpu_limits(req.cpu).check().map_err(NodeError::bad)?;
     let max = n.cfg.limits.max_cell_memory;
-    // A far-memory cell gets a page space of its own before its memory is
-    // written, which then goes there as it is.
-    let far = match &req.far {
-        Some(f) => {
-            let limit = req.max_memory.unwrap_or(n.cfg.limits.cell_memory);
-            Some(crate::migrate::far::plan(n, f, &req.id, limit).await?)
-        }
-        None => None,
-    };
     // Rebuilding the memory is one more copy of it (see `keep`).
     let copy = n
         .copies
