@@ -35,6 +35,25 @@ const EXIT_TRAP: i32 = 134;
 
 fn main() {
     let cli = args::Cli::parse();
+    // A command that only prints (`roam cells | head`) ends quietly when
+    // its reader goes away, as other Unix tools do, instead of failing on
+    // the broken pipe. Not the long-lived ones: a node, gateway or planner
+    // must outlive a closed pipe, and `roam run` must still checkpoint.
+    if !matches!(
+        cli.command,
+        Command::Node(_)
+            | Command::Gateway(_)
+            | Command::Planner(_)
+            | Command::Run(_)
+            | Command::Restore(_)
+            | Command::Up(_)
+    ) {
+        // SAFETY: no other thread exists yet, and SIG_DFL is a valid
+        // disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROAM_LOG").unwrap_or_else(|_| {
         let daemon = matches!(
             cli.command,

@@ -564,3 +564,21 @@ fn timed_checkpoints_leave_the_program_a_whole_interval_to_run() {
         "the program ran less than the interval between checkpoints: {ran:?}"
     );
 }
+
+/// `roam cells | head -1`: the reader leaves before roam has printed, and
+/// roam must end quietly (as `ls` would), not report a bug.
+#[test]
+fn a_listing_into_a_closed_pipe_ends_quietly() {
+    let node = Node::start(Isa::X86_64);
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["cells", "--node", &node.addr])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("roam starts");
+    // No reader from the start: its first write gets a broken pipe.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("roam ends");
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "roam panicked:\n{err}");
+    assert!(!err.contains("this is a bug"), "{err}");
+}
