@@ -85,6 +85,7 @@ pub struct FarPages {
     /// Page indices.
     pub pages: Vec<u32>,
     /// `pages.len()` pages of [`FAR_PAGE`] bytes.
+    #[serde(with = "serde_bytes")]
     pub bytes: Vec<u8>,
 }
 

@@ -4,6 +4,12 @@
 //! batches of the transfer pipeline) rides in `Vec<u8>` fields, bounded by
 //! the frame limit; their inner formats are defined by the crates that
 //! produce them (`roam-transfer` batches, `roam-snapshot` encodings).
+//!
+//! Those fields are (de)serialized as bytes (`serde_bytes`), not as a
+//! sequence of `u8`: postcard writes both the same way (a varint length,
+//! then the bytes), so the wire format is unchanged, but a sequence goes
+//! through serde one byte at a time, which made encoding and decoding the
+//! most expensive part of moving pages.
 
 use serde::{Deserialize, Serialize};
 
@@ -208,6 +214,7 @@ pub struct Accept {
     /// The destination lacks the module; the source sends it.
     pub need_module: bool,
     /// Summary of the destination's chunk store (transfer-pipeline format).
+    #[serde(with = "serde_bytes")]
     pub store_summary: Vec<u8>,
 }
 
@@ -217,6 +224,7 @@ pub struct Accept {
 pub struct Final {
     /// A `roam-snapshot` encoding with an empty memory image and no files:
     /// globals, unwound stack, OS-layer state.
+    #[serde(with = "serde_bytes")]
     pub snapshot: Vec<u8>,
     /// Final size of linear memory in bytes.
     pub memory_bytes: u64,
@@ -274,6 +282,7 @@ pub enum Msg {
         /// Offset of `bytes` in the module.
         offset: u64,
         /// The bytes.
+        #[serde(with = "serde_bytes")]
         bytes: Vec<u8>,
     },
     /// Destination → source: the module is compiled and the receiving
@@ -287,6 +296,7 @@ pub enum Msg {
     /// Source → destination: a transfer-pipeline batch of pages.
     Pages {
         /// The batch.
+        #[serde(with = "serde_bytes")]
         batch: Vec<u8>,
     },
     /// Source → destination: the end of a pre-copy round.
@@ -302,6 +312,7 @@ pub enum Msg {
     /// [`Msg::FileEntry`] (at most [`CHUNK_MAX`]).
     FileData {
         /// The bytes.
+        #[serde(with = "serde_bytes")]
         bytes: Vec<u8>,
     },
     /// Source → destination: an entry sent earlier no longer exists.
@@ -317,6 +328,7 @@ pub enum Msg {
         /// Bytes of earlier output the log dropped (the same in every chunk).
         dropped: u64,
         /// The bytes.
+        #[serde(with = "serde_bytes")]
         bytes: Vec<u8>,
     },
     /// Source → destination: the paused cell's execution state.
@@ -493,6 +505,33 @@ mod tests {
         for m in msgs {
             assert_eq!(Msg::decode(&m.encode().unwrap()).unwrap(), m);
         }
+    }
+
+    /// Bytes fields are written as before `serde_bytes` (a sequence of
+    /// `u8`), so nodes of either build understand each other.
+    #[test]
+    fn bytes_fields_keep_the_wire_format_of_a_sequence() {
+        #[derive(Serialize)]
+        enum Seq {
+            #[allow(dead_code)]
+            Pages { batch: Vec<u8> },
+        }
+        let batch: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let as_seq = postcard::to_stdvec(&Seq::Pages {
+            batch: batch.clone(),
+        })
+        .unwrap();
+        let as_bytes = Msg::Pages { batch }.encode().unwrap();
+        assert_eq!(as_bytes[1..], as_seq[1..], "the fields differ on the wire");
+        assert_eq!(
+            Msg::decode(&as_bytes).unwrap(),
+            Msg::decode(&{
+                let mut b = as_seq.clone();
+                b[0] = as_bytes[0];
+                b
+            })
+            .unwrap()
+        );
     }
 
     #[test]

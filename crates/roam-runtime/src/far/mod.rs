@@ -102,7 +102,9 @@ pub struct FarOptions {
     pub local_pages: usize,
     /// Victim choice.
     pub eviction: Eviction,
-    /// Pages per fetch at first (the faulting page and its far neighbours).
+    /// Pages per fetch after a jump (the faulting page and its far
+    /// neighbours). One: a random access gains nothing from its neighbours,
+    /// and a sequential run doubles the batch from its second fault on.
     pub batch: usize,
     /// Pages per fetch at most, reached by sequential faults.
     pub max_batch: usize,
@@ -116,7 +118,7 @@ impl FarOptions {
         FarOptions {
             local_pages,
             eviction: Eviction::Clock,
-            batch: 8,
+            batch: 1,
             max_batch: 64,
             evict_batch: 512,
         }
@@ -448,12 +450,13 @@ impl Handler {
     fn fetch(&mut self, page: usize, write: bool) {
         let at = Instant::now();
         // Sequential faults (this page follows the last batch) double the
-        // batch; a jump resets it.
+        // batch; a jump halves it, so a few interleaved streams keep some
+        // of it and random faults soon fetch one page each.
         self.batch = match self.last_fault {
             Some((last, end)) if page > last && page <= end + 1 => {
                 (self.batch * 2).min(self.s.opts.max_batch.max(1))
             }
-            _ => self.s.opts.batch.max(1),
+            _ => (self.batch / 2).max(self.s.opts.batch.max(1)),
         };
         let limit = self.s.opts.local_pages / 4;
         let batch = self.batch.min(limit.max(1));
@@ -467,20 +470,38 @@ impl Handler {
             j += 1;
         }
         self.last_fault = Some((page, *want.last().unwrap_or(&(page as u32)) as usize));
-        let got = match self.store.get(&want) {
-            Ok(g) => g,
-            Err(e) => return self.lose(page, format!("{}: {e}", self.store.describe())),
-        };
-        let mut served = false;
+        // The faulting page first, alone, so the program runs on while its
+        // neighbours come (Fastswap): it waits for one page, not a batch.
+        if let Err(why) = self.install(&want[..1], page, write) {
+            return self.lose(page, why);
+        }
+        self.s.far_faults.fetch_add(1, Ordering::Relaxed);
+        let ns = at.elapsed().as_nanos() as u64;
+        self.s.wait_ns.fetch_add(ns, Ordering::Relaxed);
+        if want.len() > 1 {
+            if let Err(why) = self.install(&want[1..], page, write) {
+                self.s.fail(why);
+            }
+        }
+    }
+
+    /// Fetch `want` (sorted, every page far) from the store and install
+    /// each page; `page` is the faulting one, installed writable and dirty
+    /// for a `write`.
+    fn install(&mut self, want: &[u32], page: usize, write: bool) -> Result<(), String> {
+        let got = self
+            .store
+            .get(want)
+            .map_err(|e| format!("{}: {e}", self.store.describe()))?;
+        let mut served = 0;
         for (p, bytes) in &got {
             let p = *p as usize;
             let asked = want.binary_search(&(p as u32)).is_ok();
             if !asked || bytes.len() != PAGE_SIZE || self.flags[p] & RESIDENT != 0 {
-                let why = format!(
+                return Err(format!(
                     "{} sent page {p}, which was not asked for",
                     self.store.describe()
-                );
-                return self.lose(page, why);
+                ));
             }
             // The faulting page of a write goes in writable and dirty;
             // everything else clean and write-protected.
@@ -488,28 +509,26 @@ impl Handler {
             let mode = if dirty { 0 } else { COPY_MODE_WP };
             // SAFETY: `bytes` is one readable page; the destination lies in
             // the registered range of our mapping, kept alive by `mem`.
-            match unsafe {
+            unsafe {
                 self.s
                     .uffd
                     .copy_mode(self.s.addr(p), bytes.as_ptr(), PAGE_SIZE, mode)
-            } {
-                Ok(_) => {
-                    let f = if dirty { STORED | DIRTY } else { STORED | WP };
-                    self.make_resident(p, RESIDENT | REF | f);
-                    self.s.far.fetch_sub(1, Ordering::Relaxed);
-                    self.s.pages_in.fetch_add(1, Ordering::Relaxed);
-                    served |= p == page;
-                }
-                Err(e) => return self.lose(page, format!("cannot install page {p}: {e}")),
             }
+            .map_err(|e| format!("cannot install page {p}: {e}"))?;
+            let f = if dirty { STORED | DIRTY } else { STORED | WP };
+            self.make_resident(p, RESIDENT | REF | f);
+            self.s.far.fetch_sub(1, Ordering::Relaxed);
+            self.s.pages_in.fetch_add(1, Ordering::Relaxed);
+            served += 1;
         }
-        if !served {
-            let why = format!("{} did not send page {page}", self.store.describe());
-            return self.lose(page, why);
+        if served != want.len() {
+            return Err(format!(
+                "{} sent {served} of the {} pages asked",
+                self.store.describe(),
+                want.len()
+            ));
         }
-        self.s.far_faults.fetch_add(1, Ordering::Relaxed);
-        let ns = at.elapsed().as_nanos() as u64;
-        self.s.wait_ns.fetch_add(ns, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The store failed: stop the cell, and unblock the program with a
