@@ -41,6 +41,8 @@ pub struct Options {
     pub zram: bool,
     /// Also a memory server on another node (`far_server.rs`).
     pub server: bool,
+    /// Also a memory server through a link of each of these rates.
+    pub links: Vec<String>,
 }
 
 /// A `roam run` of `name`, with `extra` flags first (and `wrap` around
@@ -219,12 +221,22 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         "MiB written out",
     ]);
     let mut worst: Vec<(String, f64)> = Vec::new();
+    // The memory servers: on loopback, and in two namespaces joined by a
+    // link reshaped to each rate in turn (one pair: the namespaces are
+    // the script's, one of each).
+    let roam = paths.tool("roam")?;
+    let nodes = scratch.join("nodes");
     let pair = match o.server {
-        true => Some(crate::far_server::Pair::start(
-            &paths.tool("roam")?,
-            &scratch.join("nodes"),
-        )?),
+        true => Some(crate::far_server::Pair::start(&roam, &nodes, None)?),
         false => None,
+    };
+    let linked = match o.links.first() {
+        Some(rate) => Some(crate::far_server::Pair::start(
+            &roam,
+            &nodes.join("linked"),
+            Some(rate),
+        )?),
+        None => None,
     };
     for name in &o.workloads {
         // Uninterrupted, with all of its memory: the reference.
@@ -270,9 +282,9 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         for &share in &o.shares {
             let local = (ws * u64::from(share) / 100).max(256 << 10) / 4096 * 4096;
             let mut row = |store: &str, eviction: &str, t: Duration, summary: &str| {
-                let against = match store {
-                    "memory server" => node_base.unwrap_or(base),
-                    _ => base,
+                let against = match store.starts_with("memory server") {
+                    true => node_base.unwrap_or(base),
+                    false => base,
                 };
                 let slow = t.as_secs_f64() / against.as_secs_f64();
                 worst.push((format!("{name} {share} % {store} {eviction}"), slow));
@@ -295,14 +307,22 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
                     roam_run(paths, name, &o.size, &swap_flag(local, eviction), None)
                 })?;
                 row("swap file", eviction, t, &s);
+                // Timed like the run without a server: launch, run, and
+                // the log's fetch.
+                let far = Some((local, eviction));
                 if let Some(p) = &pair {
-                    // Timed like the run without a server: launch, run,
-                    // and the log's fetch.
                     let (t, s) = timed(o.reps, &want, &what, || {
-                        p.run(&wasm, &o.size, Some((local, eviction)))
-                            .map(|(sum, _, s)| (sum, s))
+                        p.run(&wasm, &o.size, far).map(|(sum, _, s)| (sum, s))
                     })?;
                     row("memory server", eviction, t, &s);
+                }
+                for rate in o.links.iter().filter(|_| linked.is_some()) {
+                    let p = linked.as_ref().context("the linked pair")?;
+                    p.shape(rate)?;
+                    let (t, s) = timed(o.reps, &want, &what, || {
+                        p.run(&wasm, &o.size, far).map(|(sum, _, s)| (sum, s))
+                    })?;
+                    row(&format!("memory server, {rate}"), eviction, t, &s);
                 }
             }
             if let Some(z) = zram.as_mut() {
@@ -332,7 +352,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
     );
     if o.server {
         notes.push(
-            "Memory-server rows: two `roam node` processes on this machine's loopback, the cell launched on one with its far pages on the other; each against the same launch with all of its memory (`node, no server`), both timed from the launch to the fetched log. The link is loopback, not a board's network; no shaped link yet. Their faults and bytes are the node's counters at its last poll before the end."
+            "Memory-server rows: two `roam node` processes on this machine's loopback, the cell launched on one with its far pages on the other; each against the same launch with all of its memory (`node, no server`), both timed from the launch to the fetched log. Rows named with a rate run the two nodes in two network namespaces joined by a veth pair shaped by the kernel (`tc tbf`) at that rate each way, without added delay (no `netem` here); the others on loopback. Their faults and bytes are the node's counters at its last poll before the end."
                 .into(),
         );
     }
@@ -345,7 +365,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         label: o.size.clone(),
         title: "Far memory: slowdown with part of the working set resident".into(),
         setup: format!(
-            "`roam-bench far --only {} --size {} --shares {} --reps {}{}{}`",
+            "`roam-bench far --only {} --size {} --shares {} --reps {}{}{}{}`",
             o.workloads.join(","),
             o.size,
             o.shares
@@ -355,7 +375,16 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
                 .join(","),
             o.reps,
             if o.zram { " --zram" } else { "" },
-            if o.server { " --server" } else { "" },
+            if o.server && o.links.is_empty() {
+                " --server"
+            } else {
+                ""
+            },
+            if o.links.is_empty() {
+                String::new()
+            } else {
+                format!(" --links {}", o.links.join(","))
+            },
         ),
         table,
         notes,

@@ -5,8 +5,16 @@
 //!
 //! Both sides go through the node (upload, compile cache, launch, the end
 //! seen by polling the node's API every 20 ms), so their ratio is the
-//! paging's cost alone; the loopback link is much faster than a board's
-//! network, which these rows do not emulate.
+//! paging's cost alone.
+//!
+//! With a link rate (`--links 100mbit`, root only), the two nodes run in
+//! the network namespaces of `scripts/netns-link.sh`, the board in `roam-a`
+//! and the memory server in `roam-b`, joined by a veth pair that the
+//! kernel shapes with `tbf` at that rate each way: real TCP over a real
+//! bottleneck, without added delay (this machine has no `netem`). A
+//! user-space proxy (`roam-link`) was tried first and rejected for these
+//! rows: its pacing sleeps on tokio's millisecond timer, which turned each
+//! 4 KiB page into a round trip of about 3.5 ms at 100 Mbit/s.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -14,25 +22,74 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::kept::{start_node, Proc};
+use crate::kept::{start_node_in, Proc};
 use crate::proc::checksum;
 
 /// A memory server and a node paging to it.
 pub(crate) struct Pair {
+    // Dropped first: the nodes end before their namespaces go.
     _procs: [Proc; 2],
+    link: Option<Link>,
     server: String,
     board: String,
     roam: PathBuf,
 }
 
+/// The shaped link of `scripts/netns-link.sh`, taken down when dropped.
+struct Link;
+
+/// The board's namespace and address, then the memory server's.
+const BOARD_NS: (&str, &str) = ("roam-a", "10.77.0.1");
+const SERVER_NS: (&str, &str) = ("roam-b", "10.77.0.2");
+
+fn link_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns-link.sh")
+}
+
+/// Create the link at `rate`, or reshape it (the script is idempotent).
+fn link_up(rate: &str) -> anyhow::Result<()> {
+    let script = link_script();
+    let out = Command::new(&script)
+        .args(["up", rate])
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "a {rate} link needs root and iproute2: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = Command::new(link_script()).arg("down").output();
+    }
+}
+
 impl Pair {
-    /// Start both nodes in `dir` and wait until they answer.
-    pub(crate) fn start(roam: &Path, dir: &Path) -> anyhow::Result<Pair> {
+    /// Start both nodes in `dir` and wait until they answer; with `rate`
+    /// (`tc` units), in two namespaces joined by a link of that rate.
+    pub(crate) fn start(roam: &Path, dir: &Path, rate: Option<&str>) -> anyhow::Result<Pair> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {dir:?}"))?;
-        let (s, server) = start_node(roam, "server", dir, &["--memory-server", "4GiB"])?;
-        let (b, board) = start_node(roam, "board", dir, &[])?;
+        let link = match rate {
+            Some(rate) => {
+                link_up(rate)?;
+                Some(Link)
+            }
+            None => None,
+        };
+        let (board_ns, server_ns) = match link {
+            Some(_) => (Some(BOARD_NS), Some(SERVER_NS)),
+            None => (None, None),
+        };
+        let server_flags = ["--memory-server", "4GiB"];
+        let (s, server) = start_node_in(server_ns, roam, "server", dir, &server_flags)?;
+        let (b, board) = start_node_in(board_ns, roam, "board", dir, &[])?;
         let pair = Pair {
             _procs: [s, b],
+            link,
             server,
             board,
             roam: roam.to_path_buf(),
@@ -49,8 +106,27 @@ impl Pair {
         Ok(pair)
     }
 
+    /// Reshape the link to `rate`, between two cells (a pair started
+    /// with a rate only).
+    pub(crate) fn shape(&self, rate: &str) -> anyhow::Result<()> {
+        match &self.link {
+            // The same namespaces: `up` again changes the qdiscs only.
+            Some(_) => link_up(rate),
+            None => bail!("a pair on loopback has no link to shape"),
+        }
+    }
+
+    /// Run the CLI where the board is (its namespace, with a link).
     fn roam(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(&self.roam)
+        let mut cmd = match self.link {
+            Some(_) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", BOARD_NS.0]).arg(&self.roam);
+                c
+            }
+            None => Command::new(&self.roam),
+        };
+        let out = cmd
             .args(args)
             .stdin(Stdio::null())
             .output()

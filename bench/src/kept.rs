@@ -76,11 +76,36 @@ pub(crate) fn start_node(
     dir: &Path,
     extra: &[&str],
 ) -> anyhow::Result<(Proc, String)> {
+    start_node_in(None, roam, name, dir, extra)
+}
+
+/// [`start_node`] inside network namespace `ns`, listening on its address
+/// (`Some((namespace, address))`), or on loopback (`None`).
+pub(crate) fn start_node_in(
+    ns: Option<(&str, &str)>,
+    roam: &Path,
+    name: &str,
+    dir: &Path,
+    extra: &[&str],
+) -> anyhow::Result<(Proc, String)> {
+    // A namespace of its own has every port free.
     let port = free_port()?;
+    let ip = ns.map_or("127.0.0.1", |(_, ip)| ip);
     let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
-    let child = Command::new(roam)
-        .args(["node", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--migrate-listen", "127.0.0.1:0", "--name", name])
+    let mut cmd = match ns {
+        Some((ns, _)) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(roam);
+            c
+        }
+        None => Command::new(roam),
+    };
+    let child = cmd
+        .args(["node", "--listen", &format!("{ip}:{port}")])
+        .args(["--migrate-listen", &format!("{ip}:0"), "--name", name])
+        // The namespaces are this machine's own, reachable from no other:
+        // the node may serve without authentication there.
+        .args(ns.map(|_| "--insecure"))
         .arg("--state-dir")
         .arg(dir.join(name))
         .arg("--cache-dir")
@@ -97,7 +122,7 @@ pub(crate) fn start_node(
         .stderr(log)
         .spawn()
         .with_context(|| format!("cannot start {}", roam.display()))?;
-    Ok((Proc(child), format!("http://127.0.0.1:{port}")))
+    Ok((Proc(child), format!("http://{ip}:{port}")))
 }
 
 /// One row per checkpoint kept.

@@ -367,6 +367,11 @@ enum Bench {
         /// Also page to a memory server: a second `roam node` on loopback.
         #[arg(long)]
         server: bool,
+        /// Also page to a memory server through a link of each of these
+        /// rates (`tc` units, comma-separated, e.g. `1gbit,100mbit`); implies
+        /// `--server`.
+        #[arg(long, value_delimiter = ',')]
+        links: Vec<String>,
     },
     /// Control-plane scale: one planner, a simulated fleet of nodes and cells.
     Scale {
@@ -736,6 +741,7 @@ fn main() -> anyhow::Result<()> {
             reps,
             zram,
             server,
+            links,
         } => far::run(
             &paths,
             &far::Options {
@@ -748,7 +754,8 @@ fn main() -> anyhow::Result<()> {
                     .map_err(|e| anyhow::anyhow!("--shares: percentages, comma-separated: {e}"))?,
                 reps,
                 zram,
-                server,
+                server: server || !links.is_empty(),
+                links,
             },
         )?,
         Bench::Scale {
