@@ -9,20 +9,16 @@
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use roam_runtime::{Cell, LazyMemory, LoadedModule};
-use roam_snapshot::{PageKind, Snapshot};
-use roam_transfer::Decoder;
-use roam_wire::{recv, send, Accept, Final, Hello, Mode, Msg, Offer};
+use roam_runtime::{LazyMemory, LoadedModule};
+use roam_wire::{recv, send, Accept, Hello, Mode, Msg, Offer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
-use super::pages::{IncomingTarget, PostCopyPages};
+use super::assemble::{assemble, Run};
+use super::pages::PostCopyPages;
 use super::transport::Conn;
 use super::{ReadHalf, WriteHalf};
-use crate::cell;
-use crate::cells::{make_preopens, on_end, register};
 use crate::error::NodeError;
-use crate::log::CellLog;
 use crate::state::{Inbound, NodeInner};
 use crate::types::{DestTimings, Resolution};
 
@@ -308,17 +304,17 @@ async fn load_module(
 
 /// What the receiving thread reports once the cell has started: the lazy
 /// memory of a post-copy cell, and when each step of the start ended.
-type Started = Result<(Option<LazyMemory>, StartMarks), String>;
+pub(super) type Started = Result<(Option<LazyMemory>, StartMarks), String>;
 
 /// When the receiving thread finished each step of starting the cell.
 #[derive(Debug, Clone, Copy)]
-struct StartMarks {
+pub(super) struct StartMarks {
     /// Time spent applying the pages after the last `RoundDone`.
-    last_apply: Duration,
-    picked: Instant,
-    decoded: Instant,
-    installed: Instant,
-    registered: Instant,
+    pub last_apply: Duration,
+    pub picked: Instant,
+    pub decoded: Instant,
+    pub installed: Instant,
+    pub registered: Instant,
 }
 
 async fn receive_cell(
@@ -429,7 +425,7 @@ async fn receive_cell(
 
 /// `ROAM_LEARN_INLINE=1`: hash arriving pages into the chunk store as they
 /// are applied, as before the background learning (an ablation knob).
-fn learn_inline() -> bool {
+pub(super) fn learn_inline() -> bool {
     std::env::var_os("ROAM_LEARN_INLINE").is_some_and(|v| v == "1")
 }
 
@@ -477,225 +473,6 @@ async fn started(
     }
     // It started just as the limit passed: it is this node's now.
     run_rx.await.map_err(ended)?
-}
-
-/// How the arriving cell runs: its migration, and how its memory is
-/// paged (post-copy or far memory), if it is.
-struct Run {
-    inbound: Arc<Inbound>,
-    post: Option<Arc<PostCopyPages>>,
-    far: Option<crate::cells::FarPlan>,
-}
-
-/// The receiving thread: build the instance, apply pages, finish, run.
-fn assemble(
-    n: Arc<NodeInner>,
-    module: Arc<LoadedModule>,
-    offer: Offer,
-    mut rx: mpsc::Receiver<Msg>,
-    prep_tx: oneshot::Sender<Result<(), String>>,
-    run_tx: oneshot::Sender<Started>,
-    run: Run,
-) {
-    let Run { inbound, post, far } = run;
-    let opts = crate::cells::options(&n, &offer.cell.dirs, offer.cell.max_memory);
-    let built = Cell::incoming(&n.rt, module.clone(), opts)
-        .map_err(|e| format!("cannot instantiate the module here: {e}"))
-        .and_then(|mut i| match far {
-            Some(plan) => i
-                .attach_far(plan.opts, plan.store)
-                .map(|far| (i, Some((far, plan.server))))
-                .map_err(|e| format!("far memory: {e}")),
-            None => Ok((i, None)),
-        });
-    let (mut incoming, far) = match built {
-        Ok(x) => x,
-        Err(e) => {
-            let _ = prep_tx.send(Err(e));
-            return;
-        }
-    };
-    let _ = prep_tx.send(Ok(()));
-    // Pages that arrive are remembered in the chunk store for later
-    // migrations here, but hashing them on this thread delays the final
-    // round: that is done after the start, in the background (post-copy
-    // keeps learning as pages arrive: its memory faults when read).
-    let learn_after = post.is_none() && !learn_inline();
-    let mut decoder = Decoder::with_store(n.store.clone(), !learn_after);
-    let mut written = Vec::new();
-    let mut kinds: Option<Vec<roam_wire::PageKind>> = None;
-    let mut files = match super::files::receiver(&n, &offer) {
-        Ok(f) => f,
-        Err(e) => {
-            let _ = run_tx.send(Err(e));
-            return;
-        }
-    };
-    let log = CellLog::new(n.log_capacity());
-    let mut last_apply = Duration::ZERO;
-    let fin: Box<Final> = loop {
-        let Some(m) = rx.blocking_recv() else {
-            tracing::debug!("source went away before the final state; dropping the instance");
-            return;
-        };
-        let step = match m {
-            Msg::Grow { bytes } => incoming.grow_to(bytes).map_err(|e| e.to_string()),
-            // Post-copy: the pages the rewind touches, kept for the fault
-            // handler (this memory is dropped and refilled lazily).
-            Msg::Pages { batch } if post.is_some() => post
-                .as_ref()
-                .map_or(Ok(()), |p| p.receive_early(&mut decoder, &batch)),
-            Msg::Pages { batch } => {
-                let began = Instant::now();
-                let mut t = IncomingTarget::new(
-                    incoming.memory_mut(),
-                    module.initial_image(),
-                    &mut written,
-                );
-                let r = decoder
-                    .apply(&batch, &mut t)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string());
-                last_apply += began.elapsed();
-                r
-            }
-            Msg::RoundDone { .. } => {
-                last_apply = Duration::ZERO;
-                Ok(())
-            }
-            Msg::PageKinds { kinds: k } => {
-                kinds = Some(k);
-                Ok(())
-            }
-            Msg::LogChunk { dropped, bytes } => {
-                log.receive(&bytes, dropped);
-                Ok(())
-            }
-            m @ (Msg::FileEntry(_) | Msg::FileData { .. } | Msg::FileRemoved { .. }) => {
-                files.apply(m)
-            }
-            Msg::Final(f) => break f,
-            _ => Ok(()),
-        };
-        if let Err(e) = step {
-            let _ = run_tx.send(Err(e));
-            return;
-        }
-    };
-    let picked = Instant::now();
-    let started = files
-        .check_complete()
-        .and_then(|()| start(&n, incoming, &offer, *fin, kinds, log, &inbound, post));
-    let (cell, handle, lazy, mut marks) = match started {
-        Ok(x) => x,
-        Err(e) => {
-            let _ = run_tx.send(Err(e));
-            return;
-        }
-    };
-    let id = offer.cell.id.clone();
-    if let Some(far) = far {
-        let _ = handle.far.set(far);
-    }
-    marks.picked = picked;
-    marks.last_apply = last_apply;
-    if learn_after {
-        let (store, mem) = (n.store.clone(), handle.memory.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("learn-{id}"))
-            .spawn(move || {
-                let new = super::remember(&store, &mem);
-                tracing::debug!(chunks = new, "kept the arrived cell's pages for dedup");
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(cell = %id, "cannot keep the arrived pages for dedup: {e}");
-        }
-    }
-    if run_tx.send(Ok((lazy, marks))).is_err() {
-        tracing::warn!(cell = %id, "the connection closed as the cell started; it runs here");
-    }
-    on_end(&n, &id)(cell::run(cell, &handle));
-}
-
-type StartedCell = (Cell, Arc<cell::CellHandle>, Option<LazyMemory>, StartMarks);
-
-#[allow(clippy::too_many_arguments)]
-fn start(
-    n: &Arc<NodeInner>,
-    mut incoming: roam_runtime::Incoming,
-    offer: &Offer,
-    fin: Final,
-    kinds: Option<Vec<roam_wire::PageKind>>,
-    log: CellLog,
-    inbound: &Inbound,
-    post: Option<Arc<PostCopyPages>>,
-) -> Result<StartedCell, String> {
-    let picked = Instant::now();
-    // A final state carries no pages (they came on their own): one that
-    // declares some is refused before any is decompressed.
-    let mut snapshot =
-        Snapshot::decode_state(&fin.snapshot).map_err(|e| format!("final state: {e}"))?;
-    if snapshot.memory.byte_len() != fin.memory_bytes || snapshot.memory.stored_pages() != 0 {
-        return Err("final state: its memory record does not match the streamed memory".into());
-    }
-    // The pages arrived on their own; the snapshot's image is a placeholder.
-    snapshot.memory = roam_snapshot::MemoryImage::empty();
-    let decoded = Instant::now();
-    incoming
-        .grow_to(fin.memory_bytes)
-        .map_err(|e| e.to_string())?;
-    let preopens = make_preopens(n, &offer.cell.id, &offer.cell.dirs).map_err(|e| e.to_string())?;
-    let (mut cell, lazy) = match (post, kinds) {
-        (Some(post), Some(kinds)) => {
-            let kinds = kinds
-                .iter()
-                .map(|k| match k {
-                    roam_wire::PageKind::Zero => PageKind::Zero,
-                    roam_wire::PageKind::Initial => PageKind::Initial,
-                    roam_wire::PageKind::Data => PageKind::Data,
-                })
-                .collect();
-            let (cell, lazy) = incoming
-                .finish_lazy(&snapshot, preopens, kinds, Box::new(post.source()))
-                .map_err(|e| e.to_string())?;
-            (cell, Some(lazy))
-        }
-        (Some(_), None) => return Err("post-copy without page kinds".into()),
-        (None, _) => (
-            incoming
-                .finish(&snapshot, preopens)
-                .map_err(|e| e.to_string())?,
-            None,
-        ),
-    };
-    let installed = Instant::now();
-    // The commit point: from here on the cell is this node's.
-    if !inbound.try_start() {
-        return Err("the source gave up on this migration before the cell started".into());
-    }
-    let mut spec = offer.cell.clone();
-    // A planner's cell starts here only once this node owns it: the
-    // transaction names the source and the generation it was given.
-    if let (Some(_), Some(generation)) = (&n.planner, spec.generation) {
-        match crate::cluster::planner::take(n, &spec.id, inbound.source(), generation) {
-            Ok(g) => spec.generation = Some(g),
-            Err(e) => {
-                inbound.unstart();
-                tracing::warn!(cell = %spec.id, error = %e, "ownership refused; the cell does not start here");
-                return Err(e);
-            }
-        }
-    }
-    spec.hops += 1;
-    let handle = register(n, spec, Arc::new(log), &mut cell);
-    let marks = StartMarks {
-        last_apply: Duration::ZERO,
-        picked,
-        decoded,
-        installed,
-        registered: Instant::now(),
-    };
-    Ok((cell, handle, lazy, marks))
 }
 
 /// The inbound migration `id`, if this node knows it.

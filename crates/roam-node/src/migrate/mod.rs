@@ -15,6 +15,7 @@ use crate::error::NodeError;
 use crate::state::NodeInner;
 use crate::types::MigrationStatus;
 
+mod assemble;
 pub(crate) mod dest;
 pub(crate) mod far;
 mod files;
