@@ -40,6 +40,7 @@ mod leader;
 mod maintenance;
 pub mod metrics;
 mod moves;
+mod ownership;
 mod placement;
 pub mod policy;
 #[cfg(test)]
