@@ -329,6 +329,33 @@ fn far_memory_is_refused_with_the_reason() {
     );
 }
 
+/// Two boards of the planner `p`'s cluster that admit 64 MiB of cells
+/// each, by name.
+fn boards(p: &Planner) -> Vec<(String, Node)> {
+    ["board-a", "board-b"]
+        .into_iter()
+        .map(|b| {
+            let node = cluster_node(p, b, &["--max-total-memory", "64MiB"]);
+            (b.to_string(), node)
+        })
+        .collect()
+}
+
+/// Wait until at least 64 MiB of cell `id` on `node` is on its memory
+/// server, with at most its 16 MiB budget (and one fetch batch) resident:
+/// its row then.
+fn wait_far(node: &Node, id: &str, what: &str) -> serde_json::Value {
+    let row = wait_for(what, SLOW, || {
+        let row = node.cell(id)?;
+        (row["far"]["far_bytes"].as_u64()? >= 64 << 20).then_some(row)
+    });
+    assert!(
+        row["far"]["resident_bytes"].as_u64().unwrap() <= (16 << 20) + (64 << 12),
+        "{row}"
+    );
+    row
+}
+
 /// A node of the planner `p`'s cluster, with `extra` flags.
 fn cluster_node(p: &Planner, name: &str, extra: &[&str]) -> Node {
     let mut args = vec![
@@ -351,16 +378,7 @@ fn the_planner_places_a_far_cell_and_restores_it_far_when_its_node_dies() {
     // kept checkpoint on the other board, paging to a server again.
     let p = Planner::start(None, &["--lease", "5"]);
     let server = cluster_node(&p, "server", &["--memory-server", "512MiB"]);
-    let mut boards = vec![
-        (
-            "board-a".to_string(),
-            cluster_node(&p, "board-a", &["--max-total-memory", "64MiB"]),
-        ),
-        (
-            "board-b".to_string(),
-            cluster_node(&p, "board-b", &["--max-total-memory", "64MiB"]),
-        ),
-    ];
+    let mut boards = boards(&p);
     wait_alive(&p, 3);
     let args = ["128", "4", "30"];
     let expected = std::thread::spawn(move || reference(&args));
@@ -379,14 +397,7 @@ fn the_planner_places_a_far_cell_and_restores_it_far_when_its_node_dies() {
     let first = c["owner"].as_str().unwrap().to_string();
     assert!(first.starts_with("board-"), "placed on {first}: {c}");
     let owner = owner_node(&c, &mut boards);
-    let row = wait_for("the cell's pages on the memory server", SLOW, || {
-        let row = owner.cell(&id)?;
-        (row["far"]["far_bytes"].as_u64()? >= 64 << 20).then_some(row)
-    });
-    assert!(
-        row["far"]["resident_bytes"].as_u64().unwrap() <= (16 << 20) + (64 << 12),
-        "{row}"
-    );
+    wait_far(owner, &id, "the cell's pages on the memory server");
 
     // Its node dies after a kept checkpoint: restored on the other board,
     // never on the server, with its pages far again.
@@ -397,18 +408,7 @@ fn the_planner_places_a_far_cell_and_restores_it_far_when_its_node_dies() {
     let second = back["owner"].as_str().unwrap().to_string();
     assert!(second.starts_with("board-") && second != first, "{back}");
     let node = owner_node(&back, &mut boards);
-    let row = wait_for(
-        "the restored cell's pages on the memory server",
-        SLOW,
-        || {
-            let row = node.cell(&id)?;
-            (row["far"]["far_bytes"].as_u64()? >= 64 << 20).then_some(row)
-        },
-    );
-    assert!(
-        row["far"]["resident_bytes"].as_u64().unwrap() <= (16 << 20) + (64 << 12),
-        "{row}"
-    );
+    wait_far(node, &id, "the restored cell's pages on the memory server");
     let end = node.wait_end(&id, SLOW);
     assert_eq!(end["state"], "exited", "{end}\n{}", all_logs(&p, &boards));
     assert_eq!(
@@ -431,16 +431,7 @@ fn a_cell_whose_memory_server_dies_comes_back_from_its_kept_checkpoint() {
         cluster_node(&p, "server-1", &["--memory-server", "1GiB"]),
         cluster_node(&p, "server-2", &["--memory-server", "512MiB"]),
     ];
-    let mut boards = vec![
-        (
-            "board-a".to_string(),
-            cluster_node(&p, "board-a", &["--max-total-memory", "64MiB"]),
-        ),
-        (
-            "board-b".to_string(),
-            cluster_node(&p, "board-b", &["--max-total-memory", "64MiB"]),
-        ),
-    ];
+    let mut boards = boards(&p);
     wait_alive(&p, 4);
     let args = ["128", "4", "30"];
     let expected = std::thread::spawn(move || reference(&args));
@@ -480,15 +471,7 @@ fn a_cell_whose_memory_server_dies_comes_back_from_its_kept_checkpoint() {
     assert_eq!(row["memory_lost"], true, "{row}");
     assert!(!text(&logs(&id, failed_on)).contains("checksum"));
     let node = owner_node(&back, &mut boards);
-    let row = wait_for(
-        "the restored cell's pages on the other server",
-        SLOW,
-        || {
-            let row = node.cell(&id)?;
-            let far = &row["far"];
-            (far["far_bytes"].as_u64()? >= 64 << 20).then_some(row.clone())
-        },
-    );
+    let row = wait_far(node, &id, "the restored cell's pages on the other server");
     assert!(
         row["far"]["server"].as_str().unwrap().contains("server-2"),
         "{row}"

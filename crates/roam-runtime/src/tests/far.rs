@@ -3,11 +3,12 @@
 //! precise error when its store dies.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use roam_wasi::WasiConfig;
 
 use super::common::*;
-use crate::{Cell, CellOptions, Eviction, FarOptions, MemStore, Outcome, RunError};
+use crate::{Cell, CellOptions, Eviction, FarOptions, LoadedModule, MemStore, Outcome, RunError};
 
 /// Grows 16 MiB (4,096 pages), then six rounds of a write to every page in
 /// a scattered order and a sequential read of all of them; prints a
@@ -125,15 +126,26 @@ fn a_budget_below_the_minimum_is_refused() {
     assert!(e.to_string().contains("below the minimum"), "{e}");
 }
 
-#[test]
-fn a_far_cell_checkpoints_and_restores_without_far_memory() {
+/// A far cell stopped mid-run to be restored.
+struct Stopped {
+    env: Env,
+    m: Arc<LoadedModule>,
+    snap: roam_snapshot::Snapshot,
+    /// What it printed before it stopped.
+    before: Vec<u8>,
+    far: crate::FarMemory,
+    /// The uninterrupted run's output.
+    want: Vec<u8>,
+}
+
+/// `BIG_WAT` under a 128-page budget, stopped at its 3,000th point; `None`
+/// where the test is skipped.
+fn stopped_far_cell() -> Option<Stopped> {
     if !userfaultfd_or_skip() {
-        return;
+        return None;
     }
     let env = env();
-    let Some(m) = load(&env.rt, BIG_WAT) else {
-        return;
-    };
+    let m = load(&env.rt, BIG_WAT)?;
     let want = reference(&env.rt, &m);
     let opts = CellOptions {
         checkpoint_at_point: Some(3000),
@@ -147,11 +159,31 @@ fn a_far_cell_checkpoints_and_restores_without_far_memory() {
         Outcome::Stopped(s, _) => *s,
         other => panic!("expected a stop, got {other:?}"),
     };
+    Some(Stopped {
+        env,
+        m,
+        snap,
+        before: out.stdout(),
+        far,
+        want,
+    })
+}
+
+#[test]
+fn a_far_cell_checkpoints_and_restores_without_far_memory() {
+    let Some(Stopped {
+        env,
+        m,
+        snap,
+        before,
+        far,
+        want,
+    }) = stopped_far_cell()
+    else {
+        return;
+    };
     assert!(far.stats().far > 0, "nothing was far: {:?}", far.stats());
-    let before = out.stdout();
-    drop(cell);
-    let mut back =
-        Cell::restore(&env.rt, m.clone(), &snap, vec![], CellOptions::default()).unwrap();
+    let mut back = Cell::restore(&env.rt, m, &snap, vec![], CellOptions::default()).unwrap();
     let rest = back.capture_output();
     assert!(matches!(run(&mut back), Outcome::Exited(0)));
     let mut got = before;
@@ -161,31 +193,21 @@ fn a_far_cell_checkpoints_and_restores_without_far_memory() {
 
 #[test]
 fn a_far_cell_restores_into_far_memory_within_its_budget() {
-    if !userfaultfd_or_skip() {
+    let Some(Stopped {
+        env,
+        m,
+        snap,
+        before,
+        want,
+        ..
+    }) = stopped_far_cell()
+    else {
         return;
-    }
-    let env = env();
-    let Some(m) = load(&env.rt, BIG_WAT) else {
-        return;
     };
-    let want = reference(&env.rt, &m);
-    let opts = CellOptions {
-        checkpoint_at_point: Some(3000),
-        ..CellOptions::default()
-    };
-    let (mut cell, out) = start(&env.rt, &m, opts);
-    cell.attach_far(FarOptions::new(128), Box::new(MemStore::new()))
-        .unwrap();
-    let snap = match run(&mut cell) {
-        Outcome::Stopped(s, _) => *s,
-        other => panic!("expected a stop, got {other:?}"),
-    };
-    let before = out.stdout();
-    drop(cell);
     // The pages go to the new store as they are written: the memory
     // (16 MiB, 4,096 pages) is never all resident, even while it arrives.
     let budget = FarOptions::new(96);
-    let mut incoming = Cell::incoming(&env.rt, m.clone(), CellOptions::default()).unwrap();
+    let mut incoming = Cell::incoming(&env.rt, m, CellOptions::default()).unwrap();
     let far = incoming
         .attach_far(budget, Box::new(MemStore::new()))
         .unwrap();
