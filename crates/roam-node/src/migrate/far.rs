@@ -20,7 +20,6 @@ use std::time::Duration;
 use roam_runtime::{Eviction, PageStore};
 use roam_wire::{check_far_request, recv, send, FarOpen, FarPages, Hello, Msg, FAR_PAGE};
 
-use super::transport::Conn;
 use super::{ReadHalf, WriteHalf};
 use crate::error::NodeError;
 use crate::limits::FarServer;
@@ -231,20 +230,12 @@ async fn open_space(
     cell: &str,
     max_pages: u32,
 ) -> Result<(ReadHalf, WriteHalf, u64, String), String> {
-    let api = n
-        .client(server)
-        .map_err(|e| format!("cannot reach memory server {server}: {e}"))?;
-    let info = api
-        .node()
-        .await
-        .map_err(|e| format!("cannot reach memory server {server}: {e}"))?;
-    let Conn {
+    let super::transport::Reached {
         mut rd,
         mut wr,
-        peer_cert,
-    } = super::transport::connect(n, &info.migrate_addr, &info.name).await?;
-    let peer = super::dest::handshake(n, &mut rd, &mut wr).await?;
-    super::transport::check_peer(n, peer_cert.as_ref(), &peer.node)?;
+        info,
+        ..
+    } = super::transport::reach(n, server, "memory server").await?;
     let open = Msg::FarOpen(FarOpen {
         cell: cell.to_string(),
         max_pages,

@@ -18,8 +18,12 @@
 use tokio::net::TcpStream;
 
 use super::{ReadHalf, WriteHalf};
+use roam_wire::Hello;
+
+use crate::client::Client;
 use crate::secure::HANDSHAKE_TIMEOUT;
 use crate::state::NodeInner;
+use crate::types::NodeInfo;
 
 /// An open migration connection.
 pub(crate) struct Conn {
@@ -133,4 +137,43 @@ pub(crate) fn check_peer(
         (None, Some(_)) => Err("the peer presented no certificate".into()),
         _ => Ok(()),
     }
+}
+
+/// A node reached by [`reach`].
+pub(crate) struct Reached {
+    pub rd: ReadHalf,
+    pub wr: WriteHalf,
+    /// Its control API.
+    pub api: Client,
+    /// What its API says of it (name, migration address).
+    pub info: NodeInfo,
+    /// Its hello.
+    pub peer: Hello,
+}
+
+/// Reach the node whose control API is at `api` the way a migration
+/// source does: ask it for its migration address, connect, exchange
+/// hellos and check that the certificate names the node that said hello.
+/// `what` names the peer in errors ("destination", "memory server").
+pub(crate) async fn reach(n: &NodeInner, api: &str, what: &str) -> Result<Reached, String> {
+    let unreachable = |e: String| format!("cannot reach {what} {api}: {e}");
+    let client = n.client(api).map_err(|e| unreachable(e.to_string()))?;
+    let info = client
+        .node()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let Conn {
+        mut rd,
+        mut wr,
+        peer_cert,
+    } = connect(n, &info.migrate_addr, &info.name).await?;
+    let peer = super::dest::handshake(n, &mut rd, &mut wr).await?;
+    check_peer(n, peer_cert.as_ref(), &peer.node)?;
+    Ok(Reached {
+        rd,
+        wr,
+        api: client,
+        info,
+        peer,
+    })
 }

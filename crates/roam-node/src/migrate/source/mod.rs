@@ -119,25 +119,10 @@ async fn connect(
     plan: &Plan,
 ) -> Result<Connected, MigrateError> {
     let fail = |phase| move |e: String| MigrateError::here(phase, e);
-    let to = &plan.req.to;
-    let api = n
-        .client(to)
-        .map_err(|e| fail(Phase::Connect)(format!("cannot reach destination {to}: {e}")))?;
-    let info: NodeInfo = api
-        .node()
+    let super::transport::Reached {
+        rd, wr, api, peer, ..
+    } = super::transport::reach(n, &plan.req.to, "destination")
         .await
-        .map_err(|e| fail(Phase::Connect)(format!("cannot reach destination {to}: {e}")))?;
-    let super::transport::Conn {
-        mut rd,
-        mut wr,
-        peer_cert,
-    } = super::transport::connect(n, &info.migrate_addr, &info.name)
-        .await
-        .map_err(fail(Phase::Connect))?;
-    let peer = super::dest::handshake(n, &mut rd, &mut wr)
-        .await
-        .map_err(fail(Phase::Connect))?;
-    super::transport::check_peer(n, peer_cert.as_ref(), &peer.node)
         .map_err(fail(Phase::Connect))?;
     let mut wr: Writer = match plan.rate {
         Some(r) => Box::new(roam_link::Shaped::new(wr, r)),
