@@ -221,6 +221,8 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
         "MiB written out",
     ]);
     let mut worst: Vec<(String, f64)> = Vec::new();
+    // Linux zram runs that did not finish (the cgroup's OOM killer).
+    let mut zram_failed: Vec<String> = Vec::new();
     // The memory servers: on loopback, and in two namespaces joined by a
     // link reshaped to each rate in turn (one pair: the namespaces are
     // the script's, one of each).
@@ -331,10 +333,28 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
                 let limit = local + (48 << 20);
                 let wrap = z.wrap(limit);
                 let what = format!("{name} at {share} % (zram)");
-                let (t, _) = timed(o.reps, &want, &what, || {
+                match timed(o.reps, &want, &what, || {
                     roam_run(paths, name, &o.size, &[], Some(&wrap))
-                })?;
-                row("linux zram", "kernel", t, "");
+                }) {
+                    Ok((t, _)) => row("linux zram", "kernel", t, ""),
+                    // What a board without roam gets is a result too.
+                    Err(e) => {
+                        eprintln!("far: {what}: {e:#}");
+                        zram_failed.push(format!("{name} at {share} %"));
+                        table.push(vec![
+                            name.clone(),
+                            format!("{ws_mib:.1}"),
+                            format!("{share} %"),
+                            "linux zram".into(),
+                            "kernel".into(),
+                            "failed".into(),
+                            "-".into(),
+                            "-".into(),
+                            "-".into(),
+                            "-".into(),
+                        ]);
+                    }
+                }
             }
         }
     }
@@ -355,6 +375,12 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
             "Memory-server rows: two `roam node` processes on this machine's loopback, the cell launched on one with its far pages on the other; each against the same launch with all of its memory (`node, no server`), both timed from the launch to the fetched log. Rows named with a rate run the two nodes in two network namespaces joined by a veth pair shaped by the kernel (`tc tbf`) at that rate each way, without added delay (no `netem` here); the others on loopback. Their faults and bytes are the node's counters at its last poll before the end."
                 .into(),
         );
+    }
+    if !zram_failed.is_empty() {
+        notes.push(format!(
+            "Linux zram: the plain `roam run` did not finish in its memory cgroup (budget + 48 MiB) at {}; the kernel's OOM killer ended it (its reason is on stderr and in `dmesg`).",
+            zram_failed.join(", ")
+        ));
     }
     if o.zram && zram.is_none() {
         notes.push("No Linux zram baseline on this machine (see stderr).".into());
