@@ -15,11 +15,10 @@
 //! `Hello` exchange, [`check_peer`] checks that the peer's certificate was
 //! issued for the node name its `Hello` claims.
 
+use roam_wire::Hello;
 use tokio::net::TcpStream;
 
 use super::{ReadHalf, WriteHalf};
-use roam_wire::Hello;
-
 use crate::client::Client;
 use crate::secure::HANDSHAKE_TIMEOUT;
 use crate::state::NodeInner;
