@@ -75,7 +75,8 @@ fn roam_run(
         .with_context(|| format!("cannot run roam on {name}"))?;
     if !out.status.success() {
         bail!(
-            "roam run {name} {extra:?}: {}",
+            "roam run {name} {extra:?}: {}: {}",
+            out.status,
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -337,8 +338,10 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
                     roam_run(paths, name, &o.size, &[], Some(&wrap))
                 }) {
                     Ok((t, _)) => row("linux zram", "kernel", t, ""),
-                    // What a board without roam gets is a result too.
-                    Err(e) => {
+                    // Killed in its cgroup: what a board without roam gets
+                    // is a result too. Anything else (a wrong checksum)
+                    // is not.
+                    Err(e) if format!("{e:#}").contains("SIGKILL") => {
                         eprintln!("far: {what}: {e:#}");
                         zram_failed.push(format!("{name} at {share} %"));
                         table.push(vec![
@@ -354,6 +357,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
                             "-".into(),
                         ]);
                     }
+                    Err(e) => return Err(e),
                 }
             }
         }
