@@ -278,43 +278,32 @@ fn a_cell_whose_memory_server_dies_stops_with_the_reason() {
 #[test]
 fn far_memory_is_refused_with_the_reason() {
     let (server, board) = pair("1MiB");
+    // `roam launch` on the board with `flags` fails, saying `why`.
+    let refused = |flags: &[&str], why: &str| {
+        let mut cmd = roam(Isa::X86_64);
+        cmd.args(["launch", "--node", &board.addr])
+            .args(flags)
+            .arg(workload(WORKLOAD))
+            .args(["--", "8", "4", "1"]);
+        let out = run_bounded(cmd, SLOW);
+        assert!(!out.status.success(), "{flags:?} was not refused");
+        assert!(
+            text(&out.stderr).contains(why),
+            "{flags:?}: {}",
+            text(&out.stderr)
+        );
+    };
     // Below the minimum budget.
-    let mut cmd = roam(Isa::X86_64);
-    cmd.args(["launch", "--node", &board.addr])
-        .args(["--local-memory", "64KiB", "--memory-server", &server.addr])
-        .arg(workload(WORKLOAD))
-        .args(["--", "8", "4", "1"]);
-    let out = run_bounded(cmd, SLOW);
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("below the minimum"),
-        "{}",
-        text(&out.stderr)
+    refused(
+        &["--local-memory", "64KiB", "--memory-server", &server.addr],
+        "below the minimum",
     );
     // On a node, the memory server must be named (only a planner picks).
-    let mut cmd = roam(Isa::X86_64);
-    cmd.args(["launch", "--node", &board.addr, "--local-memory", "1MiB"])
-        .arg(workload(WORKLOAD))
-        .args(["--", "8", "4", "1"]);
-    let out = run_bounded(cmd, SLOW);
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("needs --memory-server"),
-        "{}",
-        text(&out.stderr)
-    );
+    refused(&["--local-memory", "1MiB"], "needs --memory-server");
     // A node that is not a memory server.
-    let mut cmd = roam(Isa::X86_64);
-    cmd.args(["launch", "--node", &board.addr])
-        .args(["--local-memory", "1MiB", "--memory-server", &board.addr])
-        .arg(workload(WORKLOAD))
-        .args(["--", "8", "4", "1"]);
-    let out = run_bounded(cmd, SLOW);
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("is not a memory server"),
-        "{}",
-        text(&out.stderr)
+    refused(
+        &["--local-memory", "1MiB", "--memory-server", &board.addr],
+        "is not a memory server",
     );
     // A memory server too small for the pages: the cell stops, and says so.
     let id = launch_far(&board, &server, "1MiB", "64MiB", &["16", "4", "10"]);
