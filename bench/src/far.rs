@@ -319,13 +319,14 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
                     })?;
                     row("memory server", eviction, t, &s);
                 }
-                for rate in o.links.iter().filter(|_| linked.is_some()) {
-                    let p = linked.as_ref().context("the linked pair")?;
-                    p.shape(rate)?;
-                    let (t, s) = timed(o.reps, &want, &what, || {
-                        p.run(&wasm, &o.size, far).map(|(sum, _, s)| (sum, s))
-                    })?;
-                    row(&format!("memory server, {rate}"), eviction, t, &s);
+                if let Some(p) = &linked {
+                    for rate in &o.links {
+                        p.shape(rate)?;
+                        let (t, s) = timed(o.reps, &want, &what, || {
+                            p.run(&wasm, &o.size, far).map(|(sum, _, s)| (sum, s))
+                        })?;
+                        row(&format!("memory server, {rate}"), eviction, t, &s);
+                    }
                 }
             }
             if let Some(z) = zram.as_mut() {

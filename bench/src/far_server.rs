@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::kept::{start_node_in, Proc};
+use crate::kept::{roam_in, start_node_in, Proc};
 use crate::proc::checksum;
 
 /// A memory server and a node paging to it.
@@ -118,15 +118,8 @@ impl Pair {
 
     /// Run the CLI where the board is (its namespace, with a link).
     fn roam(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut cmd = match self.link {
-            Some(_) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", BOARD_NS.0]).arg(&self.roam);
-                c
-            }
-            None => Command::new(&self.roam),
-        };
-        let out = cmd
+        let ns = self.link.as_ref().map(|_| BOARD_NS.0);
+        let out = roam_in(ns, &self.roam)
             .args(args)
             .stdin(Stdio::null())
             .output()

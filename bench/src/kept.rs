@@ -79,6 +79,18 @@ pub(crate) fn start_node(
     start_node_in(None, roam, name, dir, extra)
 }
 
+/// A command that runs `roam` in network namespace `ns`, or here.
+pub(crate) fn roam_in(ns: Option<&str>, roam: &Path) -> Command {
+    match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(roam);
+            c
+        }
+        None => Command::new(roam),
+    }
+}
+
 /// [`start_node`] inside network namespace `ns`, listening on its address
 /// (`Some((namespace, address))`), or on loopback (`None`).
 pub(crate) fn start_node_in(
@@ -92,14 +104,7 @@ pub(crate) fn start_node_in(
     let port = free_port()?;
     let ip = ns.map_or("127.0.0.1", |(_, ip)| ip);
     let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
-    let mut cmd = match ns {
-        Some((ns, _)) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(roam);
-            c
-        }
-        None => Command::new(roam),
-    };
+    let mut cmd = roam_in(ns.map(|(ns, _)| ns), roam);
     let child = cmd
         .args(["node", "--listen", &format!("{ip}:{port}")])
         .args(["--migrate-listen", &format!("{ip}:0"), "--name", name])
