@@ -336,6 +336,11 @@ pub struct CellInfo {
     /// died, or a post-copy source): a kept checkpoint can bring it back.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub memory_lost: bool,
+    /// CPU time the cell's thread used on this node, ms: so far while it
+    /// runs here, all of it once it ended or moved on. Absent before it
+    /// runs, and from an older node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<u64>,
 }
 
 /// `POST /v1/cells/{id}/migrate` body.

@@ -193,8 +193,9 @@ pub trait ClusterStore: Send + Sync + 'static {
     async fn lead(&self, id: &str) -> StoreResult<Leadership>;
 }
 
-/// The longest setting value.
-pub const MAX_SETTING_BYTES: usize = 4096;
+/// The longest setting value. The largest the planner writes is the
+/// slowdown it learned per program (up to 500 programs, about 150 KiB).
+pub const MAX_SETTING_BYTES: usize = 256 << 10;
 
 /// Refuse a setting name that is not 1 to 64 of `[a-z0-9-]`, or a value
 /// over [`MAX_SETTING_BYTES`], before it touches a key.

@@ -77,6 +77,8 @@ pub(crate) struct CellHandle {
     pub cpu: OnceLock<roam_api::types::CellCpu>,
     /// The cell's thread, once it runs: where its CPU time is read.
     tid: OnceLock<i32>,
+    /// The CPU time its thread had used when it returned.
+    final_cpu: OnceLock<std::time::Duration>,
     /// Far memory, for a cell launched with it: the pages' counters and
     /// the memory server's name.
     pub far: OnceLock<(roam_runtime::FarMemory, String)>,
@@ -95,17 +97,18 @@ impl CellHandle {
     }
 
     /// CPU time the cell's thread has used on this node (for a cell that
-    /// arrived by migration, its assembly included): `None` before it runs
-    /// and after it ended. Read from the kernel's scheduler statistics of
-    /// the thread, which cost nothing to keep.
+    /// arrived by migration, its assembly included), and all it used once
+    /// the thread returned (the program ended, or the cell moved on):
+    /// `None` before it runs. Read from the kernel's scheduler statistics
+    /// of the thread, which cost nothing to keep.
     pub(crate) fn cpu_time(&self) -> Option<std::time::Duration> {
+        if let Some(t) = self.final_cpu.get() {
+            return Some(*t);
+        }
         if self.has_ended() {
             return None;
         }
-        let tid = *self.tid.get()?;
-        let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-        let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
-        Some(std::time::Duration::from_nanos(ns))
+        thread_cpu(*self.tid.get()?)
     }
 
     /// Ask the cell to pause at its next migration point; the returned
@@ -181,6 +184,9 @@ pub(crate) struct CellEntry {
     /// It failed because pages of its memory were lost (kept from its
     /// handle, which goes when the cell ends).
     pub memory_lost: bool,
+    /// CPU time its thread used here, read when it stopped running here
+    /// (ended or moved on), kept from its handle likewise.
+    pub cpu_used: Option<std::time::Duration>,
 }
 
 /// Called by the cell's thread when its state changes for good.
@@ -204,6 +210,7 @@ pub(crate) fn handle_for(
         cpu_ctl: cpu,
         cpu: OnceLock::new(),
         tid: OnceLock::new(),
+        final_cpu: OnceLock::new(),
         far: OnceLock::new(),
         memory_lost: std::sync::atomic::AtomicBool::new(false),
         ended: std::sync::atomic::AtomicBool::new(false),
@@ -239,6 +246,9 @@ pub(crate) fn run(cell: Cell, h: &CellHandle) -> Option<CellState> {
     let _ = h.cpu.set(placement.applied.clone());
     let _ = h.tid.set(rustix::thread::gettid().as_raw_pid());
     let end = run_until_end(cell, h);
+    if let Some(t) = h.tid.get().and_then(|tid| thread_cpu(*tid)) {
+        let _ = h.final_cpu.set(t);
+    }
     drop(placement);
     h.ended.store(true, std::sync::atomic::Ordering::SeqCst);
     // A pause asked for while the program was ending gets its answer now.
@@ -247,6 +257,13 @@ pub(crate) fn run(cell: Cell, h: &CellHandle) -> Option<CellState> {
         .unwrap_or_else(PoisonError::into_inner)
         .take();
     end
+}
+
+/// CPU time thread `tid` of this process has used.
+fn thread_cpu(tid: i32) -> Option<std::time::Duration> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(std::time::Duration::from_nanos(ns))
 }
 
 fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {

@@ -1,8 +1,10 @@
 //! The moves the leader decides by itself, by the cluster's placement
 //! policy: follow-the-client ([`crate::follow`]) moves service cells
 //! nearer their clients, energy-unbalanced ([`crate::energy`]) moves busy
-//! cells to cheaper cores. Each policy judges; this module applies the
-//! verdicts the same way for both: never a cell the planner is already
+//! cells to cheaper cores, offload-by-slowdown ([`crate::offload`]) moves
+//! the cells that lose least to slower nodes when a node is over its
+//! cores. Each policy judges; this module applies the verdicts the same
+//! way for all: never a cell the planner is already
 //! moving, never one whose owner is dead or draining (evacuation and drain
 //! move those), a pre-copy move, and a decision people see once the move
 //! has started.
@@ -22,6 +24,7 @@ use crate::{lock, Inner};
 pub(crate) struct Trackers {
     follow: crate::follow::Tracker,
     energy: crate::energy::Tracker,
+    offload: crate::offload::Tracker,
 }
 
 /// One leader tick: judge and move by the policy in force; forget what
@@ -47,6 +50,11 @@ pub(crate) fn tick(
         t.energy = Default::default();
     }
     let live = |id: &str| live.contains(id);
+    learn(n, live);
+    let offload = crate::offload::OffloadBySlowdown.name();
+    if placement != offload {
+        t.offload = Default::default();
+    }
     let mut load = Load::of_cells(cells);
     // Looked up once per cell: a set, not a scan of every node.
     let ready_nodes: HashSet<&str> = nodes
@@ -55,7 +63,42 @@ pub(crate) fn tick(
         .map(|x| x.name.as_str())
         .collect();
     let ready = |name: &str| ready_nodes.contains(name);
-    if placement == crate::follow::FollowTheClient.name() {
+    if placement == offload {
+        use crate::offload::OffloadBySlowdown;
+        t.offload.retain(live);
+        let any = Want::default();
+        let view = ctx(nodes, cells, &load, &any);
+        let table = lock(&n.learner).table.clone();
+        let busy = |id: &str| lock(&n.busy).contains(id);
+        let moves = t
+            .offload
+            .judge(now, &view, &table, &busy, &|id| last_move(n, id));
+        for m in moves {
+            let Some(c) = cells.iter().find(|c| c.id == m.cell) else {
+                continue;
+            };
+            let want = want(c);
+            let ctx = ctx(nodes, cells, &load, &want);
+            let decision = Decision::new(
+                m.what.clone(),
+                Some(c.id.clone()),
+                OffloadBySlowdown.name(),
+                &policy::explain(&OffloadBySlowdown, &ctx),
+            );
+            if start(
+                n,
+                nodes,
+                c,
+                &m.to,
+                OffloadBySlowdown.name(),
+                m.what,
+                decision,
+            ) {
+                t.offload.moving(&c.id, now);
+                load.add(&m.to);
+            }
+        }
+    } else if placement == crate::follow::FollowTheClient.name() {
         use crate::follow::{FollowTheClient, Verdict};
         t.follow.retain(live);
         for c in cells.iter().filter(|c| crate::follow::movable(c)) {
@@ -152,6 +195,28 @@ pub(crate) fn tick(
             }
         }
     }
+}
+
+/// Forget the runs of cells that are gone, and write what was learned to
+/// the store when it changed (in the background: a slow store must not
+/// hold the tick).
+fn learn(n: &Arc<Inner>, live: impl Fn(&str) -> bool) {
+    let text = {
+        let mut l = lock(&n.learner);
+        l.retain(live);
+        if !l.dirty {
+            return;
+        }
+        l.dirty = false;
+        crate::slowdown::encode(&l.table)
+    };
+    let n = n.clone();
+    tokio::spawn(async move {
+        if let Err(e) = n.store.put_setting(crate::slowdown::SETTING, &text).await {
+            tracing::warn!("cannot keep the slowdown table: {e}");
+            lock(&n.learner).dirty = true;
+        }
+    });
 }
 
 fn want(c: &CellRecord) -> Want {

@@ -463,18 +463,25 @@ pub(crate) async fn settle(n: &Inner, c: &CellRecord) -> Result<Settled, AppErro
     if c.state != CellState::Running {
         return Ok(Settled::Unchanged);
     }
-    let ended = match ask_owner(n, c).await {
-        Some(Ok(info)) if info.memory_lost && c.kept.is_some() => return Ok(Settled::MemoryLost),
-        Some(Ok(info)) => match info.state {
-            OnNode::Exited { code } => CellState::Exited { code },
+    let Some((isa, answer)) = ask_owner(n, c).await else {
+        return Ok(Settled::Unchanged);
+    };
+    let mut cpu_ms = None;
+    let ended = match answer {
+        Ok(info) if info.memory_lost && c.kept.is_some() => return Ok(Settled::MemoryLost),
+        Ok(info) => match info.state {
+            OnNode::Exited { code } => {
+                cpu_ms = info.cpu_ms;
+                CellState::Exited { code }
+            }
             OnNode::Failed { error } => CellState::Failed { error },
             OnNode::Killed => CellState::Killed,
             OnNode::Running | OnNode::Migrating | OnNode::Moved { .. } => {
                 return Ok(Settled::Unchanged)
             }
         },
-        Some(Err(roam_api::ClientError::NotFound(_))) => return Ok(Settled::Unknown),
-        Some(Err(_)) | None => return Ok(Settled::Unchanged),
+        Err(roam_api::ClientError::NotFound(_)) => return Ok(Settled::Unknown),
+        Err(_) => return Ok(Settled::Unchanged),
     };
     let rec = update(n, &c.id, |x| {
         let same = x.owner == c.owner && x.generation == c.generation;
@@ -488,6 +495,16 @@ pub(crate) async fn settle(n: &Inner, c: &CellRecord) -> Result<Settled, AppErro
     let Some(rec) = rec else {
         return Ok(Settled::Unchanged);
     };
+    // A whole run: what the planner learns each program's time from.
+    let name = c.args.first().map_or("", String::as_str);
+    lock(&n.learner).ended(
+        &c.id,
+        &c.module,
+        name,
+        &isa,
+        cpu_ms.unwrap_or(0),
+        cpu_ms.is_some(),
+    );
     n.events.send(crate::events::Event::Ended {
         cell: c.id.clone(),
         node: c.owner.clone(),
@@ -503,15 +520,21 @@ const OWNER_ASK: std::time::Duration = std::time::Duration::from_secs(2);
 /// alive, cannot be called, or does not answer within [`OWNER_ASK`] (a
 /// node alive by its lease but frozen or cut off must not hold up a status
 /// read: the record's word stands).
+/// The owner's ISA and its word on the cell; `None` when it is dead or
+/// did not answer in time.
 async fn ask_owner(
     n: &Inner,
     c: &CellRecord,
-) -> Option<Result<roam_api::types::CellInfo, roam_api::ClientError>> {
+) -> Option<(
+    String,
+    Result<roam_api::types::CellInfo, roam_api::ClientError>,
+)> {
     let node = get_node(n, &c.owner).await.ok().filter(|x| x.alive)?;
     let client = n.node_client(&node).ok()?;
-    tokio::time::timeout(OWNER_ASK, client.cell(&c.id))
+    let answer = tokio::time::timeout(OWNER_ASK, client.cell(&c.id))
         .await
-        .ok()
+        .ok()?;
+    Some((node.isa, answer))
 }
 
 pub(crate) async fn logs(State(n): P, Path(id): Path<String>) -> Result<Response, AppError> {

@@ -40,12 +40,14 @@ mod leader;
 mod maintenance;
 pub mod metrics;
 mod moves;
+pub mod offload;
 mod ownership;
 mod placement;
 pub mod policy;
 #[cfg(test)]
 mod role_tests;
 mod services;
+pub mod slowdown;
 #[cfg(test)]
 mod tests;
 
@@ -194,6 +196,9 @@ pub(crate) struct Inner {
     /// The owners of the cells that have not ended, for placements (see
     /// [`cells::Owners`]).
     pub owners: Mutex<cells::Owners>,
+    /// What the planner learned of each program's time per ISA, and the
+    /// runs it follows to learn more.
+    pub learner: Mutex<slowdown::Learner>,
 }
 
 impl Inner {
@@ -275,6 +280,7 @@ impl Planner {
             })?;
         // The placement policy a planner (this or another) set last.
         let placement = placement::stored(&*store).await;
+        let learned = slowdown::stored(&*store).await;
         let inner = Arc::new(Inner {
             store,
             cfg,
@@ -288,6 +294,7 @@ impl Planner {
             keep_failed: Mutex::default(),
             keeping: Arc::new(tokio::sync::Semaphore::new(kept_parallel)),
             owners: Mutex::default(),
+            learner: Mutex::new(slowdown::Learner::new(learned)),
         });
         Ok(Planner {
             inner,

@@ -23,7 +23,7 @@ use crate::cells::{choose, get_cell, get_node, snapshot, update};
 use crate::events::Event;
 use crate::history::{MigrationTrace, Outcome};
 use crate::policy::{Load, Want};
-use crate::Inner;
+use crate::{lock, Inner};
 
 /// The migration modes a node knows.
 const MODES: [&str; 3] = ["stop-and-copy", "pre-copy", "post-copy"];
@@ -266,6 +266,12 @@ async fn follow(
     }
     n.history
         .migration_ended(&migration, Outcome::Done, status.summary.clone());
+    // The CPU time the cell used on the source: one stint of its run.
+    if let Ok(Ok(info)) = tokio::time::timeout(POLL * 10, client.cell(&c.id)).await {
+        if let Some(ms) = info.cpu_ms {
+            lock(&n.learner).moved(&c.id, &source.isa, ms);
+        }
+    }
     n.metrics.migration(reason, "done");
     n.events.send(event("done", None));
 }

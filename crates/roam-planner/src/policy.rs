@@ -359,6 +359,7 @@ pub fn all() -> Vec<Box<dyn Policy>> {
         Box::new(crate::follow::FollowTheClient),
         Box::new(crate::energy::EnergyBalanced),
         Box::new(crate::energy::EnergyUnbalanced),
+        Box::new(crate::offload::OffloadBySlowdown),
     ]
 }
 

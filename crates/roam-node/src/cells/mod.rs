@@ -129,6 +129,7 @@ pub(crate) fn register(
             log,
             handle: Some(handle.clone()),
             memory_lost: false,
+            cpu_used: None,
         },
     );
     n.serve(&spec, handle.net.as_ref());
@@ -232,6 +233,12 @@ pub(crate) fn info(e: &CellEntry) -> CellInfo {
             .and_then(|h| h.far.get())
             .map(|(far, server)| far_info(far, server)),
         memory_lost: e.memory_lost,
+        cpu_ms: e
+            .handle
+            .as_ref()
+            .and_then(|h| h.cpu_time())
+            .or(e.cpu_used)
+            .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
     }
 }
 

@@ -88,6 +88,7 @@ impl NodeInner {
             if !here(&state) {
                 if let Some(h) = e.handle.take() {
                     e.memory_lost = h.memory_lost.load(std::sync::atomic::Ordering::Acquire);
+                    e.cpu_used = h.cpu_time();
                 }
                 if here(&e.state) && e.spec.service.is_some() {
                     left = Some(e.spec.clone());
