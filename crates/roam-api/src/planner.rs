@@ -522,6 +522,32 @@ pub struct PoliciesResponse {
     pub available: Vec<PolicyInfo>,
 }
 
+/// `GET /v1/slowdowns`: what the planner learned of each program's CPU
+/// time per ISA, from the runs it saw end (`offload-by-slowdown`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Slowdowns {
+    /// Module hash → the program.
+    pub programs: std::collections::BTreeMap<String, LearnedProgram>,
+}
+
+/// What the planner learned of one program.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LearnedProgram {
+    /// Its name, as launched (the first argument), for people.
+    pub name: String,
+    /// ISA → its time there.
+    pub isas: std::collections::BTreeMap<String, LearnedTime>,
+}
+
+/// One program's time on one ISA.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LearnedTime {
+    /// CPU time of one whole run, ms.
+    pub cpu_ms: f64,
+    /// Runs behind it (a run split across ISAs counts as its share).
+    pub runs: f64,
+}
+
 /// One policy.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PolicyInfo {

@@ -304,6 +304,11 @@ impl PlannerClient {
         self.call(get(&format!("/v1/services/{service}"))).await
     }
 
+    /// `GET /v1/slowdowns`: each program's CPU time per ISA, as learned.
+    pub async fn slowdowns(&self) -> Result<crate::planner::Slowdowns, PlannerError> {
+        self.call(get("/v1/slowdowns")).await
+    }
+
     /// `GET /v1/policies`.
     pub async fn policies(&self) -> Result<serde_json::Value, PlannerError> {
         self.call(get("/v1/policies")).await

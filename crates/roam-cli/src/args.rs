@@ -55,6 +55,9 @@ pub enum Command {
     Undrain(crate::node_args::UndrainArgs),
     /// Show the cluster's placement policies, or set the one in force
     Policy(crate::node_args::PolicyArgs),
+    /// Show how much slower each program runs on each ISA, as the planner
+    /// learned it from the runs it saw end (offload-by-slowdown)
+    Slowdowns(crate::node_args::SlowdownsArgs),
     /// Declare when a node goes down for work: the planner moves its cells
     /// away beforehand and puts it back in service afterwards
     Maintenance(crate::maintenance_cmd::MaintenanceArgs),

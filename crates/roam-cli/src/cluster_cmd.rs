@@ -18,7 +18,7 @@ use crate::follow::{follow, print_summary};
 use crate::human::{ago, bytes};
 use crate::node_args::{
     CellsArgs, DrainArgs, KillArgs, LaunchArgs, LogsArgs, MigrateArgs, NodesArgs, PlannerArg,
-    PolicyArgs, UndrainArgs,
+    PolicyArgs, SlowdownsArgs, UndrainArgs,
 };
 use crate::runtime;
 
@@ -273,6 +273,54 @@ pub fn policy(a: PolicyArgs) -> Result<i32> {
         }
         if let Some(name) = &a.name {
             println!("placement policy is now {name}");
+        }
+        Ok(0)
+    })
+}
+
+/// `roam slowdowns`: each program's CPU time per ISA and the slowdowns
+/// between ISAs, as the planner learned them.
+pub fn slowdowns(a: SlowdownsArgs) -> Result<i32> {
+    runtime()?.block_on(async move {
+        let p = planner(&a.planner, &a.auth, "roam slowdowns")?;
+        let t = p.slowdowns().await?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&t)?);
+            return Ok(0);
+        }
+        if t.programs.is_empty() {
+            println!("nothing learned yet: the planner learns from the runs it sees end");
+            return Ok(0);
+        }
+        println!("{:<20} {:<14} {:<40} SLOWDOWN", "PROGRAM", "MODULE", "CPU PER RUN");
+        for (module, prog) in &t.programs {
+            let times: Vec<String> = prog
+                .isas
+                .iter()
+                .map(|(isa, e)| {
+                    format!(
+                        "{isa} {} ({:.1} runs)",
+                        crate::human::duration(Duration::from_secs_f64(e.cpu_ms / 1000.0)),
+                        e.runs
+                    )
+                })
+                .collect();
+            let isas: Vec<(&String, f64)> = prog.isas.iter().map(|(i, e)| (i, e.cpu_ms)).collect();
+            let ratios: Vec<String> = isas
+                .iter()
+                .flat_map(|(a, ta)| {
+                    isas.iter()
+                        .filter(move |(b, _)| b > a)
+                        .map(move |(b, tb)| format!("{b} ÷ {a} {:.2}×", tb / ta))
+                })
+                .collect();
+            println!(
+                "{:<20} {:<14} {:<40} {}",
+                prog.name,
+                &module[..module.len().min(12)],
+                times.join(", "),
+                if ratios.is_empty() { "-".into() } else { ratios.join(", ") }
+            );
         }
         Ok(0)
     })

@@ -124,6 +124,7 @@ fn dispatch(command: Command) -> Result<i32> {
         Command::Undrain(a) => cluster_cmd::undrain(a),
         Command::Maintenance(a) => maintenance_cmd::maintenance(a),
         Command::Policy(a) => cluster_cmd::policy(a),
+        Command::Slowdowns(a) => cluster_cmd::slowdowns(a),
     }
 }
 

@@ -420,6 +420,18 @@ pub struct PolicyArgs {
     pub auth: ClientAuthArgs,
 }
 
+/// `roam slowdowns`.
+#[derive(Args, Debug)]
+pub struct SlowdownsArgs {
+    /// Print the planner's JSON answer.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub planner: PlannerArg,
+    #[command(flatten)]
+    pub auth: ClientAuthArgs,
+}
+
 /// `roam drain`.
 #[derive(Args, Debug)]
 pub struct DrainArgs {

@@ -88,6 +88,7 @@ pub(crate) fn router(n: Arc<Inner>) -> Router {
         .route("/v1/cells/{id}/handoff", post(cells::handoff))
         .route("/v1/services/{service}", get(crate::services::owners))
         .route("/v1/policies", get(policies).put(set_policy))
+        .route("/v1/slowdowns", get(slowdowns))
         .route("/v1/events", get(events))
         .route("/metrics", get(metrics));
     let router = crate::dashboard::data(router)
@@ -390,6 +391,10 @@ fn policies_of(n: &Inner) -> PoliciesResponse {
             })
             .collect(),
     }
+}
+
+async fn slowdowns(State(n): P) -> Json<crate::slowdown::Table> {
+    Json(crate::lock(&n.learner).table.clone())
 }
 
 async fn policies(State(n): P) -> Json<PoliciesResponse> {

@@ -32,7 +32,7 @@ use roam_cluster::{CellRecord, CellState, NodeRecord};
 
 use crate::follow::{Cost, Moves};
 use crate::policy::{base_filter, cells_on, Ctx, Policy, Reason};
-use crate::slowdown::{speed_of, Basis, Table};
+use crate::slowdown::{speed_of, Basis, Learn, Table};
 
 /// A state (a node over its cores, a free fast core) must hold this long
 /// before a cell moves for it, ms: a migration under way shows a cell on

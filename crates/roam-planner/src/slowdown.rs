@@ -29,10 +29,9 @@
 //! The assumption, as HEXO's: a program does the same work per CPU second
 //! through its run. A job whose phases differ in kind learns an average.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use roam_cluster::NodeRecord;
-use serde::{Deserialize, Serialize};
 
 /// The store setting the table is kept in.
 pub const SETTING: &str = "slowdown-table";
@@ -46,29 +45,13 @@ const MAX_KNOWN_SHARE: f64 = 0.9;
 const MIN_STEP: f64 = 0.2;
 
 /// One program's time on one ISA.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Estimate {
-    /// CPU time of one whole run, ms.
-    pub cpu_ms: f64,
-    /// Observations behind it (a split run counts as its share).
-    pub runs: f64,
-}
+pub use roam_api::planner::LearnedTime as Estimate;
 
 /// What the planner has learned of one program.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Program {
-    /// Its name, as launched (the first argument), for people.
-    pub name: String,
-    /// ISA → its time there.
-    pub isas: BTreeMap<String, Estimate>,
-}
+pub use roam_api::planner::LearnedProgram as Program;
 
-/// Module hash → what was learned of it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Table {
-    /// The programs.
-    pub programs: BTreeMap<String, Program>,
-}
+/// Module hash → what was learned of it (the API's answer, too).
+pub use roam_api::planner::Slowdowns as Table;
 
 /// A prediction, and whether it was learned for this program.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -101,9 +84,19 @@ impl Basis {
     }
 }
 
-impl Table {
+/// Learning and predicting on the table.
+pub trait Learn {
     /// Take in one run of `module`: CPU ms per ISA, in the order it ran.
-    pub fn learn(&mut self, module: &str, name: &str, stints: &[(String, u64)]) {
+    fn learn(&mut self, module: &str, name: &str, stints: &[(String, u64)]);
+    /// The predicted slowdown of `module` moving from a node of `from` to
+    /// a node of `to`; `declared`: the nodes' speed ratio (`speed_from /
+    /// speed_to`), the last resort.
+    fn predict(&self, module: &str, from: &str, to: &str, declared: f64) -> Prediction;
+}
+
+impl Learn for Table {
+    /// Take in one run of `module`: CPU ms per ISA, in the order it ran.
+    fn learn(&mut self, module: &str, name: &str, stints: &[(String, u64)]) {
         let mut by_isa: Vec<(&str, f64)> = Vec::new();
         for (isa, ms) in stints {
             match by_isa.iter_mut().find(|(i, _)| i == isa) {
@@ -136,13 +129,13 @@ impl Table {
             // apportion.
             _ => {}
         }
-        self.trim();
+        trim(self);
     }
 
     /// The predicted slowdown of `module` moving from a node of `from` to
     /// a node of `to`; `declared`: the nodes' speed ratio (`speed_from /
     /// speed_to`), the last resort.
-    pub fn predict(&self, module: &str, from: &str, to: &str, declared: f64) -> Prediction {
+    fn predict(&self, module: &str, from: &str, to: &str, declared: f64) -> Prediction {
         if let Some(p) = self.programs.get(module) {
             if let (Some(a), Some(b)) = (p.isas.get(from), p.isas.get(to)) {
                 if a.cpu_ms > 0.0 {
@@ -174,17 +167,20 @@ impl Table {
         }
     }
 
-    /// Keep at most [`MAX_PROGRAMS`]: the least observed go first.
-    fn trim(&mut self) {
-        while self.programs.len() > MAX_PROGRAMS {
+}
+
+/// Keep at most [`MAX_PROGRAMS`]: the least observed go first.
+fn trim(t: &mut Table) {
+    {
+        while t.programs.len() > MAX_PROGRAMS {
             let runs = |p: &Program| p.isas.values().map(|e| e.runs).sum::<f64>();
-            let least = self
+            let least = t
                 .programs
                 .iter()
                 .min_by(|a, b| runs(a.1).total_cmp(&runs(b.1)))
                 .map(|(k, _)| k.clone())
                 .expect("more than MAX_PROGRAMS");
-            self.programs.remove(&least);
+            t.programs.remove(&least);
         }
     }
 }

@@ -272,7 +272,7 @@ async fn placement_without_nodes_and_policies() {
     let (st, v) = p.get("/v1/policies").await;
     assert_eq!(st, 200);
     assert_eq!(v["placement"], "least-loaded");
-    assert_eq!(v["available"].as_array().unwrap().len(), 6);
+    assert_eq!(v["available"].as_array().unwrap().len(), 7);
     let r = p
         .http
         .put(format!("{}/v1/policies", p.url))

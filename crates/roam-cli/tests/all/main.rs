@@ -21,6 +21,7 @@ mod kvserver;
 mod limits;
 mod maintenance;
 mod nodes;
+mod offload;
 mod real;
 mod snapshot_errors;
 mod sockets;
