@@ -22,6 +22,7 @@ mod energy;
 mod far;
 mod far_server;
 mod gw;
+mod hexo;
 mod index;
 mod kept;
 mod kv;
@@ -345,6 +346,17 @@ enum Bench {
         /// The board's draw per busy core, watts (its speed is calibrated).
         #[arg(long, default_value_t = 0.5)]
         board_busy: f64,
+    },
+    /// HEXO's consolidation: jobs done in a window on an x86-64 server
+    /// alone, with an aarch64 board under least-loaded, and under
+    /// offload-by-slowdown; and the learned slowdowns' error.
+    Hexo {
+        /// The kinds of job, `workload:size`, comma-separated, taken in turn.
+        #[arg(long, default_value = "ep:M,kmeans:M,is:M,cg:M,matmul:M")]
+        jobs: String,
+        /// Seconds each scenario runs.
+        #[arg(long, default_value_t = 300.0)]
+        window: f64,
     },
     /// Far memory: slowdown with 75/50/25 % of the working set resident,
     /// per eviction policy, against all of it; and Linux swap to zram.
@@ -734,6 +746,25 @@ fn main() -> anyhow::Result<()> {
                 board_busy,
             },
         )?,
+        Bench::Hexo { jobs, window } => {
+            let jobs = jobs
+                .split(',')
+                .map(|j| {
+                    j.split_once(':')
+                        .map(|(w, s)| (w.trim().to_string(), s.trim().to_string()))
+                        .ok_or_else(|| anyhow::anyhow!("--jobs: `workload:size`, got {j:?}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let (main, model) = hexo::run(
+                &paths,
+                &hexo::Options {
+                    jobs,
+                    window_secs: window,
+                },
+            )?;
+            emit(model)?;
+            main
+        }
         Bench::Far {
             only,
             size,

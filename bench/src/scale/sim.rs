@@ -99,6 +99,7 @@ fn info(id: &str, state: CellState) -> CellInfo {
         cpu: None,
         far: None,
         memory_lost: false,
+        cpu_ms: None,
     }
 }
 

@@ -292,7 +292,10 @@ pub fn slowdowns(a: SlowdownsArgs) -> Result<i32> {
             println!("nothing learned yet: the planner learns from the runs it sees end");
             return Ok(0);
         }
-        println!("{:<20} {:<14} {:<40} SLOWDOWN", "PROGRAM", "MODULE", "CPU PER RUN");
+        println!(
+            "{:<20} {:<14} {:<40} SLOWDOWN",
+            "PROGRAM", "MODULE", "CPU PER RUN"
+        );
         for (module, prog) in &t.programs {
             let times: Vec<String> = prog
                 .isas
@@ -319,7 +322,11 @@ pub fn slowdowns(a: SlowdownsArgs) -> Result<i32> {
                 prog.name,
                 &module[..module.len().min(12)],
                 times.join(", "),
-                if ratios.is_empty() { "-".into() } else { ratios.join(", ") }
+                if ratios.is_empty() {
+                    "-".into()
+                } else {
+                    ratios.join(", ")
+                }
             );
         }
         Ok(0)

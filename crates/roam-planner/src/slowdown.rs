@@ -166,7 +166,6 @@ impl Learn for Table {
             basis: Basis::Median,
         }
     }
-
 }
 
 /// Keep at most [`MAX_PROGRAMS`]: the least observed go first.

@@ -64,8 +64,7 @@ fn offload_by_slowdown_moves_one_of_two_cells_off_a_full_server_and_learns() {
     wait_for("the offload among the planner's decisions", SLOW, || {
         let (_, d) = http_get(p.addr(), "/v1/dashboard/decisions").ok()?;
         let d = text(&d);
-        (d.contains("offload:") && d.contains("4.0× slower there (declared speeds)"))
-            .then_some(())
+        (d.contains("offload:") && d.contains("4.0× slower there (declared speeds)")).then_some(())
     });
     let expected = text(&expected.join().unwrap());
     for id in &ids {
@@ -87,7 +86,11 @@ fn offload_by_slowdown_moves_one_of_two_cells_off_a_full_server_and_learns() {
         let prog = t["programs"].as_object()?.values().next()?.clone();
         (prog["isas"]["x86_64"]["runs"].as_f64()? >= 2.0).then_some(prog)
     });
-    assert_eq!(learned["isas"]["x86_64"]["runs"].as_f64(), Some(2.0), "{learned}");
+    assert_eq!(
+        learned["isas"]["x86_64"]["runs"].as_f64(),
+        Some(2.0),
+        "{learned}"
+    );
     // Each run's CPU time is what its nodes report for it, summed over
     // the nodes it ran on (the source keeps the moved cell's figure); the
     // estimate after two runs is their mean.
