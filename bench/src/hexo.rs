@@ -11,8 +11,9 @@
 //!   board, as learned from the runs it has seen end: the planner starts
 //!   with nothing learned (no offline profiling).
 //!
-//! Each node offers one core (`--cores 1`), so the two nodes use the
-//! machine's two cores. The board is roam's aarch64 build under qemu-user
+//! Each node offers one core (`--cores 1`) and is pinned to one of the
+//! machine's two cores (`taskset`), so that a second cell on the server
+//! shares its core instead of taking the board's. The board is roam's aarch64 build under qemu-user
 //! and declares speed 0.1. Before the scenarios, every kind of job is run
 //! alone on each ISA: its true slowdown, which the learned one is compared
 //! with (the model's error). Every job's output is checked.
@@ -145,7 +146,8 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<(Report, Report)> {
         ),
         "the board is roam's aarch64 build under qemu-user on the machine's second core: its \
          slowdowns are the emulator's (several times to tens of times), where HEXO's boards \
-         were 3× to 30× slower than its server; each node offers one core"
+         were 3× to 30× slower than its server; each node offers one core and is pinned to \
+         one (`taskset`)"
             .into(),
         "jobs are counted when they exit within the window, each checked against a run of its \
          own; a job still running at the end counts nothing"
@@ -308,13 +310,16 @@ fn scenario(
     let mut nodes: Vec<Proc> = Vec::new();
     for (name, aarch64) in specs {
         let listen = kv::free_addr()?;
-        let mut cmd = if *aarch64 {
-            let mut c = Command::new("qemu-aarch64");
-            c.args(["-L", "/usr/aarch64-linux-gnu"]).arg(arm);
-            c
+        // Each node on a core of its own: `--cores 1` is what the planner
+        // counts, the pinning what the machine enforces.
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", if *aarch64 { "1" } else { "0" }]);
+        if *aarch64 {
+            cmd.args(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"])
+                .arg(arm);
         } else {
-            Command::new(roam)
-        };
+            cmd.arg(roam);
+        }
         let model = if *aarch64 {
             "idle=2,busy=1,speed=0.1"
         } else {
@@ -364,7 +369,7 @@ fn scenario(
             next += 1;
             running.push((launch(&kinds[k])?, k));
         }
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(Duration::from_millis(100));
         let out = kv::run_bounded(
             Command::new(roam).args(["cells", "--planner", &url, "--json"]),
             Duration::from_secs(30),

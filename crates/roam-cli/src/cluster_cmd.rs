@@ -269,7 +269,7 @@ pub fn policy(a: PolicyArgs) -> Result<i32> {
             serde_json::from_value(v).context("unexpected answer from the planner")?;
         for x in &r.available {
             let mark = if x.name == r.placement { "*" } else { " " };
-            println!("{mark} {:<18} {}", x.name, x.description);
+            println!("{mark} {:<20} {}", x.name, x.description);
         }
         if let Some(name) = &a.name {
             println!("placement policy is now {name}");
@@ -314,7 +314,14 @@ pub fn slowdowns(a: SlowdownsArgs) -> Result<i32> {
                 .flat_map(|(a, ta)| {
                     isas.iter()
                         .filter(move |(b, _)| b > a)
-                        .map(move |(b, tb)| format!("{b} ÷ {a} {:.2}×", tb / ta))
+                        // Slower over faster: a slowdown, at least 1.
+                        .map(move |(b, tb)| {
+                            if tb >= ta {
+                                format!("{b} ÷ {a} {:.2}×", tb / ta)
+                            } else {
+                                format!("{a} ÷ {b} {:.2}×", ta / tb)
+                            }
+                        })
                 })
                 .collect();
             println!(

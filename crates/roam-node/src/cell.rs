@@ -77,7 +77,9 @@ pub(crate) struct CellHandle {
     pub cpu: OnceLock<roam_api::types::CellCpu>,
     /// The cell's thread, once it runs: where its CPU time is read.
     tid: OnceLock<i32>,
-    /// The CPU time its thread had used when it returned.
+    /// The CPU time its thread had used when the program started here
+    /// (a migration's assembly), and when the thread returned.
+    start_cpu: OnceLock<std::time::Duration>,
     final_cpu: OnceLock<std::time::Duration>,
     /// Far memory, for a cell launched with it: the pages' counters and
     /// the memory server's name.
@@ -96,19 +98,22 @@ impl CellHandle {
         self.ended.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// CPU time the cell's thread has used on this node (for a cell that
-    /// arrived by migration, its assembly included), and all it used once
+    /// CPU time the program has used on this node, and all it used once
     /// the thread returned (the program ended, or the cell moved on):
-    /// `None` before it runs. Read from the kernel's scheduler statistics
-    /// of the thread, which cost nothing to keep.
+    /// `None` before it runs. Counted from the program's start here, so a
+    /// migration's assembly on the same thread is left out: what the
+    /// planner learns a program's speed from is its own work. Read from
+    /// the kernel's scheduler statistics of the thread, which cost nothing
+    /// to keep.
     pub(crate) fn cpu_time(&self) -> Option<std::time::Duration> {
+        let start = *self.start_cpu.get()?;
         if let Some(t) = self.final_cpu.get() {
-            return Some(*t);
+            return Some(t.saturating_sub(start));
         }
         if self.has_ended() {
             return None;
         }
-        thread_cpu(*self.tid.get()?)
+        Some(thread_cpu(*self.tid.get()?)?.saturating_sub(start))
     }
 
     /// Ask the cell to pause at its next migration point; the returned
@@ -210,6 +215,7 @@ pub(crate) fn handle_for(
         cpu_ctl: cpu,
         cpu: OnceLock::new(),
         tid: OnceLock::new(),
+        start_cpu: OnceLock::new(),
         final_cpu: OnceLock::new(),
         far: OnceLock::new(),
         memory_lost: std::sync::atomic::AtomicBool::new(false),
@@ -244,7 +250,9 @@ pub(crate) fn run(cell: Cell, h: &CellHandle) -> Option<CellState> {
     // The thread leaves its CPU group when this drops, as it returns.
     let placement = h.cpu_ctl.enter(&h.id, h.cpu_limits);
     let _ = h.cpu.set(placement.applied.clone());
-    let _ = h.tid.set(rustix::thread::gettid().as_raw_pid());
+    let tid = rustix::thread::gettid().as_raw_pid();
+    let _ = h.start_cpu.set(thread_cpu(tid).unwrap_or_default());
+    let _ = h.tid.set(tid);
     let end = run_until_end(cell, h);
     if let Some(t) = h.tid.get().and_then(|tid| thread_cpu(*tid)) {
         let _ = h.final_cpu.set(t);

@@ -37,7 +37,7 @@ use crate::slowdown::{speed_of, Basis, Learn, Table};
 /// A state (a node over its cores, a free fast core) must hold this long
 /// before a cell moves for it, ms: a migration under way shows a cell on
 /// two nodes for a moment.
-pub const HOLD_MS: u64 = 1_500;
+pub const HOLD_MS: u64 = 1_000;
 /// A cell comes back to a faster node only if it runs this many times
 /// faster there.
 pub const MIN_GAIN: f64 = 1.2;

@@ -17,7 +17,9 @@
 //! - a run split across two ISAs, A then B, whose time on A is known, did
 //!   `cpu_A / T_A` of its work on A, so B did the rest in `cpu_B`: `T_B =
 //!   cpu_B / (1 − cpu_A / T_A)`, an observation weighted by the share B did
-//!   (and symmetrically when B's time is the known one).
+//!   (and symmetrically when B's time is the known one). Only when B did at
+//!   least half of the work: a small remainder is mostly the move's fixed
+//!   costs, and dividing by its share magnifies them.
 //!
 //! A program's slowdown from ISA A to ISA B is `T_B / T_A` once both are
 //! known. Before, the planner predicts the median slowdown it has learned
@@ -38,8 +40,9 @@ pub const SETTING: &str = "slowdown-table";
 /// Most programs the table keeps; past it, the least observed go.
 pub const MAX_PROGRAMS: usize = 500;
 /// A split run teaches nothing when the known side did more of the work
-/// than this: the rest is too small to time.
-const MAX_KNOWN_SHARE: f64 = 0.9;
+/// than this: the rest is too small to time (a move's fixed costs, cache
+/// and page warm-up on the new node, weigh on it more than on a run).
+const MAX_KNOWN_SHARE: f64 = 0.5;
 /// An estimate moves towards a new observation by at least this much, so
 /// that a program whose runs change is followed.
 const MIN_STEP: f64 = 0.2;

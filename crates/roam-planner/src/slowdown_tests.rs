@@ -34,8 +34,9 @@ fn a_split_run_times_the_unknown_side_by_the_known_one() {
     // Known on the board only: the same sum the other way round.
     let mut t = Table::default();
     t.learn("m", "cg", &[s("aarch64", 8000)]);
-    t.learn("m", "cg", &[s("x86_64", 500), s("aarch64", 4000)]);
+    t.learn("m", "cg", &[s("x86_64", 750), s("aarch64", 2000)]);
     assert_eq!(t.programs["m"].isas["x86_64"].cpu_ms, 1000.0);
+    assert_eq!(t.programs["m"].isas["x86_64"].runs, 0.75);
 }
 
 #[test]
@@ -43,9 +44,9 @@ fn a_split_run_without_a_known_side_teaches_nothing() {
     let mut t = Table::default();
     t.learn("m", "cg", &[s("x86_64", 250), s("aarch64", 6000)]);
     assert!(t.programs["m"].isas.is_empty());
-    // Nor one whose known side did nearly all of the work.
+    // Nor one whose known side did over half of the work.
     t.learn("m", "cg", &[s("x86_64", 1000)]);
-    t.learn("m", "cg", &[s("x86_64", 950), s("aarch64", 600)]);
+    t.learn("m", "cg", &[s("x86_64", 600), s("aarch64", 4000)]);
     assert!(!t.programs["m"].isas.contains_key("aarch64"));
 }
 
@@ -83,14 +84,14 @@ fn the_estimate_follows_a_program_that_changes() {
 fn the_learner_joins_a_cells_stints_and_skips_failed_runs() {
     let mut l = Learner::default();
     l.ended("c0", "m", "cg", "x86_64", 1000, true);
-    l.moved("c1", "x86_64", 500);
-    l.ended("c1", "m", "cg", "aarch64", 5000, true);
+    l.moved("c1", "x86_64", 250);
+    l.ended("c1", "m", "cg", "aarch64", 7500, true);
     assert_eq!(l.table.programs["m"].isas["aarch64"].cpu_ms, 10000.0);
     assert!(l.dirty);
     // A killed run does not count, and its stints are dropped.
     l.moved("c2", "x86_64", 10);
     l.ended("c2", "m", "cg", "aarch64", 10, false);
-    assert_eq!(l.table.programs["m"].isas["aarch64"].runs, 0.5);
+    assert_eq!(l.table.programs["m"].isas["aarch64"].runs, 0.75);
     assert!(l.runs.is_empty());
     // A cell gone without an end is forgotten.
     l.moved("c3", "x86_64", 10);
@@ -127,4 +128,43 @@ fn the_table_survives_the_store_round_trip() {
     t.learn("m", "cg", &[s("x86_64", 1000)]);
     let text = serde_json::to_string(&t).unwrap();
     assert_eq!(serde_json::from_str::<Table>(&text).unwrap(), t);
+}
+
+#[test]
+fn the_stored_table_fits_in_a_setting() {
+    let mut t = Table::default();
+    // More programs than `learn` keeps (a table from a planner with a
+    // larger limit): 2,000 would not fit in a setting.
+    for i in 0..2_000u32 {
+        let p = t.programs.entry(format!("{i:064x}")).or_default();
+        p.name = format!("{i}-{}", "x".repeat(50));
+        for isa in ["x86_64", "aarch64"] {
+            let runs = f64::from(1 + i % 3);
+            p.isas.insert(
+                isa.into(),
+                Estimate {
+                    cpu_ms: 1000.0,
+                    runs,
+                },
+            );
+        }
+    }
+    let full = serde_json::to_string(&t).unwrap();
+    assert!(
+        full.len() > roam_cluster::MAX_SETTING_BYTES,
+        "{}",
+        full.len()
+    );
+    let text = encode(&t);
+    assert!(text.len() <= roam_cluster::MAX_SETTING_BYTES);
+    let kept: Table = serde_json::from_str(&text).unwrap();
+    assert!(kept.programs.len() > 500, "{}", kept.programs.len());
+    // The most observed stay.
+    let runs = |p: &Program| p.isas.values().map(|e| e.runs).sum::<f64>();
+    let least_kept = kept.programs.values().map(runs).fold(f64::MAX, f64::min);
+    let dropped = t
+        .programs
+        .iter()
+        .filter(|(k, _)| !kept.programs.contains_key(*k));
+    assert!(dropped.map(|(_, p)| runs(p)).all(|r| r <= least_kept));
 }

@@ -25,6 +25,7 @@ mod decisions;
 mod fmt;
 mod migrations;
 mod nodes;
+mod slowdowns;
 
 use std::sync::Arc;
 
@@ -124,12 +125,10 @@ async fn migrations_view(State(n): P) -> Response {
 async fn decisions_view(State(n): P) -> Response {
     let active = n.placement();
     let description = crate::policy::by_name(active).map(|p| p.description());
-    fragment(decisions::render(
-        active,
-        description,
-        &n.history.decisions(),
-        unix_ms(),
-    ))
+    let table = crate::lock(&n.learner).table.clone();
+    let mut h = decisions::render(active, description, &n.history.decisions(), unix_ms());
+    h.push_str(&slowdowns::render(&table));
+    fragment(h)
 }
 
 /// Middleware on every route of the planner: refuse a request a browser

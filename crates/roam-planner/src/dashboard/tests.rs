@@ -265,6 +265,26 @@ fn decisions_say_why_each_node_was_or_was_not_chosen() {
 }
 
 #[test]
+fn the_learned_slowdowns_are_shown_with_their_ratios() {
+    use crate::slowdown::{Learn, Table};
+    assert!(slowdowns::render(&Table::default()).contains("Nothing learned yet"));
+    let mut t = Table::default();
+    t.learn("ab12", EVIL, &[("x86_64".into(), 2000)]);
+    t.learn("ab12", EVIL, &[("aarch64".into(), 12000)]);
+    t.learn("cd34", "only-here", &[("x86_64".into(), 500)]);
+    let h = slowdowns::render(&t);
+    assert_escaped(&h);
+    assert!(h.contains("<th>aarch64</th><th>x86_64</th>"), "{h}");
+    assert!(h.contains("aarch64 ÷ x86_64: 6.00×"), "{h}");
+    assert!(h.contains("2.00 s <span class=\"sub\">(1.0 runs)"), "{h}");
+    // A program known on one ISA has no ratio, and a dash where unknown.
+    assert!(
+        h.contains("only-here</td><td><code>cd34</code></td><td class=\"num\">–</td>"),
+        "{h}"
+    );
+}
+
+#[test]
 fn only_same_origin_browser_requests_pass() {
     let h = |pairs: &[(&'static str, &'static str)]| {
         let mut m = HeaderMap::new();
