@@ -101,6 +101,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
     )?;
     let caches = [dir.join("cache-x86_64"), dir.join("cache-aarch64")];
     let (x86_s, arm_s, reference) = calibrate(&roam, &arm, &module, &o.size, &caches)?;
+    let reference = String::from_utf8_lossy(&reference).into_owned();
     let speed = (x86_s / arm_s).clamp(0.001, 1000.0);
     let board = format!(
         "idle={},busy={},speed={speed:.4}",
@@ -201,13 +202,13 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<Report> {
 
 /// The job's CPU seconds on x86-64 and under qemu-aarch64 (each the second
 /// of two runs, so that both compile caches are warm), and its output.
-fn calibrate(
+pub(crate) fn calibrate(
     roam: &Path,
     arm: &Path,
     module: &Path,
     size: &str,
     caches: &[PathBuf; 2],
-) -> anyhow::Result<(f64, f64, String)> {
+) -> anyhow::Result<(f64, f64, Vec<u8>)> {
     let run = |native: bool| -> anyhow::Result<(f64, Vec<u8>)> {
         let mut last = None;
         for _ in 0..2 {
@@ -232,7 +233,7 @@ fn calibrate(
     if out != out_arm {
         bail!("the job's output differs between x86-64 and aarch64");
     }
-    Ok((x86, a64, String::from_utf8_lossy(&out).into_owned()))
+    Ok((x86, a64, out))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -253,32 +254,15 @@ fn scenario(
     let (_planner, url) = kv::planner(roam, &run, policy)?;
     let mut nodes: Vec<(Proc, SocketAddr)> = Vec::new();
     for s in specs {
-        let listen = kv::free_addr()?;
-        let mut cmd = if s.aarch64 {
-            let mut c = Command::new("qemu-aarch64");
-            c.args(["-L", "/usr/aarch64-linux-gnu"]).arg(arm);
-            c
-        } else {
-            Command::new(roam)
-        };
         let model = if s.aarch64 { board } else { &o.server };
-        cmd.args(["node", "--listen", &listen.to_string(), "--name", s.name])
-            .args(["--migrate-listen", "127.0.0.1:0", "--planner", &url])
-            .args([
-                "--power",
-                model,
-                "--cores",
-                "1",
-                "--memory-reserve-mib",
-                "0",
-            ])
-            .arg("--state-dir")
-            .arg(run.join(s.name))
-            .arg("--cache-dir")
-            .arg(&caches[usize::from(s.aarch64)]);
-        let mut p = Proc::spawn(cmd, &run.join(format!("node-{}.log", s.name)), "roam node")?;
-        kv::wait_listening(listen, &mut p, Duration::from_secs(120))?;
-        nodes.push((p, listen));
+        let node = kv::ClusterNode {
+            name: s.name,
+            aarch64: s.aarch64,
+            power: model,
+            pin: None,
+        };
+        let cache = &caches[usize::from(s.aarch64)];
+        nodes.push(kv::cluster_node(roam, arm, &url, &run, cache, &node)?);
     }
     kv::wait_nodes(
         roam,

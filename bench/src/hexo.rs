@@ -76,7 +76,7 @@ pub fn run(paths: &Paths, o: &Options) -> anyhow::Result<(Report, Report)> {
             Duration::from_secs(300),
         )?;
         let hash = blake3::hash(&std::fs::read(&module)?).to_hex().to_string();
-        let (x86_s, arm_s, output) = calibrate(&roam, &arm, &module, size, &caches)
+        let (x86_s, arm_s, output) = crate::energy::calibrate(&roam, &arm, &module, size, &caches)
             .with_context(|| format!("calibrating {w} {size}"))?;
         eprintln!(
             "hexo: {w} {size}: {x86_s:.2} s of CPU on x86-64, {arm_s:.2} s under qemu-aarch64 \
@@ -248,42 +248,6 @@ fn accuracy(kinds: &[Kind], learned: Option<&serde_json::Value>, o: &Options) ->
     }
 }
 
-/// The job's CPU seconds on x86-64 and under qemu-aarch64 (each the second
-/// of two runs, so that both compile caches are warm), and its output.
-fn calibrate(
-    roam: &Path,
-    arm: &Path,
-    module: &Path,
-    size: &str,
-    caches: &[PathBuf; 2],
-) -> anyhow::Result<(f64, f64, Vec<u8>)> {
-    let run = |native: bool| -> anyhow::Result<(f64, Vec<u8>)> {
-        let mut last = None;
-        for _ in 0..2 {
-            let mut cmd = if native {
-                Command::new(roam)
-            } else {
-                let mut c = Command::new("qemu-aarch64");
-                c.args(["-L", "/usr/aarch64-linux-gnu"]).arg(arm);
-                c
-            };
-            cmd.env("ROAM_CACHE_DIR", &caches[usize::from(!native)])
-                .arg("run")
-                .arg(module)
-                .arg("--")
-                .arg(size);
-            last = Some(crate::proc::run_cpu(&mut cmd, "the calibration run")?);
-        }
-        Ok(last.expect("two runs"))
-    };
-    let (x86, out) = run(true)?;
-    let (a64, out_arm) = run(false)?;
-    if out != out_arm {
-        bail!("the job's output differs between x86-64 and aarch64");
-    }
-    Ok((x86, a64, out))
-}
-
 /// One scenario: the outcome, and the planner's learned table at the end.
 #[allow(clippy::too_many_arguments)]
 fn scenario(
@@ -309,33 +273,20 @@ fn scenario(
     };
     let mut nodes: Vec<Proc> = Vec::new();
     for (name, aarch64) in specs {
-        let listen = kv::free_addr()?;
         // Each node on a core of its own: `--cores 1` is what the planner
         // counts, the pinning what the machine enforces.
-        let mut cmd = Command::new("taskset");
-        cmd.args(["-c", if *aarch64 { "1" } else { "0" }]);
-        if *aarch64 {
-            cmd.args(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"])
-                .arg(arm);
-        } else {
-            cmd.arg(roam);
-        }
-        let model = if *aarch64 {
-            "idle=2,busy=1,speed=0.1"
-        } else {
-            "idle=50,busy=12"
+        let node = kv::ClusterNode {
+            name,
+            aarch64: *aarch64,
+            power: if *aarch64 {
+                "idle=2,busy=1,speed=0.1"
+            } else {
+                "idle=50,busy=12"
+            },
+            pin: Some(if *aarch64 { "1" } else { "0" }),
         };
-        cmd.args(["node", "--listen", &listen.to_string(), "--name", name])
-            .args(["--migrate-listen", "127.0.0.1:0", "--planner", &url])
-            .args(["--power", model, "--cores", "1"])
-            .args(["--memory-reserve-mib", "0"])
-            .arg("--state-dir")
-            .arg(run.join(name))
-            .arg("--cache-dir")
-            .arg(&caches[usize::from(*aarch64)]);
-        let mut p = Proc::spawn(cmd, &run.join(format!("node-{name}.log")), "roam node")?;
-        kv::wait_listening(listen, &mut p, Duration::from_secs(120))?;
-        nodes.push(p);
+        let cache = &caches[usize::from(*aarch64)];
+        nodes.push(kv::cluster_node(roam, arm, &url, &run, cache, &node)?.0);
     }
     kv::wait_nodes(
         roam,

@@ -193,6 +193,62 @@ pub fn planner(roam: &Path, dir: &Path, policy: &str) -> anyhow::Result<(Proc, S
     Ok((p, url))
 }
 
+/// One `roam node` of a benchmark cluster.
+pub struct ClusterNode<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// roam's aarch64 build under qemu-user (`arm`), else `roam`.
+    pub aarch64: bool,
+    /// Its `--power` model.
+    pub power: &'a str,
+    /// The CPU it is pinned to (`taskset -c`), if any.
+    pub pin: Option<&'a str>,
+}
+
+/// Start node `n` of the planner at `url`, offering one core, its state in
+/// `dir/NAME`, its log in `dir/node-NAME.log`, its compile cache in
+/// `cache`; wait until it listens. The process and its API address.
+pub fn cluster_node(
+    roam: &Path,
+    arm: &Path,
+    url: &str,
+    dir: &Path,
+    cache: &Path,
+    n: &ClusterNode,
+) -> anyhow::Result<(Proc, SocketAddr)> {
+    let listen = free_addr()?;
+    let mut cmd = match n.pin {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", cpu]);
+            c
+        }
+        None if n.aarch64 => Command::new("qemu-aarch64"),
+        None => Command::new(roam),
+    };
+    if n.pin.is_some() {
+        cmd.arg(if n.aarch64 {
+            Path::new("qemu-aarch64")
+        } else {
+            roam
+        });
+    }
+    if n.aarch64 {
+        cmd.args(["-L", "/usr/aarch64-linux-gnu"]).arg(arm);
+    }
+    cmd.args(["node", "--listen", &listen.to_string(), "--name", n.name])
+        .args(["--migrate-listen", "127.0.0.1:0", "--planner", url])
+        .args(["--power", n.power, "--cores", "1"])
+        .args(["--memory-reserve-mib", "0"])
+        .arg("--state-dir")
+        .arg(dir.join(n.name))
+        .arg("--cache-dir")
+        .arg(cache);
+    let mut p = Proc::spawn(cmd, &dir.join(format!("node-{}.log", n.name)), "roam node")?;
+    wait_listening(listen, &mut p, Duration::from_secs(120))?;
+    Ok((p, listen))
+}
+
 /// Wait, up to `limit`, until `n` nodes of the planner at `url` are alive
 /// and `ready` (what else the caller needs of each record); else an error
 /// naming `what` with the planner's last answer.

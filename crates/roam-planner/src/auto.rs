@@ -204,17 +204,22 @@ fn learn(n: &Arc<Inner>, live: impl Fn(&str) -> bool) {
     let text = {
         let mut l = lock(&n.learner);
         l.retain(live);
-        if !l.dirty {
+        // One write at a time, so that an older table never lands last.
+        if !l.dirty || l.saving {
             return;
         }
         l.dirty = false;
+        l.saving = true;
         crate::slowdown::encode(&l.table)
     };
     let n = n.clone();
     tokio::spawn(async move {
-        if let Err(e) = n.store.put_setting(crate::slowdown::SETTING, &text).await {
+        let r = n.store.put_setting(crate::slowdown::SETTING, &text).await;
+        let mut l = lock(&n.learner);
+        l.saving = false;
+        if let Err(e) = r {
             tracing::warn!("cannot keep the slowdown table: {e}");
-            lock(&n.learner).dirty = true;
+            l.dirty = true;
         }
     });
 }

@@ -90,6 +90,9 @@ impl Policy for OffloadBySlowdown {
     }
 }
 
+/// When a cell's newest finished move ended, and what it cost.
+pub type LastMove<'a> = dyn Fn(&str) -> Option<(u64, Option<Cost>)> + 'a;
+
 /// What the leader decided for one tick.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Move {
@@ -134,12 +137,7 @@ impl Tracker {
             .started(now_ms);
     }
 
-    fn cooling(
-        &mut self,
-        cell: &str,
-        now_ms: u64,
-        last_move: &dyn Fn(&str) -> Option<(u64, Option<Cost>)>,
-    ) -> bool {
+    fn cooling(&mut self, cell: &str, now_ms: u64, last_move: &LastMove<'_>) -> bool {
         let m = self.moves.entry(cell.to_string()).or_default();
         m.saw(last_move(cell));
         m.cooling(now_ms).is_some()
@@ -171,7 +169,7 @@ impl Tracker {
         ctx: &Ctx,
         table: &Table,
         busy: &dyn Fn(&str) -> bool,
-        last_move: &dyn Fn(&str) -> Option<(u64, Option<Cost>)>,
+        last_move: &LastMove<'_>,
     ) -> Vec<Move> {
         self.watch(now_ms, ctx);
         let held = |m: &HashMap<String, u64>, node: &str| {

@@ -202,9 +202,11 @@ fn observe(p: &mut Program, isa: &str, ms: f64, weight: f64) {
     e.runs += weight;
 }
 
-/// The runs under way: cell → its module and name, and CPU ms per ISA so
-/// far. Kept by the leader in memory; a run that was under way when a
-/// leader took over teaches nothing.
+/// The runs under way: cell → CPU ms per ISA so far. Kept in memory by
+/// each planner, from the migrations it followed and the ends it
+/// settled; the leader writes the table to the store. A run under way
+/// when a leader took over, or whose end another planner settled first,
+/// teaches nothing.
 #[derive(Debug, Default)]
 pub struct Learner {
     runs: HashMap<String, Run>,
@@ -212,6 +214,8 @@ pub struct Learner {
     pub table: Table,
     /// The table changed since it was last written to the store.
     pub dirty: bool,
+    /// A write of the table to the store is under way.
+    pub saving: bool,
 }
 
 #[derive(Debug, Default)]

@@ -162,18 +162,12 @@ fn energy_balanced_evens_busy_cells_out() {
         ),
     ];
     wait_alive(&p, 2);
-    let logs = || all_logs(&p, &nodes);
     let expected = std::thread::spawn(|| reference(&BUSY));
     let ids = [
         p.launch(&BUSY, &["--on", "a"]),
         p.launch(&BUSY, &["--on", "a"]),
     ];
-    let moved = wait_for("one cell to move to b", SLOW, || {
-        ids.iter()
-            .map(|id| p.cell(id))
-            .find(|c| c["owner"] == "b" && c["state"]["state"] == "running")
-    });
-    assert_eq!(moved["generation"], 2, "{moved}\n{}", logs());
+    wait_one_moved(&p, &nodes, &ids, "b");
     // Counted once the planner has seen the migration end.
     wait_for("the move in the planner's metrics", SLOW, || {
         let (_, m) = http_get(p.addr(), "/metrics").ok()?;
@@ -181,19 +175,6 @@ fn energy_balanced_evens_busy_cells_out() {
             .contains("reason=\"energy-balanced\"")
             .then_some(())
     });
-    let expected = text(&expected.join().unwrap());
-    for id in &ids {
-        let owner = p.cell(id)["owner"].as_str().unwrap().to_string();
-        let node = &nodes.iter().find(|(n, _)| *n == owner).unwrap().1;
-        let end = node.wait_end(id, SLOW);
-        assert_eq!(end["state"], "exited", "{end}\n{}", logs());
-        // Neither moved twice: one stayed, one moved once.
-        assert!(
-            p.cell(id)["generation"].as_u64().unwrap() <= 2,
-            "{}",
-            logs()
-        );
-        let (_, log) = http_get(p.addr(), &format!("/v1/cells/{id}/logs")).unwrap();
-        assert_eq!(text(&log), expected, "cell {id}'s output differs");
-    }
+    // Neither moved twice: one stayed, one moved once.
+    expect_exits(&p, &nodes, &ids, &text(&expected.join().unwrap()));
 }

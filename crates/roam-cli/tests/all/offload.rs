@@ -53,12 +53,7 @@ fn offload_by_slowdown_moves_one_of_two_cells_off_a_full_server_and_learns() {
     for id in &ids {
         assert_eq!(p.cell(id)["owner"], "server", "{}", logs());
     }
-    let moved = wait_for("one cell to move to the board", SLOW, || {
-        ids.iter()
-            .map(|id| p.cell(id))
-            .find(|c| c["owner"] == "board" && c["state"]["state"] == "running")
-    });
-    assert_eq!(moved["generation"], 2, "{moved}\n{}", logs());
+    wait_one_moved(&p, &nodes, &ids, "board");
     // The decision says why, with the prediction behind it: nothing is
     // learned yet, so the declared speeds (1 ÷ 0.25).
     wait_for("the offload among the planner's decisions", SLOW, || {
@@ -66,15 +61,7 @@ fn offload_by_slowdown_moves_one_of_two_cells_off_a_full_server_and_learns() {
         let d = text(&d);
         (d.contains("offload:") && d.contains("4.0× slower there (declared speeds)")).then_some(())
     });
-    let expected = text(&expected.join().unwrap());
-    for id in &ids {
-        let owner = p.cell(id)["owner"].as_str().unwrap().to_string();
-        let node = &nodes.iter().find(|(n, _)| *n == owner).unwrap().1;
-        let end = node.wait_end(id, SLOW);
-        assert_eq!(end["state"], "exited", "{end}\n{}", logs());
-        let (_, log) = http_get(p.addr(), &format!("/v1/cells/{id}/logs")).unwrap();
-        assert_eq!(text(&log), expected, "cell {id}'s output differs");
-    }
+    expect_exits(&p, &nodes, &ids, &text(&expected.join().unwrap()));
     // Both runs ended on x86-64: two whole observations of its time, the
     // moved one's two stints added up.
     let learned = wait_for("both runs learned", SLOW, || {

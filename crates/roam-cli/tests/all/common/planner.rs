@@ -285,3 +285,33 @@ pub fn all_logs(p: &Planner, nodes: &[(String, Node)]) -> String {
     }
     all
 }
+
+/// Wait until one of `ids` runs on node `to`, having moved there once
+/// (generation 2): its record.
+pub fn wait_one_moved(p: &Planner, nodes: &[(String, Node)], ids: &[String], to: &str) -> Value {
+    let moved = wait_for(&format!("one cell to move to {to}"), SLOW, || {
+        ids.iter()
+            .map(|id| p.cell(id))
+            .find(|c| c["owner"] == to && c["state"]["state"] == "running")
+    });
+    assert_eq!(moved["generation"], 2, "{moved}\n{}", all_logs(p, nodes));
+    moved
+}
+
+/// Wait for each of `ids` to exit on its owner, moved at most once, and
+/// check its output against `expected`.
+pub fn expect_exits(p: &Planner, nodes: &[(String, Node)], ids: &[String], expected: &str) {
+    for id in ids {
+        let owner = p.cell(id)["owner"].as_str().unwrap().to_string();
+        let node = &nodes.iter().find(|(n, _)| *n == owner).unwrap().1;
+        let end = node.wait_end(id, SLOW);
+        assert_eq!(end["state"], "exited", "{end}\n{}", all_logs(p, nodes));
+        assert!(
+            p.cell(id)["generation"].as_u64().unwrap() <= 2,
+            "cell {id} moved more than once\n{}",
+            all_logs(p, nodes)
+        );
+        let (_, log) = http_get(p.addr(), &format!("/v1/cells/{id}/logs")).unwrap();
+        assert_eq!(text(&log), expected, "cell {id}'s output differs");
+    }
+}
