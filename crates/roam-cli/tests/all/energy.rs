@@ -16,21 +16,6 @@ fn powered(p: &Planner, name: &str, model: &str) -> Node {
     powered_with(p, name, model, &[])
 }
 
-fn powered_with(p: &Planner, name: &str, model: &str, extra: &[&str]) -> Node {
-    let mut args = vec![
-        "--migrate-listen",
-        "127.0.0.1:0",
-        "--planner",
-        &p.url,
-        "--name",
-        name,
-        "--power",
-        model,
-    ];
-    args.extend(extra);
-    Node::start_with(Isa::X86_64, &args)
-}
-
 #[test]
 fn energy_unbalanced_moves_a_busy_cell_to_the_cheaper_node() {
     // A lease of 3 s: heartbeats every second.

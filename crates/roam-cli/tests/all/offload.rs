@@ -12,23 +12,10 @@ use super::common::*;
 /// 8 MiB of state rewritten at 200 MiB/s for 20 s: a core kept busy.
 const BUSY: [&str; 3] = ["8", "200", "20"];
 
+/// A node of one core with declared speed `speed`.
 fn node(p: &Planner, name: &str, speed: &str) -> Node {
     let model = format!("idle=10,busy=5,speed={speed}");
-    Node::start_with(
-        Isa::X86_64,
-        &[
-            "--migrate-listen",
-            "127.0.0.1:0",
-            "--planner",
-            &p.url,
-            "--name",
-            name,
-            "--power",
-            &model,
-            "--cores",
-            "1",
-        ],
-    )
+    powered_with(p, name, &model, &["--cores", "1"])
 }
 
 #[test]

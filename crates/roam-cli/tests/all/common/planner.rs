@@ -315,3 +315,20 @@ pub fn expect_exits(p: &Planner, nodes: &[(String, Node)], ids: &[String], expec
         assert_eq!(text(&log), expected, "cell {id}'s output differs");
     }
 }
+
+/// An x86-64 node of planner `p` called `name` that declares the power
+/// model `model` (`--power`), with `extra` arguments.
+pub fn powered_with(p: &Planner, name: &str, model: &str, extra: &[&str]) -> Node {
+    let mut args = vec![
+        "--migrate-listen",
+        "127.0.0.1:0",
+        "--planner",
+        &p.url,
+        "--name",
+        name,
+        "--power",
+        model,
+    ];
+    args.extend(extra);
+    Node::start_with(Isa::X86_64, &args)
+}
