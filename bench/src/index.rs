@@ -34,7 +34,16 @@ const WHAT: &[(&str, &str)] = &[
         "energy",
         "energy and EDP: static placement against the energy policies",
     ),
+    (
+        "far",
+        "far memory: slowdown against the share of memory resident",
+    ),
     ("gw", "T8: KV throughput and latency through the gateway"),
+    ("hexo", "HEXO consolidation: jobs done, offload-by-slowdown"),
+    (
+        "hexo-model",
+        "HEXO: learned slowdowns against the true ones",
+    ),
     (
         "kept",
         "kept checkpoints: the owner's and the holder's memory",
