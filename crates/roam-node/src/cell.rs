@@ -110,10 +110,14 @@ impl CellHandle {
         if let Some(t) = self.final_cpu.get() {
             return Some(t.saturating_sub(start));
         }
+        let end = || self.final_cpu.get().map(|t| t.saturating_sub(start));
         if self.has_ended() {
-            return None;
+            return end();
         }
-        Some(thread_cpu(*self.tid.get()?)?.saturating_sub(start))
+        // The thread may return between the two reads: its final figure.
+        thread_cpu(*self.tid.get()?)
+            .map(|t| t.saturating_sub(start))
+            .or_else(end)
     }
 
     /// Ask the cell to pause at its next migration point; the returned

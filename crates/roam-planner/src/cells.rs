@@ -502,6 +502,7 @@ pub(crate) async fn settle(n: &Inner, c: &CellRecord) -> Result<Settled, AppErro
         &c.module,
         name,
         &isa,
+        c.generation,
         cpu_ms.unwrap_or(0),
         cpu_ms.is_some(),
     );

@@ -244,6 +244,14 @@ async fn follow(
         n.events.send(event("failed", Some(error)));
         return;
     }
+    // The CPU time the cell used on the source: one stint of its run,
+    // recorded before the record says the destination runs it (its end
+    // could be settled from then on).
+    if let Ok(Ok(info)) = tokio::time::timeout(POLL * 10, client.cell(&c.id)).await {
+        if let Some(ms) = info.cpu_ms {
+            lock(&n.learner).moved(&c.id, &source.isa, ms);
+        }
+    }
     // Done: the destination runs the cell. If it took ownership by the
     // transaction, the record already says so; otherwise record it now.
     let r = update(&n, &c.id, |x| {
@@ -266,12 +274,6 @@ async fn follow(
     }
     n.history
         .migration_ended(&migration, Outcome::Done, status.summary.clone());
-    // The CPU time the cell used on the source: one stint of its run.
-    if let Ok(Ok(info)) = tokio::time::timeout(POLL * 10, client.cell(&c.id)).await {
-        if let Some(ms) = info.cpu_ms {
-            lock(&n.learner).moved(&c.id, &source.isa, ms);
-        }
-    }
     n.metrics.migration(reason, "done");
     n.events.send(event("done", None));
 }

@@ -32,7 +32,7 @@ use roam_cluster::{CellRecord, CellState, NodeRecord};
 
 use crate::follow::{Cost, Moves};
 use crate::policy::{base_filter, cells_on, Ctx, Policy, Reason};
-use crate::slowdown::{speed_of, Basis, Learn, Table};
+use crate::slowdown::{speed_of, Basis, Learn, Prediction, Table};
 
 /// A state (a node over its cores, a free fast core) must hold this long
 /// before a cell moves for it, ms: a migration under way shows a cell on
@@ -115,6 +115,14 @@ pub struct Tracker {
     moves: HashMap<String, Moves>,
 }
 
+/// Whether `to` reports the memory for `c`'s limit (0: it reports none,
+/// and decides on admission).
+fn fits(c: &CellRecord, to: &NodeRecord) -> bool {
+    let need = c.max_memory.unwrap_or(crate::policy::DEFAULT_CELL_MEMORY);
+    let available = to.status.machine.memory_available;
+    available == 0 || available >= need
+}
+
 /// The running cells on `node` the leader may move.
 fn running_on<'a>(cells: &'a [CellRecord], node: &str) -> impl Iterator<Item = &'a CellRecord> {
     let node = node.to_string();
@@ -155,7 +163,15 @@ impl Tracker {
                     m.remove(&n.name);
                 }
             };
-            track(&mut self.over_since, on > cores);
+            // A cell migrating away still counts on its source until it
+            // is gone; it is not a reason to send another.
+            let staying = ctx
+                .cells
+                .iter()
+                .filter(|c| c.owner == n.name && !c.state.ended())
+                .filter(|c| !matches!(c.state, CellState::Migrating { .. }))
+                .count();
+            track(&mut self.over_since, staying > cores);
             track(&mut self.free_since, on < cores);
         }
     }
@@ -179,12 +195,20 @@ impl Tracker {
         let usable: Vec<&NodeRecord> = ctx
             .nodes
             .iter()
-            .filter(|n| base_filter(ctx, n).is_ok())
+            .filter(|n| n.alive && n.state == roam_cluster::NodeState::Ready)
             .collect();
         let mut taken: Vec<String> = Vec::new();
         let mut moves = Vec::new();
         let predict = |c: &CellRecord, from: &NodeRecord, to: &NodeRecord| {
-            table.predict(&c.module, &from.isa, &to.isa, speed_of(from) / speed_of(to))
+            let declared = speed_of(from) / speed_of(to);
+            // The table tells ISAs apart, not two nodes of one ISA.
+            if from.isa == to.isa {
+                return Prediction {
+                    slowdown: declared,
+                    basis: Basis::Declared,
+                };
+            }
+            table.predict(&c.module, &from.isa, &to.isa, declared)
         };
         // 1. Offload from nodes over their cores, slowest victim first.
         for from in &usable {
@@ -199,7 +223,7 @@ impl Tracker {
                     && to.name != from.name
             }) {
                 for c in running_on(ctx.cells, &from.name) {
-                    if busy(&c.id) || self.cooling(&c.id, now_ms, last_move) {
+                    if !fits(c, to) || busy(&c.id) || self.cooling(&c.id, now_ms, last_move) {
                         continue;
                     }
                     let p = predict(c, from, to);
@@ -210,6 +234,8 @@ impl Tracker {
             }
             if let Some((s, c, to, basis)) = best {
                 taken.push(to.name.clone());
+                // The next offload from here waits for a new hold.
+                self.over_since.remove(&from.name);
                 moves.push(Move {
                     cell: c.id.clone(),
                     to: to.name.clone(),
@@ -235,7 +261,8 @@ impl Tracker {
             let mut best: Option<(f64, &CellRecord, &NodeRecord, Basis)> = None;
             for from in usable.iter().filter(|f| speed_of(f) < speed_of(to)) {
                 for c in running_on(ctx.cells, &from.name) {
-                    if busy(&c.id)
+                    if !fits(c, to)
+                        || busy(&c.id)
                         || moves.iter().any(|m| m.cell == c.id)
                         || self.cooling(&c.id, now_ms, last_move)
                     {

@@ -127,8 +127,17 @@ fn no_offload_without_a_free_slower_core_nor_of_a_busy_or_cooling_cell() {
     let cells = [cell("a", "server", "cg"), cell("b", "server", "ep")];
     let ctx = Ctx::new(&nodes, &cells, &w);
     let mut t = Tracker::default();
-    // (and "big" brings back nothing: the same ISA gains nothing.)
-    assert!(judge_held(&mut t, &ctx, &table(), 100_000).is_empty());
+    // "big" takes one back instead: on the same ISA, its declared speed
+    // (2× the server's) is what a cell gains there.
+    let moves = judge_held(&mut t, &ctx, &table(), 100_000);
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0].to, "big");
+    assert!(moves[0].what.starts_with("bring back"), "{}", moves[0].what);
+    assert!(
+        moves[0].what.contains("2.0× faster (declared speeds)"),
+        "{}",
+        moves[0].what
+    );
     // The better victim is busy (a kept checkpoint): the other one goes.
     let nodes = [server(), board()];
     let ctx = Ctx::new(&nodes, &cells, &w);
@@ -224,4 +233,37 @@ fn a_state_that_breaks_starts_its_hold_again() {
             .len(),
         1
     );
+}
+
+#[test]
+fn a_cell_migrating_away_is_not_a_reason_to_send_another() {
+    let nodes = [server(), node("board", "aarch64", 2, 0.1)];
+    let w = Want::default();
+    // Two cells on the server's one core, one of them already on its way
+    // to the board: the server is not over any more.
+    let mut leaving = cell("b", "server", "ep");
+    leaving.state = CellState::Migrating { to: "board".into() };
+    let cells = [cell("a", "server", "cg"), leaving];
+    let ctx = Ctx::new(&nodes, &cells, &w);
+    let mut t = Tracker::default();
+    assert!(judge_held(&mut t, &ctx, &table(), 100_000).is_empty());
+}
+
+#[test]
+fn a_board_without_the_memory_for_a_cell_does_not_take_it() {
+    let mut small = board();
+    small.status.machine.memory_available = 256 << 20;
+    let nodes = [server(), small];
+    let mut big = cell("b", "server", "ep");
+    big.max_memory = Some(512 << 20);
+    let mut fits = cell("a", "server", "cg");
+    fits.max_memory = Some(128 << 20);
+    let cells = [fits, big];
+    let w = Want::default();
+    let ctx = Ctx::new(&nodes, &cells, &w);
+    let mut t = Tracker::default();
+    // ep loses less, but only cg fits: cg goes.
+    let moves = judge_held(&mut t, &ctx, &table(), 100_000);
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0].cell, "a");
 }

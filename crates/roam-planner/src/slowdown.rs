@@ -114,15 +114,16 @@ impl Learn for Table {
         match by_isa.as_slice() {
             [(isa, t)] if *t > 0.0 => observe(p, isa, *t, 1.0),
             [(a, ta), (b, tb)] => {
-                let known = |isa: &str| p.isas.get(isa).map(|e| (e.cpu_ms, e.runs));
-                // Learn the unknown (or less observed) side from the other.
+                let known = |isa: &str| p.isas.get(isa).map(|e| e.cpu_ms);
+                // Learn the unknown side from the other; when both are
+                // known, the side that did most of this run's work.
                 let (from, f_ms, to, t_ms) = match (known(a), known(b)) {
-                    (Some((_, ra)), Some((_, rb))) if rb > ra => (*b, *tb, *a, *ta),
+                    (Some(wa), Some(_)) if *ta / wa >= MAX_KNOWN_SHARE => (*b, *tb, *a, *ta),
                     (Some(_), _) => (*a, *ta, *b, *tb),
                     (None, Some(_)) => (*b, *tb, *a, *ta),
                     (None, None) => return,
                 };
-                let (whole, _) = known(from).expect("chosen for being known");
+                let whole = known(from).expect("chosen for being known");
                 let share = f_ms / whole;
                 if whole > 0.0 && share < MAX_KNOWN_SHARE && t_ms > 0.0 {
                     observe(p, to, t_ms / (1.0 - share), 1.0 - share);
@@ -249,17 +250,24 @@ impl Learner {
     /// `isa` after `cpu_ms` of CPU there; `exited`: the program exited (a
     /// failed or killed run did not do its whole work, and teaches
     /// nothing).
+    ///
+    /// `generation`: the cell's owner generation at its end, one more
+    /// than its moves. A run with fewer stints than that (a move this
+    /// planner did not follow, a leader that took over mid-run, a restore
+    /// from a kept checkpoint) is not whole here, and teaches nothing.
+    #[allow(clippy::too_many_arguments)]
     pub fn ended(
         &mut self,
         cell: &str,
         module: &str,
         name: &str,
         isa: &str,
+        generation: u64,
         cpu_ms: u64,
         exited: bool,
     ) {
         let mut run = self.runs.remove(cell).unwrap_or_default();
-        if !exited {
+        if !exited || run.stints.len() as u64 + 1 != generation {
             return;
         }
         run.stints.push((isa.to_string(), cpu_ms));

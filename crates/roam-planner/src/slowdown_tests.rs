@@ -40,6 +40,25 @@ fn a_split_run_times_the_unknown_side_by_the_known_one() {
 }
 
 #[test]
+fn with_both_sides_known_the_side_that_did_most_of_the_run_is_learned() {
+    let mut t = Table::default();
+    t.learn("m", "cg", &[s("x86_64", 1000)]);
+    t.learn("m", "cg", &[s("aarch64", 8000)]);
+    // 90 % of the work on x86-64: the board's 20 % share is the known
+    // side, and x86-64 is learned from it.
+    t.learn("m", "cg", &[s("x86_64", 900), s("aarch64", 1600)]);
+    // A whole run on x86-64: 900 / (1 − 1,600 / 8,000) = 1,125 ms, weight
+    // 0.8, taken 0.8 / 1.8 of the way from 1,000.
+    let x = t.programs["m"].isas["x86_64"];
+    assert!(
+        (x.cpu_ms - (1000.0 + 125.0 * 0.8 / 1.8)).abs() < 1e-9,
+        "{x:?}"
+    );
+    assert!((x.runs - 1.8).abs() < 1e-9, "{x:?}");
+    assert_eq!(t.programs["m"].isas["aarch64"].runs, 1.0);
+}
+
+#[test]
 fn a_split_run_without_a_known_side_teaches_nothing() {
     let mut t = Table::default();
     t.learn("m", "cg", &[s("x86_64", 250), s("aarch64", 6000)]);
@@ -83,16 +102,22 @@ fn the_estimate_follows_a_program_that_changes() {
 #[test]
 fn the_learner_joins_a_cells_stints_and_skips_failed_runs() {
     let mut l = Learner::default();
-    l.ended("c0", "m", "cg", "x86_64", 1000, true);
+    l.ended("c0", "m", "cg", "x86_64", 1, 1000, true);
     l.moved("c1", "x86_64", 250);
-    l.ended("c1", "m", "cg", "aarch64", 7500, true);
+    l.ended("c1", "m", "cg", "aarch64", 2, 7500, true);
     assert_eq!(l.table.programs["m"].isas["aarch64"].cpu_ms, 10000.0);
     assert!(l.dirty);
     // A killed run does not count, and its stints are dropped.
     l.moved("c2", "x86_64", 10);
-    l.ended("c2", "m", "cg", "aarch64", 10, false);
+    l.ended("c2", "m", "cg", "aarch64", 2, 10, false);
     assert_eq!(l.table.programs["m"].isas["aarch64"].runs, 0.75);
     assert!(l.runs.is_empty());
+    // A run with a move this planner did not see (generation 3, one
+    // stint) is not whole here: nothing learned.
+    let before = l.table.clone();
+    l.moved("c4", "x86_64", 100);
+    l.ended("c4", "m", "cg", "aarch64", 3, 100, true);
+    assert_eq!(l.table, before);
     // A cell gone without an end is forgotten.
     l.moved("c3", "x86_64", 10);
     l.retain(|id| id != "c3");
