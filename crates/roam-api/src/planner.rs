@@ -539,6 +539,29 @@ pub struct LearnedProgram {
     pub isas: std::collections::BTreeMap<String, LearnedTime>,
 }
 
+impl LearnedProgram {
+    /// Each pair of ISAs with a time, as (slower, faster, slowdown ≥ 1).
+    pub fn slowdowns(&self) -> Vec<(&str, &str, f64)> {
+        let known: Vec<(&str, f64)> = self
+            .isas
+            .iter()
+            .filter(|(_, e)| e.cpu_ms > 0.0)
+            .map(|(i, e)| (i.as_str(), e.cpu_ms))
+            .collect();
+        let mut out = Vec::new();
+        for (i, &(a, ta)) in known.iter().enumerate() {
+            for &(b, tb) in &known[i + 1..] {
+                out.push(if tb >= ta {
+                    (b, a, tb / ta)
+                } else {
+                    (a, b, ta / tb)
+                });
+            }
+        }
+        out
+    }
+}
+
 /// One program's time on one ISA.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LearnedTime {

@@ -308,21 +308,10 @@ pub fn slowdowns(a: SlowdownsArgs) -> Result<i32> {
                     )
                 })
                 .collect();
-            let isas: Vec<(&String, f64)> = prog.isas.iter().map(|(i, e)| (i, e.cpu_ms)).collect();
-            let ratios: Vec<String> = isas
-                .iter()
-                .flat_map(|(a, ta)| {
-                    isas.iter()
-                        .filter(move |(b, _)| b > a)
-                        // Slower over faster: a slowdown, at least 1.
-                        .map(move |(b, tb)| {
-                            if tb >= ta {
-                                format!("{b} ÷ {a} {:.2}×", tb / ta)
-                            } else {
-                                format!("{a} ÷ {b} {:.2}×", ta / tb)
-                            }
-                        })
-                })
+            let ratios: Vec<String> = prog
+                .slowdowns()
+                .into_iter()
+                .map(|(slow, fast, x)| format!("{slow} ÷ {fast} {x:.2}×"))
                 .collect();
             println!(
                 "{:<20} {:<14} {:<40} {}",

@@ -324,7 +324,7 @@ fn boards(p: &Planner) -> Vec<(String, Node)> {
     ["board-a", "board-b"]
         .into_iter()
         .map(|b| {
-            let node = cluster_node(p, b, &["--max-total-memory", "64MiB"]);
+            let node = planner_node(p, b, &["--max-total-memory", "64MiB"]);
             (b.to_string(), node)
         })
         .collect()
@@ -345,20 +345,6 @@ fn wait_far(node: &Node, id: &str, what: &str) -> serde_json::Value {
     row
 }
 
-/// A node of the planner `p`'s cluster, with `extra` flags.
-fn cluster_node(p: &Planner, name: &str, extra: &[&str]) -> Node {
-    let mut args = vec![
-        "--migrate-listen",
-        "127.0.0.1:0",
-        "--planner",
-        &p.url,
-        "--name",
-        name,
-    ];
-    args.extend(extra);
-    Node::start_with(Isa::X86_64, &args)
-}
-
 #[test]
 fn the_planner_places_a_far_cell_and_restores_it_far_when_its_node_dies() {
     // Two boards that admit 64 MiB of cells each, and a memory server. The
@@ -366,7 +352,7 @@ fn the_planner_places_a_far_cell_and_restores_it_far_when_its_node_dies() {
     // on a board, and, when that board dies, bring the cell back from its
     // kept checkpoint on the other board, paging to a server again.
     let p = Planner::start(None, &["--lease", "5"]);
-    let server = cluster_node(&p, "server", &["--memory-server", "512MiB"]);
+    let server = planner_node(&p, "server", &["--memory-server", "512MiB"]);
     let mut boards = boards(&p);
     wait_alive(&p, 3);
     let args = ["128", "4", "30"];
@@ -417,8 +403,8 @@ fn a_cell_whose_memory_server_dies_comes_back_from_its_kept_checkpoint() {
     // server, to finish with the uninterrupted run's output.
     let p = Planner::start(None, &["--lease", "5"]);
     let mut servers = [
-        cluster_node(&p, "server-1", &["--memory-server", "1GiB"]),
-        cluster_node(&p, "server-2", &["--memory-server", "512MiB"]),
+        planner_node(&p, "server-1", &["--memory-server", "1GiB"]),
+        planner_node(&p, "server-2", &["--memory-server", "512MiB"]),
     ];
     let mut boards = boards(&p);
     wait_alive(&p, 4);

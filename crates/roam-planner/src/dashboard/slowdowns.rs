@@ -48,24 +48,11 @@ pub(crate) fn render(table: &Table) -> String {
                 None => h.push_str("<td class=\"num\">–</td>"),
             }
         }
-        let known: Vec<(&String, f64)> = p
-            .isas
-            .iter()
-            .filter(|(_, e)| e.cpu_ms > 0.0)
-            .map(|(i, e)| (i, e.cpu_ms))
+        let ratios: Vec<String> = p
+            .slowdowns()
+            .into_iter()
+            .map(|(slow, fast, x)| format!("{} ÷ {}: {x:.2}×", esc(slow), esc(fast)))
             .collect();
-        let mut ratios = Vec::new();
-        for (i, (a, ta)) in known.iter().enumerate() {
-            for (b, tb) in &known[i + 1..] {
-                // Slower over faster: a slowdown, at least 1.
-                let ((slow, ts), (fast, tf)) = if tb >= ta {
-                    ((b, tb), (a, ta))
-                } else {
-                    ((a, ta), (b, tb))
-                };
-                ratios.push(format!("{} ÷ {}: {:.2}×", esc(slow), esc(fast), ts / tf));
-            }
-        }
         let _ = write!(
             h,
             "<td>{}</td></tr>",

@@ -316,9 +316,9 @@ pub fn expect_exits(p: &Planner, nodes: &[(String, Node)], ids: &[String], expec
     }
 }
 
-/// An x86-64 node of planner `p` called `name` that declares the power
-/// model `model` (`--power`), with `extra` arguments.
-pub fn powered_with(p: &Planner, name: &str, model: &str, extra: &[&str]) -> Node {
+/// An x86-64 node of planner `p`'s cluster called `name`, with `extra`
+/// flags.
+pub fn planner_node(p: &Planner, name: &str, extra: &[&str]) -> Node {
     let mut args = vec![
         "--migrate-listen",
         "127.0.0.1:0",
@@ -326,9 +326,15 @@ pub fn powered_with(p: &Planner, name: &str, model: &str, extra: &[&str]) -> Nod
         &p.url,
         "--name",
         name,
-        "--power",
-        model,
     ];
     args.extend(extra);
     Node::start_with(Isa::X86_64, &args)
+}
+
+/// A node of planner `p` called `name` that declares the power model
+/// `model` (`--power`), with `extra` flags.
+pub fn powered_with(p: &Planner, name: &str, model: &str, extra: &[&str]) -> Node {
+    let mut args = vec!["--power", model];
+    args.extend(extra);
+    planner_node(p, name, &args)
 }

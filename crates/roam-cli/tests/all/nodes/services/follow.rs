@@ -19,19 +19,7 @@ fn delay_line(gw: &Gateway, one_way_ms: u64) -> Link {
 
 fn planned_node(p: &Planner, name: &str, line: &Link) -> Node {
     let gateway = line.proxy().local_addr().to_string();
-    Node::start_with(
-        Isa::X86_64,
-        &[
-            "--gateway",
-            &gateway,
-            "--migrate-listen",
-            "127.0.0.1:0",
-            "--planner",
-            &p.url,
-            "--name",
-            name,
-        ],
-    )
+    planner_node(p, name, &["--gateway", &gateway])
 }
 
 #[test]
