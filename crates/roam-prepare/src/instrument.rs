@@ -99,6 +99,9 @@ pub(crate) fn instrument(
         ConstExpr::Value(walrus::ir::Value::I32(0)),
     );
     add_export(&mut module, FLAG_GLOBAL_EXPORT, flag.into())?;
+    // Waits become blocking imports before anything reads the call graph,
+    // so that every caller of one is a site like a caller of `fd_read`.
+    crate::waits::route_waits(&mut module);
     // Before anything reads the call graph: a long fill or copy now calls
     // a helper whose loop gets a point like any other loop.
     let loops_policy = matches!(policy, PointPolicy::Loops | PointPolicy::Outer);

@@ -57,6 +57,7 @@ mod spill;
 mod unroll;
 mod validate;
 mod verify;
+mod waits;
 mod wasm_opt;
 
 #[cfg(test)]
@@ -64,7 +65,7 @@ mod revision_tests;
 
 pub use eh::{
     EhStats, CAPTURE_END_EXPORT, CAPTURE_GLOBAL_EXPORT, NORMAL, REWINDING, REWIND_EXPORT,
-    STATE_EXPORT, TAG_EXPORT, UNWINDING,
+    REWIND_THREAD_EXPORT, STATE_EXPORT, TAG_EXPORT, THREAD_START_EXPORT, UNWINDING,
 };
 pub use leave::{EXIT_ARG_EXPORT_PREFIX, EXIT_GLOBAL_EXPORT};
 pub use memory::{initial_memory, DataSegment, MemoryImage};
@@ -81,6 +82,7 @@ pub use section::{read_section, RoamSection, SectionError};
 pub use spill::SPILL_EXPORT_PREFIX;
 pub use validate::{validate, ModuleInfo, ValidateError};
 pub use verify::{check_prepared, CheckError, CHECK_REVISION};
+pub use waits::{WAIT32_FUNC, WAIT64_FUNC};
 pub use wasm_opt::FEATURE_FLAGS as WASM_OPT_FEATURES;
 
 /// Revision of what [`prepare`] emits for a given input and options. It is
@@ -135,15 +137,18 @@ pub const TABLE_EXPORT_PREFIX: &str = "roam.table.";
 pub const SECTION_NAME: &str = "roam";
 /// Version of the `roam` custom section encoding written by this crate.
 pub const SECTION_VERSION: u32 = 1;
-/// Imports at which the stack can unwind (passed to `asyncify-imports`). The
-/// OS layer calls its suspend hook only inside these. This list is the single
-/// source of truth.
+/// Imports at which the stack can unwind (passed to `asyncify-imports`, but
+/// for the waits of threaded programs, which Asyncify never sees). The OS
+/// layer and the runtime's waits call the suspend hook only inside these.
+/// This list is the single source of truth.
 pub const ASYNC_IMPORTS: &[(&str, &str)] = &[
     ("roam", "migration_point"),
     ("wasi_snapshot_preview1", "poll_oneoff"),
     ("wasi_snapshot_preview1", "fd_read"),
     ("wasi_snapshot_preview1", "sock_accept"),
     ("wasi_snapshot_preview1", "sock_recv"),
+    ("roam", "wait32"),
+    ("roam", "wait64"),
 ];
 /// Exports that Asyncify adds and the runtime drives to unwind and rewind.
 pub const ASYNCIFY_EXPORTS: &[&str] = &[

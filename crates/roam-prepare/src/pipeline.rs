@@ -127,6 +127,13 @@ pub enum PrepareError {
         "capture by exceptions cannot handle this module: {0}; prepare it with --capture asyncify"
     )]
     EhUnsupported(String),
+    /// A threaded program (shared memory) asked for Asyncify, or needs it
+    /// because the capture by records cannot handle it. Each thread's
+    /// stack is captured by records only.
+    #[error(
+        "this program uses threads (a shared memory), which roam captures by records only: {0}"
+    )]
+    ThreadsNeedRecords(String),
     /// The thread `prepare` works on could not be started.
     #[error("cannot start a thread to prepare the module on: {0}")]
     Thread(#[source] std::io::Error),
@@ -186,6 +193,11 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         });
     }
     let info = validate(input)?;
+    if info.shared_memory && opts.capture == Capture::Asyncify {
+        return Err(PrepareError::ThreadsNeedRecords(
+            "prepare it with --capture returns (the default) or eh".into(),
+        ));
+    }
     let tool = wasm_opt::locate(opts.wasm_opt.as_deref())?;
     let instrumented = instrument::instrument(input, &info, opts)?;
     let stats = instrumented.stats;
@@ -199,6 +211,9 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         return match prepare_eh(input, &info, opts, &tool, instrumented) {
             // Asyncify handles what exceptions cannot; the section says
             // which capture the module has.
+            Err(PrepareError::EhUnsupported(why)) if info.shared_memory => {
+                Err(PrepareError::ThreadsNeedRecords(why))
+            }
             Err(PrepareError::EhUnsupported(why)) if opts.capture.by_records() => {
                 let asyncify = PrepareOptions {
                     capture: Capture::Asyncify,
@@ -273,7 +288,13 @@ fn prepare_eh(
         Some(_) => wasm_opt::run(
             tool,
             &instrumented.bytes,
-            |_| wasm_opt::optimise_arguments(opts, opts.capture.by_records()),
+            |_| {
+                let mut args = wasm_opt::optimise_arguments(opts, opts.capture.by_records());
+                if info.shared_memory {
+                    args.push(wasm_opt::THREADS_FLAG.into());
+                }
+                args
+            },
             None,
         )?,
         None => instrumented.bytes,

@@ -14,11 +14,12 @@ use wasmparser::{
 
 use crate::names::{describe_function, function_names};
 use crate::ops::{classify, Refusal};
-use crate::{POINT_FUNC, POINT_MODULE};
+use crate::{POINT_FUNC, POINT_MODULE, WAIT32_FUNC, WAIT64_FUNC};
 
 /// Features roam's toolchain (walrus and `wasm-opt` Asyncify) handles: the
 /// WebAssembly 2.0 set that current clang and rustc emit by default.
-pub(crate) const SUPPORTED_FEATURES: WasmFeatures = WasmFeatures::WASM2;
+pub(crate) const SUPPORTED_FEATURES: WasmFeatures =
+    WasmFeatures::WASM2.union(WasmFeatures::THREADS);
 
 /// How deep blocks, loops and `if`s may nest in one function. `prepare`
 /// walks that structure recursively (walrus, and its own passes), so a
@@ -50,6 +51,9 @@ pub struct ModuleInfo {
     pub manual_points: u32,
     /// Whether the module carries DWARF (`.debug_*`) custom sections.
     pub has_debug_sections: bool,
+    /// Whether the memory is shared (imported, as `wasm32-wasip1-threads`
+    /// links it): the program may start threads.
+    pub shared_memory: bool,
 }
 
 /// Why a module cannot be prepared.
@@ -109,7 +113,7 @@ pub enum ValidateError {
         found: String,
     },
     /// Imports something else from the `roam` module.
-    #[error("the module imports `roam.{name}`, which roam does not provide; only `roam.migration_point` exists")]
+    #[error("the module imports `roam.{name}`, which roam does not provide; only `roam.migration_point`, `roam.wait32` and `roam.wait64` exist")]
     UnknownRoamImport {
         /// Import name.
         name: String,
@@ -196,14 +200,26 @@ fn block_params(op: &Operator, types: &[Option<(usize, usize)>]) -> Option<Refus
     }
 }
 
+/// A prepared module never waits by the instruction: `prepare` made every
+/// wait a call of `roam.wait32/64` (`waits.rs`), which a checkpoint can
+/// interrupt. A raw one would park a thread where no stop reaches it.
+fn raw_wait(op: &Operator) -> Option<Refusal> {
+    let instr = match op {
+        Operator::MemoryAtomicWait32 { .. } => "memory.atomic.wait32",
+        Operator::MemoryAtomicWait64 { .. } => "memory.atomic.wait64",
+        _ => return None,
+    };
+    Some(Refusal {
+        instr: instr.into(),
+        feature: "a wait no checkpoint can interrupt, in a prepared module",
+    })
+}
+
 fn unsupported(what: impl Into<String>) -> ValidateError {
     ValidateError::UnsupportedModule { what: what.into() }
 }
 
 fn check_memory(ty: &wasmparser::MemoryType, scan: &mut Scan) -> Result<(), ValidateError> {
-    if ty.shared {
-        return Err(unsupported("declares a shared memory (threads)"));
-    }
     if ty.memory64 {
         return Err(unsupported("declares a 64-bit memory (memory64)"));
     }
@@ -242,12 +258,14 @@ fn scan(input: &[u8], eh: bool) -> Result<Scan, ValidateError> {
             Payload::ImportSection(reader) => {
                 for import in reader.into_imports() {
                     let import = import.map_err(ValidateError::Invalid)?;
-                    if import.module == POINT_MODULE && import.name != POINT_FUNC {
+                    let is_wait = import.module == POINT_MODULE
+                        && [WAIT32_FUNC, WAIT64_FUNC].contains(&import.name);
+                    if import.module == POINT_MODULE && import.name != POINT_FUNC && !is_wait {
                         return Err(ValidateError::UnknownRoamImport {
                             name: import.name.into(),
                         });
                     }
-                    let is_point = import.module == POINT_MODULE;
+                    let is_point = import.module == POINT_MODULE && !is_wait;
                     match import.ty {
                         TypeRef::Func(ty) | TypeRef::FuncExact(ty) => {
                             if is_point {
@@ -270,6 +288,12 @@ fn scan(input: &[u8], eh: bool) -> Result<Scan, ValidateError> {
                             return Err(ValidateError::BadPointImport {
                                 found: "a non-function import".into(),
                             })
+                        }
+                        // Threads share one memory, which each instance
+                        // imports (wasi-threads).
+                        TypeRef::Memory(ty) if ty.shared => {
+                            check_memory(&ty, &mut scan)?;
+                            scan.info.shared_memory = true;
                         }
                         TypeRef::Memory(_) => {
                             return Err(ValidateError::ImportedMemory {
@@ -296,7 +320,13 @@ fn scan(input: &[u8], eh: bool) -> Result<Scan, ValidateError> {
             Payload::TableSection(reader) => scan.info.tables += reader.count(),
             Payload::MemorySection(reader) => {
                 for ty in reader {
-                    check_memory(&ty.map_err(ValidateError::Invalid)?, &mut scan)?;
+                    let ty = ty.map_err(ValidateError::Invalid)?;
+                    if ty.shared {
+                        return Err(unsupported(
+                            "defines a shared memory of its own; threaded programs import theirs (build for wasm32-wasip1-threads)",
+                        ));
+                    }
+                    check_memory(&ty, &mut scan)?;
                 }
             }
             Payload::TagSection(_) if !eh => {
@@ -352,9 +382,12 @@ fn scan(input: &[u8], eh: bool) -> Result<Scan, ValidateError> {
                         // `try_table` as parameters; its output never
                         // goes through Binaryen again.
                         let params = if eh { None } else { block_params(&op, &types) };
-                        let refusal = params.or_else(|| {
-                            classify(&op).filter(|r| !(eh && r.feature == crate::ops::EXCEPTIONS))
-                        });
+                        let refusal = params
+                            .or_else(|| {
+                                classify(&op)
+                                    .filter(|r| !(eh && r.feature == crate::ops::EXCEPTIONS))
+                            })
+                            .or_else(|| eh.then(|| raw_wait(&op)).flatten());
                         if let Some(refusal) = refusal {
                             scan.refusal = Some((index, refusal));
                         }

@@ -76,20 +76,35 @@ fn refuses_every_table_mutation() {
 }
 
 #[test]
-fn refuses_atomics_and_shared_memory() {
-    let wasm = wat::parse_str(
-        r#"(module (memory 1 1 shared)
-            (func $bump (drop (i32.atomic.rmw.add (i32.const 0) (i32.const 1))))
+fn accepts_an_imported_shared_memory_and_atomics_but_no_shared_memory_of_its_own() {
+    let threaded = wat::parse_str(
+        r#"(module (import "env" "memory" (memory 1 1 shared))
+            (func $bump (drop (i32.atomic.rmw.add (i32.const 0) (i32.const 1)))
+              (drop (memory.atomic.notify (i32.const 0) (i32.const 1)))
+              (drop (memory.atomic.wait32 (i32.const 0) (i32.const 0) (i64.const 0))))
             (func $_start (export "_start")))"#,
     )
     .unwrap();
-    let msg = validate(&wasm).unwrap_err().to_string();
-    assert!(msg.contains("shared memory (threads)"), "{msg}");
+    let info = validate(&threaded).unwrap();
+    assert!(info.shared_memory);
+    // Once prepared, a raw wait is refused: nothing could interrupt it.
+    let msg = crate::validate::validate_as(&threaded, true)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("`memory.atomic.wait32`"), "{msg}");
+    assert!(msg.contains("function 0 `bump`"), "{msg}");
 
-    let msg = refusal(r#"(func $wake (drop (memory.atomic.notify (i32.const 0) (i32.const 1))))"#);
-    assert!(msg.contains("function 0 `wake`"), "{msg}");
-    assert!(msg.contains("`memory.atomic.notify`"), "{msg}");
-    assert!(msg.contains("threads"), "{msg}");
+    let own =
+        wat::parse_str(r#"(module (memory 1 1 shared) (func $_start (export "_start")))"#).unwrap();
+    let msg = validate(&own).unwrap_err().to_string();
+    assert!(msg.contains("shared memory of its own"), "{msg}");
+
+    let unshared = wat::parse_str(
+        r#"(module (import "env" "memory" (memory 1)) (func $_start (export "_start")))"#,
+    )
+    .unwrap();
+    let msg = validate(&unshared).unwrap_err().to_string();
+    assert!(msg.contains("imports its memory"), "{msg}");
 }
 
 #[test]

@@ -139,6 +139,11 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
     }
     let eh = section.capture().by_records();
     let info = validate_as(module, eh)?;
+    if info.shared_memory && !eh {
+        return Err(inconsistent(
+            "it shares its memory (threads) but its section names Asyncify, which roam does not run threads on",
+        ));
+    }
     let f = facts(module)?;
     let is_mutable_global = |index: u32| f.global_mutable.get(index as usize) == Some(&true);
 

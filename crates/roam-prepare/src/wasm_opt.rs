@@ -29,6 +29,11 @@ pub const FEATURE_FLAGS: &[&str] = &[
     "--enable-simd",
 ];
 
+/// The feature flag of threaded programs (shared memory and atomics),
+/// passed only for them so that every other module's output stays the
+/// same bytes (the flag adds `threads` to Binaryen's features section).
+pub(crate) const THREADS_FLAG: &str = "--enable-threads";
+
 /// A located `wasm-opt` and its version line.
 #[derive(Debug, Clone)]
 pub(crate) struct WasmOpt {
@@ -71,9 +76,12 @@ pub(crate) fn locate(explicit: Option<&Path>) -> Result<WasmOpt, PrepareError> {
 }
 
 /// `asyncify-imports` argument: `module.name` pairs joined by commas.
+/// The waits are left out: only threaded programs have them, and those are
+/// never given to Asyncify (`PrepareError::ThreadsNeedRecords`).
 pub(crate) fn asyncify_imports() -> String {
     let list: Vec<String> = ASYNC_IMPORTS
         .iter()
+        .filter(|(_, n)| ![crate::WAIT32_FUNC, crate::WAIT64_FUNC].contains(n))
         .map(|(m, n)| format!("{m}.{n}"))
         .collect();
     format!("--pass-arg=asyncify-imports@{}", list.join(","))

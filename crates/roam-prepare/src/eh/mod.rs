@@ -80,6 +80,12 @@ pub const CAPTURE_END_EXPORT: &str = "roam.capture_end";
 pub const STATE_EXPORT: &str = "roam.state";
 /// Export name of the rewind copy of `_start`.
 pub const REWIND_EXPORT: &str = "roam.rewind";
+/// Export name of the rewind copy of `wasi_thread_start`, the entry of
+/// every thread but the first (wasi-threads); only in modules that export
+/// that entry.
+pub const REWIND_THREAD_EXPORT: &str = "roam.rewind_thread";
+/// The entry wasi-threads calls on each new thread, `(tid, arg) -> ()`.
+pub const THREAD_START_EXPORT: &str = "wasi_thread_start";
 /// Export name of the exception tag a point throws.
 pub const TAG_EXPORT: &str = "roam.unwind";
 
@@ -392,6 +398,32 @@ pub(crate) fn transform(
         return Err(rewrite("`_start` takes parameters"));
     }
     add_export(&mut module, REWIND_EXPORT, rewind.into())?;
+    // `roam.rewind_thread`: the copy of a thread's entry, with its type.
+    let thread_start = module.exports.iter().find_map(|e| match e.item {
+        ExportItem::Function(f) if e.name == THREAD_START_EXPORT => Some(f),
+        _ => None,
+    });
+    if let Some(entry) = thread_start {
+        let ty = module.types.get(module.funcs.get(entry).ty()).clone();
+        if ty.params() != [ValType::I32, ValType::I32] || !ty.results().is_empty() {
+            return Err(rewrite(
+                "`wasi_thread_start` is not of type (i32, i32) -> ()",
+            ));
+        }
+        let copy = match ctx.copies.get(&entry) {
+            Some(copy) => *copy,
+            None => {
+                let mut fb = FunctionBuilder::new(&mut module.types, ty.params(), &[]);
+                fb.func_body().unreachable();
+                let params = vec![
+                    module.locals.add(ValType::I32),
+                    module.locals.add(ValType::I32),
+                ];
+                fb.finish(params, &mut module.funcs)
+            }
+        };
+        add_export(&mut module, REWIND_THREAD_EXPORT, copy.into())?;
+    }
     let out = module.emit_wasm();
     // Frames that leave by returning need no exception support at all.
     let features = match returns {
