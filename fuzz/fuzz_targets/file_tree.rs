@@ -29,6 +29,7 @@ fuzz_target!(|data: &[u8]| {
         },
         os_state: vec![],
         files: Some(tree),
+        threads: Vec::new(),
     };
     let Ok(bytes) = snap.encode(&EncodeOptions {
             level: 1,

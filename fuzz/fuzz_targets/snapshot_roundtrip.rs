@@ -49,6 +49,7 @@ fuzz_target!(|data: &[u8]| {
         },
         os_state: writes.to_vec(),
         files: None,
+        threads: Vec::new(),
     };
     // Both formats; the last byte of the control word picks which one
     // restores below.

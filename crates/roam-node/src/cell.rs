@@ -302,6 +302,7 @@ fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
                         stack: s.stack.clone(),
                         os_state: s.os_state.clone(),
                         files: s.files.take(),
+                        threads: Vec::new(),
                     }),
                     // The cell's thread writes its output: the log holds
                     // exactly what the program wrote before this point.

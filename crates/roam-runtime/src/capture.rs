@@ -150,6 +150,7 @@ fn capture_rest(
         },
         os_state,
         files,
+        threads: Vec::new(),
     })
 }
 

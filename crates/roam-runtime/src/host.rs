@@ -278,6 +278,8 @@ fn unwind_from_point(caller: &mut Caller<'_, HostState>, req: Request) -> wasmti
 }
 
 impl WasiView for HostState {
+    type Guard<'a> = &'a mut WasiCtx;
+
     fn wasi(&mut self) -> &mut WasiCtx {
         &mut self.wasi
     }

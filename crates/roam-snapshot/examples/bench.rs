@@ -60,6 +60,7 @@ fn main() {
             stack: UnwoundStack::default(),
             os_state: vec![],
             files: None,
+            threads: Vec::new(),
         };
         let t = Instant::now();
         let bytes = snap.encode(&EncodeOptions::default()).unwrap();

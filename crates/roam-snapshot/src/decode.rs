@@ -193,7 +193,7 @@ fn decode_payload(
     let mut r = Sections::new(payload, header.uncompressed_len)?;
     let [meta_bytes, module_bytes, os_state, files_bytes] = metadata_sections(&mut r)?;
 
-    let meta: Meta = postcard_exact(&meta_bytes, "metadata section")?;
+    let meta = Meta::from_bytes(&meta_bytes, header.version.minor)?;
     drop(meta_bytes);
     let kinds = page_kinds(&meta)?;
     let m = &meta.memory;
@@ -268,6 +268,7 @@ pub(crate) fn assemble(
         stack: meta.stack,
         os_state,
         files,
+        threads: meta.threads,
     };
     if validate::module(&snap.module).is_err() {
         return Err(DecodeError::ChecksumMismatch {

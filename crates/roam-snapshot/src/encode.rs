@@ -131,8 +131,9 @@ impl Snapshot {
                 initial_digest: self.memory.initial_digest(),
                 runs: runs_of(self.memory.page_kinds()),
             },
+            threads: self.threads.clone(),
         };
-        let meta = postcard::to_allocvec(&meta)?;
+        let meta = meta.to_bytes()?;
         let files = match &self.files {
             Some(t) => postcard::to_allocvec(t)?,
             None => Vec::new(),
@@ -158,6 +159,13 @@ impl Snapshot {
     }
 
     fn encode_v1(&self, parts: Parts, opts: &EncodeOptions) -> Result<Vec<u8>, EncodeError> {
+        if !self.threads.is_empty() {
+            return Err(EncodeError::Invalid {
+                what: "threads",
+                detail: "format 1.0 holds one thread; write format 2 (unset ROAM_SNAPSHOT_FORMAT)"
+                    .into(),
+            });
+        }
         let module: &[u8] = self.module.embedded.as_deref().unwrap_or_default();
         let memory = self.memory.stored_data();
         let sections: [&[u8]; SECTION_COUNT] =

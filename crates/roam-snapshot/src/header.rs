@@ -33,8 +33,15 @@ impl Version {
         major: FORMAT_MAJOR,
         minor: FORMAT_MINOR,
     };
-    /// Format 2.0: chunked memory, restorable by mapping.
-    pub const V2: Version = Version::CURRENT;
+    /// Format 2.0: chunked memory, restorable by mapping. Written for a
+    /// program of one thread.
+    pub const V2: Version = Version {
+        major: FORMAT_MAJOR,
+        minor: 0,
+    };
+    /// Format 2.1: 2.0, and the metadata section may end with the
+    /// program's other threads. Written only for a threaded program.
+    pub const V2_1: Version = Version::CURRENT;
     /// Format 1.0: one zstd stream. Still read (accept N and N-1), and
     /// written on request.
     pub const V1: Version = Version { major: 1, minor: 0 };
@@ -173,7 +180,7 @@ mod tests {
 
     fn sample() -> Header {
         Header {
-            version: Version::CURRENT,
+            version: Version::V2,
             flags: FLAG_FILES,
             compressed_len: 1234,
             uncompressed_len: 99_999,
@@ -228,8 +235,8 @@ mod tests {
                 supported: Version::CURRENT
             }
         );
-        assert!(e.to_string().contains("3.0") && e.to_string().contains("2.0"));
-        for (major, minor) in [(2, 1), (1, 1), (0, 0)] {
+        assert!(e.to_string().contains("3.0") && e.to_string().contains("2.1"));
+        for (major, minor) in [(2, 2), (1, 1), (0, 0)] {
             let mut b = sample().to_bytes();
             b[8] = major;
             b[10] = minor;

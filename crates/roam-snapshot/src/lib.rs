@@ -27,6 +27,7 @@
 //!     stack: UnwoundStack::default(),
 //!     os_state: Vec::new(),
 //!     files: None,
+//!     threads: Vec::new(),
 //! };
 //! let bytes = snap.encode(&EncodeOptions::default()).unwrap();
 //! let back = Snapshot::decode(&bytes).unwrap();
@@ -64,7 +65,7 @@ pub use initial::InitialImage;
 pub use memory::{MemoryImage, PageBuilder, PageKind, RestoreError};
 pub use model::{
     FileEntry, FileKind, FileTree, GlobalVal, GlobalValue, ModuleRef, Origin, Snapshot,
-    UnwoundStack, ASYNCIFY_HEADER_LEN,
+    ThreadImage, UnwoundStack, ASYNCIFY_HEADER_LEN, MAX_THREADS,
 };
 pub use stack::StackError;
 pub use summary::{EncodedSizes, Summary};
@@ -75,8 +76,9 @@ pub const MAGIC: [u8; 8] = *b"ROAMSNAP";
 /// Format major version written by default; readers accept it and 1.0
 /// (accept N and N-1), and refuse any other.
 pub const FORMAT_MAJOR: u16 = 2;
-/// Format minor version; readers refuse newer minor versions.
-pub const FORMAT_MINOR: u16 = 0;
+/// Format minor version; readers refuse newer minor versions. 1: the
+/// metadata section may end with the program's other threads.
+pub const FORMAT_MINOR: u16 = 1;
 /// Snapshot page granularity in bytes.
 pub const PAGE_SIZE: usize = 4096;
 /// The wasm page size; memory sizes are multiples of it.

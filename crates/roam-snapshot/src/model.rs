@@ -26,7 +26,29 @@ pub struct Snapshot {
     pub os_state: Vec<u8>,
     /// Contents of the preopened directories, present with `--with-files`.
     pub files: Option<FileTree>,
+    /// The program's other threads (wasi-threads), each with its own
+    /// globals and stack over the one memory above; empty for a program
+    /// of one thread. `globals` and `stack` above are the first thread's.
+    /// Written as format 2.1; a snapshot without threads stays 2.0.
+    pub threads: Vec<ThreadImage>,
 }
+
+/// One thread of a threaded program, besides the first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadImage {
+    /// The id `thread-spawn` gave it, which the program may have stored.
+    pub tid: u32,
+    /// The argument its `wasi_thread_start` was called with.
+    pub start_arg: u32,
+    /// Its instance's exported mutable globals (its stack pointer and
+    /// TLS base among them).
+    pub globals: Vec<GlobalValue>,
+    /// Its unwound stack: records, as for the first thread.
+    pub stack: UnwoundStack,
+}
+
+/// Most threads a snapshot may hold besides the first.
+pub const MAX_THREADS: usize = 1024;
 
 /// Identifies the prepared module a snapshot was taken from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::memory::PageKind;
-use crate::model::{GlobalValue, Origin, UnwoundStack};
+use crate::model::{GlobalValue, Origin, ThreadImage, UnwoundStack, MAX_THREADS};
 
 /// Number of sections in a v1 payload.
 pub(crate) const SECTION_COUNT: usize = 5;
@@ -28,6 +28,49 @@ pub(crate) struct Meta {
     pub globals: Vec<GlobalValue>,
     pub stack: UnwoundStack,
     pub memory: MemoryMeta,
+    /// Format 2.1: the other threads, encoded after the record above
+    /// (so that a 2.0 metadata section is exactly the record).
+    #[serde(skip)]
+    pub threads: Vec<ThreadImage>,
+}
+
+impl Meta {
+    /// The metadata section: the record, then the threads if any.
+    pub(crate) fn to_bytes(&self) -> Result<Vec<u8>, postcard::Error> {
+        let mut out = postcard::to_allocvec(self)?;
+        if !self.threads.is_empty() {
+            out.extend_from_slice(&postcard::to_allocvec(&self.threads)?);
+        }
+        Ok(out)
+    }
+
+    /// Read a metadata section of format minor `minor`.
+    pub(crate) fn from_bytes(bytes: &[u8], minor: u16) -> Result<Meta, crate::decode::DecodeError> {
+        use crate::decode::DecodeError;
+        const WHAT: &str = "metadata section";
+        let (mut meta, rest): (Meta, _) = postcard::take_from_bytes(bytes)
+            .map_err(|e| DecodeError::malformed(WHAT, e.to_string()))?;
+        if !rest.is_empty() {
+            if minor == 0 {
+                return Err(DecodeError::malformed(
+                    WHAT,
+                    format!("{} trailing bytes", rest.len()),
+                ));
+            }
+            let threads: Vec<ThreadImage> = crate::decode::postcard_exact(rest, "threads")?;
+            if threads.is_empty() || threads.len() > MAX_THREADS {
+                return Err(DecodeError::malformed(
+                    "threads",
+                    format!(
+                        "{} threads (1 to {MAX_THREADS} when present)",
+                        threads.len()
+                    ),
+                ));
+            }
+            meta.threads = threads;
+        }
+        Ok(meta)
+    }
 }
 
 /// How to rebuild the page classification of the memory section.

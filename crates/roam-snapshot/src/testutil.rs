@@ -124,6 +124,7 @@ pub(crate) fn sample_snapshot(wasm_pages: u64, seed: u64) -> (InitialImage, Vec<
         },
         os_state: b"opaque os state".to_vec(),
         files: Some(files),
+        threads: Vec::new(),
     };
     (initial, mem, snap)
 }

@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use crate::model::{FileTree, ModuleRef, Snapshot, UnwoundStack, ASYNCIFY_HEADER_LEN};
+use crate::model::{FileTree, ModuleRef, Snapshot, UnwoundStack, ASYNCIFY_HEADER_LEN, MAX_THREADS};
 
 /// A failed check: which part of the snapshot, and what is wrong with it.
 pub(crate) type Invalid = (&'static str, String);
@@ -24,6 +24,34 @@ pub(crate) fn snapshot(snap: &Snapshot) -> Result<(), Invalid> {
     }
     if let Some(files) = &snap.files {
         file_tree(files)?;
+    }
+    threads(snap)
+}
+
+/// At most [`MAX_THREADS`] other threads, each with a distinct id that is
+/// not 0 (wasi-threads gives ids from 1), and a stack inside memory.
+fn threads(snap: &Snapshot) -> Result<(), Invalid> {
+    if snap.threads.len() > MAX_THREADS {
+        return Err((
+            "threads",
+            format!("{} threads; at most {MAX_THREADS}", snap.threads.len()),
+        ));
+    }
+    let mut ids = HashSet::new();
+    for t in &snap.threads {
+        if t.tid == 0 || !ids.insert(t.tid) {
+            return Err(("threads", format!("thread id {} is 0 or repeated", t.tid)));
+        }
+        stack(&t.stack, snap.memory.byte_len())?;
+        let mut names = HashSet::new();
+        for g in &t.globals {
+            if !names.insert(g.name.as_str()) {
+                return Err((
+                    "threads",
+                    format!("global {:?} appears twice in thread {}", g.name, t.tid),
+                ));
+            }
+        }
     }
     Ok(())
 }

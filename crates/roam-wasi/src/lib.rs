@@ -51,8 +51,15 @@ pub const BLOCKING_IMPORTS: &[&str] = &["poll_oneoff", "fd_read", "sock_accept",
 
 /// The embedder's store data implements this.
 pub trait WasiView: Sized + 'static {
-    /// The WASI context living in the store.
-    fn wasi(&mut self) -> &mut WasiCtx;
+    /// How the store holds the context: `&mut WasiCtx` for a program of
+    /// one thread; a lock guard when the threads of one program, each in
+    /// a store of its own, share one context.
+    type Guard<'a>: std::ops::DerefMut<Target = WasiCtx>
+    where
+        Self: 'a;
+
+    /// The WASI context of the program.
+    fn wasi(&mut self) -> Self::Guard<'_>;
 
     /// Called before every call that reads or writes guest memory, before
     /// it does anything. The runtime refuses here once the memory can no

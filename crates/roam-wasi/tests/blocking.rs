@@ -39,6 +39,7 @@ struct Host {
 }
 
 impl WasiView for Host {
+    type Guard<'a> = &'a mut WasiCtx;
     fn wasi(&mut self) -> &mut WasiCtx {
         &mut self.ctx
     }

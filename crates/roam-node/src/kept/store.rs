@@ -207,6 +207,7 @@ pub(crate) fn split(
         stack: snap.stack.clone(),
         os_state: snap.os_state.clone(),
         files: snap.files.clone(),
+        threads: Vec::new(),
     };
     let state = state
         .encode(&roam_snapshot::EncodeOptions::default())

@@ -81,7 +81,7 @@ fn versions() {
         err(&b),
         DecodeError::UnsupportedVersion {
             found: Version { major: 3, minor: 0 },
-            supported: Version { major: 2, minor: 0 }
+            supported: Version { major: 2, minor: 1 }
         }
     );
     let mut b = sample_bytes();
@@ -91,11 +91,11 @@ fn versions() {
         e,
         DecodeError::UnsupportedVersion {
             found: Version { major: 1, minor: 1 },
-            supported: Version { major: 2, minor: 0 }
+            supported: Version { major: 2, minor: 1 }
         }
     );
     assert!(
-        e.to_string().contains("1.1") && e.to_string().contains("reads 2.0"),
+        e.to_string().contains("1.1") && e.to_string().contains("reads 2.1"),
         "{e}"
     );
     let mut b = sample_bytes();

@@ -54,6 +54,7 @@ fn minimal_snapshot_round_trips() {
         stack: UnwoundStack::default(),
         os_state: vec![],
         files: None,
+        threads: Vec::new(),
     };
     let bytes = snap.encode(&EncodeOptions::default()).unwrap();
     assert_eq!(Snapshot::decode(&bytes).unwrap(), snap);
@@ -120,4 +121,78 @@ fn all_zero_and_all_data_memories() {
         assert!(out == mem);
         assert_eq!(back.memory.stored_pages(), if fill == 0 { 0 } else { 48 });
     }
+}
+
+#[test]
+fn threads_round_trip_as_format_2_1_and_a_program_of_one_thread_stays_2_0() {
+    let (_, _, mut snap) = sample_snapshot(16, 3);
+    let one = snap.encode(&EncodeOptions::default()).unwrap();
+    assert_eq!(peek_header(&one).unwrap().version, Version::V2);
+
+    snap.threads = (1..=3)
+        .map(|tid| ThreadImage {
+            tid,
+            start_arg: 70_000 + tid,
+            globals: vec![GlobalValue {
+                name: "__stack_pointer".into(),
+                value: GlobalVal::I32(60_000 - tid as i32),
+            }],
+            stack: UnwoundStack {
+                buffer_offset: 0,
+                capacity: 512,
+                data: vec![tid as u8; 40],
+            },
+        })
+        .collect();
+    let bytes = snap.encode(&EncodeOptions::default()).unwrap();
+    assert_eq!(
+        peek_header(&bytes).unwrap().version,
+        Version { major: 2, minor: 1 }
+    );
+    let back = Snapshot::decode(&bytes).unwrap();
+    assert_eq!(back, snap);
+
+    // Format 1.0 has no room for them, and says so.
+    let v1 = EncodeOptions {
+        format: Format::V1,
+        ..EncodeOptions::default()
+    };
+    let err = snap.encode(&v1).unwrap_err().to_string();
+    assert!(err.contains("threads"), "{err}");
+
+    // A repeated id is refused on both sides.
+    snap.threads[1].tid = 1;
+    let err = snap
+        .encode(&EncodeOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("thread id 1"), "{err}");
+}
+
+#[test]
+fn a_2_0_file_with_threads_after_its_metadata_is_refused() {
+    let (_, _, snap) = sample_snapshot(4, 1);
+    let meta = crate::payload::Meta {
+        module_hash: snap.module.hash,
+        origin: snap.origin.clone(),
+        globals: vec![],
+        stack: UnwoundStack::default(),
+        memory: crate::payload::MemoryMeta {
+            byte_len: 0,
+            initial_digest: [0; 32],
+            runs: vec![],
+        },
+        threads: vec![ThreadImage {
+            tid: 1,
+            start_arg: 0,
+            globals: vec![],
+            stack: UnwoundStack::default(),
+        }],
+    };
+    let bytes = meta.to_bytes().unwrap();
+    assert!(crate::payload::Meta::from_bytes(&bytes, 1).is_ok());
+    let err = crate::payload::Meta::from_bytes(&bytes, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("trailing bytes"), "{err}");
 }

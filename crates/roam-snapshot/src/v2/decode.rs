@@ -215,7 +215,7 @@ fn parse(header: &Header, src: &(impl Source + ?Sized)) -> Result<Parsed, Decode
     r.finish()?;
     drop(block);
 
-    let meta: Meta = postcard_exact(&meta_bytes, "metadata section")?;
+    let meta = Meta::from_bytes(&meta_bytes, header.version.minor)?;
     let kinds = page_kinds(&meta)?;
     let stored = kinds.iter().filter(|k| **k == PageKind::Data).count() as u64;
     let table: ChunkTable = postcard_exact(&table_bytes, "chunk table")?;

@@ -101,7 +101,11 @@ pub(crate) fn encode(
     }
     out.resize(total, 0);
     let header = Header {
-        version: Version::V2,
+        // A snapshot of one thread stays 2.0, readable by every 2.x reader.
+        version: match snap.threads.is_empty() {
+            true => Version::V2,
+            false => Version::V2_1,
+        },
         flags: snap.flags(),
         compressed_len: (total - HEADER_LEN) as u64,
         uncompressed_len: raw_len,

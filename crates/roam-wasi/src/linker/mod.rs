@@ -14,15 +14,27 @@ use crate::errno::Errno;
 use crate::mem::Mem;
 use crate::ops::Outcome;
 use crate::{ProcExit, WasiView};
-use wasmtime::{Caller, Extern, Linker, Memory};
+use wasmtime::{Caller, Extern, Linker, Memory, SharedMemory};
 
 pub(crate) const MODULE: &str = "wasi_snapshot_preview1";
 
-fn memory<T>(caller: &mut Caller<'_, T>) -> wasmtime::Result<Memory> {
-    let find = |c: &mut Caller<'_, T>, name: &str| c.get_export(name).and_then(Extern::into_memory);
-    find(caller, "memory").or_else(|| find(caller, "roam.memory")).ok_or_else(|| {
-        wasmtime::Error::msg("the module exports no linear memory named `memory` or `roam.memory`; WASI calls need one")
-    })
+/// The program's linear memory: its own, or the memory its threads share.
+enum Linear {
+    Own(Memory),
+    Shared(SharedMemory),
+}
+
+fn memory<T>(caller: &mut Caller<'_, T>) -> wasmtime::Result<Linear> {
+    for name in ["memory", "roam.memory"] {
+        match caller.get_export(name) {
+            Some(Extern::Memory(m)) => return Ok(Linear::Own(m)),
+            Some(Extern::SharedMemory(m)) => return Ok(Linear::Shared(m)),
+            _ => {}
+        }
+    }
+    Err(wasmtime::Error::msg(
+        "the module exports no linear memory named `memory` or `roam.memory`; WASI calls need one",
+    ))
 }
 
 /// Run `f` with the context and guest memory borrowed together.
@@ -31,9 +43,25 @@ pub(crate) fn with_mem<T: WasiView, R>(
     f: impl FnOnce(&mut WasiCtx, &mut Mem) -> R,
 ) -> wasmtime::Result<R> {
     caller.data().check_memory()?;
-    let m = memory(caller)?;
-    let (data, t) = m.data_and_store_mut(caller);
-    Ok(f(t.wasi(), &mut Mem(data)))
+    match memory(caller)? {
+        Linear::Own(m) => {
+            let (data, t) = m.data_and_store_mut(caller);
+            Ok(f(&mut t.wasi(), &mut Mem(data)))
+        }
+        Linear::Shared(m) => {
+            let cells = m.data();
+            // SAFETY: the slice covers the shared memory's accessible bytes,
+            // which stay mapped while `m` lives (a shared memory never
+            // moves or shrinks). Other threads of the program may write
+            // them meanwhile: as with a `read(2)` into memory another thread
+            // writes, the program sees some interleaving of the bytes, and
+            // the host reads every guest value by copy, never by reference
+            // held across a check.
+            let data =
+                unsafe { std::slice::from_raw_parts_mut(cells.as_ptr() as *mut u8, cells.len()) };
+            Ok(f(&mut caller.data_mut().wasi(), &mut Mem(data)))
+        }
+    }
 }
 
 /// The errno a call returns to the guest.
