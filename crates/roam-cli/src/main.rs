@@ -22,6 +22,7 @@ mod node_cmd;
 mod planner_cmd;
 mod prepare;
 mod run;
+mod threads;
 mod up;
 
 use anyhow::{Context, Result};

@@ -94,6 +94,15 @@ fn attach_far(cell: &mut Cell, bytes: u64, a: &RunArgs) -> anyhow::Result<roam_r
     Ok(far)
 }
 
+/// Where `roam run` writes its checkpoints: `--snapshot`, else the
+/// module's name with `.roam`.
+fn snapshot_path(a: &RunArgs) -> PathBuf {
+    a.cell.snapshot.clone().unwrap_or_else(|| {
+        let stem = a.module.file_stem().unwrap_or_default().to_string_lossy();
+        PathBuf::from(format!("{}.roam", stem.trim_end_matches(".roam")))
+    })
+}
+
 /// `roam run`.
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let signals = install_signals()?;
@@ -117,6 +126,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         listeners: labels.clone(),
     };
     let first_fd = 3 + cfg.preopens.len();
+    if roam_runtime::is_threaded(&module) {
+        let path = snapshot_path(&a);
+        return crate::threads::run(&rt, module, cfg, &a.cell, &path, signals);
+    }
     let mut cell = Cell::start(&rt, module, cfg, cell_options(&a.cell)?)?;
     let far = match a.local_memory {
         Some(bytes) => Some(attach_far(&mut cell, bytes, &a)?),
@@ -128,10 +141,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         }
         listen::serve(hub, labels.into_iter().zip(sockets).collect())
     });
-    let path = a.cell.snapshot.clone().unwrap_or_else(|| {
-        let stem = a.module.file_stem().unwrap_or_default().to_string_lossy();
-        PathBuf::from(format!("{}.roam", stem.trim_end_matches(".roam")))
-    });
+    let path = snapshot_path(&a);
     let code = drive(cell, &a.cell, &path, signals, serving);
     if let Some(far) = far {
         let s = far.stats();
@@ -181,6 +191,24 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
         None => rt.load_by_hash(&snap.module.hash, snap.module.embedded.as_deref())?,
     };
     let preopens = parse_dirs(&a.cell.dirs)?;
+    if !snap.threads.is_empty() || roam_runtime::is_threaded(&module) {
+        let path = a
+            .cell
+            .snapshot
+            .clone()
+            .unwrap_or_else(|| a.snapshot_file.clone());
+        // Every thread rewinds from the memory as a whole.
+        let whole;
+        let snap = match &opened {
+            Opened::Whole(s) => s,
+            _ => {
+                whole = Snapshot::read_file(&a.snapshot_file).with_context(load)?;
+                &whole
+            }
+        };
+        return crate::threads::restore(&rt, module, snap, preopens, &a.cell, &path, signals)
+            .with_context(|| format!("cannot restore {}", a.snapshot_file.display()));
+    }
     let (cell, lazy) = Cell::restore_file(&rt, module, &opened, preopens, cell_options(&a.cell)?)
         .with_context(|| format!("cannot restore {}", a.snapshot_file.display()))?;
     let serving = match cell.net() {
@@ -296,7 +324,7 @@ fn spawn_triggers(
 
 /// Write a checkpoint to `path`; `ran` is how long the program ran since
 /// the last one (for a checkpoint-and-continue).
-fn write_snapshot(
+pub(crate) fn write_snapshot(
     s: &Snapshot,
     path: &Path,
     level: i32,

@@ -132,6 +132,13 @@ pub(crate) fn instantiate(
     if module.epoch_checks() {
         host::arm_stop(&mut store);
     }
+    if crate::threads::is_threaded(module) {
+        return Err(
+            "this program uses threads (a shared memory): run it with `roam run`, which gives \
+             it a threaded cell; nodes do not run threaded programs yet"
+                .into(),
+        );
+    }
     let instance = linker
         .instantiate(&mut store, module.module())
         .map_err(boxed)?;

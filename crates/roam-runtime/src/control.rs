@@ -31,7 +31,7 @@
 //! on hot numeric loops, which is why only modules that need it get it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use roam_wasi::Interrupt;
@@ -122,8 +122,9 @@ pub struct CheckpointTiming {
 pub(crate) struct Control {
     pending: Mutex<Option<Request>>,
     pub(crate) interrupt: Arc<Interrupt>,
-    /// The cell's flag word, once its instance exists.
-    flag: OnceLock<FlagWord>,
+    /// The cell's flag words, once its instances exist: one, or one per
+    /// thread of a threaded program (each instance has its own).
+    flags: Mutex<Vec<FlagWord>>,
     /// The engine, when it runs with epoch interruption: bumped by a kill
     /// (and when lazily received memory is lost).
     epoch: Option<Engine>,
@@ -138,7 +139,7 @@ impl Control {
         Arc::new(Control {
             pending: Mutex::new(None),
             interrupt: Interrupt::new(),
-            flag: OnceLock::new(),
+            flags: Mutex::new(Vec::new()),
             epoch,
             killed: AtomicBool::new(false),
         })
@@ -160,15 +161,22 @@ impl Control {
     /// Connect the cell's flag word; raises it at once if a request came
     /// before the instance existed.
     pub(crate) fn attach_flag(&self, flag: FlagWord) {
-        let flag = self.flag.get_or_init(|| flag);
-        if self.pending().is_some() {
+        let mut flags = self.flags.lock().unwrap_or_else(|e| e.into_inner());
+        if self.pending().is_some() || self.killed() {
             flag.set(true);
         }
+        flags.push(flag);
     }
 
-    /// Raise or clear the flag word (nothing before it is attached).
+    /// Forget the flag word of an instance that is gone (a thread ended).
+    pub(crate) fn detach_flag(&self, flag: &FlagWord) {
+        let mut flags = self.flags.lock().unwrap_or_else(|e| e.into_inner());
+        flags.retain(|f| !f.same(flag));
+    }
+
+    /// Raise or clear every flag word (nothing before one is attached).
     pub(crate) fn set_flag(&self, up: bool) {
-        if let Some(f) = self.flag.get() {
+        for f in self.flags.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             f.set(up);
         }
     }

@@ -143,6 +143,11 @@ impl FlagWord {
         (map.len() >= 4).then_some(FlagWord { map })
     }
 
+    /// Whether both are the word of one flag memory.
+    pub(crate) fn same(&self, other: &FlagWord) -> bool {
+        Arc::ptr_eq(&self.map, &other.map)
+    }
+
     fn word(&self) -> &AtomicU32 {
         // SAFETY: the mapping's base is page aligned, its first page is
         // read-write for as long as `map` lives (a one-page memory never

@@ -46,6 +46,7 @@ mod limits;
 mod memory;
 mod module;
 mod runtime;
+mod threads;
 mod uffd;
 mod unwind;
 
@@ -68,6 +69,7 @@ pub use runtime::{
     host_isa, EpochInterrupt, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, ENV_EPOCH_INTERRUPT,
     RUN_THREAD_STACK,
 };
+pub use threads::{is_threaded, ThreadedCell};
 pub use uffd::userfaultfd_available;
 
 #[cfg(test)]

@@ -175,6 +175,11 @@ impl Runtime {
         &self.memories
     }
 
+    /// The memory creator, to keep beyond a borrow of the runtime.
+    pub(crate) fn memory_creator(&self) -> Arc<Creator> {
+        self.memories.clone()
+    }
+
     /// Load a module file, preparing it first (and caching the result by
     /// content hash) when it is not prepared yet.
     pub fn load_file(&self, path: &Path) -> Result<Arc<LoadedModule>, LoadError> {
@@ -342,6 +347,9 @@ fn engine(cfg: &RuntimeConfig, memories: &Arc<Creator>, epoch: bool) -> Result<K
     // Copy-on-write initialisation needs wasmtime's own mmaps (it
     // panics on a module with data segments otherwise).
     config.memory_init_cow(false);
+    // Threaded programs share one memory among their threads' instances
+    // (`crate::threads`); the threads proposal itself is on by default.
+    config.shared_memory(true);
     // `ROAM_PERFMAP=1`: wasmtime writes /tmp/perf-<pid>.map, so that
     // `perf record` names the program's functions.
     if std::env::var_os("ROAM_PERFMAP").is_some() {

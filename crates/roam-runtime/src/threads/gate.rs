@@ -1,0 +1,259 @@
+//! Where the threads of one program meet for a checkpoint and a restore.
+//!
+//! A stop must see one memory that no thread is writing, and every thread
+//! at a site its records can describe. So each thread that finds a stop
+//! pending parks here (at a migration point, in a wait, or in a blocking
+//! WASI call), and the last to arrive reads the memory and the OS layer
+//! once. Threads blocked elsewhere cannot exist: every wait and blocking
+//! call is a site, and every loop has a point.
+//!
+//! Then the threads unwind one at a time. An unwind borrows program memory
+//! from address 0 for its records (as a single thread's does, see
+//! `crate::asyncify`), and only one thread may hold that buffer; the memory
+//! image was read before any of them wrote there. A restore rewinds them
+//! one at a time through the same buffer, and nobody runs program code
+//! until every thread is back at its site and the borrowed bytes are put
+//! back: the gate opens for all of them together.
+
+use std::collections::BTreeMap;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use roam_snapshot::{GlobalValue, Snapshot, ThreadImage, UnwoundStack};
+
+use super::Shared;
+use crate::control::Killed;
+use crate::error::CheckpointError;
+
+/// How often a parked thread looks whether the program was ended.
+const LOOK: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    /// A stop is pending; some threads are parked.
+    Parking,
+    /// Everyone is parked and memory is read; threads unwind by turns.
+    Unwinding,
+    /// Every stack is in; the snapshot is ready.
+    Stopped,
+    /// A restore: threads rewind by turns.
+    Rewinding,
+}
+
+struct State {
+    phase: Phase,
+    /// Threads running program code or parked (the first included).
+    live: usize,
+    /// Each live thread's start argument (the first has none).
+    args: BTreeMap<u32, u32>,
+    /// Parked threads and their globals, read before they unwind.
+    parked: BTreeMap<u32, Vec<GlobalValue>>,
+    /// Stacks of the threads that have unwound.
+    stacks: BTreeMap<u32, Vec<u8>>,
+    /// One thread at a time borrows the buffer at address 0.
+    busy: bool,
+    /// Memory and OS layer, read when the last thread parked.
+    taken: Option<Result<Snapshot, CheckpointError>>,
+    /// The finished snapshot (or why there is none).
+    done: Option<Result<Snapshot, CheckpointError>>,
+    /// Rewinding: how many threads must reach their site, how many did.
+    to_rewind: usize,
+    rewound: usize,
+    /// The bytes the rewinds borrow, as the snapshot had them.
+    prefix: Vec<u8>,
+}
+
+pub(crate) struct Gate {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Gate {
+    pub(crate) fn new() -> Gate {
+        Gate {
+            state: Mutex::new(State {
+                phase: Phase::Running,
+                live: 1,
+                args: BTreeMap::new(),
+                parked: BTreeMap::new(),
+                stacks: BTreeMap::new(),
+                busy: false,
+                taken: None,
+                done: None,
+                to_rewind: 0,
+                rewound: 0,
+                prefix: Vec::new(),
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Threads alive now, the first included.
+    pub(crate) fn live(&self) -> usize {
+        self.lock().live
+    }
+
+    /// A thread was started with `arg`.
+    pub(crate) fn spawned(&self, tid: u32, arg: u32) {
+        let mut s = self.lock();
+        s.live += 1;
+        s.args.insert(tid, arg);
+    }
+
+    /// A thread ended (returned, trapped or was killed). If the others are
+    /// all parked for a stop, its end completes the rendezvous.
+    pub(crate) fn ended(&self, shared: &Shared, tid: u32) {
+        let mut s = self.lock();
+        s.live = s.live.saturating_sub(1);
+        s.args.remove(&tid);
+        s.parked.remove(&tid);
+        Self::all_parked(&mut s, shared);
+        self.cv.notify_all();
+    }
+
+    /// Wait, holding `s`, until `ready` or the program is ended.
+    fn wait_for<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, State>,
+        shared: &Shared,
+        ready: impl Fn(&State) -> bool,
+    ) -> Result<MutexGuard<'a, State>, Killed> {
+        while !ready(&s) {
+            if shared.control.killed() {
+                return Err(Killed);
+            }
+            s = self
+                .cv
+                .wait_timeout(s, LOOK)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(s)
+    }
+
+    /// Park thread `tid` for a stop, with its globals. Returns when it may
+    /// unwind: everyone is parked, memory is read, and the buffer is its.
+    pub(crate) fn park(
+        &self,
+        shared: &Shared,
+        tid: u32,
+        globals: Vec<GlobalValue>,
+    ) -> Result<(), Killed> {
+        let mut s = self.lock();
+        if s.phase == Phase::Running {
+            s.phase = Phase::Parking;
+        }
+        s.parked.insert(tid, globals);
+        Self::all_parked(&mut s, shared);
+        self.cv.notify_all();
+        let mut s = self.wait_for(s, shared, |s| s.phase == Phase::Unwinding && !s.busy)?;
+        s.busy = true;
+        Ok(())
+    }
+
+    /// When every live thread is parked: read memory and the OS layer.
+    fn all_parked(s: &mut State, shared: &Shared) {
+        if s.phase == Phase::Parking && s.parked.len() == s.live {
+            s.taken = Some(shared.read_state());
+            s.phase = Phase::Unwinding;
+        }
+    }
+
+    /// Thread `tid` unwound to its entry: these are its records. The last
+    /// one finishes the snapshot.
+    pub(crate) fn unwound(&self, tid: u32, records: Vec<u8>, capacity: u32) {
+        let mut s = self.lock();
+        s.stacks.insert(tid, records);
+        s.busy = false;
+        if s.stacks.len() == s.parked.len() {
+            let done = Self::assemble(&mut s, capacity);
+            s.done = Some(done);
+            s.phase = Phase::Stopped;
+        }
+        self.cv.notify_all();
+    }
+
+    fn assemble(s: &mut State, capacity: u32) -> Result<Snapshot, CheckpointError> {
+        let mut snap = s
+            .taken
+            .take()
+            .unwrap_or_else(|| Err(CheckpointError::Stack("memory was never read".into())))?;
+        let stack = |data: Vec<u8>| UnwoundStack {
+            buffer_offset: 0,
+            capacity,
+            data,
+        };
+        let mut parked = std::mem::take(&mut s.parked);
+        let mut stacks = std::mem::take(&mut s.stacks);
+        snap.globals = parked.remove(&0).unwrap_or_default();
+        snap.stack = stack(stacks.remove(&0).unwrap_or_default());
+        for (tid, globals) in parked {
+            let Some(&start_arg) = s.args.get(&tid) else {
+                return Err(CheckpointError::Stack(format!(
+                    "thread {tid} has no start argument"
+                )));
+            };
+            snap.threads.push(ThreadImage {
+                tid,
+                start_arg,
+                globals,
+                stack: stack(stacks.remove(&tid).unwrap_or_default()),
+            });
+        }
+        Ok(snap)
+    }
+
+    /// The first thread, after its own unwind: wait for the snapshot.
+    pub(crate) fn snapshot(&self, shared: &Shared) -> Result<Snapshot, CheckpointError> {
+        let s = self.lock();
+        let mut s = self
+            .wait_for(s, shared, |s| s.phase == Phase::Stopped)
+            .map_err(|_| {
+                CheckpointError::Stack("the program ended during the checkpoint".into())
+            })?;
+        s.done
+            .take()
+            .unwrap_or_else(|| Err(CheckpointError::Stack("no snapshot".into())))
+    }
+
+    /// A restore of `threads` threads (the first included), whose rewinds
+    /// borrow the bytes `prefix` holds.
+    pub(crate) fn rewinding(&self, threads: usize, args: BTreeMap<u32, u32>, prefix: Vec<u8>) {
+        let mut s = self.lock();
+        s.phase = Phase::Rewinding;
+        s.live = threads;
+        s.args = args;
+        s.to_rewind = threads;
+        s.rewound = 0;
+        s.prefix = prefix;
+    }
+
+    /// Wait for the buffer, to rewind a thread through it.
+    pub(crate) fn take_turn(&self, shared: &Shared) -> Result<(), Killed> {
+        let s = self.lock();
+        let mut s = self.wait_for(s, shared, |s| !s.busy)?;
+        s.busy = true;
+        Ok(())
+    }
+
+    /// A thread is back at its site. The last one puts the borrowed bytes
+    /// back and lets everyone run; the others wait for that.
+    pub(crate) fn rewound(&self, shared: &Shared) -> Result<(), Killed> {
+        let mut s = self.lock();
+        s.rewound += 1;
+        s.busy = false;
+        if s.rewound == s.to_rewind {
+            shared.write_memory(0, &s.prefix);
+            s.prefix = Vec::new();
+            s.phase = Phase::Running;
+        }
+        self.cv.notify_all();
+        let _s = self.wait_for(s, shared, |s| s.phase == Phase::Running)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,593 @@
+//! [`ThreadedCell`]: a program of several threads (wasi-threads), stopped
+//! at a consistent point and restored on any ISA.
+//!
+//! Why a cell of its own: wasmtime dropped its wasi-threads crate, and the
+//! model it offers is one store and instance per thread over one shared
+//! memory. roam builds that itself: `wasi.thread-spawn` makes a store and an
+//! instance on a new OS thread, every instance imports the one
+//! [`SharedMemory`], and all share one WASI context behind a lock. Each
+//! instance has its own globals (the stack pointer and the TLS base among
+//! them) and its own flag word, which a request raises in all of them.
+//!
+//! A checkpoint-and-stop parks every thread at its next site and captures
+//! each one's stack by records, one at a time ([`gate`]). The snapshot
+//! holds the memory once, the first thread's globals and stack where a
+//! single-threaded snapshot has them, and each other thread's id, start
+//! argument, globals and stack (format 2.1). A restore makes every
+//! instance, rewinds each thread through its module's `roam.rewind` or
+//! `roam.rewind_thread`, and releases them together.
+//!
+//! What this cell does not do yet: checkpoint-and-continue and pauses
+//! (requests for them are logged and ignored), live migration between
+//! nodes, far memory and post-copy, and memory limits (a shared memory
+//! grows without roam's limiter).
+
+mod gate;
+mod host;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use roam_snapshot::{
+    GlobalVal, GlobalValue, MemoryImage, ModuleRef, Origin, Snapshot, UnwoundStack,
+};
+use roam_wasi::{Preopen, WasiConfig, WasiCtx};
+use wasmtime::{ExternType, Global, InstancePre, SharedMemory, Store, Val};
+
+use crate::asyncify::HEADER;
+use crate::control::{Control, Controller, Killed};
+use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
+use crate::flag::FlagWord;
+use crate::memory::Creator;
+use crate::module::LoadedModule;
+use crate::runtime::{Runtime, RUN_THREAD_STACK};
+use crate::Outcome;
+use gate::Gate;
+use host::{Ready, ThreadState};
+
+/// Most threads a program may have running besides its first
+/// ([`roam_snapshot::MAX_THREADS`]): `thread-spawn` fails past it.
+pub const MAX_THREADS: usize = roam_snapshot::MAX_THREADS;
+
+/// The largest thread id wasi-threads allows.
+const MAX_TID: u32 = 0x1FFF_FFFF;
+
+/// How the program ended, as the first thread to end it saw.
+enum Ending {
+    Exit(i32),
+    Trap(String),
+}
+
+/// What the threads of one program share.
+pub(crate) struct Shared {
+    module: Arc<LoadedModule>,
+    memories: Arc<Creator>,
+    pre: OnceLock<InstancePre<ThreadState>>,
+    memory: SharedMemory,
+    wasi: Mutex<WasiCtx>,
+    control: Arc<Control>,
+    gate: Gate,
+    next_tid: AtomicU32,
+    ending: OnceLock<Ending>,
+    children: Mutex<Vec<JoinHandle<()>>>,
+    embed_module: bool,
+}
+
+impl Shared {
+    /// The program's memory as bytes. Threads may be writing it unless
+    /// every one is parked (`gate.rs`), which is when it is read for a
+    /// snapshot; a restore writes it before any thread runs.
+    fn bytes(&self) -> &mut [u8] {
+        let cells = self.memory.data();
+        // SAFETY: the slice covers the shared memory's accessible bytes,
+        // mapped while `self.memory` lives; see the method docs for when
+        // nobody else touches them.
+        unsafe { std::slice::from_raw_parts_mut(cells.as_ptr() as *mut u8, cells.len()) }
+    }
+
+    fn write_memory(&self, at: usize, data: &[u8]) {
+        let mem = self.bytes();
+        let end = (at + data.len()).min(mem.len());
+        if at < end {
+            mem[at..end].copy_from_slice(&data[..end - at]);
+        }
+    }
+
+    /// Memory and OS layer, read while every thread is parked.
+    fn read_state(&self) -> Result<Snapshot, CheckpointError> {
+        let memory = MemoryImage::capture(self.bytes(), self.module.initial_image());
+        let os_state = self
+            .wasi
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .save()?
+            .encode();
+        Ok(Snapshot {
+            module: ModuleRef {
+                hash: *self.module.hash(),
+                embedded: self.embed_module.then(|| self.module.bytes().to_vec()),
+            },
+            origin: Origin {
+                isa: crate::host_isa().to_string(),
+                roam_version: env!("CARGO_PKG_VERSION").to_string(),
+                created_unix_ms: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0),
+                reason: "threads".to_string(),
+            },
+            memory,
+            globals: Vec::new(),
+            stack: UnwoundStack::default(),
+            os_state,
+            files: None,
+            threads: Vec::new(),
+        })
+    }
+
+    /// The program ends: the first reason wins, and every thread is told.
+    fn end(&self, ending: Ending) {
+        let _ = self.ending.set(ending);
+        self.control.kill();
+    }
+}
+
+/// One instance on its store, not yet running.
+struct Thread {
+    store: Store<ThreadState>,
+    instance: wasmtime::Instance,
+}
+
+fn instantiate(shared: &Arc<Shared>, tid: u32) -> Result<Thread, Source> {
+    let module = &shared.module;
+    let mut store = Store::new(
+        module.module().engine(),
+        ThreadState {
+            shared: shared.clone(),
+            tid,
+            ready: None,
+        },
+    );
+    if module.epoch_checks() {
+        host::arm_stop(&mut store);
+    }
+    let pre = shared.pre.get().ok_or("the linker is not ready")?;
+    let instance = pre.instantiate(&mut store).map_err(boxed)?;
+    let flag_memory = instance
+        .get_memory(&mut store, crate::flag::FLAG_MEMORY_EXPORT)
+        .ok_or("no flag memory export")?;
+    let flag = shared
+        .memories
+        .find(flag_memory.data_ptr(&store))
+        .and_then(FlagWord::new)
+        .ok_or("the flag memory was not mapped by roam's memory creator")?;
+    let global = |store: &mut Store<ThreadState>, name: &str| -> Result<Global, Source> {
+        instance
+            .get_global(&mut *store, name)
+            .ok_or_else(|| format!("the module does not export `{name}`").into())
+    };
+    let ready = Ready {
+        state: global(&mut store, roam_prepare::STATE_EXPORT)?,
+        cursor: global(&mut store, roam_prepare::CAPTURE_GLOBAL_EXPORT)?,
+        end: global(&mut store, roam_prepare::CAPTURE_END_EXPORT)?,
+        globals: module
+            .global_exports()
+            .iter()
+            .filter_map(|n| Some((n.clone(), instance.get_global(&mut store, n)?)))
+            .collect(),
+        flag: flag.clone(),
+    };
+    store.data_mut().ready = Some(ready);
+    shared.control.attach_flag(flag);
+    Ok(Thread { store, instance })
+}
+
+/// `thread-spawn`: instantiate here, run on a new OS thread.
+fn spawn(shared: &Arc<Shared>, start_arg: u32) -> Result<u32, String> {
+    if shared.control.killed() {
+        return Err("the program is ending".into());
+    }
+    if shared.gate.live() > MAX_THREADS {
+        return Err(format!("the program already runs {MAX_THREADS} threads"));
+    }
+    let tid = shared.next_tid.fetch_add(1, Ordering::SeqCst);
+    if tid > MAX_TID {
+        return Err("thread ids are used up".into());
+    }
+    let thread = instantiate(shared, tid).map_err(|e| e.to_string())?;
+    shared.gate.spawned(tid, start_arg);
+    start_os_thread(shared, thread, tid, start_arg, None).inspect_err(|_| {
+        shared.gate.ended(shared, tid);
+    })?;
+    Ok(tid)
+}
+
+fn start_os_thread(
+    shared: &Arc<Shared>,
+    thread: Thread,
+    tid: u32,
+    arg: u32,
+    records: Option<Vec<u8>>,
+) -> Result<(), String> {
+    let s = shared.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("roam-thread-{tid}"))
+        .stack_size(RUN_THREAD_STACK)
+        .spawn(move || child(s, thread, tid, arg, records))
+        .map_err(|e| format!("cannot start an OS thread: {e}"))?;
+    let mut children = shared.children.lock().unwrap_or_else(|e| e.into_inner());
+    // Threads that ended need no join: their handles go.
+    children.retain(|h| !h.is_finished());
+    children.push(handle);
+    Ok(())
+}
+
+/// The body of every thread but the first.
+fn child(shared: Arc<Shared>, mut t: Thread, tid: u32, arg: u32, records: Option<Vec<u8>>) {
+    let export = match records {
+        Some(_) => roam_prepare::REWIND_THREAD_EXPORT,
+        None => roam_prepare::THREAD_START_EXPORT,
+    };
+    let result = (|| -> wasmtime::Result<()> {
+        let entry = t
+            .instance
+            .get_typed_func::<(i32, i32), ()>(&mut t.store, export)?;
+        if let Some(records) = &records {
+            start_rewind(&shared, &mut t.store, records)?;
+        }
+        entry.call(&mut t.store, (tid as i32, arg as i32))
+    })();
+    finish(&shared, &mut t.store, tid, result);
+}
+
+/// A thread's entry returned (or trapped): hand in its stack, or end.
+fn finish(shared: &Arc<Shared>, store: &mut Store<ThreadState>, tid: u32, r: wasmtime::Result<()>) {
+    let flag = store.data().ready.as_ref().map(|r| r.flag.clone());
+    match r {
+        Ok(()) if unwinding(store) => match records(shared, store) {
+            Ok(records) => {
+                let capacity = shared.memory.data_size().min(u32::MAX as usize) as u32;
+                shared.gate.unwound(tid, records, capacity);
+            }
+            Err(e) => shared.end(Ending::Trap(format!("thread {tid}: {e}"))),
+        },
+        Ok(()) if tid == 0 => shared.end(Ending::Exit(0)),
+        Ok(()) => shared.gate.ended(shared, tid),
+        Err(e) => {
+            if let Some(exit) = e.downcast_ref::<roam_wasi::ProcExit>() {
+                shared.end(Ending::Exit(exit.0));
+            } else if e.downcast_ref::<Killed>().is_none() && !shared.control.killed() {
+                shared.end(Ending::Trap(format!("thread {tid}: {e:?}")));
+            }
+            shared.gate.ended(shared, tid);
+        }
+    }
+    if let Some(flag) = flag {
+        shared.control.detach_flag(&flag);
+    }
+}
+
+fn get_i32(store: &mut Store<ThreadState>, pick: impl Fn(&Ready) -> Global) -> i32 {
+    let Some(g) = store.data().ready.as_ref().map(pick) else {
+        return 0;
+    };
+    match g.get(&mut *store) {
+        Val::I32(v) => v,
+        _ => 0,
+    }
+}
+
+fn unwinding(store: &mut Store<ThreadState>) -> bool {
+    get_i32(store, |r| r.state) == roam_prepare::UNWINDING
+}
+
+/// The records an unwind wrote, `[HEADER, cursor)` of memory.
+fn records(shared: &Shared, store: &mut Store<ThreadState>) -> Result<Vec<u8>, String> {
+    let cursor = get_i32(store, |r| r.cursor) as u32 as usize;
+    let mem = shared.bytes();
+    if cursor < HEADER as usize || cursor > mem.len() {
+        return Err(format!("its unwind ended at {cursor:#x}, outside memory"));
+    }
+    let records = mem[HEADER as usize..cursor].to_vec();
+    if let Some(r) = store.data().ready.as_ref() {
+        let state = r.state;
+        state
+            .set(&mut *store, Val::I32(roam_prepare::NORMAL))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(records)
+}
+
+/// Put `records` in the buffer (when it is this thread's turn) and set the
+/// thread's state for the rewind.
+fn start_rewind(
+    shared: &Arc<Shared>,
+    store: &mut Store<ThreadState>,
+    records: &[u8],
+) -> wasmtime::Result<()> {
+    shared.gate.take_turn(shared)?;
+    let end = HEADER as usize + records.len();
+    let size = shared.memory.data_size();
+    if end > size {
+        wasmtime::bail!(
+            "a stack of {} bytes does not fit a {size}-byte memory",
+            records.len()
+        );
+    }
+    shared.write_memory(HEADER as usize, records);
+    let Some(r) = store.data().ready.as_ref() else {
+        wasmtime::bail!("the thread's instance is not ready");
+    };
+    let (state, cursor, limit) = (r.state, r.cursor, r.end);
+    cursor.set(&mut *store, Val::I32(end as i32))?;
+    limit.set(&mut *store, Val::I32(size.min(i32::MAX as usize) as i32))?;
+    state.set(&mut *store, Val::I32(roam_prepare::REWINDING))
+}
+
+fn set_globals(store: &mut Store<ThreadState>, values: &[GlobalValue]) -> Result<(), RestoreError> {
+    let globals = store
+        .data()
+        .ready
+        .as_ref()
+        .map(|r| r.globals.clone())
+        .unwrap_or_default();
+    if values.len() != globals.len() {
+        return Err(RestoreError::Global {
+            name: String::new(),
+            detail: format!(
+                "the snapshot holds {} globals for a thread, the module exports {}",
+                values.len(),
+                globals.len()
+            ),
+        });
+    }
+    for gv in values {
+        let Some((_, g)) = globals.iter().find(|(n, _)| *n == gv.name) else {
+            return Err(RestoreError::Global {
+                name: gv.name.clone(),
+                detail: "the module exports no such global".into(),
+            });
+        };
+        let val = match gv.value {
+            GlobalVal::I32(v) => Val::I32(v),
+            GlobalVal::I64(v) => Val::I64(v),
+            GlobalVal::F32(v) => Val::F32(v),
+            GlobalVal::F64(v) => Val::F64(v),
+            GlobalVal::V128(v) => Val::V128(v.into()),
+        };
+        g.set(&mut *store, val).map_err(|e| RestoreError::Global {
+            name: gv.name.clone(),
+            detail: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// A running threaded program: its first thread's store, and what all
+/// threads share.
+pub struct ThreadedCell {
+    shared: Arc<Shared>,
+    main: Thread,
+    /// The first thread's records, when it must rewind first.
+    rewind: Option<Vec<u8>>,
+}
+
+/// Whether `module` is a threaded program (it imports a shared memory).
+pub fn is_threaded(module: &LoadedModule) -> bool {
+    module
+        .module()
+        .imports()
+        .any(|i| matches!(i.ty(), ExternType::Memory(m) if m.is_shared()))
+}
+
+impl ThreadedCell {
+    fn new(
+        rt: &Runtime,
+        module: Arc<LoadedModule>,
+        ctx: WasiCtx,
+        control: Arc<Control>,
+        min_bytes: u64,
+        embed_module: bool,
+    ) -> Result<ThreadedCell, Source> {
+        let engine = module.module().engine().clone();
+        let (name, ty) = module
+            .module()
+            .imports()
+            .find_map(|i| match i.ty() {
+                ExternType::Memory(m) if m.is_shared() => {
+                    Some(((i.module().to_string(), i.name().to_string()), m))
+                }
+                _ => None,
+            })
+            .ok_or("the module imports no shared memory")?;
+        let memory = SharedMemory::new(&engine, ty.clone()).map_err(boxed)?;
+        let have = memory.data_size() as u64;
+        if min_bytes > have {
+            let pages = (min_bytes - have).div_ceil(roam_snapshot::WASM_PAGE_SIZE as u64);
+            memory.grow(pages).map_err(boxed)?;
+        }
+        let shared = Arc::new(Shared {
+            module,
+            memories: rt.memory_creator(),
+            pre: OnceLock::new(),
+            memory: memory.clone(),
+            wasi: Mutex::new(ctx),
+            control,
+            gate: Gate::new(),
+            next_tid: AtomicU32::new(1),
+            ending: OnceLock::new(),
+            children: Mutex::new(Vec::new()),
+            embed_module,
+        });
+        let mut linker = host::linker(&engine).map_err(boxed)?;
+        // A shared memory belongs to no store: the first one defines it
+        // for every instance.
+        let store = Store::new(
+            &engine,
+            ThreadState {
+                shared: shared.clone(),
+                tid: 0,
+                ready: None,
+            },
+        );
+        linker
+            .define(&store, &name.0, &name.1, memory)
+            .map_err(boxed)?;
+        drop(store);
+        let pre = linker
+            .instantiate_pre(shared.module.module())
+            .map_err(boxed)?;
+        let _ = shared.pre.set(pre);
+        let main = instantiate(&shared, 0)?;
+        Ok(ThreadedCell {
+            shared,
+            main,
+            rewind: None,
+        })
+    }
+
+    /// Instantiate a threaded `module` for a fresh run.
+    pub fn start(
+        rt: &Runtime,
+        module: Arc<LoadedModule>,
+        wasi: WasiConfig,
+        embed_module: bool,
+    ) -> Result<ThreadedCell, StartError> {
+        let control = Control::new(module.epoch_engine());
+        let ctx = WasiCtx::new(wasi, control.interrupt.clone())?;
+        ThreadedCell::new(rt, module, ctx, control, 0, embed_module)
+            .map_err(StartError::Instantiate)
+    }
+
+    /// Rebuild a threaded program from a snapshot: every thread is made,
+    /// and each rewinds into its site when [`ThreadedCell::run`] is called.
+    pub fn restore(
+        rt: &Runtime,
+        module: Arc<LoadedModule>,
+        snapshot: &Snapshot,
+        preopens: Vec<Preopen>,
+        embed_module: bool,
+    ) -> Result<ThreadedCell, RestoreError> {
+        crate::cell::check_module(snapshot, &module)?;
+        let control = Control::new(module.epoch_engine());
+        let state = roam_wasi::OsState::decode(&snapshot.os_state)?;
+        let ctx = WasiCtx::restore(state, preopens, control.interrupt.clone())?;
+        let want = snapshot.memory.byte_len();
+        let mut cell = ThreadedCell::new(rt, module, ctx, control, want, embed_module)
+            .map_err(RestoreError::Instantiate)?;
+        let shared = cell.shared.clone();
+        let mem = shared.bytes();
+        if mem.len() as u64 != want {
+            return Err(RestoreError::Memory(format!(
+                "the snapshot's memory is {want} bytes, the new memory {}",
+                mem.len()
+            )));
+        }
+        snapshot
+            .memory
+            .restore_into(mem, shared.module.initial_image(), false)
+            .map_err(|e| RestoreError::Memory(e.to_string()))?;
+        // Every stack goes through the buffer at address 0; what the
+        // program has there comes back when all have rewound.
+        let longest = std::iter::once(&snapshot.stack)
+            .chain(snapshot.threads.iter().map(|t| &t.stack))
+            .map(|s| s.data.len())
+            .max()
+            .unwrap_or(0);
+        let borrowed = (HEADER as usize + longest).min(mem.len());
+        let args: BTreeMap<u32, u32> = snapshot
+            .threads
+            .iter()
+            .map(|t| (t.tid, t.start_arg))
+            .collect();
+        shared
+            .gate
+            .rewinding(1 + snapshot.threads.len(), args, mem[..borrowed].to_vec());
+        set_globals(&mut cell.main.store, &snapshot.globals)?;
+        // Every instance first, so that no start function runs while a
+        // rewind borrows the buffer.
+        let mut made = Vec::with_capacity(snapshot.threads.len());
+        for t in &snapshot.threads {
+            let mut thread = instantiate(&shared, t.tid).map_err(RestoreError::Instantiate)?;
+            set_globals(&mut thread.store, &t.globals)?;
+            made.push((thread, t));
+        }
+        let next = snapshot.threads.iter().map(|t| t.tid).max().unwrap_or(0) + 1;
+        shared.next_tid.store(next, Ordering::SeqCst);
+        for (thread, t) in made {
+            start_os_thread(
+                &shared,
+                thread,
+                t.tid,
+                t.start_arg,
+                Some(t.stack.data.clone()),
+            )
+            .map_err(RestoreError::Stack)?;
+        }
+        cell.rewind = Some(snapshot.stack.data.clone());
+        Ok(cell)
+    }
+
+    /// A handle to ask for a checkpoint or kill the program from another
+    /// thread. Only checkpoint-and-stop is taken.
+    pub fn controller(&self) -> Controller {
+        Controller(self.shared.control.clone())
+    }
+
+    /// Run the program until it exits, traps, is killed, or is stopped by a
+    /// checkpoint-and-stop ([`Outcome::Stopped`]).
+    pub fn run(mut self) -> Result<Outcome, RunError> {
+        let shared = self.shared.clone();
+        let result = (|| -> wasmtime::Result<()> {
+            match self.rewind.take() {
+                Some(records) => {
+                    let entry = self.main.instance.get_typed_func::<(), ()>(
+                        &mut self.main.store,
+                        roam_prepare::REWIND_EXPORT,
+                    )?;
+                    start_rewind(&shared, &mut self.main.store, &records)?;
+                    entry.call(&mut self.main.store, ())
+                }
+                None => {
+                    let entry = self
+                        .main
+                        .instance
+                        .get_typed_func::<(), ()>(&mut self.main.store, "_start")?;
+                    entry.call(&mut self.main.store, ())
+                }
+            }
+        })();
+        let stopping = result.is_ok() && unwinding(&mut self.main.store);
+        finish(&shared, &mut self.main.store, 0, result);
+        let outcome = match stopping {
+            true => shared.gate.snapshot(&shared).map(|s| {
+                let timing = crate::CheckpointTiming {
+                    response: std::time::Duration::ZERO,
+                    capture: std::time::Duration::ZERO,
+                };
+                Outcome::Stopped(Box::new(s), timing)
+            }),
+            false => Err(CheckpointError::Stack(String::new())),
+        };
+        // Whatever happened, the other threads end now.
+        if !stopping || outcome.is_err() {
+            shared.control.kill();
+        }
+        let children =
+            std::mem::take(&mut *shared.children.lock().unwrap_or_else(|e| e.into_inner()));
+        for c in children {
+            let _ = c.join();
+        }
+        if stopping {
+            return outcome.map_err(RunError::from);
+        }
+        match shared.ending.get() {
+            Some(Ending::Exit(code)) => Ok(Outcome::Exited(*code)),
+            Some(Ending::Trap(why)) => Err(RunError::Trap(why.clone().into())),
+            None => Err(RunError::Killed),
+        }
+    }
+}
