@@ -31,7 +31,9 @@ fi
 # rust-toolchain.toml pins the toolchain and lists the targets; make sure
 # they are present.
 rustup show active-toolchain >/dev/null
-rustup target add wasm32-wasip1 aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu >/dev/null
+# wasm32-wasip1-threads: the multi-threaded workloads (workloads/threads/).
+rustup target add wasm32-wasip1 wasm32-wasip1-threads aarch64-unknown-linux-gnu \
+  riscv64gc-unknown-linux-gnu >/dev/null
 # The real-program suite (workloads/real/) builds one Go program for
 # GOOS=wasip1, which needs Go 1.21 or newer (bookworm's golang is 1.19).
 if ! command -v go >/dev/null; then

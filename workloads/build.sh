@@ -6,7 +6,9 @@
 # Usage: workloads/build.sh [name...]   (default: all). Runs from any directory.
 # Outputs that are newer than their sources are left alone.
 # With no arguments it also builds the real-program suite at the end
-# (workloads/real/build.sh: target/workloads/real/<name>.wasm).
+# (workloads/real/build.sh: target/workloads/real/<name>.wasm) and the
+# multi-threaded workloads (workloads/threads/build.sh:
+# target/workloads/threads/<name>.wasm, wasm32-wasip1-threads).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -132,4 +134,9 @@ fi
 # ---- the real-program suite (third-party programs, workloads/real/) -------------
 if [[ $# -eq 0 ]]; then
     "$SRC/real/build.sh"
+fi
+
+# ---- the multi-threaded workloads (wasm32-wasip1-threads, workloads/threads/) --
+if [[ $# -eq 0 ]]; then
+    "$SRC/threads/build.sh"
 fi

@@ -26,3 +26,4 @@ mod real;
 mod snapshot_errors;
 mod sockets;
 mod stop;
+mod threads;

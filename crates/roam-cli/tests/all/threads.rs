@@ -1,0 +1,152 @@
+//! Threaded programs (wasi-threads): `workloads/threads/`, three Rust
+//! programs built for `wasm32-wasip1-threads` (std threads with a mutex,
+//! atomics and a channel; a rayon pool; an OpenMP-style stencil with
+//! barriers). Their reference output is their native build's, pinned in
+//! `workloads/threads/expected/`, and is the same for any thread count.
+//!
+//! Each is run whole, then stopped at moments chosen at random (the seed
+//! is printed; `ROAM_THREADS_SEED=<n>` repeats it) and restored, here and
+//! across ISAs: the two halves' stdout together must equal the reference.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::Duration;
+
+use super::common::*;
+
+const PROGRAMS: [&str; 3] = ["threads-sum", "threads-rayon", "threads-omp"];
+
+fn module(name: &str) -> PathBuf {
+    workload(&format!("threads/{name}"))
+}
+
+fn expected(name: &str, size: &str) -> Vec<u8> {
+    let p = repo_root().join(format!("workloads/threads/expected/{name}-{size}.txt"));
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn seed() -> u64 {
+    let seed = match std::env::var("ROAM_THREADS_SEED") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|_| panic!("ROAM_THREADS_SEED={s:?} is not a number")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1,
+    };
+    eprintln!("threads: ROAM_THREADS_SEED={seed}");
+    seed
+}
+
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn run(isa: Isa, args: &[&str], name: &str, program_args: &[&str]) -> Output {
+    let mut cmd = roam(isa);
+    cmd.arg("run").args(args).arg(module(name)).arg("--");
+    cmd.args(program_args);
+    run_bounded(cmd, Duration::from_secs(300))
+}
+
+/// How many threads a stop captured, from roam's report.
+fn threads_stopped(stderr: &[u8]) -> Option<usize> {
+    let err = text(stderr);
+    let line = err.lines().find(|l| l.ends_with("threads stopped"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn every_threaded_program_prints_its_native_output_with_one_and_with_four_threads() {
+    for name in PROGRAMS {
+        for threads in ["1", "4"] {
+            let out = run(Isa::X86_64, &[], name, &[threads, "S"]);
+            assert_eq!(out.status.code(), Some(0), "{name} {threads}: {}", text(&out.stderr));
+            assert_eq!(
+                text(&out.stdout),
+                text(&expected(name, "S")),
+                "{name} with {threads} threads"
+            );
+        }
+    }
+}
+
+/// Stop `name` (4 threads, size M) on `from` after `delay`, restore on `to`:
+/// returns how many threads the stop held, or `None` when the program
+/// finished first (then its whole output must be the reference).
+fn stop_and_restore(name: &str, delay: Duration, from: Isa, to: Isa) -> Option<usize> {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("t.roam");
+    let after = format!("{:.3}", delay.as_secs_f64());
+    let snap_arg = snap.to_str().unwrap();
+    let first = run(
+        from,
+        &["--snapshot", snap_arg, "--checkpoint-after", &after],
+        name,
+        &["4", "M"],
+    );
+    let what = format!("{name} stopped after {after} s on {from:?}, restored on {to:?}");
+    assert_eq!(first.status.code(), Some(0), "{what}: {}", text(&first.stderr));
+    if !snap.exists() {
+        assert_eq!(text(&first.stdout), text(&expected(name, "M")), "{what}");
+        return None;
+    }
+    let held = threads_stopped(&first.stderr).unwrap_or_else(|| panic!("{what}: no report"));
+    let mut cmd = roam(to);
+    cmd.arg("restore").arg(&snap);
+    let second = run_bounded(cmd, Duration::from_secs(600));
+    assert_eq!(second.status.code(), Some(0), "{what}: {}", text(&second.stderr));
+    let mut whole = first.stdout.clone();
+    whole.extend_from_slice(&second.stdout);
+    assert_eq!(text(&whole), text(&expected(name, "M")), "{what}");
+    Some(held)
+}
+
+#[test]
+fn threaded_programs_stopped_at_random_moments_restore_to_the_uninterrupted_output() {
+    let mut x = seed();
+    for name in PROGRAMS {
+        let mut most = 0;
+        for _ in 0..3 {
+            // Early on, while the threads work: 20 to 400 ms.
+            let ms = 20 + next(&mut x) % 380;
+            let held = stop_and_restore(name, Duration::from_millis(ms), Isa::X86_64, Isa::X86_64);
+            most = most.max(held.unwrap_or(0));
+        }
+        // At least one stop caught the program with its workers running:
+        // the test must exercise more than one stack.
+        assert!(most > 1, "{name}: no stop held more than one thread");
+    }
+}
+
+#[test]
+fn threaded_programs_move_between_x86_64_and_aarch64() {
+    let mut x = seed();
+    for name in PROGRAMS {
+        let ms = 50 + next(&mut x) % 250;
+        let held = stop_and_restore(name, Duration::from_millis(ms), Isa::X86_64, Isa::Aarch64);
+        eprintln!("{name}: x86-64 -> aarch64 after {ms} ms held {held:?} threads");
+    }
+    // And back: stopped under emulation, where the workers run for longer.
+    let held = stop_and_restore("threads-omp", Duration::from_secs(3), Isa::Aarch64, Isa::X86_64);
+    assert!(
+        held.is_some_and(|n| n > 1),
+        "threads-omp on aarch64: the stop held {held:?} threads"
+    );
+}
+
+#[test]
+fn a_threaded_program_is_refused_flags_it_cannot_honour_yet() {
+    let out = run(Isa::X86_64, &["--checkpoint-every", "1"], "threads-sum", &["2", "S"]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--checkpoint-every is not supported for threaded programs"),
+        "{err}"
+    );
+}
