@@ -20,6 +20,7 @@ use signal_hook::consts::SIGTERM;
 use signal_hook::iterator::Signals;
 
 use crate::args::CellArgs;
+use crate::human::duration;
 
 /// What a threaded run cannot do yet; refused before the program starts.
 fn refuse_unsupported(c: &CellArgs) -> anyhow::Result<()> {
@@ -87,9 +88,14 @@ fn drive(cell: ThreadedCell, c: &CellArgs, path: &Path, signals: Signals) -> any
     spawn_triggers(&cell.controller(), c, signals)?;
     match cell.run() {
         Ok(Outcome::Exited(code)) => Ok(code),
-        Ok(Outcome::Stopped(s, _)) => {
+        Ok(Outcome::Stopped(s, t)) => {
             super::run::write_snapshot(&s, path, c.level, "stop", None)?;
-            eprintln!("roam: {} threads stopped", 1 + s.threads.len());
+            eprintln!(
+                "roam: {} threads stopped: all parked {} after the request, captured in {}",
+                1 + s.threads.len(),
+                duration(t.response),
+                duration(t.capture)
+            );
             Ok(0)
         }
         Ok(Outcome::Paused(..)) => bail!("the program paused, which the CLI never requests"),

@@ -30,11 +30,13 @@ fn seed() -> u64 {
         Ok(s) => s
             .parse()
             .unwrap_or_else(|_| panic!("ROAM_THREADS_SEED={s:?} is not a number")),
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-            | 1,
+        Err(_) => {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        }
     };
     eprintln!("threads: ROAM_THREADS_SEED={seed}");
     seed
@@ -57,7 +59,7 @@ fn run(isa: Isa, args: &[&str], name: &str, program_args: &[&str]) -> Output {
 /// How many threads a stop captured, from roam's report.
 fn threads_stopped(stderr: &[u8]) -> Option<usize> {
     let err = text(stderr);
-    let line = err.lines().find(|l| l.ends_with("threads stopped"))?;
+    let line = err.lines().find(|l| l.contains(" threads stopped: "))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
@@ -66,7 +68,12 @@ fn every_threaded_program_prints_its_native_output_with_one_and_with_four_thread
     for name in PROGRAMS {
         for threads in ["1", "4"] {
             let out = run(Isa::X86_64, &[], name, &[threads, "S"]);
-            assert_eq!(out.status.code(), Some(0), "{name} {threads}: {}", text(&out.stderr));
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{name} {threads}: {}",
+                text(&out.stderr)
+            );
             assert_eq!(
                 text(&out.stdout),
                 text(&expected(name, "S")),
@@ -91,7 +98,12 @@ fn stop_and_restore(name: &str, delay: Duration, from: Isa, to: Isa) -> Option<u
         &["4", "M"],
     );
     let what = format!("{name} stopped after {after} s on {from:?}, restored on {to:?}");
-    assert_eq!(first.status.code(), Some(0), "{what}: {}", text(&first.stderr));
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{what}: {}",
+        text(&first.stderr)
+    );
     if !snap.exists() {
         assert_eq!(text(&first.stdout), text(&expected(name, "M")), "{what}");
         return None;
@@ -100,7 +112,12 @@ fn stop_and_restore(name: &str, delay: Duration, from: Isa, to: Isa) -> Option<u
     let mut cmd = roam(to);
     cmd.arg("restore").arg(&snap);
     let second = run_bounded(cmd, Duration::from_secs(600));
-    assert_eq!(second.status.code(), Some(0), "{what}: {}", text(&second.stderr));
+    assert_eq!(
+        second.status.code(),
+        Some(0),
+        "{what}: {}",
+        text(&second.stderr)
+    );
     let mut whole = first.stdout.clone();
     whole.extend_from_slice(&second.stdout);
     assert_eq!(text(&whole), text(&expected(name, "M")), "{what}");
@@ -133,7 +150,12 @@ fn threaded_programs_move_between_x86_64_and_aarch64() {
         eprintln!("{name}: x86-64 -> aarch64 after {ms} ms held {held:?} threads");
     }
     // And back: stopped under emulation, where the workers run for longer.
-    let held = stop_and_restore("threads-omp", Duration::from_secs(3), Isa::Aarch64, Isa::X86_64);
+    let held = stop_and_restore(
+        "threads-omp",
+        Duration::from_secs(3),
+        Isa::Aarch64,
+        Isa::X86_64,
+    );
     assert!(
         held.is_some_and(|n| n > 1),
         "threads-omp on aarch64: the stop held {held:?} threads"
@@ -142,7 +164,12 @@ fn threaded_programs_move_between_x86_64_and_aarch64() {
 
 #[test]
 fn a_threaded_program_is_refused_flags_it_cannot_honour_yet() {
-    let out = run(Isa::X86_64, &["--checkpoint-every", "1"], "threads-sum", &["2", "S"]);
+    let out = run(
+        Isa::X86_64,
+        &["--checkpoint-every", "1"],
+        "threads-sum",
+        &["2", "S"],
+    );
     assert_ne!(out.status.code(), Some(0));
     let err = text(&out.stderr);
     assert!(

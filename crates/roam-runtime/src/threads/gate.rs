@@ -17,12 +17,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use roam_snapshot::{GlobalValue, Snapshot, ThreadImage, UnwoundStack};
 
 use super::Shared;
-use crate::control::Killed;
+use crate::control::{CheckpointTiming, Killed};
 use crate::error::CheckpointError;
 
 /// How often a parked thread looks whether the program was ended.
@@ -62,6 +62,11 @@ struct State {
     rewound: usize,
     /// The bytes the rewinds borrow, as the snapshot had them.
     prefix: Vec<u8>,
+    /// When the stop was asked for, when the last thread parked, when the
+    /// snapshot was complete.
+    asked: Option<Instant>,
+    all_parked: Option<Instant>,
+    complete: Option<Instant>,
 }
 
 pub(crate) struct Gate {
@@ -84,6 +89,9 @@ impl Gate {
                 to_rewind: 0,
                 rewound: 0,
                 prefix: Vec::new(),
+                asked: None,
+                all_parked: None,
+                complete: None,
             }),
             cv: Condvar::new(),
         }
@@ -143,10 +151,12 @@ impl Gate {
         shared: &Shared,
         tid: u32,
         globals: Vec<GlobalValue>,
+        asked: Instant,
     ) -> Result<(), Killed> {
         let mut s = self.lock();
         if s.phase == Phase::Running {
             s.phase = Phase::Parking;
+            s.asked = Some(asked);
         }
         s.parked.insert(tid, globals);
         Self::all_parked(&mut s, shared);
@@ -159,6 +169,7 @@ impl Gate {
     /// When every live thread is parked: read memory and the OS layer.
     fn all_parked(s: &mut State, shared: &Shared) {
         if s.phase == Phase::Parking && s.parked.len() == s.live {
+            s.all_parked = Some(Instant::now());
             s.taken = Some(shared.read_state());
             s.phase = Phase::Unwinding;
         }
@@ -173,6 +184,7 @@ impl Gate {
         if s.stacks.len() == s.parked.len() {
             let done = Self::assemble(&mut s, capacity);
             s.done = Some(done);
+            s.complete = Some(Instant::now());
             s.phase = Phase::Stopped;
         }
         self.cv.notify_all();
@@ -208,17 +220,31 @@ impl Gate {
         Ok(snap)
     }
 
-    /// The first thread, after its own unwind: wait for the snapshot.
-    pub(crate) fn snapshot(&self, shared: &Shared) -> Result<Snapshot, CheckpointError> {
+    /// The first thread, after its own unwind: wait for the snapshot, and
+    /// how long the threads took to park and the capture took.
+    pub(crate) fn snapshot(
+        &self,
+        shared: &Shared,
+    ) -> Result<(Snapshot, CheckpointTiming), CheckpointError> {
         let s = self.lock();
         let mut s = self
             .wait_for(s, shared, |s| s.phase == Phase::Stopped)
             .map_err(|_| {
                 CheckpointError::Stack("the program ended during the checkpoint".into())
             })?;
-        s.done
+        let snap = s
+            .done
             .take()
-            .unwrap_or_else(|| Err(CheckpointError::Stack("no snapshot".into())))
+            .unwrap_or_else(|| Err(CheckpointError::Stack("no snapshot".into())))?;
+        let span = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a),
+            _ => Duration::ZERO,
+        };
+        let timing = CheckpointTiming {
+            response: span(s.asked, s.all_parked),
+            capture: span(s.all_parked, s.complete),
+        };
+        Ok((snap, timing))
     }
 
     /// A restore of `threads` threads (the first included), whose rewinds

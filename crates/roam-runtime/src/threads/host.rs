@@ -104,8 +104,8 @@ fn finish_rewind(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<()> {
 /// checkpoint-and-stop only.
 fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
     let shared = caller.data().shared.clone();
-    match shared.control.pending() {
-        Some(req) if req.kind == CheckpointKind::Stop => {}
+    let asked = match shared.control.pending() {
+        Some(req) if req.kind == CheckpointKind::Stop => req.at,
         Some(req) => {
             shared.control.take();
             tracing::warn!(
@@ -116,7 +116,7 @@ fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
             return Ok(false);
         }
         None => return Ok(false),
-    }
+    };
     let globals = {
         let Some(r) = caller.data().ready.as_ref() else {
             // Still in its start function: it parks at its next site.
@@ -126,7 +126,7 @@ fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
         read_globals(&mut *caller, &globals)?
     };
     let tid = caller.data().tid;
-    shared.gate.park(&shared, tid, globals)?;
+    shared.gate.park(&shared, tid, globals, asked)?;
     let end = shared.memory.data_size().min(i32::MAX as usize) as i32;
     set_i32(caller, |r| r.cursor, HEADER as i32)?;
     set_i32(caller, |r| r.end, end)?;

@@ -563,13 +563,10 @@ impl ThreadedCell {
         let stopping = result.is_ok() && unwinding(&mut self.main.store);
         finish(&shared, &mut self.main.store, 0, result);
         let outcome = match stopping {
-            true => shared.gate.snapshot(&shared).map(|s| {
-                let timing = crate::CheckpointTiming {
-                    response: std::time::Duration::ZERO,
-                    capture: std::time::Duration::ZERO,
-                };
-                Outcome::Stopped(Box::new(s), timing)
-            }),
+            true => shared
+                .gate
+                .snapshot(&shared)
+                .map(|(s, timing)| Outcome::Stopped(Box::new(s), timing)),
             false => Err(CheckpointError::Stack(String::new())),
         };
         // Whatever happened, the other threads end now.
