@@ -44,6 +44,7 @@ mod t4;
 mod t4kv;
 mod t5;
 mod t7;
+mod threads;
 
 use std::path::PathBuf;
 
@@ -357,6 +358,23 @@ enum Bench {
         /// Seconds each scenario runs.
         #[arg(long, default_value_t = 300.0)]
         window: f64,
+    },
+    /// Threaded programs: CPU against a wasmtime with wasi-threads, and a
+    /// checkpoint-and-stop of every thread, by thread count.
+    Threads {
+        /// Programs of workloads/threads, comma-separated.
+        #[arg(long, default_value = "threads-sum,threads-rayon,threads-omp")]
+        only: String,
+        /// Thread counts, comma-separated.
+        #[arg(long, default_value = "1,2,4,8")]
+        counts: String,
+        /// Repetitions of each uninterrupted run (the fastest counts).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// A wasmtime CLI that still has wasi-threads (release 46 or
+        /// older), for the baseline columns.
+        #[arg(long, env = "ROAM_BENCH_WASMTIME_THREADS")]
+        wasmtime: Option<PathBuf>,
     },
     /// Far memory: slowdown with 75/50/25 % of the working set resident,
     /// per eviction policy, against all of it; and Linux swap to zram.
@@ -765,6 +783,24 @@ fn main() -> anyhow::Result<()> {
             emit(model)?;
             main
         }
+        Bench::Threads {
+            only,
+            counts,
+            reps,
+            wasmtime,
+        } => threads::run(
+            &paths,
+            &threads::Options {
+                programs: only.split(',').map(|s| s.trim().to_string()).collect(),
+                counts: counts
+                    .split(',')
+                    .map(|c| c.trim().parse())
+                    .collect::<Result<Vec<usize>, _>>()
+                    .map_err(|e| anyhow::anyhow!("--counts: {e}"))?,
+                reps,
+                wasmtime,
+            },
+        )?,
         Bench::Far {
             only,
             size,

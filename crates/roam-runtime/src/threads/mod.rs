@@ -531,6 +531,16 @@ impl ThreadedCell {
         Ok(cell)
     }
 
+    /// Keep what the program writes to stdout and stderr in memory instead
+    /// of passing it to this process's own (for tests and benchmarks).
+    pub fn capture_output(&mut self) -> roam_wasi::CapturedOutput {
+        self.shared
+            .wasi
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .capture_output()
+    }
+
     /// A handle to ask for a checkpoint or kill the program from another
     /// thread. Only checkpoint-and-stop is taken.
     pub fn controller(&self) -> Controller {
