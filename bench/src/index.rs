@@ -40,7 +40,10 @@ const WHAT: &[(&str, &str)] = &[
     ),
     ("gw", "T8: KV throughput and latency through the gateway"),
     ("hexo", "HEXO consolidation: jobs done, offload-by-slowdown"),
-    ("threads", "threaded programs: overhead, checkpoint of every thread"),
+    (
+        "threads",
+        "threaded programs: overhead, checkpoint of every thread",
+    ),
     (
         "hexo-model",
         "HEXO: learned slowdowns against the true ones",

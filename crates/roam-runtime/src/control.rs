@@ -130,6 +130,8 @@ pub(crate) struct Control {
     epoch: Option<Engine>,
     /// Set for good by [`Control::kill`].
     killed: AtomicBool,
+    /// Called at every alarm ([`Control::on_alarm`]).
+    wakers: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
 
 impl Control {
@@ -142,6 +144,7 @@ impl Control {
             flags: Mutex::new(Vec::new()),
             epoch,
             killed: AtomicBool::new(false),
+            wakers: Mutex::new(Vec::new()),
         })
     }
 
@@ -189,6 +192,18 @@ impl Control {
         if let Some(engine) = &self.epoch {
             engine.increment_epoch();
         }
+        for wake in self.wakers.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            wake();
+        }
+    }
+
+    /// Call `wake` at every alarm, after the flags are up: a threaded
+    /// program wakes its threads parked in waits with it.
+    pub(crate) fn on_alarm(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        self.wakers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(wake);
     }
 
     pub(crate) fn request(&self, req: Request) {

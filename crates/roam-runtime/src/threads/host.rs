@@ -14,9 +14,11 @@ use crate::asyncify::HEADER;
 use crate::control::{CheckpointKind, Killed};
 use crate::flag::FlagWord;
 
-/// The longest a wait sleeps before it looks for a stop. A wake that comes
-/// between two slices is seen by the next slice's compare (every futex
-/// user changes the word before it wakes), so slices lose nothing.
+/// The longest a wait sleeps before it looks again. A request wakes it at
+/// once (`Shared::wake_waiters`); the slice bounds the one race left, a
+/// request between the last look and the wait. A program's own wake that
+/// comes between two slices is seen by the next slice's compare (every
+/// futex user changes the word before it wakes), so slices lose nothing.
 const WAIT_SLICE: Duration = Duration::from_millis(25);
 
 /// Handles into a thread's instance, set once it exists.
@@ -187,8 +189,18 @@ fn wait(
             }
             None => WAIT_SLICE,
         };
-        let r = wait_once(&shared.memory, at, expected, wide, slice)?;
-        match r {
+        // Registered first, then one more look: a request made after the
+        // look notifies this address (`Shared::wake_waiters`).
+        let tid = caller.data().tid;
+        shared.waits_on(tid, Some(at));
+        let can_stop = caller.data().ready.is_some();
+        if can_stop && (shared.control.pending().is_some() || shared.control.killed()) {
+            shared.waits_on(tid, None);
+            continue;
+        }
+        let r = wait_once(&shared.memory, at, expected, wide, slice);
+        shared.waits_on(tid, None);
+        match r? {
             wasmtime::WaitResult::Ok => return Ok(0),
             wasmtime::WaitResult::Mismatch => return Ok(1),
             wasmtime::WaitResult::TimedOut => {}

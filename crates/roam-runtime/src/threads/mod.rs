@@ -74,6 +74,9 @@ pub(crate) struct Shared {
     ending: OnceLock<Ending>,
     children: Mutex<Vec<JoinHandle<()>>>,
     embed_module: bool,
+    /// The address each thread waits on now (`roam.wait32/64`), so that a
+    /// request wakes it at once rather than at the end of its slice.
+    waiting: Mutex<BTreeMap<u32, u64>>,
 }
 
 impl Shared {
@@ -126,6 +129,30 @@ impl Shared {
             files: None,
             threads: Vec::new(),
         })
+    }
+
+    /// Wake every thread parked in a wait (a request or a kill came); each
+    /// looks at why before it waits again.
+    fn wake_waiters(&self) {
+        let waiting: Vec<u64> = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .copied()
+            .collect();
+        for at in waiting {
+            let _ = self.memory.atomic_notify(at, u32::MAX);
+        }
+    }
+
+    /// A thread waits on `at` (`Some`), or no longer (`None`).
+    pub(crate) fn waits_on(&self, tid: u32, at: Option<u64>) {
+        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        match at {
+            Some(at) => w.insert(tid, at),
+            None => w.remove(&tid),
+        };
     }
 
     /// The program ends: the first reason wins, and every thread is told.
@@ -421,7 +448,14 @@ impl ThreadedCell {
             ending: OnceLock::new(),
             children: Mutex::new(Vec::new()),
             embed_module,
+            waiting: Mutex::new(BTreeMap::new()),
         });
+        let weak = Arc::downgrade(&shared);
+        shared.control.on_alarm(Box::new(move || {
+            if let Some(s) = weak.upgrade() {
+                s.wake_waiters();
+            }
+        }));
         let mut linker = host::linker(&engine).map_err(boxed)?;
         // A shared memory belongs to no store: the first one defines it
         // for every instance.
