@@ -101,7 +101,7 @@ fn stop_once(
         std::thread::sleep(after);
         ctl.request(CheckpointKind::Stop, Trigger::Api);
     });
-    let (snap, timing) = match cell.run()? {
+    let (snap, timing) = match cell.run(&mut |_, _| Ok(()))? {
         Outcome::Stopped(s, t) => (s, t),
         Outcome::Exited(_) => return Ok(None),
         Outcome::Paused(..) => bail!("a threaded program paused"),
@@ -113,7 +113,7 @@ fn stop_once(
     let mut back = ThreadedCell::restore(rt, module, &snap, Vec::new(), false)?;
     let restore = t.elapsed();
     let second = back.capture_output();
-    match back.run()? {
+    match back.run(&mut |_, _| Ok(()))? {
         Outcome::Exited(0) => {}
         other => bail!("the restored program ended with {other:?}"),
     }

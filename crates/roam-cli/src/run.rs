@@ -257,7 +257,7 @@ fn install_signals() -> anyhow::Result<Signals> {
 /// Start the threads that ask for checkpoints. Returns, for
 /// `--checkpoint-every`, where to report that a checkpoint-and-continue has
 /// been written: the next one is due a full interval after that.
-fn spawn_triggers(
+pub(crate) fn spawn_triggers(
     ctl: &Controller,
     c: &CellArgs,
     mut signals: Signals,

@@ -1,22 +1,20 @@
 //! `roam run` and `roam restore` of a threaded program (wasi-threads).
 //!
-//! Such a program runs as a [`ThreadedCell`], which takes checkpoint-and-
-//! stop only: SIGTERM and `--checkpoint-after` stop it into the snapshot
-//! file, a second SIGTERM (or the grace period) kills it, and SIGUSR1 or
-//! `--checkpoint-every` are refused up front instead of being ignored.
+//! Such a program runs as a [`ThreadedCell`], with the same triggers as any
+//! other: SIGTERM and `--checkpoint-after` stop it into the snapshot file
+//! (a second SIGTERM, or the grace period, kills it), SIGUSR1 and
+//! `--checkpoint-every` write a checkpoint and let it go on. What it cannot
+//! do yet is refused up front instead of being ignored.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use roam_runtime::{
-    CheckpointKind, Controller, LoadedModule, Outcome, RunError, Runtime, ThreadedCell, Trigger,
-    STOP_GRACE,
+    CheckpointTiming, LoadedModule, Outcome, RunError, Runtime, ThreadedCell, STOP_GRACE,
 };
 use roam_snapshot::Snapshot;
 use roam_wasi::{Preopen, WasiConfig};
-use signal_hook::consts::SIGTERM;
 use signal_hook::iterator::Signals;
 
 use crate::args::CellArgs;
@@ -25,7 +23,6 @@ use crate::human::duration;
 /// What a threaded run cannot do yet; refused before the program starts.
 fn refuse_unsupported(c: &CellArgs) -> anyhow::Result<()> {
     let unsupported = [
-        (c.checkpoint_every.is_some(), "--checkpoint-every"),
         (c.checkpoint_at_point.is_some(), "--checkpoint-at-point"),
         (
             c.checkpoint_every_points.is_some(),
@@ -38,64 +35,30 @@ fn refuse_unsupported(c: &CellArgs) -> anyhow::Result<()> {
     for (given, flag) in unsupported {
         if given {
             bail!(
-                "{flag} is not supported for threaded programs yet: they take \
-                 checkpoint-and-stop only (SIGTERM or --checkpoint-after)"
+                "{flag} is not supported for threaded programs yet: they take checkpoints \
+                 on SIGTERM and SIGUSR1, --checkpoint-after and --checkpoint-every"
             );
         }
-    }
-    Ok(())
-}
-
-/// Ask for a stop on SIGTERM (kill on the second, or after the grace
-/// period) and after `--checkpoint-after`.
-fn spawn_triggers(ctl: &Controller, c: &CellArgs, mut signals: Signals) -> anyhow::Result<()> {
-    let s = ctl.clone();
-    std::thread::spawn(move || {
-        let mut terms = 0u32;
-        for sig in signals.forever() {
-            if sig != SIGTERM {
-                eprintln!(
-                    "roam: a threaded program takes checkpoint-and-stop only; SIGUSR1 ignored"
-                );
-                continue;
-            }
-            terms += 1;
-            if terms > 1 {
-                s.kill();
-                continue;
-            }
-            s.request(CheckpointKind::Stop, Trigger::Signal);
-            let k = s.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(STOP_GRACE);
-                k.kill();
-            });
-        }
-    });
-    if let Some(secs) = c.checkpoint_after {
-        let d =
-            Duration::try_from_secs_f64(secs).context("--checkpoint-after: invalid duration")?;
-        let s = ctl.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(d);
-            s.request(CheckpointKind::Stop, Trigger::Timer);
-        });
     }
     Ok(())
 }
 
 fn drive(cell: ThreadedCell, c: &CellArgs, path: &Path, signals: Signals) -> anyhow::Result<i32> {
-    spawn_triggers(&cell.controller(), c, signals)?;
-    match cell.run() {
+    let written = super::run::spawn_triggers(&cell.controller(), c, signals)?;
+    let level = c.level;
+    let mut sink = |s: &Snapshot, t: CheckpointTiming| {
+        let r = super::run::write_snapshot(s, path, level, "continue", None);
+        report(s, t);
+        if let Some(w) = &written {
+            let _ = w.send(());
+        }
+        r.map_err(|e| e.into())
+    };
+    match cell.run(&mut sink) {
         Ok(Outcome::Exited(code)) => Ok(code),
         Ok(Outcome::Stopped(s, t)) => {
             super::run::write_snapshot(&s, path, c.level, "stop", None)?;
-            eprintln!(
-                "roam: {} threads stopped: all parked {} after the request, captured in {}",
-                1 + s.threads.len(),
-                duration(t.response),
-                duration(t.capture)
-            );
+            report(&s, t);
             Ok(0)
         }
         Ok(Outcome::Paused(..)) => bail!("the program paused, which the CLI never requests"),
@@ -110,6 +73,15 @@ fn drive(cell: ThreadedCell, c: &CellArgs, path: &Path, signals: Signals) -> any
         }
         Err(e) => Err(e.into()),
     }
+}
+
+fn report(s: &Snapshot, t: CheckpointTiming) {
+    eprintln!(
+        "roam: {} threads stopped: all parked {} after the request, captured in {}",
+        1 + s.threads.len(),
+        duration(t.response),
+        duration(t.capture)
+    );
 }
 
 /// `roam run` of a threaded module.

@@ -163,17 +163,54 @@ fn threaded_programs_move_between_x86_64_and_aarch64() {
 }
 
 #[test]
+fn checkpoints_that_let_threads_go_on_change_nothing_and_the_last_one_restores() {
+    for name in PROGRAMS {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dir.path().join("c.roam");
+        let snap_arg = snap.to_str().unwrap();
+        let out = run(
+            Isa::X86_64,
+            &["--snapshot", snap_arg, "--checkpoint-every", "0.05"],
+            name,
+            &["4", "M"],
+        );
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{name}: {err}");
+        let taken = err.matches("checkpoint (continue) written").count();
+        assert!(taken >= 3, "{name}: only {taken} checkpoints in: {err}");
+        let want = text(&expected(name, "M"));
+        assert_eq!(text(&out.stdout), want, "{name} under checkpoints");
+        // The last checkpoint goes on from where it was taken: what it
+        // prints is the end of the reference.
+        let mut cmd = roam(Isa::X86_64);
+        cmd.arg("restore").arg(&snap);
+        let back = run_bounded(cmd, Duration::from_secs(300));
+        assert_eq!(
+            back.status.code(),
+            Some(0),
+            "{name}: {}",
+            text(&back.stderr)
+        );
+        assert!(
+            want.ends_with(&text(&back.stdout)),
+            "{name}: the restored tail {:?} is not the end of the reference",
+            text(&back.stdout)
+        );
+    }
+}
+
+#[test]
 fn a_threaded_program_is_refused_flags_it_cannot_honour_yet() {
     let out = run(
         Isa::X86_64,
-        &["--checkpoint-every", "1"],
+        &["--checkpoint-on-block"],
         "threads-sum",
         &["2", "S"],
     );
     assert_ne!(out.status.code(), Some(0));
     let err = text(&out.stderr);
     assert!(
-        err.contains("--checkpoint-every is not supported for threaded programs"),
+        err.contains("--checkpoint-on-block is not supported for threaded programs"),
         "{err}"
     );
 }

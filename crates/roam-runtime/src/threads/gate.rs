@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use roam_snapshot::{GlobalValue, Snapshot, ThreadImage, UnwoundStack};
 
 use super::Shared;
-use crate::control::{CheckpointTiming, Killed};
+use crate::control::{CheckpointKind, CheckpointTiming, Killed};
 use crate::error::CheckpointError;
 
 /// How often a parked thread looks whether the program was ended.
@@ -67,6 +67,9 @@ struct State {
     asked: Option<Instant>,
     all_parked: Option<Instant>,
     complete: Option<Instant>,
+    /// The kind of checkpoint under way, and how many threads it holds.
+    kind: CheckpointKind,
+    held: usize,
 }
 
 pub(crate) struct Gate {
@@ -92,6 +95,8 @@ impl Gate {
                 asked: None,
                 all_parked: None,
                 complete: None,
+                kind: CheckpointKind::Stop,
+                held: 0,
             }),
             cv: Condvar::new(),
         }
@@ -152,11 +157,13 @@ impl Gate {
         tid: u32,
         globals: Vec<GlobalValue>,
         asked: Instant,
+        kind: CheckpointKind,
     ) -> Result<(), Killed> {
         let mut s = self.lock();
         if s.phase == Phase::Running {
             s.phase = Phase::Parking;
             s.asked = Some(asked);
+            s.kind = kind;
         }
         s.parked.insert(tid, globals);
         Self::all_parked(&mut s, shared);
@@ -200,6 +207,7 @@ impl Gate {
             capacity,
             data,
         };
+        s.held = s.parked.len();
         let mut parked = std::mem::take(&mut s.parked);
         let mut stacks = std::mem::take(&mut s.stacks);
         snap.globals = parked.remove(&0).unwrap_or_default();
@@ -225,7 +233,7 @@ impl Gate {
     pub(crate) fn snapshot(
         &self,
         shared: &Shared,
-    ) -> Result<(Snapshot, CheckpointTiming), CheckpointError> {
+    ) -> Result<(Snapshot, CheckpointTiming, CheckpointKind), CheckpointError> {
         let s = self.lock();
         let mut s = self
             .wait_for(s, shared, |s| s.phase == Phase::Stopped)
@@ -244,7 +252,45 @@ impl Gate {
             response: span(s.asked, s.all_parked),
             capture: span(s.all_parked, s.complete),
         };
-        Ok((snap, timing))
+        Ok((snap, timing, s.kind))
+    }
+
+    /// Another thread, after its unwind: whether the program goes on (a
+    /// checkpoint-and-continue, once the first thread has handed the
+    /// snapshot over) or not (a stop, or the program was ended).
+    pub(crate) fn resumes(&self, shared: &Shared) -> bool {
+        let s = self.lock();
+        let ready = |s: &State| {
+            s.phase == Phase::Rewinding
+                || (s.phase == Phase::Stopped && s.kind != CheckpointKind::Continue)
+        };
+        match self.wait_for(s, shared, ready) {
+            Ok(s) => s.phase == Phase::Rewinding,
+            Err(_) => false,
+        }
+    }
+
+    /// After a checkpoint-and-continue was handed over: every thread that
+    /// it held rewinds (`prefix`: the bytes their unwinds borrowed).
+    pub(crate) fn resume(&self, shared: &Shared, prefix: Vec<u8>) {
+        let mut s = self.lock();
+        // This continue is served; a stop that came meanwhile is not.
+        if let Some(r) = shared.control.take() {
+            if r.kind != CheckpointKind::Continue {
+                shared.control.request(r);
+            }
+        }
+        s.phase = Phase::Rewinding;
+        s.to_rewind = s.held;
+        s.rewound = 0;
+        s.prefix = prefix;
+        s.busy = false;
+        s.taken = None;
+        s.done = None;
+        s.asked = None;
+        s.all_parked = None;
+        s.complete = None;
+        self.cv.notify_all();
     }
 
     /// A restore of `threads` threads (the first included), whose rewinds

@@ -101,18 +101,18 @@ fn finish_rewind(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<()> {
     Ok(())
 }
 
-/// A stop is pending: park with the others, then unwind when it is this
-/// thread's turn. Any other request is set aside: threaded programs take
-/// checkpoint-and-stop only.
+/// A stop or a checkpoint-and-continue is pending: park with the others,
+/// then unwind when it is this thread's turn. A pause is set aside:
+/// threaded programs are not migrated live yet.
 fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
     let shared = caller.data().shared.clone();
-    let asked = match shared.control.pending() {
-        Some(req) if req.kind == CheckpointKind::Stop => req.at,
+    let req = match shared.control.pending() {
+        Some(req) if req.kind != CheckpointKind::Pause => req,
         Some(req) => {
             shared.control.take();
             tracing::warn!(
                 kind = ?req.kind,
-                "a threaded program takes only checkpoint-and-stop; request ignored"
+                "a threaded program takes no pause (live migration) yet; request ignored"
             );
             rearm(&shared);
             return Ok(false);
@@ -128,7 +128,7 @@ fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
         read_globals(&mut *caller, &globals)?
     };
     let tid = caller.data().tid;
-    shared.gate.park(&shared, tid, globals, asked)?;
+    shared.gate.park(&shared, tid, globals, req.at, req.kind)?;
     let end = shared.memory.data_size().min(i32::MAX as usize) as i32;
     set_i32(caller, |r| r.cursor, HEADER as i32)?;
     set_i32(caller, |r| r.end, end)?;

@@ -38,7 +38,7 @@ use roam_wasi::{Preopen, WasiConfig, WasiCtx};
 use wasmtime::{ExternType, Global, InstancePre, SharedMemory, Store, Val};
 
 use crate::asyncify::HEADER;
-use crate::control::{Control, Controller, Killed};
+use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller, Killed};
 use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
 use crate::flag::FlagWord;
 use crate::memory::Creator;
@@ -254,30 +254,55 @@ fn start_os_thread(
 
 /// The body of every thread but the first.
 fn child(shared: Arc<Shared>, mut t: Thread, tid: u32, arg: u32, records: Option<Vec<u8>>) {
-    let export = match records {
-        Some(_) => roam_prepare::REWIND_THREAD_EXPORT,
-        None => roam_prepare::THREAD_START_EXPORT,
-    };
-    let result = (|| -> wasmtime::Result<()> {
-        let entry = t
-            .instance
-            .get_typed_func::<(i32, i32), ()>(&mut t.store, export)?;
-        if let Some(records) = &records {
-            start_rewind(&shared, &mut t.store, records)?;
+    let mut records = records;
+    loop {
+        let export = match records {
+            Some(_) => roam_prepare::REWIND_THREAD_EXPORT,
+            None => roam_prepare::THREAD_START_EXPORT,
+        };
+        let result = (|| -> wasmtime::Result<()> {
+            let entry = t
+                .instance
+                .get_typed_func::<(i32, i32), ()>(&mut t.store, export)?;
+            if let Some(records) = &records {
+                start_rewind(&shared, &mut t.store, records)?;
+            }
+            entry.call(&mut t.store, (tid as i32, arg as i32))
+        })();
+        match finish(&shared, &mut t.store, tid, result) {
+            // A checkpoint-and-continue: back into the stack just taken.
+            Next::Rewind(stack) => records = Some(stack),
+            Next::Done => return,
         }
-        entry.call(&mut t.store, (tid as i32, arg as i32))
-    })();
-    finish(&shared, &mut t.store, tid, result);
+    }
+}
+
+/// What a thread does once its entry returned.
+enum Next {
+    /// Rewind through these records: the program goes on.
+    Rewind(Vec<u8>),
+    /// Nothing more: the thread ended, or the program stopped or ended.
+    Done,
 }
 
 /// A thread's entry returned (or trapped): hand in its stack, or end.
-fn finish(shared: &Arc<Shared>, store: &mut Store<ThreadState>, tid: u32, r: wasmtime::Result<()>) {
+fn finish(
+    shared: &Arc<Shared>,
+    store: &mut Store<ThreadState>,
+    tid: u32,
+    r: wasmtime::Result<()>,
+) -> Next {
     let flag = store.data().ready.as_ref().map(|r| r.flag.clone());
     match r {
         Ok(()) if unwinding(store) => match records(shared, store) {
             Ok(records) => {
                 let capacity = shared.memory.data_size().min(u32::MAX as usize) as u32;
-                shared.gate.unwound(tid, records, capacity);
+                shared.gate.unwound(tid, records.clone(), capacity);
+                // The first thread decides, after its sink, whether all go
+                // on (`ThreadedCell::run`); the others wait for that.
+                if tid == 0 || shared.gate.resumes(shared) {
+                    return Next::Rewind(records);
+                }
             }
             Err(e) => shared.end(Ending::Trap(format!("thread {tid}: {e}"))),
         },
@@ -295,6 +320,7 @@ fn finish(shared: &Arc<Shared>, store: &mut Store<ThreadState>, tid: u32, r: was
     if let Some(flag) = flag {
         shared.control.detach_flag(&flag);
     }
+    Next::Done
 }
 
 fn get_i32(store: &mut Store<ThreadState>, pick: impl Fn(&Ready) -> Global) -> i32 {
@@ -582,48 +608,62 @@ impl ThreadedCell {
     }
 
     /// Run the program until it exits, traps, is killed, or is stopped by a
-    /// checkpoint-and-stop ([`Outcome::Stopped`]).
-    pub fn run(mut self) -> Result<Outcome, RunError> {
+    /// checkpoint-and-stop ([`Outcome::Stopped`]). Every checkpoint-and-
+    /// continue is handed to `on_checkpoint` while all threads are stopped;
+    /// they go on together when it returns.
+    pub fn run(
+        mut self,
+        on_checkpoint: &mut dyn FnMut(&Snapshot, CheckpointTiming) -> Result<(), Source>,
+    ) -> Result<Outcome, RunError> {
         let shared = self.shared.clone();
-        let result = (|| -> wasmtime::Result<()> {
-            match self.rewind.take() {
-                Some(records) => {
-                    let entry = self.main.instance.get_typed_func::<(), ()>(
-                        &mut self.main.store,
-                        roam_prepare::REWIND_EXPORT,
-                    )?;
-                    start_rewind(&shared, &mut self.main.store, &records)?;
-                    entry.call(&mut self.main.store, ())
+        let mut rewind = self.rewind.take();
+        let failed = loop {
+            let result = (|| -> wasmtime::Result<()> {
+                let store = &mut self.main.store;
+                match &rewind {
+                    Some(records) => {
+                        let entry = self
+                            .main
+                            .instance
+                            .get_typed_func::<(), ()>(&mut *store, roam_prepare::REWIND_EXPORT)?;
+                        start_rewind(&shared, store, records)?;
+                        entry.call(store, ())
+                    }
+                    None => {
+                        let entry = self
+                            .main
+                            .instance
+                            .get_typed_func::<(), ()>(&mut *store, "_start")?;
+                        entry.call(store, ())
+                    }
                 }
-                None => {
-                    let entry = self
-                        .main
-                        .instance
-                        .get_typed_func::<(), ()>(&mut self.main.store, "_start")?;
-                    entry.call(&mut self.main.store, ())
+            })();
+            let unwound = result.is_ok() && unwinding(&mut self.main.store);
+            let next = finish(&shared, &mut self.main.store, 0, result);
+            let (true, Next::Rewind(records)) = (unwound, next) else {
+                break None;
+            };
+            match shared.gate.snapshot(&shared) {
+                Ok((snap, timing, CheckpointKind::Continue)) => {
+                    if let Err(e) = on_checkpoint(&snap, timing) {
+                        break Some(RunError::Sink(e));
+                    }
+                    let prefix = borrowed_bytes(&snap, shared.module.initial_image());
+                    shared.gate.resume(&shared, prefix);
+                    rewind = Some(records);
                 }
+                Ok((snap, timing, _)) => {
+                    join(&shared);
+                    return Ok(Outcome::Stopped(Box::new(snap), timing));
+                }
+                Err(e) => break Some(e.into()),
             }
-        })();
-        let stopping = result.is_ok() && unwinding(&mut self.main.store);
-        finish(&shared, &mut self.main.store, 0, result);
-        let outcome = match stopping {
-            true => shared
-                .gate
-                .snapshot(&shared)
-                .map(|(s, timing)| Outcome::Stopped(Box::new(s), timing)),
-            false => Err(CheckpointError::Stack(String::new())),
         };
         // Whatever happened, the other threads end now.
-        if !stopping || outcome.is_err() {
-            shared.control.kill();
-        }
-        let children =
-            std::mem::take(&mut *shared.children.lock().unwrap_or_else(|e| e.into_inner()));
-        for c in children {
-            let _ = c.join();
-        }
-        if stopping {
-            return outcome.map_err(RunError::from);
+        shared.control.kill();
+        join(&shared);
+        if let Some(e) = failed {
+            return Err(e);
         }
         match shared.ending.get() {
             Some(Ending::Exit(code)) => Ok(Outcome::Exited(*code)),
@@ -631,4 +671,26 @@ impl ThreadedCell {
             None => Err(RunError::Killed),
         }
     }
+}
+
+/// Wait for every thread but the first.
+fn join(shared: &Shared) {
+    let children = std::mem::take(&mut *shared.children.lock().unwrap_or_else(|e| e.into_inner()));
+    for c in children {
+        let _ = c.join();
+    }
+}
+
+/// The bytes at the start of memory that the threads' unwinds borrowed,
+/// as the snapshot holds them: a rewind puts them back.
+fn borrowed_bytes(snap: &Snapshot, initial: &roam_snapshot::InitialImage) -> Vec<u8> {
+    let longest = std::iter::once(&snap.stack)
+        .chain(snap.threads.iter().map(|t| &t.stack))
+        .map(|s| s.data.len())
+        .max()
+        .unwrap_or(0);
+    let len = (HEADER as usize + longest).min(snap.memory.byte_len() as usize);
+    let mut out = vec![0u8; len];
+    crate::capture::restore_range(&mut out, &snap.memory, initial, 0, len);
+    out
 }
