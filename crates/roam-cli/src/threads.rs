@@ -77,7 +77,7 @@ fn drive(cell: ThreadedCell, c: &CellArgs, path: &Path, signals: Signals) -> any
 
 fn report(s: &Snapshot, t: CheckpointTiming) {
     eprintln!(
-        "roam: {} threads stopped: all parked {} after the request, captured in {}",
+        "roam: the checkpoint held {} threads: all parked {} after the request, captured in {}",
         1 + s.threads.len(),
         duration(t.response),
         duration(t.capture)

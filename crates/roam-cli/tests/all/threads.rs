@@ -59,8 +59,13 @@ fn run(isa: Isa, args: &[&str], name: &str, program_args: &[&str]) -> Output {
 /// How many threads a stop captured, from roam's report.
 fn threads_stopped(stderr: &[u8]) -> Option<usize> {
     let err = text(stderr);
-    let line = err.lines().find(|l| l.contains(" threads stopped: "))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    let line = err.lines().find(|l| l.contains("the checkpoint held "))?;
+    line.split("held ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[test]
@@ -213,4 +218,103 @@ fn a_threaded_program_is_refused_flags_it_cannot_honour_yet() {
         err.contains("--checkpoint-on-block is not supported for threaded programs"),
         "{err}"
     );
+}
+
+#[test]
+fn one_thread_ending_the_program_ends_all_of_them() {
+    // exit(3) from a second thread while the first waits: status 3.
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["run", "--env", "THREADS_SUM_END=exit"])
+        .arg(module("threads-sum"));
+    let out = run_bounded(cmd, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "leaving from a second thread: exit\n");
+    // An abort there traps, and the trap is the program's: roam's 134.
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["run", "--env", "THREADS_SUM_END=trap"])
+        .arg(module("threads-sum"));
+    let out = run_bounded(cmd, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(134), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("trapped: thread 1"), "{err}");
+}
+
+/// Every point policy gives a threaded program its own output; under the
+/// policies with points in loops or at function entries, a stop and a
+/// restore do too.
+#[test]
+fn every_point_policy_prepares_threaded_programs_that_run_right() {
+    let mut x = seed();
+    for policy in ["outer", "functions", "manual"] {
+        for name in PROGRAMS {
+            let dir = tempfile::tempdir().unwrap();
+            let prepared = dir.path().join(format!("{name}.{policy}.wasm"));
+            let mut cmd = roam(Isa::X86_64);
+            cmd.args(["prepare", "--points", policy])
+                .arg(module(name))
+                .arg("-o")
+                .arg(&prepared);
+            let out = run_bounded(cmd, Duration::from_secs(300));
+            assert!(
+                out.status.success(),
+                "{name} {policy}: {}",
+                text(&out.stderr)
+            );
+            let run_it = |extra: &[&str]| {
+                let mut cmd = roam(Isa::X86_64);
+                cmd.arg("run")
+                    .args(extra)
+                    .arg(&prepared)
+                    .args(["--", "4", "S"]);
+                run_bounded(cmd, Duration::from_secs(300))
+            };
+            let whole = run_it(&[]);
+            assert_eq!(
+                whole.status.code(),
+                Some(0),
+                "{name} {policy}: {}",
+                text(&whole.stderr)
+            );
+            assert_eq!(
+                text(&whole.stdout),
+                text(&expected(name, "S")),
+                "{name} {policy}"
+            );
+            if policy == "manual" {
+                continue;
+            }
+            let snap = dir.path().join("p.roam");
+            let after = format!("0.{:03}", 5 + next(&mut x) % 60);
+            let first = run_it(&[
+                "--snapshot",
+                snap.to_str().unwrap(),
+                "--checkpoint-after",
+                &after,
+            ]);
+            assert_eq!(
+                first.status.code(),
+                Some(0),
+                "{name} {policy}: {}",
+                text(&first.stderr)
+            );
+            let mut out = first.stdout;
+            if snap.exists() {
+                let mut cmd = roam(Isa::X86_64);
+                cmd.arg("restore").arg(&snap);
+                let second = run_bounded(cmd, Duration::from_secs(300));
+                assert_eq!(
+                    second.status.code(),
+                    Some(0),
+                    "{name} {policy}: {}",
+                    text(&second.stderr)
+                );
+                out.extend_from_slice(&second.stdout);
+            }
+            assert_eq!(
+                text(&out),
+                text(&expected(name, "S")),
+                "{name} {policy}, stopped after {after} s"
+            );
+        }
+    }
 }

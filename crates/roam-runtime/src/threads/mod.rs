@@ -17,10 +17,11 @@
 //! instance, rewinds each thread through its module's `roam.rewind` or
 //! `roam.rewind_thread`, and releases them together.
 //!
-//! What this cell does not do yet: checkpoint-and-continue and pauses
-//! (requests for them are logged and ignored), live migration between
-//! nodes, far memory and post-copy, and memory limits (a shared memory
-//! grows without roam's limiter).
+//! A checkpoint-and-continue parks and captures the same way, hands the
+//! snapshot over, and rewinds every thread. What this cell does not do
+//! yet: pauses (a request for one is logged and set aside), so live
+//! migration between nodes, far memory and post-copy, and memory limits (a
+//! shared memory grows without roam's limiter).
 
 mod gate;
 mod host;
@@ -602,7 +603,7 @@ impl ThreadedCell {
     }
 
     /// A handle to ask for a checkpoint or kill the program from another
-    /// thread. Only checkpoint-and-stop is taken.
+    /// thread. Pauses are not taken.
     pub fn controller(&self) -> Controller {
         Controller(self.shared.control.clone())
     }

@@ -156,7 +156,28 @@ fn sequential(n: usize, rounds: u32) -> Totals {
     t
 }
 
+/// `THREADS_SUM_END=exit` or `trap`: a second thread ends the whole
+/// program (`exit(3)`, or an abort, which traps) while the first waits on
+/// a channel that never delivers. Tests use it to see that one thread's end
+/// is the program's.
+fn end_from_a_thread(how: &str) -> ! {
+    let (_keep, never) = mpsc::channel::<()>();
+    let how = how.to_string();
+    thread::spawn(move || {
+        println!("leaving from a second thread: {how}");
+        match how.as_str() {
+            "exit" => std::process::exit(3),
+            _ => std::process::abort(),
+        }
+    });
+    let _ = never.recv();
+    unreachable!("the channel never delivers");
+}
+
 fn main() -> ExitCode {
+    if let Ok(how) = std::env::var("THREADS_SUM_END") {
+        end_from_a_thread(&how);
+    }
     let args = common::args("threads-sum");
     let (n, rounds) = args.size.pick((1 << 16, 512), (1 << 19, 512));
     println!("threads-sum: n={n} rounds={rounds} blocks={BLOCKS}");
