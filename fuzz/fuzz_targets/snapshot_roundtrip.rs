@@ -49,18 +49,38 @@ fuzz_target!(|data: &[u8]| {
         },
         os_state: writes.to_vec(),
         files: None,
-        threads: Vec::new(),
+        // 0 to 3 other threads (format 2.1), each with its own stack.
+        threads: (1..=u32::from(ctl[1] % 4))
+            .map(|tid| ThreadImage {
+                tid,
+                start_arg: u32::from(ctl[2]).wrapping_mul(tid),
+                globals: vec![GlobalValue {
+                    name: "g".into(),
+                    value: GlobalVal::I32(tid as i32),
+                }],
+                stack: UnwoundStack {
+                    buffer_offset: 0,
+                    capacity: 8 + u32::from(ctl[3]),
+                    data: vec![tid as u8; ctl[3] as usize],
+                },
+            })
+            .collect(),
     };
     // Both formats; the last byte of the control word picks which one
     // restores below.
     let mut back = None;
     for format in [Format::V1, Format::V2] {
+        if format == Format::V1 && !snap.threads.is_empty() {
+            // Format 1.0 holds one thread, and says so.
+            assert!(snap.encode(&EncodeOptions { level: 1, format }).is_err());
+            continue;
+        }
         let bytes = snap
             .encode(&EncodeOptions { level: 1, format })
             .expect("valid snapshot encodes");
         let b = Snapshot::decode(&bytes).expect("encoded snapshot decodes");
         assert_eq!(b, snap);
-        if (format == Format::V2) == (ctl[0] & 2 != 0) {
+        if (format == Format::V2) == (ctl[0] & 2 != 0 || !snap.threads.is_empty()) {
             back = Some(b);
         }
     }

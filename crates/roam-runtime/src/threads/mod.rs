@@ -81,19 +81,29 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The program's memory as bytes. Threads may be writing it unless
-    /// every one is parked (`gate.rs`), which is when it is read for a
-    /// snapshot; a restore writes it before any thread runs.
-    fn bytes(&self) -> &mut [u8] {
+    /// The program's memory as bytes.
+    ///
+    /// # Safety
+    ///
+    /// No thread may run program code while the slice lives: every thread
+    /// is parked (`gate.rs`), or none has started (a restore), or only the
+    /// calling thread's own unwind wrote the bytes it reads (its records).
+    /// Otherwise threads could write the bytes under the slice.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bytes(&self) -> &mut [u8] {
         let cells = self.memory.data();
         // SAFETY: the slice covers the shared memory's accessible bytes,
-        // mapped while `self.memory` lives; see the method docs for when
-        // nobody else touches them.
+        // mapped while `self.memory` lives (a shared memory never moves or
+        // shrinks); the caller keeps every other writer away.
         unsafe { std::slice::from_raw_parts_mut(cells.as_ptr() as *mut u8, cells.len()) }
     }
 
+    /// Write `data` at `at`, while no thread runs program code (the borrowed
+    /// buffer: every thread is parked or about to rewind).
     fn write_memory(&self, at: usize, data: &[u8]) {
-        let mem = self.bytes();
+        // SAFETY: called only between a stop's park and the gate opening
+        // again, or before any thread runs (`gate.rs`, `start_rewind`).
+        let mem = unsafe { self.bytes() };
         let end = (at + data.len()).min(mem.len());
         if at < end {
             mem[at..end].copy_from_slice(&data[..end - at]);
@@ -102,7 +112,8 @@ impl Shared {
 
     /// Memory and OS layer, read while every thread is parked.
     fn read_state(&self) -> Result<Snapshot, CheckpointError> {
-        let memory = MemoryImage::capture(self.bytes(), self.module.initial_image());
+        // SAFETY: every thread is parked (the last one to park calls this).
+        let memory = MemoryImage::capture(unsafe { self.bytes() }, self.module.initial_image());
         let os_state = self
             .wasi
             .lock()
@@ -341,7 +352,8 @@ fn unwinding(store: &mut Store<ThreadState>) -> bool {
 /// The records an unwind wrote, `[HEADER, cursor)` of memory.
 fn records(shared: &Shared, store: &mut Store<ThreadState>) -> Result<Vec<u8>, String> {
     let cursor = get_i32(store, |r| r.cursor) as u32 as usize;
-    let mem = shared.bytes();
+    // SAFETY: the other threads are parked; this thread's unwind wrote them.
+    let mem = unsafe { shared.bytes() };
     if cursor < HEADER as usize || cursor > mem.len() {
         return Err(format!("its unwind ended at {cursor:#x}, outside memory"));
     }
@@ -460,7 +472,7 @@ impl ThreadedCell {
         let memory = SharedMemory::new(&engine, ty.clone()).map_err(boxed)?;
         let have = memory.data_size() as u64;
         if min_bytes > have {
-            let pages = (min_bytes - have).div_ceil(roam_snapshot::WASM_PAGE_SIZE as u64);
+            let pages = (min_bytes - have).div_ceil(roam_snapshot::WASM_PAGE_SIZE);
             memory.grow(pages).map_err(boxed)?;
         }
         let shared = Arc::new(Shared {
@@ -540,7 +552,8 @@ impl ThreadedCell {
         let mut cell = ThreadedCell::new(rt, module, ctx, control, want, embed_module)
             .map_err(RestoreError::Instantiate)?;
         let shared = cell.shared.clone();
-        let mem = shared.bytes();
+        // SAFETY: no thread has started yet.
+        let mem = unsafe { shared.bytes() };
         if mem.len() as u64 != want {
             return Err(RestoreError::Memory(format!(
                 "the snapshot's memory is {want} bytes, the new memory {}",
