@@ -193,9 +193,9 @@ fn prepare_here(input: &[u8], opts: &PrepareOptions) -> Result<Prepared, Prepare
         });
     }
     let info = validate(input)?;
-    if info.shared_memory && opts.capture == Capture::Asyncify {
+    if info.shared_memory && opts.capture != Capture::Returns {
         return Err(PrepareError::ThreadsNeedRecords(
-            "prepare it with --capture returns (the default) or eh".into(),
+            "prepare it with --capture returns (the default)".into(),
         ));
     }
     let tool = wasm_opt::locate(opts.wasm_opt.as_deref())?;

@@ -139,9 +139,9 @@ pub fn check_prepared(module: &[u8]) -> Result<RoamSection, CheckError> {
     }
     let eh = section.capture().by_records();
     let info = validate_as(module, eh)?;
-    if info.shared_memory && !eh {
+    if info.shared_memory && section.capture() != crate::Capture::Returns {
         return Err(inconsistent(
-            "it shares its memory (threads) but its section names Asyncify, which roam does not run threads on",
+            "it shares its memory (threads) but its section names a capture other than by returns, which roam does not run threads on",
         ));
     }
     let f = facts(module)?;

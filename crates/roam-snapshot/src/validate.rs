@@ -28,8 +28,11 @@ pub(crate) fn snapshot(snap: &Snapshot) -> Result<(), Invalid> {
     threads(snap)
 }
 
-/// At most [`MAX_THREADS`] other threads, each with a distinct id that is
-/// not 0 (wasi-threads gives ids from 1), and a stack inside memory.
+/// The largest thread id wasi-threads gives.
+const MAX_TID: u32 = 0x1FFF_FFFF;
+
+/// At most [`MAX_THREADS`] other threads, each with a distinct id from 1
+/// to [`MAX_TID`] (as wasi-threads gives them), and a stack inside memory.
 fn threads(snap: &Snapshot) -> Result<(), Invalid> {
     if snap.threads.len() > MAX_THREADS {
         return Err((
@@ -39,8 +42,11 @@ fn threads(snap: &Snapshot) -> Result<(), Invalid> {
     }
     let mut ids = HashSet::new();
     for t in &snap.threads {
-        if t.tid == 0 || !ids.insert(t.tid) {
-            return Err(("threads", format!("thread id {} is 0 or repeated", t.tid)));
+        if t.tid == 0 || t.tid > MAX_TID || !ids.insert(t.tid) {
+            return Err((
+                "threads",
+                format!("thread id {} is 0, above {MAX_TID:#x} or repeated", t.tid),
+            ));
         }
         stack(&t.stack, snap.memory.byte_len())?;
         let mut names = HashSet::new();

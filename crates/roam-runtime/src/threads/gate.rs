@@ -51,8 +51,13 @@ struct State {
     parked: BTreeMap<u32, Vec<GlobalValue>>,
     /// Stacks of the threads that have unwound.
     stacks: BTreeMap<u32, Vec<u8>>,
-    /// One thread at a time borrows the buffer at address 0.
-    busy: bool,
+    /// The thread that borrows the buffer at address 0 now, if any: one at
+    /// a time.
+    busy: Option<u32>,
+    /// Bumped each time the gate lets every rewound thread go: a thread
+    /// waits for it to change, not for a phase another thread may already
+    /// have left again.
+    opened: u64,
     /// Memory and OS layer, read when the last thread parked.
     taken: Option<Result<Snapshot, CheckpointError>>,
     /// The finished snapshot (or why there is none).
@@ -86,7 +91,8 @@ impl Gate {
                 args: BTreeMap::new(),
                 parked: BTreeMap::new(),
                 stacks: BTreeMap::new(),
-                busy: false,
+                busy: None,
+                opened: 0,
                 taken: None,
                 done: None,
                 to_rewind: 0,
@@ -106,16 +112,24 @@ impl Gate {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Threads alive now, the first included.
-    pub(crate) fn live(&self) -> usize {
-        self.lock().live
-    }
-
-    /// A thread was started with `arg`.
-    pub(crate) fn spawned(&self, tid: u32, arg: u32) {
+    /// A thread is about to start with `arg`, unless the program already
+    /// has `max` threads besides its first (checked and counted at once).
+    pub(crate) fn spawned(&self, tid: u32, arg: u32, max: usize) -> bool {
         let mut s = self.lock();
+        if s.live > max {
+            return false;
+        }
         s.live += 1;
         s.args.insert(tid, arg);
+        true
+    }
+
+    /// Whether `tid` was given the buffer for its unwind (so that the
+    /// records it left there are its own, written while the others were
+    /// parked).
+    pub(crate) fn holds_buffer(&self, tid: u32) -> bool {
+        let s = self.lock();
+        s.phase == Phase::Unwinding && s.busy == Some(tid)
     }
 
     /// A thread ended (returned, trapped or was killed). If the others are
@@ -137,7 +151,9 @@ impl Gate {
         ready: impl Fn(&State) -> bool,
     ) -> Result<MutexGuard<'a, State>, Killed> {
         while !ready(&s) {
-            if shared.control.killed() {
+            // A kill never spoils a capture under way: once every thread
+            // is parked and the memory read, the unwinds finish.
+            if shared.control.killed() && s.phase != Phase::Unwinding {
                 return Err(Killed);
             }
             s = self
@@ -168,8 +184,10 @@ impl Gate {
         s.parked.insert(tid, globals);
         Self::all_parked(&mut s, shared);
         self.cv.notify_all();
-        let mut s = self.wait_for(s, shared, |s| s.phase == Phase::Unwinding && !s.busy)?;
-        s.busy = true;
+        let mut s = self.wait_for(s, shared, |s| {
+            s.phase == Phase::Unwinding && s.busy.is_none()
+        })?;
+        s.busy = Some(tid);
         Ok(())
     }
 
@@ -187,7 +205,7 @@ impl Gate {
     pub(crate) fn unwound(&self, tid: u32, records: Vec<u8>, capacity: u32) {
         let mut s = self.lock();
         s.stacks.insert(tid, records);
-        s.busy = false;
+        s.busy = None;
         if s.stacks.len() == s.parked.len() {
             let done = Self::assemble(&mut s, capacity);
             s.done = Some(done);
@@ -284,7 +302,7 @@ impl Gate {
         s.to_rewind = s.held;
         s.rewound = 0;
         s.prefix = prefix;
-        s.busy = false;
+        s.busy = None;
         s.taken = None;
         s.done = None;
         s.asked = None;
@@ -305,11 +323,11 @@ impl Gate {
         s.prefix = prefix;
     }
 
-    /// Wait for the buffer, to rewind a thread through it.
-    pub(crate) fn take_turn(&self, shared: &Shared) -> Result<(), Killed> {
+    /// Wait for the buffer, to rewind thread `tid` through it.
+    pub(crate) fn take_turn(&self, shared: &Shared, tid: u32) -> Result<(), Killed> {
         let s = self.lock();
-        let mut s = self.wait_for(s, shared, |s| !s.busy)?;
-        s.busy = true;
+        let mut s = self.wait_for(s, shared, |s| s.busy.is_none())?;
+        s.busy = Some(tid);
         Ok(())
     }
 
@@ -318,14 +336,16 @@ impl Gate {
     pub(crate) fn rewound(&self, shared: &Shared) -> Result<(), Killed> {
         let mut s = self.lock();
         s.rewound += 1;
-        s.busy = false;
+        s.busy = None;
+        let opened = s.opened;
         if s.rewound == s.to_rewind {
             shared.write_memory(0, &s.prefix);
             s.prefix = Vec::new();
             s.phase = Phase::Running;
+            s.opened += 1;
         }
         self.cv.notify_all();
-        let _s = self.wait_for(s, shared, |s| s.phase == Phase::Running)?;
+        let _s = self.wait_for(s, shared, |s| s.opened != opened)?;
         Ok(())
     }
 }

@@ -101,23 +101,18 @@ fn finish_rewind(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<()> {
     Ok(())
 }
 
-/// A stop or a checkpoint-and-continue is pending: park with the others,
-/// then unwind when it is this thread's turn. A pause is set aside:
-/// threaded programs are not migrated live yet.
+/// A request is pending: park with the others, then unwind when it is
+/// this thread's turn. Returns false when there is nothing to take here. A
+/// pause is taken as a checkpoint-and-continue: threaded programs are not
+/// migrated live, and nobody waits on their memory.
 fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
     let shared = caller.data().shared.clone();
-    let req = match shared.control.pending() {
-        Some(req) if req.kind != CheckpointKind::Pause => req,
-        Some(req) => {
-            shared.control.take();
-            tracing::warn!(
-                kind = ?req.kind,
-                "a threaded program takes no pause (live migration) yet; request ignored"
-            );
-            rearm(&shared);
-            return Ok(false);
-        }
-        None => return Ok(false),
+    let Some(req) = shared.control.pending() else {
+        return Ok(false);
+    };
+    let kind = match req.kind {
+        CheckpointKind::Pause => CheckpointKind::Continue,
+        kind => kind,
     };
     let globals = {
         let Some(r) = caller.data().ready.as_ref() else {
@@ -128,7 +123,7 @@ fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
         read_globals(&mut *caller, &globals)?
     };
     let tid = caller.data().tid;
-    shared.gate.park(&shared, tid, globals, req.at, req.kind)?;
+    shared.gate.park(&shared, tid, globals, req.at, kind)?;
     let end = shared.memory.data_size().min(i32::MAX as usize) as i32;
     set_i32(caller, |r| r.cursor, HEADER as i32)?;
     set_i32(caller, |r| r.end, end)?;
@@ -254,11 +249,17 @@ impl WasiView for ThreadState {
         if caller.data().shared.control.killed() {
             return Err(Killed.into());
         }
-        // A blocked call interrupted for anything but a stop would be
-        // called again by a restore; here it simply returns nothing
-        // happened (`EINTR`-like, zero events), which callers retry.
-        stop_here(caller)?;
-        Ok(())
+        // The call returns without its results, which only an unwind may
+        // follow: with no checkpoint to take (blocking calls are never
+        // armed to stop a threaded program by themselves), it ends the
+        // program rather than hand it words it did not write.
+        match stop_here(caller)? {
+            true => Ok(()),
+            false => Err(wasmtime::Error::msg(
+                "a blocking call was interrupted with no checkpoint to take; \
+                 threaded programs do not stop when they block",
+            )),
+        }
     }
 }
 

@@ -229,15 +229,17 @@ fn spawn(shared: &Arc<Shared>, start_arg: u32) -> Result<u32, String> {
     if shared.control.killed() {
         return Err("the program is ending".into());
     }
-    if shared.gate.live() > MAX_THREADS {
-        return Err(format!("the program already runs {MAX_THREADS} threads"));
-    }
     let tid = shared.next_tid.fetch_add(1, Ordering::SeqCst);
     if tid > MAX_TID {
         return Err("thread ids are used up".into());
     }
     let thread = instantiate(shared, tid).map_err(|e| e.to_string())?;
-    shared.gate.spawned(tid, start_arg);
+    if !shared.gate.spawned(tid, start_arg, MAX_THREADS) {
+        if let Some(r) = thread.store.data().ready.as_ref() {
+            shared.control.detach_flag(&r.flag);
+        }
+        return Err(format!("the program already runs {MAX_THREADS} threads"));
+    }
     start_os_thread(shared, thread, tid, start_arg, None).inspect_err(|_| {
         shared.gate.ended(shared, tid);
     })?;
@@ -251,13 +253,29 @@ fn start_os_thread(
     arg: u32,
     records: Option<Vec<u8>>,
 ) -> Result<(), String> {
+    // Under the lock that `join` takes after a kill: no thread starts
+    // once the program is ending, so none outlives `run`.
+    let mut children = shared.children.lock().unwrap_or_else(|e| e.into_inner());
+    if shared.control.killed() {
+        return Err("the program is ending".into());
+    }
     let s = shared.clone();
     let handle = std::thread::Builder::new()
         .name(format!("roam-thread-{tid}"))
         .stack_size(RUN_THREAD_STACK)
-        .spawn(move || child(s, thread, tid, arg, records))
+        .spawn(move || {
+            let s2 = s.clone();
+            // A panic in the host's code ends the program, not just the
+            // thread, and never leaves the others waiting for it.
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                child(s, thread, tid, arg, records)
+            }));
+            if caught.is_err() {
+                s2.end(Ending::Trap(format!("thread {tid}: the host panicked")));
+                s2.gate.ended(&s2, tid);
+            }
+        })
         .map_err(|e| format!("cannot start an OS thread: {e}"))?;
-    let mut children = shared.children.lock().unwrap_or_else(|e| e.into_inner());
     // Threads that ended need no join: their handles go.
     children.retain(|h| !h.is_finished());
     children.push(handle);
@@ -306,6 +324,13 @@ fn finish(
 ) -> Next {
     let flag = store.data().ready.as_ref().map(|r| r.flag.clone());
     match r {
+        // Only a thread the gate gave the buffer to has records there.
+        Ok(()) if unwinding(store) && !shared.gate.holds_buffer(tid) => shared.end(Ending::Trap(
+            format!("thread {tid}: its entry returned unwinding, but no checkpoint asked it to"),
+        )),
+        Ok(()) if rewinding(store) => shared.end(Ending::Trap(format!(
+            "thread {tid}: its rewind returned without reaching the site it was captured at"
+        ))),
         Ok(()) if unwinding(store) => match records(shared, store) {
             Ok(records) => {
                 let capacity = shared.memory.data_size().min(u32::MAX as usize) as u32;
@@ -349,6 +374,10 @@ fn unwinding(store: &mut Store<ThreadState>) -> bool {
     get_i32(store, |r| r.state) == roam_prepare::UNWINDING
 }
 
+fn rewinding(store: &mut Store<ThreadState>) -> bool {
+    get_i32(store, |r| r.state) == roam_prepare::REWINDING
+}
+
 /// The records an unwind wrote, `[HEADER, cursor)` of memory.
 fn records(shared: &Shared, store: &mut Store<ThreadState>) -> Result<Vec<u8>, String> {
     let cursor = get_i32(store, |r| r.cursor) as u32 as usize;
@@ -374,7 +403,8 @@ fn start_rewind(
     store: &mut Store<ThreadState>,
     records: &[u8],
 ) -> wasmtime::Result<()> {
-    shared.gate.take_turn(shared)?;
+    let tid = store.data().tid;
+    shared.gate.take_turn(shared, tid)?;
     let end = HEADER as usize + records.len();
     let size = shared.memory.data_size();
     if end > size {
@@ -589,7 +619,14 @@ impl ThreadedCell {
             set_globals(&mut thread.store, &t.globals)?;
             made.push((thread, t));
         }
-        let next = snapshot.threads.iter().map(|t| t.tid).max().unwrap_or(0) + 1;
+        // Ids are at most `MAX_TID` (the snapshot was checked).
+        let next = snapshot
+            .threads
+            .iter()
+            .map(|t| t.tid)
+            .max()
+            .unwrap_or(0)
+            .saturating_add(1);
         shared.next_tid.store(next, Ordering::SeqCst);
         for (thread, t) in made {
             start_os_thread(
@@ -662,6 +699,9 @@ impl ThreadedCell {
                     if let Err(e) = on_checkpoint(&snap, timing) {
                         break Some(RunError::Sink(e));
                     }
+                    if shared.control.killed() {
+                        break None;
+                    }
                     let prefix = borrowed_bytes(&snap, shared.module.initial_image());
                     shared.gate.resume(&shared, prefix);
                     rewind = Some(records);
@@ -670,6 +710,9 @@ impl ThreadedCell {
                     join(&shared);
                     return Ok(Outcome::Stopped(Box::new(snap), timing));
                 }
+                // The program ended meanwhile (a trap while unwinding): its
+                // reason is the one to give.
+                Err(_) if shared.ending.get().is_some() => break None,
                 Err(e) => break Some(e.into()),
             }
         };
@@ -684,6 +727,15 @@ impl ThreadedCell {
             Some(Ending::Trap(why)) => Err(RunError::Trap(why.clone().into())),
             None => Err(RunError::Killed),
         }
+    }
+}
+
+/// A cell that is dropped without running to its end (a restore that
+/// failed half-way, a caller that never called `run`) ends its threads.
+impl Drop for ThreadedCell {
+    fn drop(&mut self) {
+        self.shared.control.kill();
+        join(&self.shared);
     }
 }
 
