@@ -209,3 +209,39 @@ fn points_the_optimiser_removes_are_not_counted() {
         crate::check_prepared(&p.bytes).unwrap();
     }
 }
+
+/// A threaded program's shape: an imported shared memory, a wait in a
+/// loop reached from `wasi_thread_start`.
+const THREADED_WAT: &str = r#"(module
+  (import "env" "memory" (memory 1 1 shared))
+  (func $park (param i32)
+    (loop $l
+      (br_if $l (i32.eq (memory.atomic.wait32 (local.get 0) (i32.const 0) (i64.const -1))
+                        (i32.const 0)))))
+  (func (export "wasi_thread_start") (param i32 i32) (call $park (local.get 1)))
+  (func (export "_start") (drop (i32.atomic.rmw.add (i32.const 0) (i32.const 1)))))"#;
+
+#[test]
+fn a_threaded_program_is_prepared_by_returns_only() {
+    let wasm = wat::parse_str(THREADED_WAT).unwrap();
+    let Some(p) = prepare_or_skip(&wasm, &PrepareOptions::default()) else {
+        return;
+    };
+    let names = export_names(&p.bytes);
+    assert!(names.iter().any(|(n, _)| n == crate::REWIND_THREAD_EXPORT));
+    // The wait is a call now, and the checked module has no raw one.
+    crate::check_prepared(&p.bytes).unwrap();
+    for capture in [Capture::Eh, Capture::Asyncify] {
+        let opts = PrepareOptions {
+            capture,
+            ..PrepareOptions::default()
+        };
+        let Some(e) = prepare_err_or_skip(&wasm, &opts) else {
+            return;
+        };
+        assert!(
+            matches!(e, PrepareError::ThreadsNeedRecords(_)),
+            "{capture:?}: {e}"
+        );
+    }
+}

@@ -204,6 +204,33 @@ fn checkpoints_that_let_threads_go_on_change_nothing_and_the_last_one_restores()
     }
 }
 
+/// Checkpoints that let the threads go on, then a stop soon after: the
+/// threads released by one checkpoint meet the next request at once.
+#[test]
+fn a_stop_right_after_checkpoints_that_go_on_restores_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("s.roam");
+    let snap_arg = snap.to_str().unwrap();
+    let args = [
+        "--snapshot",
+        snap_arg,
+        "--checkpoint-every",
+        "0.03",
+        "--checkpoint-after",
+        "0.3",
+    ];
+    let first = run(Isa::X86_64, &args, "threads-rayon", &["8", "M"]);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert!(snap.exists(), "no stop was taken: {}", text(&first.stderr));
+    let mut cmd = roam(Isa::X86_64);
+    cmd.arg("restore").arg(&snap);
+    let second = run_bounded(cmd, Duration::from_secs(300));
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second.stderr));
+    let mut whole = first.stdout;
+    whole.extend_from_slice(&second.stdout);
+    assert_eq!(text(&whole), text(&expected("threads-rayon", "M")));
+}
+
 #[test]
 fn a_threaded_program_is_refused_flags_it_cannot_honour_yet() {
     let out = run(

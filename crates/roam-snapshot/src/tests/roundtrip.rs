@@ -196,3 +196,19 @@ fn a_2_0_file_with_threads_after_its_metadata_is_refused() {
         .to_string();
     assert!(err.contains("trailing bytes"), "{err}");
 }
+
+#[test]
+fn a_thread_id_past_what_wasi_threads_gives_is_refused() {
+    let (_, _, mut snap) = sample_snapshot(4, 2);
+    snap.threads = vec![ThreadImage {
+        tid: u32::MAX,
+        start_arg: 0,
+        globals: vec![],
+        stack: UnwoundStack::default(),
+    }];
+    let err = snap
+        .encode(&EncodeOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("thread id 4294967295"), "{err}");
+}
