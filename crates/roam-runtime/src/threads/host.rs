@@ -222,7 +222,7 @@ fn wait_once(
 /// or a negative number when none can be made.
 fn thread_spawn(caller: Caller<'_, ThreadState>, start_arg: i32) -> i32 {
     let shared = caller.data().shared.clone();
-    match super::spawn(&shared, start_arg as u32) {
+    match super::life::spawn(&shared, start_arg as u32) {
         Ok(tid) => tid as i32,
         Err(why) => {
             tracing::warn!("thread-spawn refused: {why}");
