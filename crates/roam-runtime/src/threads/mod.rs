@@ -265,6 +265,18 @@ impl ThreadedCell {
         })
     }
 
+    /// The hub a network backend serves this program's listeners and
+    /// connections through (`None` without listeners). Every thread's
+    /// socket calls go through it; a thread blocked in `accept` or `recv`
+    /// holds no lock while it waits, so the others go on serving.
+    pub fn net(&self) -> Option<Arc<roam_wasi::net::NetHub>> {
+        self.shared
+            .wasi
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .net()
+    }
+
     /// Instantiate a threaded `module` for a fresh run.
     pub fn start(
         rt: &Runtime,

@@ -3,7 +3,7 @@
 //! Exists to keep `linker/mod.rs` short; each import decodes its integer
 //! arguments and delegates to the matching `WasiCtx` method in `ops`.
 
-use super::{code, finish, with_mem, MODULE};
+use super::{blocking, code, with_mem, MODULE};
 use crate::WasiView;
 use wasmtime::{Caller, Linker};
 
@@ -13,18 +13,18 @@ pub(super) fn add_fd<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
         "fd_read",
         |mut c: Caller<'_, T>, fd: i32, iov: i32, n: i32, out: i32| {
             T::enter_blocking(&mut c)?;
-            let o = with_mem(&mut c, |x, m| {
-                x.fd_read(m, fd as u32, iov as u32, n as u32, out as u32)
-            })?;
-            finish(&mut c, o)
+            blocking(&mut c, |x, m, r| {
+                x.fd_read_round(m, fd as u32, iov as u32, n as u32, out as u32, r)
+            })
         },
     )?;
     l.func_wrap(
         MODULE,
         "fd_write",
         |mut c: Caller<'_, T>, fd: i32, iov: i32, n: i32, out: i32| {
-            with_mem(&mut c, |x, m| {
-                code(x.fd_write(m, fd as u32, iov as u32, n as u32, out as u32))
+            // Only a socket with a full window waits; a write never suspends.
+            blocking(&mut c, |x, m, r| {
+                x.fd_write_round(m, fd as u32, iov as u32, n as u32, out as u32, r)
             })
         },
     )?;

@@ -3,7 +3,7 @@
 //! Exists to keep `linker/mod.rs` short; path calls share the decode-path-then-
 //! delegate shape; the socket calls delegate to `ops/sock.rs`.
 
-use super::{code, finish, with_mem, MODULE};
+use super::{blocking, code, with_mem, MODULE};
 use crate::errno::Errno;
 use crate::ops::path::OpenArgs;
 use crate::ops::sock::RecvArgs;
@@ -144,10 +144,9 @@ pub(super) fn add_sock<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
         |mut c: Caller<'_, T>, fd: i32, fl: i32, out: i32| {
             T::enter_blocking(&mut c)?;
             let flags = u16::try_from(fl).unwrap_or(u16::MAX);
-            let o = with_mem(&mut c, |x, m| {
-                x.sock_accept(m, fd as u32, flags, out as u32)
-            })?;
-            finish(&mut c, o)
+            blocking(&mut c, |x, m, r| {
+                x.sock_accept_round(m, fd as u32, flags, out as u32, r)
+            })
         },
     )?;
     l.func_wrap(
@@ -163,8 +162,7 @@ pub(super) fn add_sock<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
                 out_len: ol as u32,
                 out_flags: Some(of as u32),
             };
-            let o = with_mem(&mut c, |x, m| x.sock_recv(m, a))?;
-            finish(&mut c, o)
+            blocking(&mut c, |x, m, r| x.sock_recv_round(m, a, r))
         },
     )?;
     l.func_wrap(
@@ -175,8 +173,8 @@ pub(super) fn add_sock<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
                 // No send flags are defined in preview 1.
                 return Ok(Errno::INVAL.code());
             }
-            with_mem(&mut c, |x, m| {
-                code(x.sock_send(m, fd as u32, d as u32, dl as u32, o as u32))
+            blocking(&mut c, |x, m, r| {
+                x.sock_send_round(m, fd as u32, d as u32, dl as u32, o as u32, r)
             })
         },
     )?;

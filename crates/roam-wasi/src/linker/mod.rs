@@ -12,7 +12,7 @@ mod fs;
 use crate::ctx::WasiCtx;
 use crate::errno::Errno;
 use crate::mem::Mem;
-use crate::ops::Outcome;
+use crate::ops::{Outcome, Round};
 use crate::{ProcExit, WasiView};
 use wasmtime::{Caller, Extern, Linker, Memory, SharedMemory};
 
@@ -69,13 +69,33 @@ pub(crate) fn code(r: Result<(), Errno>) -> i32 {
     r.err().unwrap_or(Errno::SUCCESS).code()
 }
 
-/// Finish a blocking call: either its errno, or hand over to the embedder.
-fn finish<T: WasiView>(caller: &mut Caller<'_, T>, o: Outcome) -> wasmtime::Result<i32> {
-    match o {
-        Outcome::Done(e) => Ok(e.code()),
-        Outcome::Suspend => {
-            T::suspend(caller)?;
-            Ok(Errno::SUCCESS.code())
+/// Run a blocking call's rounds with the context borrowed only during each
+/// round, not while waiting between them: the threads of one program share
+/// the context behind a lock, and a thread blocked in `accept`, `recv` or a
+/// sleep must not hold up the others' calls. Ends in its errno, or hands
+/// over to the embedder (`WasiView::suspend`).
+fn blocking<T: WasiView>(
+    caller: &mut Caller<'_, T>,
+    mut round: impl FnMut(&mut WasiCtx, &mut Mem, Round) -> Outcome,
+) -> wasmtime::Result<i32> {
+    let mut r = Round::new();
+    loop {
+        let (o, interrupt) = with_mem(caller, |x, m| {
+            let o = round(x, m, r);
+            let interrupt = matches!(o, Outcome::Wait(_)).then(|| x.interrupt().clone());
+            (o, interrupt)
+        })?;
+        match (o, interrupt) {
+            (Outcome::Wait(w), Some(interrupt)) => {
+                w.wait(&interrupt);
+                r = r.next();
+            }
+            (Outcome::Suspend, _) => {
+                T::suspend(caller)?;
+                return Ok(Errno::SUCCESS.code());
+            }
+            (Outcome::Done(e), _) => return Ok(e.code()),
+            (Outcome::Wait(_), None) => unreachable!("a wait always carries its interrupt"),
         }
     }
 }
@@ -152,10 +172,9 @@ fn add_process<T: WasiView>(l: &mut Linker<T>) -> wasmtime::Result<()> {
         "poll_oneoff",
         |mut c: Caller<'_, T>, i: i32, o: i32, n: i32, ne: i32| {
             T::enter_blocking(&mut c)?;
-            let out = with_mem(&mut c, |x, m| {
-                x.poll_oneoff(m, i as u32, o as u32, n as u32, ne as u32)
-            })?;
-            finish(&mut c, out)
+            blocking(&mut c, |x, m, r| {
+                x.poll_round(m, i as u32, o as u32, n as u32, ne as u32, r)
+            })
         },
     )?;
     l.func_wrap(

@@ -4,7 +4,7 @@
 //! preopen) and to implement the one blocking read (stdin) so that it never
 //! consumes input when it hands over to a checkpoint.
 
-use super::{Outcome, MAX_FDS};
+use super::{Outcome, Round, Wait, MAX_FDS};
 use crate::ctx::{Handle, Sink, WasiCtx};
 use crate::errno::Errno;
 use crate::mem::Mem;
@@ -47,6 +47,8 @@ fn write_sink(sink: &Sink, stderr: bool, data: &[u8]) -> Result<(), Errno> {
 }
 
 impl WasiCtx {
+    #[cfg(test)]
+    /// `fd_write`, waiting in place if a socket's window is full.
     pub(crate) fn fd_write(
         &mut self,
         mem: &mut Mem,
@@ -55,10 +57,42 @@ impl WasiCtx {
         n: u32,
         out: u32,
     ) -> Result<(), Errno> {
-        let e = self.with_right(fd, rights::FD_WRITE)?;
-        if matches!(e.handle, Handle::Socket(_)) {
-            return self.sock_send(mem, fd, iovs, n, out);
+        match self.in_place(|x, r| x.fd_write_round(mem, fd, iovs, n, out, r)) {
+            Outcome::Done(e) if e == Errno::SUCCESS => Ok(()),
+            Outcome::Done(e) => Err(e),
+            // A write never hands over to a checkpoint.
+            Outcome::Suspend | Outcome::Wait(_) => Err(Errno::INTR),
         }
+    }
+
+    /// One round of `fd_write`: only a socket with a full window waits.
+    pub(crate) fn fd_write_round(
+        &mut self,
+        mem: &mut Mem,
+        fd: u32,
+        iovs: u32,
+        n: u32,
+        out: u32,
+        round: Round,
+    ) -> Outcome {
+        match self.with_right(fd, rights::FD_WRITE) {
+            Ok(e) if matches!(e.handle, Handle::Socket(_)) => {
+                self.sock_send_round(mem, fd, iovs, n, out, round)
+            }
+            Ok(_) => self.write_plain(mem, fd, iovs, n, out).into(),
+            Err(e) => Outcome::Done(e),
+        }
+    }
+
+    fn write_plain(
+        &mut self,
+        mem: &mut Mem,
+        fd: u32,
+        iovs: u32,
+        n: u32,
+        out: u32,
+    ) -> Result<(), Errno> {
+        let e = self.with_right(fd, rights::FD_WRITE)?;
         let iovs = mem.iovecs(iovs, n)?;
         let total: u64 = match &e.handle {
             Handle::Stdout | Handle::Stderr => {
@@ -104,7 +138,9 @@ impl WasiCtx {
         mem.put_u32(out, total as u32)
     }
 
-    /// fd_read; only stdin and sockets can block (and then may ask to suspend).
+    #[cfg(test)]
+    /// fd_read, waiting in place; only stdin and sockets can block (and
+    /// then may ask to suspend).
     pub(crate) fn fd_read(
         &mut self,
         mem: &mut Mem,
@@ -113,7 +149,20 @@ impl WasiCtx {
         n: u32,
         out: u32,
     ) -> Outcome {
-        match self.fd_read_inner(mem, fd, iovs, n, out) {
+        self.in_place(|x, r| x.fd_read_round(mem, fd, iovs, n, out, r))
+    }
+
+    /// One round of `fd_read`.
+    pub(crate) fn fd_read_round(
+        &mut self,
+        mem: &mut Mem,
+        fd: u32,
+        iovs: u32,
+        n: u32,
+        out: u32,
+        round: Round,
+    ) -> Outcome {
+        match self.fd_read_inner(mem, fd, iovs, n, out, round) {
             Ok(o) => o,
             Err(e) => Outcome::Done(e),
         }
@@ -126,6 +175,7 @@ impl WasiCtx {
         iovs: u32,
         n: u32,
         out: u32,
+        round: Round,
     ) -> Result<Outcome, Errno> {
         let e = self.with_right(fd, rights::FD_READ)?;
         if matches!(e.handle, Handle::Socket(_)) {
@@ -137,22 +187,21 @@ impl WasiCtx {
                 out_len: out,
                 out_flags: None,
             };
-            return Ok(self.sock_recv(mem, a));
+            return Ok(self.sock_recv_round(mem, a, round));
         }
         let iovs = mem.iovecs(iovs, n)?;
         mem.slice(out, 4)?;
         let mut total = 0usize;
         match &e.handle {
             Handle::Stdin => {
-                let mut first = true;
-                while !stdin_ready(if first { Duration::ZERO } else { SLICE }) {
+                if !stdin_ready(Duration::ZERO) {
                     if e.fdflags & fdflags::NONBLOCK != 0 {
                         return Err(Errno::AGAIN);
                     }
-                    if self.interrupt.is_requested() || (first && self.interrupt.on_block()) {
+                    if self.interrupt.is_requested() || (round.first && self.interrupt.on_block()) {
                         return Ok(Outcome::Suspend);
                     }
-                    first = false;
+                    return Ok(Outcome::Wait(Wait::Stdin(SLICE)));
                 }
                 // One read(2) into the first non-empty buffer: nothing is
                 // taken from stdin that the guest does not receive.

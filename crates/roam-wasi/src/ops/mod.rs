@@ -14,15 +14,75 @@ pub(crate) mod sock;
 
 use crate::ctx::{FdEntry, Handle, WasiCtx};
 use crate::errno::Errno;
+use crate::interrupt::Interrupt;
 use crate::mem::Mem;
 use crate::types::filetype;
 use cap_std::fs::{Dir, File, Metadata, MetadataExt};
+use std::time::{Duration, Instant};
 
-/// Result of a call that may block: done, or hand over to `WasiView::suspend`.
+/// Result of a call that may block: done, hand over to `WasiView::suspend`,
+/// or wait and then try again.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Done(Errno),
     Suspend,
+    /// Nothing to take yet: wait for this, then run another [`Round`].
+    Wait(Wait),
+}
+
+/// What a blocking call waits for between two rounds.
+///
+/// A blocking call is a series of rounds, each a non-blocking attempt, with
+/// the wait between them done by the caller rather than inside the call.
+/// That is what lets the threads of one program share a context behind a
+/// lock: the linker drops the lock while it waits (`linker::blocking`), so
+/// one thread blocked in `accept` or a sleep does not stop the others'
+/// calls. A context used alone waits in place ([`WasiCtx::in_place`]).
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub(crate) enum Wait {
+    /// Until the interrupt is kicked after `seen` (new input), requested,
+    /// or `slice` has passed.
+    Kick { seen: u64, slice: Duration },
+    /// Until stdin has data, or this long.
+    Stdin(Duration),
+}
+
+impl Wait {
+    pub(crate) fn wait(self, interrupt: &Interrupt) {
+        match self {
+            Wait::Kick { seen, slice } => {
+                interrupt.wait_kick(seen, slice);
+            }
+            Wait::Stdin(d) => {
+                fd::stdin_ready(d);
+            }
+        }
+    }
+}
+
+/// Where a blocking call is: when it began (relative timeouts count from
+/// there), and whether this is its first round (only the first may hand
+/// over to a checkpoint-on-block).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Round {
+    pub started: Instant,
+    pub first: bool,
+}
+
+impl Round {
+    pub(crate) fn new() -> Round {
+        Round {
+            started: Instant::now(),
+            first: true,
+        }
+    }
+
+    pub(crate) fn next(self) -> Round {
+        Round {
+            first: false,
+            ..self
+        }
+    }
 }
 
 impl From<Result<(), Errno>> for Outcome {
@@ -35,6 +95,25 @@ impl From<Result<(), Errno>> for Outcome {
 pub(crate) const MAX_FDS: usize = 4096;
 
 impl WasiCtx {
+    #[cfg(test)]
+    /// Run a blocking call's rounds to the end, waiting in place between
+    /// them (the context is not shared, or the caller holds it anyway).
+    pub(crate) fn in_place(
+        &mut self,
+        mut round: impl FnMut(&mut WasiCtx, Round) -> Outcome,
+    ) -> Outcome {
+        let mut r = Round::new();
+        loop {
+            match round(self, r) {
+                Outcome::Wait(w) => {
+                    w.wait(&self.interrupt.clone());
+                    r = r.next();
+                }
+                o => return o,
+            }
+        }
+    }
+
     pub(crate) fn entry(&self, fd: u32) -> Result<&FdEntry, Errno> {
         self.fds.get(&fd).ok_or(Errno::BADF)
     }

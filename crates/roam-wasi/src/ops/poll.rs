@@ -9,7 +9,7 @@
 //! poll looks again at once.
 
 use super::fd::{stdin_ready, SLICE};
-use super::Outcome;
+use super::{Outcome, Round, Wait};
 use crate::ctx::{Handle, WasiCtx};
 use crate::errno::Errno;
 use crate::mem::Mem;
@@ -33,15 +33,9 @@ enum Pending {
         userdata: u64,
         deadline: Instant,
     },
-    Stdin {
-        userdata: u64,
-    },
-    /// A socket or listener not ready yet: re-asked every round.
-    Net {
-        userdata: u64,
-        tag: u8,
-        handle: Net,
-    },
+    Stdin,
+    /// A socket or listener not ready yet: asked again next round.
+    Net,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -71,6 +65,8 @@ fn net_event(hub: &NetHub, userdata: u64, tag: u8, h: Net) -> Option<Event> {
 }
 
 impl WasiCtx {
+    #[cfg(test)]
+    /// `poll_oneoff`, waiting in place.
     pub(crate) fn poll_oneoff(
         &mut self,
         mem: &mut Mem,
@@ -79,14 +75,33 @@ impl WasiCtx {
         n: u32,
         nevents: u32,
     ) -> Outcome {
-        match self.poll_inner(mem, inp, out, n, nevents) {
+        self.in_place(|x, r| x.poll_round(mem, inp, out, n, nevents, r))
+    }
+
+    /// One round of `poll_oneoff`: every subscription is asked once.
+    pub(crate) fn poll_round(
+        &mut self,
+        mem: &mut Mem,
+        inp: u32,
+        out: u32,
+        n: u32,
+        nevents: u32,
+        round: Round,
+    ) -> Outcome {
+        match self.poll_inner(mem, inp, out, n, nevents, round) {
             Ok(o) => o,
             Err(e) => Outcome::Done(e),
         }
     }
 
-    /// Classify one subscription: an immediate event, or something to wait on.
-    fn subscribe(&self, mem: &Mem, at: u32, now: Instant) -> Result<Result<Event, Pending>, Errno> {
+    /// Classify one subscription: an immediate event, or something to wait
+    /// on. A relative timeout counts from `started`, the call's start.
+    fn subscribe(
+        &self,
+        mem: &Mem,
+        at: u32,
+        started: Instant,
+    ) -> Result<Result<Event, Pending>, Errno> {
         let userdata = mem.u64(at)?;
         let tag = mem.u8(at + 8)?;
         match tag {
@@ -97,14 +112,14 @@ impl WasiCtx {
                 let Ok(clock_now) = self.clock_now(id) else {
                     return Ok(Ok((userdata, Errno::INVAL, 0, 0, 0)));
                 };
-                let remaining = if abs {
-                    timeout.saturating_sub(clock_now)
+                let (from, remaining) = if abs {
+                    (Instant::now(), timeout.saturating_sub(clock_now))
                 } else {
-                    timeout
+                    (started, timeout)
                 };
                 // Far-future deadlines are capped at a century.
                 let dur = Duration::from_nanos(remaining.min(100 * 365 * 86_400 * 1_000_000_000));
-                let deadline = now.checked_add(dur).unwrap_or(now);
+                let deadline = from.checked_add(dur).unwrap_or(from);
                 Ok(Err(Pending::Clock { userdata, deadline }))
             }
             1 | 2 => {
@@ -124,7 +139,7 @@ impl WasiCtx {
                         ev(Errno::SUCCESS, size.saturating_sub(pos))
                     }
                     (Handle::Stdin, 1) if stdin_ready(Duration::ZERO) => ev(Errno::SUCCESS, 1),
-                    (Handle::Stdin, 1) => Ok(Err(Pending::Stdin { userdata })),
+                    (Handle::Stdin, 1) => Ok(Err(Pending::Stdin)),
                     (Handle::File(_) | Handle::Stdout | Handle::Stderr, 2) => ev(Errno::SUCCESS, 0),
                     (Handle::Listener(li), _) => self.net_sub(userdata, tag, Net::Listener(*li)),
                     (Handle::Socket(id), _) => self.net_sub(userdata, tag, Net::Socket(*id)),
@@ -141,11 +156,7 @@ impl WasiCtx {
         };
         Ok(match net_event(hub, userdata, tag, h) {
             Some(ev) => Ok(ev),
-            None => Err(Pending::Net {
-                userdata,
-                tag,
-                handle: h,
-            }),
+            None => Err(Pending::Net),
         })
     }
 
@@ -156,6 +167,7 @@ impl WasiCtx {
         out: u32,
         n: u32,
         nevents: u32,
+        round: Round,
     ) -> Result<Outcome, Errno> {
         if n == 0 {
             return Err(Errno::INVAL);
@@ -163,83 +175,58 @@ impl WasiCtx {
         mem.slice(inp, n.checked_mul(SUB_SIZE).ok_or(Errno::FAULT)?)?;
         mem.slice(out, n.checked_mul(EVENT_SIZE).ok_or(Errno::FAULT)?)?;
         mem.slice(nevents, 4)?;
-        let now = Instant::now();
-        // Read before the sockets are first asked, so no kick is missed.
-        let mut seen = self.interrupt.kicks();
+        // Read before the sockets are asked, so no kick is missed.
+        let seen = self.interrupt.kicks();
         let mut events = Vec::new();
         let mut pending = Vec::new();
         for i in 0..n {
-            match self.subscribe(mem, inp + i * SUB_SIZE, now)? {
+            match self.subscribe(mem, inp + i * SUB_SIZE, round.started)? {
                 Ok(ev) => events.push(ev),
                 Err(p) => pending.push(p),
             }
         }
-        // Whether the call blocks is decided by what it asked for, before
-        // any waiting: a sleep that has already run out by the time the loop
-        // below looks at it (a loaded machine, an emulated one) still asked
-        // to block.
-        let asked_to_wait = pending
-            .iter()
-            .any(|p| !matches!(p, Pending::Clock { deadline, .. } if *deadline <= now));
-        if events.is_empty() && asked_to_wait && self.interrupt.on_block() {
-            return Ok(Outcome::Suspend);
+        let now = Instant::now();
+        if round.first {
+            // Whether the call blocks is decided by what it asked for,
+            // before any waiting: a sleep that has already run out by the
+            // time it is looked at (a loaded machine, an emulated one)
+            // still asked to block.
+            let asked_to_wait = pending.iter().any(
+                |p| !matches!(p, Pending::Clock { deadline, .. } if *deadline <= round.started),
+            );
+            if events.is_empty() && asked_to_wait && self.interrupt.on_block() {
+                return Ok(Outcome::Suspend);
+            }
         }
-        let mut first = true;
-        loop {
-            let now = Instant::now();
-            for p in &pending {
-                match p {
-                    Pending::Clock { userdata, deadline } if *deadline <= now => {
-                        events.push((*userdata, Errno::SUCCESS, 0, 0, 0));
-                    }
-                    Pending::Net {
-                        userdata,
-                        tag,
-                        handle,
-                    } if !first => {
-                        if let Some(hub) = &self.net {
-                            events.extend(net_event(hub, *userdata, *tag, *handle));
-                        }
-                    }
-                    _ => {}
+        for p in &pending {
+            if let Pending::Clock { userdata, deadline } = p {
+                if *deadline <= now {
+                    events.push((*userdata, Errno::SUCCESS, 0, 0, 0));
                 }
             }
-            if !events.is_empty() {
-                break;
-            }
+        }
+        if events.is_empty() {
             if self.interrupt.is_requested() {
                 return Ok(Outcome::Suspend);
             }
-            first = false;
             let earliest = pending
                 .iter()
                 .filter_map(|p| match p {
                     Pending::Clock { deadline, .. } => {
                         Some(deadline.saturating_duration_since(now))
                     }
-                    Pending::Stdin { .. } | Pending::Net { .. } => None,
+                    Pending::Stdin | Pending::Net => None,
                 })
                 .min();
-            let has_net = pending.iter().any(|p| matches!(p, Pending::Net { .. }));
             let slice = earliest.map_or(SLICE, |d| d.min(SLICE));
-            let stdin_subs: Vec<u64> = pending
-                .iter()
-                .filter_map(|p| match p {
-                    Pending::Stdin { userdata } => Some(*userdata),
-                    Pending::Clock { .. } | Pending::Net { .. } => None,
-                })
-                .collect();
-            if stdin_subs.is_empty() {
-                self.interrupt.wait_kick(seen, slice);
-            } else if stdin_ready(if has_net {
-                slice.min(STDIN_SLICE)
-            } else {
-                slice
-            }) {
-                events.extend(stdin_subs.into_iter().map(|u| (u, Errno::SUCCESS, 1, 1, 0)));
-            }
-            // Kicks from here on are news for the next round's socket check.
-            seen = self.interrupt.kicks();
+            let stdin = pending.iter().any(|p| matches!(p, Pending::Stdin));
+            let net = pending.iter().any(|p| matches!(p, Pending::Net));
+            return Ok(Outcome::Wait(match (stdin, net) {
+                (false, _) => Wait::Kick { seen, slice },
+                (true, false) => Wait::Stdin(slice),
+                // Sockets are asked again at the next round.
+                (true, true) => Wait::Stdin(slice.min(STDIN_SLICE)),
+            }));
         }
         for (i, (userdata, err, ty, nbytes, flags)) in events.iter().enumerate() {
             let mut b = [0u8; EVENT_SIZE as usize];

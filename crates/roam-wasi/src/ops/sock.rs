@@ -8,7 +8,7 @@
 //! the call is simply repeated after a restore.
 
 use super::fd::SLICE;
-use super::Outcome;
+use super::{Outcome, Round, Wait};
 use crate::ctx::{FdEntry, Handle, WasiCtx};
 use crate::errno::Errno;
 use crate::mem::Mem;
@@ -52,32 +52,44 @@ impl WasiCtx {
         Ok((id, e.fdflags & fdflags::NONBLOCK != 0, self.hub()?))
     }
 
-    /// Repeat `attempt` until it is done, waiting in slices; `AGAIN` if
-    /// non-blocking, `Suspend` (nothing changed) if a checkpoint is due.
+    /// One round of a blocking call: `attempt`, and if it has nothing yet,
+    /// `AGAIN` if non-blocking, `Suspend` (nothing changed) if a checkpoint
+    /// is due, else a wait for the next round.
     fn block_on<T>(
         &self,
         nonblock: bool,
-        mut attempt: impl FnMut() -> Result<Try<T>, Errno>,
+        round: Round,
+        attempt: impl FnOnce() -> Result<Try<T>, Errno>,
     ) -> Result<Result<T, Outcome>, Errno> {
-        let mut first = true;
-        loop {
-            let seen = self.interrupt.kicks();
-            if let Try::Done(v) = attempt()? {
-                return Ok(Ok(v));
-            }
-            if nonblock {
-                return Err(Errno::AGAIN);
-            }
-            if self.interrupt.is_requested() || (first && self.interrupt.on_block()) {
-                return Ok(Err(Outcome::Suspend));
-            }
-            first = false;
-            self.interrupt.wait_kick(seen, SLICE);
+        let seen = self.interrupt.kicks();
+        if let Try::Done(v) = attempt()? {
+            return Ok(Ok(v));
         }
+        if nonblock {
+            return Err(Errno::AGAIN);
+        }
+        if self.interrupt.is_requested() || (round.first && self.interrupt.on_block()) {
+            return Ok(Err(Outcome::Suspend));
+        }
+        Ok(Err(Outcome::Wait(Wait::Kick { seen, slice: SLICE })))
     }
 
+    #[cfg(test)]
+    /// `sock_accept`, waiting in place.
     pub(crate) fn sock_accept(&mut self, mem: &mut Mem, fd: u32, flags: u16, out: u32) -> Outcome {
-        match self.sock_accept_inner(mem, fd, flags, out) {
+        self.in_place(|x, r| x.sock_accept_round(mem, fd, flags, out, r))
+    }
+
+    /// One round of `sock_accept`.
+    pub(crate) fn sock_accept_round(
+        &mut self,
+        mem: &mut Mem,
+        fd: u32,
+        flags: u16,
+        out: u32,
+        round: Round,
+    ) -> Outcome {
+        match self.sock_accept_inner(mem, fd, flags, out, round) {
             Ok(o) => o,
             Err(e) => Outcome::Done(e),
         }
@@ -89,6 +101,7 @@ impl WasiCtx {
         fd: u32,
         flags: u16,
         out: u32,
+        round: Round,
     ) -> Result<Outcome, Errno> {
         let e = self.entry(fd)?;
         let Handle::Listener(li) = e.handle else {
@@ -104,7 +117,7 @@ impl WasiCtx {
         mem.slice(out, 4)?;
         let newfd = self.check_fd_room()?;
         let hub = self.hub()?;
-        let got = self.block_on(nonblock, || {
+        let got = self.block_on(nonblock, round, || {
             Ok(match hub.accept(li)? {
                 Some(id) => Try::Done(id),
                 None => Try::Wait,
@@ -121,15 +134,27 @@ impl WasiCtx {
         Ok(Outcome::Done(Errno::SUCCESS))
     }
 
-    /// `sock_recv`; also `fd_read` on a socket (no flags, no `ro_flags`).
+    #[cfg(test)]
+    /// `sock_recv`, waiting in place.
     pub(crate) fn sock_recv(&mut self, mem: &mut Mem, a: RecvArgs) -> Outcome {
-        match self.sock_recv_inner(mem, a) {
+        self.in_place(|x, r| x.sock_recv_round(mem, a, r))
+    }
+
+    /// One round of `sock_recv`; also of `fd_read` on a socket (no flags,
+    /// no `ro_flags`).
+    pub(crate) fn sock_recv_round(&mut self, mem: &mut Mem, a: RecvArgs, round: Round) -> Outcome {
+        match self.sock_recv_inner(mem, a, round) {
             Ok(o) => o,
             Err(e) => Outcome::Done(e),
         }
     }
 
-    fn sock_recv_inner(&mut self, mem: &mut Mem, a: RecvArgs) -> Result<Outcome, Errno> {
+    fn sock_recv_inner(
+        &mut self,
+        mem: &mut Mem,
+        a: RecvArgs,
+        round: Round,
+    ) -> Result<Outcome, Errno> {
         let (id, nonblock, hub) = self.conn(a.fd, rights::FD_READ)?;
         if a.flags & !(RECV_PEEK | RECV_WAITALL) != 0 {
             return Err(Errno::INVAL);
@@ -142,7 +167,7 @@ impl WasiCtx {
         let want: usize = iovs.iter().map(|&(_, l)| l as usize).sum();
         let peek = a.flags & RECV_PEEK != 0;
         let waitall = a.flags & RECV_WAITALL != 0 && !peek;
-        let got = self.block_on(nonblock, || {
+        let got = self.block_on(nonblock, round, || {
             if waitall {
                 let r = hub.readiness(id);
                 if (r.nbytes as usize) < want && !r.hangup && !(r.readable && r.nbytes == 0) {
@@ -177,6 +202,7 @@ impl WasiCtx {
         Ok(Outcome::Done(Errno::SUCCESS))
     }
 
+    #[cfg(test)]
     /// `sock_send`; also `fd_write` on a socket. A full window blocks
     /// (`AGAIN` if non-blocking). This call is not an unwind point, so it
     /// never suspends: if a checkpoint is requested while it waits, it takes
@@ -190,6 +216,40 @@ impl WasiCtx {
         n: u32,
         out: u32,
     ) -> Result<(), Errno> {
+        match self.in_place(|x, r| x.sock_send_round(mem, fd, iovs, n, out, r)) {
+            Outcome::Done(e) if e == Errno::SUCCESS => Ok(()),
+            Outcome::Done(e) => Err(e),
+            Outcome::Suspend | Outcome::Wait(_) => Err(Errno::INTR),
+        }
+    }
+
+    /// One round of `sock_send`: `Done` or `Wait`, never `Suspend`.
+    pub(crate) fn sock_send_round(
+        &mut self,
+        mem: &mut Mem,
+        fd: u32,
+        iovs: u32,
+        n: u32,
+        out: u32,
+        _round: Round,
+    ) -> Outcome {
+        match self.send_inner(mem, fd, iovs, n, out) {
+            Ok(Ok(())) => Outcome::Done(Errno::SUCCESS),
+            Ok(Err(seen)) => Outcome::Wait(Wait::Kick { seen, slice: SLICE }),
+            Err(e) => Outcome::Done(e),
+        }
+    }
+
+    /// `Ok(Err(kicks))`: the window is full and nothing was taken; wait for
+    /// a kick after `kicks`.
+    fn send_inner(
+        &mut self,
+        mem: &mut Mem,
+        fd: u32,
+        iovs: u32,
+        n: u32,
+        out: u32,
+    ) -> Result<Result<(), u64>, Errno> {
         let (id, nonblock, hub) = self.conn(fd, rights::FD_WRITE)?;
         let iovs = mem.iovecs(iovs, n)?;
         mem.slice(out, 4)?;
@@ -203,22 +263,19 @@ impl WasiCtx {
                 break;
             }
         }
-        let sent = loop {
-            let seen = self.interrupt.kicks();
-            if let Some(n) = hub.send(id, &data, false)? {
-                break n;
-            }
-            if nonblock {
-                return Err(Errno::AGAIN);
-            }
-            if self.interrupt.is_requested() {
-                if let Some(n) = hub.send(id, &data, true)? {
-                    break n;
-                }
-            }
-            self.interrupt.wait_kick(seen, SLICE);
+        // Read before the window is asked, so a kick in between is not lost.
+        let seen = self.interrupt.kicks();
+        let sent = match hub.send(id, &data, false)? {
+            Some(n) => n,
+            None if nonblock => return Err(Errno::AGAIN),
+            None if self.interrupt.is_requested() => match hub.send(id, &data, true)? {
+                Some(n) => n,
+                None => return Ok(Err(seen)),
+            },
+            None => return Ok(Err(seen)),
         };
-        mem.put_u32(out, sent as u32)
+        mem.put_u32(out, sent as u32)?;
+        Ok(Ok(()))
     }
 
     pub(crate) fn sock_shutdown(&mut self, fd: u32, how: u8) -> Result<(), Errno> {
