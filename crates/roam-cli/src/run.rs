@@ -8,7 +8,7 @@
 //! need a SIGKILL after it. A second SIGTERM kills at once.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -128,7 +128,12 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let first_fd = 3 + cfg.preopens.len();
     if roam_runtime::is_threaded(&module) {
         let path = snapshot_path(&a);
-        return crate::threads::run(&rt, module, cfg, &a.cell, &path, signals);
+        let listeners = labels.into_iter().zip(sockets).collect();
+        let net = crate::threads::Net {
+            listeners,
+            first_fd,
+        };
+        return crate::threads::run(&rt, module, cfg, &a.cell, &path, signals, net);
     }
     let mut cell = Cell::start(&rt, module, cfg, cell_options(&a.cell)?)?;
     let far = match a.local_memory {
@@ -211,26 +216,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<i32> {
     }
     let (cell, lazy) = Cell::restore_file(&rt, module, &opened, preopens, cell_options(&a.cell)?)
         .with_context(|| format!("cannot restore {}", a.snapshot_file.display()))?;
-    let serving = match cell.net() {
-        Some(hub) => {
-            let sockets = listen::bind(&a.cell.listen)?;
-            let new = listen::labels(&sockets);
-            let pairs = listen::reattach(&hub, sockets)?;
-            for ((old, _), l) in pairs.iter().zip(&new) {
-                eprintln!("roam: listening on {l} for the program's listener {old}");
-            }
-            Some(listen::serve(hub, pairs))
-        }
-        None if !a.cell.listen.is_empty() => {
-            return Err(listen::ListenError::CountMismatch {
-                have: 0,
-                labels: "none".into(),
-                given: a.cell.listen.len(),
-            }
-            .into())
-        }
-        None => None,
-    };
+    let serving = serve_restored(cell.net(), &a.cell.listen)?;
     tracing::info!(
         ms = started.elapsed().as_millis() as u64,
         from = %snap.origin.isa,
@@ -356,12 +342,38 @@ pub(crate) fn write_snapshot(
     Ok(())
 }
 
+/// Serve a restored program's listeners on the sockets of `--listen`,
+/// which must be as many as the program had.
+pub(crate) fn serve_restored(
+    hub: Option<Arc<roam_wasi::net::NetHub>>,
+    listen: &[String],
+) -> anyhow::Result<Option<listen::Serving>> {
+    match hub {
+        Some(hub) => {
+            let sockets = listen::bind(listen)?;
+            let new = listen::labels(&sockets);
+            let pairs = listen::reattach(&hub, sockets)?;
+            for ((old, _), l) in pairs.iter().zip(&new) {
+                eprintln!("roam: listening on {l} for the program's listener {old}");
+            }
+            Ok(Some(listen::serve(hub, pairs)))
+        }
+        None if !listen.is_empty() => Err(listen::ListenError::CountMismatch {
+            have: 0,
+            labels: "none".into(),
+            given: listen.len(),
+        }
+        .into()),
+        None => Ok(None),
+    }
+}
+
+/// How long an exited program's clients get to read its last output.
+pub(crate) const FLUSH_LIMIT: Duration = Duration::from_secs(10);
+
 /// `roam run` exits with this when SIGTERM had to kill the program (128 +
 /// SIGTERM, what a shell reports for a process SIGTERM ended).
 pub(crate) const EXIT_KILLED: i32 = 143;
-
-/// How long an exited program's clients get to read its last output.
-const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
 fn drive(
     mut cell: Cell,

@@ -3,9 +3,12 @@
 //! Such a program runs as a [`ThreadedCell`], with the same triggers as any
 //! other: SIGTERM and `--checkpoint-after` stop it into the snapshot file
 //! (a second SIGTERM, or the grace period, kills it), SIGUSR1 and
-//! `--checkpoint-every` write a checkpoint and let it go on. What it cannot
-//! do yet is refused up front instead of being ignored.
+//! `--checkpoint-every` write a checkpoint and let it go on. `--listen`
+//! serves its listeners, as for any program; a checkpoint keeps its
+//! connections, and a restore serves them on the sockets given again. What
+//! it cannot do yet is refused up front instead of being ignored.
 
+use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -19,6 +22,7 @@ use signal_hook::iterator::Signals;
 
 use crate::args::CellArgs;
 use crate::human::duration;
+use crate::listen::{self, Serving};
 
 /// What a threaded run cannot do yet; refused before the program starts.
 fn refuse_unsupported(c: &CellArgs) -> anyhow::Result<()> {
@@ -30,7 +34,6 @@ fn refuse_unsupported(c: &CellArgs) -> anyhow::Result<()> {
         ),
         (c.checkpoint_on_block, "--checkpoint-on-block"),
         (c.with_files, "--with-files"),
-        (!c.listen.is_empty(), "--listen"),
     ];
     for (given, flag) in unsupported {
         if given {
@@ -43,7 +46,20 @@ fn refuse_unsupported(c: &CellArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn drive(cell: ThreadedCell, c: &CellArgs, path: &Path, signals: Signals) -> anyhow::Result<i32> {
+/// The listeners of a fresh run: (label, socket) in the program's order,
+/// and the fd the first one gets.
+pub(crate) struct Net {
+    pub listeners: Vec<(String, TcpListener)>,
+    pub first_fd: usize,
+}
+
+fn drive(
+    cell: ThreadedCell,
+    c: &CellArgs,
+    path: &Path,
+    signals: Signals,
+    serving: Option<Serving>,
+) -> anyhow::Result<i32> {
     let written = super::run::spawn_triggers(&cell.controller(), c, signals)?;
     let level = c.level;
     let mut sink = |s: &Snapshot, t: CheckpointTiming| {
@@ -55,7 +71,12 @@ fn drive(cell: ThreadedCell, c: &CellArgs, path: &Path, signals: Signals) -> any
         r.map_err(|e| e.into())
     };
     match cell.run(&mut sink) {
-        Ok(Outcome::Exited(code)) => Ok(code),
+        Ok(Outcome::Exited(code)) => {
+            if let Some(s) = &serving {
+                s.flush(super::run::FLUSH_LIMIT);
+            }
+            Ok(code)
+        }
         Ok(Outcome::Stopped(s, t)) => {
             super::run::write_snapshot(&s, path, c.level, "stop", None)?;
             report(&s, t);
@@ -92,10 +113,17 @@ pub(crate) fn run(
     c: &CellArgs,
     path: &Path,
     signals: Signals,
+    net: Net,
 ) -> anyhow::Result<i32> {
     refuse_unsupported(c)?;
     let cell = ThreadedCell::start(rt, module, cfg, c.embed_module)?;
-    drive(cell, c, path, signals)
+    let serving = cell.net().map(|hub| {
+        for (i, (l, _)) in net.listeners.iter().enumerate() {
+            eprintln!("roam: listening on {l} (fd {})", net.first_fd + i);
+        }
+        listen::serve(hub, net.listeners)
+    });
+    drive(cell, c, path, signals, serving)
 }
 
 /// `roam restore` of a snapshot of a threaded program.
@@ -110,11 +138,12 @@ pub(crate) fn restore(
 ) -> anyhow::Result<i32> {
     refuse_unsupported(c)?;
     let cell = ThreadedCell::restore(rt, module, snap, preopens, c.embed_module)?;
+    let serving = super::run::serve_restored(cell.net(), &c.listen)?;
     tracing::info!(
         threads = 1 + snap.threads.len(),
         from = %snap.origin.isa,
         to = roam_runtime::host_isa(),
         "restored; resuming"
     );
-    drive(cell, c, path, signals)
+    drive(cell, c, path, signals, serving)
 }
