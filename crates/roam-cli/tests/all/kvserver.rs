@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,8 @@ use roam_testkit::resp::benchmark::redis_benchmark;
 use roam_testkit::resp::{digest, Client, Reply};
 
 use crate::common::{self, Isa};
+
+mod threaded;
 
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -38,10 +41,15 @@ fn free_addr() -> SocketAddr {
 }
 
 impl Server {
-    fn start(mut cmd: Command, addr: SocketAddr, what: &'static str) -> Server {
+    fn start(cmd: Command, addr: SocketAddr, what: &'static str) -> Server {
+        Server::start_with(cmd, addr, what, Stdio::inherit())
+    }
+
+    /// Start, with the server's stderr going to `stderr`.
+    fn start_with(mut cmd: Command, addr: SocketAddr, what: &'static str, stderr: Stdio) -> Server {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .stderr(stderr);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start the {what}: {e}"));
@@ -75,14 +83,15 @@ impl Server {
         Some(Server::start(cmd, addr, "native kvserver"))
     }
 
-    fn cell() -> Server {
+    /// `module` as a cell under `roam run --listen`.
+    fn cell(module: &Path, what: &'static str) -> Server {
         let addr = free_addr();
         let mut cmd = common::roam(Isa::X86_64);
         cmd.arg("run")
             .arg("--listen")
             .arg(addr.to_string())
-            .arg(common::workload("kvserver"));
-        Server::start(cmd, addr, "kvserver cell under roam run --listen")
+            .arg(module);
+        Server::start(cmd, addr, what)
     }
 
     fn client(&self) -> Client {
@@ -377,7 +386,10 @@ fn native_server_answers_the_script() {
 
 #[test]
 fn cell_under_roam_run_listen_answers_the_script() {
-    let server = Server::cell();
+    let server = Server::cell(
+        &common::workload("kvserver"),
+        "kvserver cell under roam run --listen",
+    );
     let model = run_script(&server);
     protocol_errors_close_only_that_client(&server);
     // The data of the script is still there after other clients came and went.
@@ -397,6 +409,12 @@ extern "C" {
 /// the checkpoint are reported to the program as reset, so it drops them.
 #[test]
 fn cell_keeps_its_data_across_checkpoint_and_restore() {
+    keeps_its_data_across_checkpoint_and_restore(&common::workload("kvserver"), Isa::X86_64);
+}
+
+/// `module`'s server stopped into a snapshot on x86-64 with clients
+/// connected, then restored on `to`: see the test above.
+pub(crate) fn keeps_its_data_across_checkpoint_and_restore(module: &Path, to: Isa) {
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("kv.roam");
     let addr = free_addr();
@@ -406,8 +424,8 @@ fn cell_keeps_its_data_across_checkpoint_and_restore() {
         .arg(addr.to_string())
         .arg("--snapshot")
         .arg(&snap)
-        .arg(common::workload("kvserver"));
-    let mut server = Server::start(cmd, addr, "kvserver cell to checkpoint");
+        .arg(module);
+    let mut server = Server::start(cmd, addr, "cell to checkpoint");
     let mut model = run_script(&server);
     let mut c = server.client();
     assert_eq!(
@@ -439,12 +457,12 @@ fn cell_keeps_its_data_across_checkpoint_and_restore() {
     assert!(snap.exists(), "no snapshot was written");
 
     let addr2 = free_addr();
-    let mut cmd = common::roam(Isa::X86_64);
+    let mut cmd = common::roam(to);
     cmd.arg("restore")
         .arg(&snap)
         .arg("--listen")
         .arg(addr2.to_string());
-    let restored = Server::start(cmd, addr2, "restored kvserver cell");
+    let restored = Server::start(cmd, addr2, "restored cell");
     let mut r = restored.client();
     assert_eq!(
         r.cmd_str(&["DBSIZE"]).unwrap(),

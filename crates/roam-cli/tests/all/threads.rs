@@ -1,8 +1,11 @@
 //! Threaded programs (wasi-threads): `workloads/threads/`, three Rust
 //! programs built for `wasm32-wasip1-threads` (std threads with a mutex,
 //! atomics and a channel; a rayon pool; an OpenMP-style stencil with
-//! barriers). Their reference output is their native build's, pinned in
-//! `workloads/threads/expected/`, and is the same for any thread count.
+//! barriers) and two C programs on wasi-libc's pthreads (mutexes,
+//! condition variables, barriers, thread-local storage and keys; zstd's
+//! multi-threaded compressor, which no one here wrote). Their reference
+//! output is their native build's, pinned in `workloads/threads/expected/`,
+//! and is the same for any thread count.
 //!
 //! Each is run whole, then stopped at moments chosen at random (the seed
 //! is printed; `ROAM_THREADS_SEED=<n>` repeats it) and restored, here and
@@ -14,7 +17,13 @@ use std::time::Duration;
 
 use super::common::*;
 
-const PROGRAMS: [&str; 3] = ["threads-sum", "threads-rayon", "threads-omp"];
+const PROGRAMS: [&str; 5] = [
+    "threads-sum",
+    "threads-rayon",
+    "threads-omp",
+    "threads-pthreads",
+    "threads-zstd",
+];
 
 fn module(name: &str) -> PathBuf {
     workload(&format!("threads/{name}"))
