@@ -145,3 +145,33 @@ fn a_sleep_asked_for_is_a_block_even_if_it_ran_out_before_it_was_looked_at() {
     interrupt.set_on_block(false);
     assert_eq!(sleep(&mut c, 1_000_000), Outcome::Done(Errno::SUCCESS));
 }
+
+#[test]
+fn an_absolute_time_already_past_asks_for_no_wait() {
+    let interrupt = crate::interrupt::Interrupt::new();
+    let cfg = crate::ctx::WasiConfig {
+        args: vec!["t".into()],
+        env: vec![],
+        preopens: vec![],
+        listeners: vec![],
+    };
+    let mut c = crate::ctx::WasiCtx::new(cfg, interrupt.clone()).unwrap();
+    let mut buf = vec![0u8; 512];
+    let mut m = Mem(&mut buf);
+    // One absolute clock subscription (monotonic) at `at` ns.
+    let mut until = |c: &mut crate::ctx::WasiCtx, at: u64| {
+        m.put_u64(0, 9).unwrap();
+        m.write(8, &[0]).unwrap();
+        m.put_u32(16, 1).unwrap();
+        m.put_u64(24, at).unwrap();
+        m.put_u64(32, 0).unwrap();
+        m.write(40, &[1, 0]).unwrap();
+        c.poll_oneoff(&mut m, 0, 200, 1, 300)
+    };
+    interrupt.set_on_block(true);
+    // A time long past (1 ns after the clock's origin) is due at once...
+    assert_eq!(until(&mut c, 1), Outcome::Done(Errno::SUCCESS));
+    // ...and one far ahead asks to block.
+    assert_eq!(until(&mut c, u64::MAX / 2), Outcome::Suspend);
+    interrupt.set_on_block(false);
+}

@@ -112,10 +112,13 @@ impl WasiCtx {
                 let Ok(clock_now) = self.clock_now(id) else {
                     return Ok(Ok((userdata, Errno::INVAL, 0, 0, 0)));
                 };
-                let (from, remaining) = if abs {
-                    (Instant::now(), timeout.saturating_sub(clock_now))
-                } else {
-                    (started, timeout)
+                // An absolute time counts from now; one already past
+                // counts as due at the call's start, so it never asked to
+                // block (what checkpoint-on-block looks at).
+                let (from, remaining) = match (abs, timeout.saturating_sub(clock_now)) {
+                    (true, 0) => (started, 0),
+                    (true, left) => (Instant::now(), left),
+                    (false, _) => (started, timeout),
                 };
                 // Far-future deadlines are capped at a century.
                 let dur = Duration::from_nanos(remaining.min(100 * 365 * 86_400 * 1_000_000_000));
