@@ -363,7 +363,10 @@ enum Bench {
     /// checkpoint-and-stop of every thread, by thread count.
     Threads {
         /// Programs of workloads/threads, comma-separated.
-        #[arg(long, default_value = "threads-sum,threads-rayon,threads-omp")]
+        #[arg(
+            long,
+            default_value = "threads-sum,threads-rayon,threads-omp,threads-pthreads,threads-zstd"
+        )]
         only: String,
         /// Thread counts, comma-separated.
         #[arg(long, default_value = "1,2,4,8")]
