@@ -280,17 +280,14 @@ pub(crate) fn restore_memory(
     Ok(())
 }
 
-/// Write the globals of `snapshot` into an instance whose memory already
-/// holds the snapshot's memory. Returns the unwind buffer recorded in the
-/// snapshot, checked against the memory.
-pub(crate) fn restore_state(
-    store: &mut Store<HostState>,
-    memory: Memory,
+/// Set each of `values` in the exported global of its name (`globals`):
+/// a name the module does not export is refused.
+pub(crate) fn write_globals(
+    mut store: impl AsContextMut,
     globals: &[(String, Global)],
-    snapshot: &Snapshot,
-) -> Result<Buffer, RestoreError> {
-    let want = memory.data_size(&mut *store) as u64;
-    for gv in &snapshot.globals {
+    values: &[GlobalValue],
+) -> Result<(), RestoreError> {
+    for gv in values {
         let Some((_, g)) = globals.iter().find(|(n, _)| *n == gv.name) else {
             return Err(RestoreError::Global {
                 name: gv.name.clone(),
@@ -304,11 +301,25 @@ pub(crate) fn restore_state(
             GlobalVal::F64(v) => Val::F64(v),
             GlobalVal::V128(v) => Val::V128(v.into()),
         };
-        g.set(&mut *store, val).map_err(|e| RestoreError::Global {
+        g.set(&mut store, val).map_err(|e| RestoreError::Global {
             name: gv.name.clone(),
             detail: e.to_string(),
         })?;
     }
+    Ok(())
+}
+
+/// Write the globals of `snapshot` into an instance whose memory already
+/// holds the snapshot's memory. Returns the unwind buffer recorded in the
+/// snapshot, checked against the memory.
+pub(crate) fn restore_state(
+    store: &mut Store<HostState>,
+    memory: Memory,
+    globals: &[(String, Global)],
+    snapshot: &Snapshot,
+) -> Result<Buffer, RestoreError> {
+    let want = memory.data_size(&mut *store) as u64;
+    write_globals(&mut *store, globals, &snapshot.globals)?;
     if let Some((name, _)) = globals
         .iter()
         .find(|(n, _)| !snapshot.globals.iter().any(|gv| gv.name == *n))

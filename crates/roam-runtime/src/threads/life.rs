@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use roam_snapshot::{GlobalVal, GlobalValue};
+use roam_snapshot::GlobalValue;
 use wasmtime::{Global, Store, Val};
 
 use super::host::{self, Ready, ThreadState};
@@ -285,24 +285,5 @@ pub(super) fn set_globals(
             ),
         });
     }
-    for gv in values {
-        let Some((_, g)) = globals.iter().find(|(n, _)| *n == gv.name) else {
-            return Err(RestoreError::Global {
-                name: gv.name.clone(),
-                detail: "the module exports no such global".into(),
-            });
-        };
-        let val = match gv.value {
-            GlobalVal::I32(v) => Val::I32(v),
-            GlobalVal::I64(v) => Val::I64(v),
-            GlobalVal::F32(v) => Val::F32(v),
-            GlobalVal::F64(v) => Val::F64(v),
-            GlobalVal::V128(v) => Val::V128(v.into()),
-        };
-        g.set(&mut *store, val).map_err(|e| RestoreError::Global {
-            name: gv.name.clone(),
-            detail: e.to_string(),
-        })?;
-    }
-    Ok(())
+    crate::capture::write_globals(store, &globals, values)
 }

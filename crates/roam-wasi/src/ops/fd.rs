@@ -57,12 +57,8 @@ impl WasiCtx {
         n: u32,
         out: u32,
     ) -> Result<(), Errno> {
-        match self.in_place(|x, r| x.fd_write_round(mem, fd, iovs, n, out, r)) {
-            Outcome::Done(e) if e == Errno::SUCCESS => Ok(()),
-            Outcome::Done(e) => Err(e),
-            // A write never hands over to a checkpoint.
-            Outcome::Suspend | Outcome::Wait(_) => Err(Errno::INTR),
-        }
+        self.in_place(|x, r| x.fd_write_round(mem, fd, iovs, n, out, r))
+            .written()
     }
 
     /// One round of `fd_write`: only a socket with a full window waits.

@@ -115,14 +115,7 @@ fn context_can_move_between_threads() {
 
 #[test]
 fn a_sleep_asked_for_is_a_block_even_if_it_ran_out_before_it_was_looked_at() {
-    let interrupt = crate::interrupt::Interrupt::new();
-    let cfg = crate::ctx::WasiConfig {
-        args: vec!["t".into()],
-        env: vec![],
-        preopens: vec![],
-        listeners: vec![],
-    };
-    let mut c = crate::ctx::WasiCtx::new(cfg, interrupt.clone()).unwrap();
+    let (mut c, interrupt) = bare_ctx();
     let mut buf = vec![0u8; 512];
     let mut m = Mem(&mut buf);
     // One relative clock subscription (monotonic) of `ns`.
@@ -148,14 +141,7 @@ fn a_sleep_asked_for_is_a_block_even_if_it_ran_out_before_it_was_looked_at() {
 
 #[test]
 fn an_absolute_time_already_past_asks_for_no_wait() {
-    let interrupt = crate::interrupt::Interrupt::new();
-    let cfg = crate::ctx::WasiConfig {
-        args: vec!["t".into()],
-        env: vec![],
-        preopens: vec![],
-        listeners: vec![],
-    };
-    let mut c = crate::ctx::WasiCtx::new(cfg, interrupt.clone()).unwrap();
+    let (mut c, interrupt) = bare_ctx();
     let mut buf = vec![0u8; 512];
     let mut m = Mem(&mut buf);
     // One absolute clock subscription (monotonic) at `at` ns.
@@ -174,4 +160,20 @@ fn an_absolute_time_already_past_asks_for_no_wait() {
     // ...and one far ahead asks to block.
     assert_eq!(until(&mut c, u64::MAX / 2), Outcome::Suspend);
     interrupt.set_on_block(false);
+}
+
+/// A context with no files, and its interrupt.
+fn bare_ctx() -> (
+    crate::ctx::WasiCtx,
+    std::sync::Arc<crate::interrupt::Interrupt>,
+) {
+    let interrupt = crate::interrupt::Interrupt::new();
+    let cfg = crate::ctx::WasiConfig {
+        args: vec!["t".into()],
+        env: vec![],
+        preopens: vec![],
+        listeners: vec![],
+    };
+    let c = crate::ctx::WasiCtx::new(cfg, interrupt.clone()).unwrap();
+    (c, interrupt)
 }

@@ -94,6 +94,18 @@ impl From<Result<(), Errno>> for Outcome {
 /// Most fds a guest may hold open at once.
 pub(crate) const MAX_FDS: usize = 4096;
 
+impl Outcome {
+    /// A write's outcome as a result: it never hands over to a checkpoint.
+    #[cfg(test)]
+    pub(crate) fn written(self) -> Result<(), Errno> {
+        match self {
+            Outcome::Done(e) if e == Errno::SUCCESS => Ok(()),
+            Outcome::Done(e) => Err(e),
+            Outcome::Suspend | Outcome::Wait(_) => Err(Errno::INTR),
+        }
+    }
+}
+
 impl WasiCtx {
     #[cfg(test)]
     /// Run a blocking call's rounds to the end, waiting in place between

@@ -216,11 +216,8 @@ impl WasiCtx {
         n: u32,
         out: u32,
     ) -> Result<(), Errno> {
-        match self.in_place(|x, r| x.sock_send_round(mem, fd, iovs, n, out, r)) {
-            Outcome::Done(e) if e == Errno::SUCCESS => Ok(()),
-            Outcome::Done(e) => Err(e),
-            Outcome::Suspend | Outcome::Wait(_) => Err(Errno::INTR),
-        }
+        self.in_place(|x, r| x.sock_send_round(mem, fd, iovs, n, out, r))
+            .written()
     }
 
     /// One round of `sock_send`: `Done` or `Wait`, never `Suspend`.
