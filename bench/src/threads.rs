@@ -94,7 +94,7 @@ fn stop_once(
         args: args.to_vec(),
         ..Default::default()
     };
-    let mut cell = ThreadedCell::start(rt, module.clone(), cfg, false)?;
+    let mut cell = ThreadedCell::start(rt, module.clone(), cfg, Default::default())?;
     let first = cell.capture_output();
     let ctl = cell.controller();
     std::thread::spawn(move || {
@@ -110,7 +110,7 @@ fn stop_once(
     let bytes = snap.encode(&EncodeOptions::default())?;
     let encode = t.elapsed();
     let t = Instant::now();
-    let mut back = ThreadedCell::restore(rt, module, &snap, Vec::new(), false)?;
+    let mut back = ThreadedCell::restore(rt, module, &snap, Vec::new(), Default::default())?;
     let restore = t.elapsed();
     let second = back.capture_output();
     match back.run(&mut |_, _| Ok(()))? {

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use roam_runtime::{
-    CheckpointTiming, LoadedModule, Outcome, RunError, Runtime, ThreadedCell, STOP_GRACE,
+    CellOptions, CheckpointTiming, LoadedModule, Outcome, RunError, Runtime, ThreadedCell,
+    STOP_GRACE,
 };
 use roam_snapshot::Snapshot;
 use roam_wasi::{Preopen, WasiConfig};
@@ -62,7 +63,7 @@ fn drive(
 ) -> anyhow::Result<i32> {
     let written = super::run::spawn_triggers(&cell.controller(), c, signals)?;
     let level = c.level;
-    let mut sink = |s: &Snapshot, t: CheckpointTiming| {
+    let mut sink = |s: &mut Snapshot, t: CheckpointTiming| {
         let r = super::run::write_snapshot(s, path, level, "continue", None);
         report(s, t);
         if let Some(w) = &written {
@@ -96,6 +97,15 @@ fn drive(
     }
 }
 
+/// The cell options a threaded program runs with: what `roam run` offers
+/// it (the per-point triggers and the files are refused up front).
+fn options(c: &CellArgs) -> CellOptions {
+    CellOptions {
+        embed_module: c.embed_module,
+        ..CellOptions::default()
+    }
+}
+
 fn report(s: &Snapshot, t: CheckpointTiming) {
     eprintln!(
         "roam: the checkpoint held {} threads: all parked {} after the request, captured in {}",
@@ -116,7 +126,7 @@ pub(crate) fn run(
     net: Net,
 ) -> anyhow::Result<i32> {
     refuse_unsupported(c)?;
-    let cell = ThreadedCell::start(rt, module, cfg, c.embed_module)?;
+    let cell = ThreadedCell::start(rt, module, cfg, options(c))?;
     let serving = cell.net().map(|hub| {
         for (i, (l, _)) in net.listeners.iter().enumerate() {
             eprintln!("roam: listening on {l} (fd {})", net.first_fd + i);
@@ -137,7 +147,7 @@ pub(crate) fn restore(
     signals: Signals,
 ) -> anyhow::Result<i32> {
     refuse_unsupported(c)?;
-    let cell = ThreadedCell::restore(rt, module, snap, preopens, c.embed_module)?;
+    let cell = ThreadedCell::restore(rt, module, snap, preopens, options(c))?;
     let serving = super::run::serve_restored(cell.net(), &c.listen)?;
     tracing::info!(
         threads = 1 + snap.threads.len(),

@@ -7,7 +7,8 @@
 //! cell is reported [`CellState::Killed`].
 //!
 //! A cell's thread owns its wasmtime store and runs it until the program
-//! exits or pauses. A pause is always asked for by someone on the node (a
+//! exits or pauses. A threaded program ([`Program::Threads`]) has more OS
+//! threads, but this one is its first and stands for all of them here. A pause is always asked for by someone on the node (a
 //! migration, `kill`); the thread hands the paused state to whoever asked
 //! and waits for a [`Decision`]. *Resume* is the default: if the asker goes
 //! away without deciding, the program continues. That is what makes a failed
@@ -17,8 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use roam_runtime::{
-    Cell, CheckpointKind, CheckpointTiming, Controller, LiveMemory, Outcome, RunError, Taken,
-    Trigger,
+    AfterPause, Cell, CheckpointKind, CheckpointTiming, Controller, LiveMemory, LoadedModule,
+    Outcome, RunError, Taken, ThreadedCell, Trigger,
 };
 use roam_snapshot::{MemoryImage, Snapshot};
 use roam_wire::CellSpec;
@@ -198,6 +199,51 @@ pub(crate) struct CellEntry {
     pub cpu_used: Option<std::time::Duration>,
 }
 
+/// The program a cell runs: one thread, or several over a shared memory.
+// One per cell, moved once onto its thread: the size does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Program {
+    One(Cell),
+    Threads(ThreadedCell),
+}
+
+impl Program {
+    fn controller(&self) -> Controller {
+        match self {
+            Program::One(c) => c.controller(),
+            Program::Threads(c) => c.controller(),
+        }
+    }
+
+    pub(crate) fn live_memory(&self) -> LiveMemory {
+        match self {
+            Program::One(c) => c.live_memory(),
+            Program::Threads(c) => c.live_memory(),
+        }
+    }
+
+    fn module(&self) -> &Arc<LoadedModule> {
+        match self {
+            Program::One(c) => c.module(),
+            Program::Threads(c) => c.module(),
+        }
+    }
+
+    fn net(&self) -> Option<Arc<roam_wasi::net::NetHub>> {
+        match self {
+            Program::One(c) => c.net(),
+            Program::Threads(c) => c.net(),
+        }
+    }
+
+    fn set_output(&mut self, sink: Arc<dyn roam_wasi::OutputSink>) {
+        match self {
+            Program::One(c) => c.set_output(sink),
+            Program::Threads(c) => c.set_output(sink),
+        }
+    }
+}
+
 /// Called by the cell's thread when its state changes for good.
 /// `None` when the cell was released (moved or killed): whoever released it
 /// has set its state.
@@ -206,7 +252,7 @@ pub(crate) type OnEnd = Box<dyn FnOnce(Option<CellState>) + Send>;
 /// Route the cell's output to `log` and build the handle the node keeps;
 /// the cell's thread will run under `cpu` with the spec's CPU settings.
 pub(crate) fn handle_for(
-    cell: &mut Cell,
+    cell: &mut Program,
     log: Arc<CellLog>,
     cpu: Arc<crate::cpu::Cpu>,
     spec: &CellSpec,
@@ -236,7 +282,7 @@ pub(crate) fn handle_for(
 /// Start the thread that runs `cell` with `handle` (from [`handle_for`]).
 pub(crate) fn spawn(
     id: &str,
-    cell: Cell,
+    cell: Program,
     handle: Arc<CellHandle>,
     on_end: OnEnd,
 ) -> std::io::Result<()> {
@@ -250,14 +296,17 @@ pub(crate) fn spawn(
 /// Run `cell` on the current thread until it ends here. Used by [`spawn`]
 /// and by a migration destination, whose assembling thread becomes the
 /// cell's thread.
-pub(crate) fn run(cell: Cell, h: &CellHandle) -> Option<CellState> {
+pub(crate) fn run(cell: Program, h: &CellHandle) -> Option<CellState> {
     // The thread leaves its CPU group when this drops, as it returns.
     let placement = h.cpu_ctl.enter(&h.id, h.cpu_limits);
     let _ = h.cpu.set(placement.applied.clone());
     let tid = rustix::thread::gettid().as_raw_pid();
     let _ = h.start_cpu.set(thread_cpu(tid).unwrap_or_default());
     let _ = h.tid.set(tid);
-    let end = run_until_end(cell, h);
+    let end = match cell {
+        Program::One(cell) => run_until_end(cell, h),
+        Program::Threads(cell) => run_threads(cell, h),
+    };
     if let Some(t) = h.tid.get().and_then(|tid| thread_cpu(*tid)) {
         let _ = h.final_cpu.set(t);
     }
@@ -278,6 +327,105 @@ fn thread_cpu(tid: i32) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_nanos(ns))
 }
 
+/// How a run that ended with `e` is recorded: the checkpoint waiting for
+/// it learns why, and a loss of far pages is kept for the planner.
+fn failed(h: &CellHandle, e: RunError) -> Option<CellState> {
+    if let Some(tx) = h
+        .checkpoint
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    {
+        let _ = tx.send(Err(e.to_string()));
+    }
+    if matches!(e, RunError::PagesLost(_)) {
+        h.memory_lost
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+    Some(CellState::Failed {
+        error: e.to_string(),
+    })
+}
+
+/// Hand a paused program's state to whoever asked for the pause, and wait
+/// for their decision (resume when nobody asked, or they went away).
+fn hand_over(h: &CellHandle, snapshot: &Snapshot, timing: CheckpointTiming) -> Decision {
+    let waiter = h
+        .waiter
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    let (reply, decision) = std::sync::mpsc::channel();
+    let at = Instant::now()
+        .checked_sub(timing.capture)
+        .unwrap_or_else(Instant::now);
+    let handed = waiter.is_some_and(|w| {
+        w.send(Paused {
+            snapshot: Box::new(snapshot.clone()),
+            at,
+            reply,
+        })
+        .is_ok()
+    });
+    if handed {
+        decision.recv().unwrap_or(Decision::Resume)
+    } else {
+        Decision::Resume
+    }
+}
+
+/// A checkpoint-and-continue's reply: the snapshot (its memory taken, not
+/// copied) and the log as it was at that instant.
+fn checkpoint_reply(h: &CellHandle, s: &mut Snapshot) -> Checkpoint {
+    Checkpoint {
+        snapshot: Box::new(Snapshot {
+            module: s.module.clone(),
+            origin: s.origin.clone(),
+            memory: std::mem::replace(&mut s.memory, MemoryImage::empty()),
+            globals: s.globals.clone(),
+            stack: s.stack.clone(),
+            os_state: s.os_state.clone(),
+            files: s.files.take(),
+            threads: s.threads.clone(),
+        }),
+        // The cell's thread writes its output: the log holds exactly what
+        // the program wrote before this point.
+        log: h.log.contents(),
+        log_dropped: h.log.dropped(),
+    }
+}
+
+/// [`run_until_end`] for a threaded program: its pauses and checkpoints
+/// come while every thread is stopped, and a released pause ends them all.
+fn run_threads(cell: ThreadedCell, h: &CellHandle) -> Option<CellState> {
+    let mut on_checkpoint = |s: &mut Snapshot, _t: CheckpointTiming| {
+        if let Some(tx) = h
+            .checkpoint
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = tx.send(Ok(checkpoint_reply(h, s)));
+        }
+        Ok(())
+    };
+    let mut on_pause = |s: &Snapshot, t: CheckpointTiming| match hand_over(h, s, t) {
+        Decision::Resume => {
+            tracing::debug!("cell resumes");
+            AfterPause::Resume
+        }
+        Decision::Release => AfterPause::Release,
+    };
+    match cell.run_with(&mut on_checkpoint, &mut on_pause) {
+        Ok(Outcome::Exited(code)) => Some(CellState::Exited { code }),
+        // Released: it runs elsewhere now, or was killed.
+        Ok(Outcome::Paused(..)) => None,
+        // Nobody here asks a cell to stop with a checkpoint.
+        Ok(Outcome::Stopped(..)) | Err(RunError::Killed) => Some(CellState::Killed),
+        Err(e) => failed(h, e),
+    }
+}
+
 fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
     loop {
         let mut on_checkpoint = |taken: Taken<'_>, _t: CheckpointTiming| {
@@ -293,22 +441,7 @@ fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
                 // The memory is taken, not copied: the snapshot's memory is
                 // the one copy outside the cell, and the cell keeps no
                 // buffer for the next capture.
-                Taken::Snapshot(s) => Ok(Checkpoint {
-                    snapshot: Box::new(Snapshot {
-                        module: s.module.clone(),
-                        origin: s.origin.clone(),
-                        memory: std::mem::replace(&mut s.memory, MemoryImage::empty()),
-                        globals: s.globals.clone(),
-                        stack: s.stack.clone(),
-                        os_state: s.os_state.clone(),
-                        files: s.files.take(),
-                        threads: Vec::new(),
-                    }),
-                    // The cell's thread writes its output: the log holds
-                    // exactly what the program wrote before this point.
-                    log: h.log.contents(),
-                    log_dropped: h.log.dropped(),
-                }),
+                Taken::Snapshot(s) => Ok(checkpoint_reply(h, s)),
                 Taken::Failed(e) => Err(format!(
                     "the checkpoint failed, and the program runs on: {}",
                     roam_wire::error_chain(e)
@@ -321,47 +454,9 @@ fn run_until_end(mut cell: Cell, h: &CellHandle) -> Option<CellState> {
             Ok(Outcome::Exited(code)) => return Some(CellState::Exited { code }),
             Err(RunError::Killed) => return Some(CellState::Killed),
             Ok(Outcome::Paused(s, t)) | Ok(Outcome::Stopped(s, t)) => (s, t),
-            Err(e) => {
-                if let Some(tx) = h
-                    .checkpoint
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take()
-                {
-                    let _ = tx.send(Err(e.to_string()));
-                }
-                if matches!(e, RunError::PagesLost(_)) {
-                    h.memory_lost
-                        .store(true, std::sync::atomic::Ordering::Release);
-                }
-                return Some(CellState::Failed {
-                    error: e.to_string(),
-                });
-            }
+            Err(e) => return failed(h, e),
         };
-        let waiter = h
-            .waiter
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let (reply, decision) = std::sync::mpsc::channel();
-        let at = Instant::now()
-            .checked_sub(timing.capture)
-            .unwrap_or_else(Instant::now);
-        let handed = waiter.is_some_and(|w| {
-            w.send(Paused {
-                snapshot: snapshot.clone(),
-                at,
-                reply,
-            })
-            .is_ok()
-        });
-        let decision = if handed {
-            decision.recv().unwrap_or(Decision::Resume)
-        } else {
-            Decision::Resume
-        };
-        match decision {
+        match hand_over(h, &snapshot, timing) {
             Decision::Release => return None,
             Decision::Resume => {
                 if let Err(e) = cell.resume(&snapshot) {

@@ -69,7 +69,7 @@ pub use runtime::{
     host_isa, EpochInterrupt, Runtime, RuntimeConfig, DEFAULT_MAX_WASM_STACK, ENV_EPOCH_INTERRUPT,
     RUN_THREAD_STACK,
 };
-pub use threads::{is_threaded, ThreadedCell};
+pub use threads::{is_threaded, AfterPause, ThreadedCell, ThreadedIncoming};
 pub use uffd::userfaultfd_available;
 
 #[cfg(test)]

@@ -32,6 +32,10 @@ pub(crate) struct Mapping {
     capacity: usize,
     mapped: usize,
     len: AtomicUsize,
+    /// A memory wasmtime mapped (a threaded program's shared memory), kept
+    /// alive by this handle: its size is the memory's own, and roam never
+    /// unmaps it.
+    shared: Option<wasmtime::SharedMemory>,
 }
 
 // SAFETY: the mapping is plain process memory; the pointer is only an
@@ -72,9 +76,32 @@ impl Mapping {
             capacity,
             mapped,
             len: AtomicUsize::new(0),
+            shared: None,
         };
         map.grow_to(minimum)?;
         Ok(map)
+    }
+
+    /// A view of a shared memory, which wasmtime maps itself. Its base never
+    /// moves and it never shrinks, so copies from it behave as from roam's
+    /// own mappings; roam only reads it (and write-protects it while a
+    /// migration tracks dirty pages).
+    pub(crate) fn of_shared(memory: wasmtime::SharedMemory) -> Mapping {
+        let data = memory.data();
+        let base = NonNull::new(data.as_ptr() as *mut u8).unwrap_or(NonNull::dangling());
+        // A shared memory is reserved up to its maximum, which it must
+        // declare.
+        let max_pages = memory.ty().maximum().unwrap_or(memory.ty().minimum());
+        let capacity = usize::try_from(max_pages.saturating_mul(roam_snapshot::WASM_PAGE_SIZE))
+            .unwrap_or(usize::MAX)
+            .max(data.len());
+        Mapping {
+            base,
+            capacity,
+            mapped: 0,
+            len: AtomicUsize::new(data.len()),
+            shared: Some(memory),
+        }
     }
 
     fn grow_to(&self, new_len: usize) -> Result<(), String> {
@@ -116,7 +143,10 @@ impl Mapping {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
+        match &self.shared {
+            Some(m) => m.data_size(),
+            None => self.len.load(Ordering::Acquire),
+        }
     }
 
     /// Bytes reserved for growth (without the guard region).
@@ -159,6 +189,9 @@ impl Mapping {
     ) -> std::io::Result<()> {
         let page = host_page_size();
         let bad = |what: &str| Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, what));
+        if self.shared.is_some() {
+            return bad("a shared memory is wasmtime's mapping");
+        }
         if !offset.is_multiple_of(page) || !len.is_multiple_of(page) || len == 0 {
             return bad("unaligned range");
         }
@@ -211,6 +244,10 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.shared.is_some() {
+            // wasmtime's mapping: it unmaps it when the last handle goes.
+            return;
+        }
         // SAFETY: this mapping was made by `mmap` in `Mapping::new` with this
         // length, and the last reference to it is going away.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.mapped) };

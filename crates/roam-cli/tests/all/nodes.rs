@@ -28,6 +28,7 @@ mod fetch;
 mod planner;
 mod services;
 mod suite;
+mod threads;
 
 /// 32 MiB for 12 s: a transfer that takes seconds on a 20 Mbit/s link.
 const BIG: [&str; 3] = ["32", "4", "12"];

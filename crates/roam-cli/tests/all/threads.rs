@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use super::common::*;
 
-const PROGRAMS: [&str; 5] = [
+pub(crate) const PROGRAMS: [&str; 5] = [
     "threads-sum",
     "threads-rayon",
     "threads-omp",
@@ -29,12 +29,12 @@ fn module(name: &str) -> PathBuf {
     workload(&format!("threads/{name}"))
 }
 
-fn expected(name: &str, size: &str) -> Vec<u8> {
+pub(crate) fn expected(name: &str, size: &str) -> Vec<u8> {
     let p = repo_root().join(format!("workloads/threads/expected/{name}-{size}.txt"));
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-fn seed() -> u64 {
+pub(crate) fn seed() -> u64 {
     let seed = match std::env::var("ROAM_THREADS_SEED") {
         Ok(s) => s
             .parse()
@@ -51,7 +51,7 @@ fn seed() -> u64 {
     seed
 }
 
-fn next(x: &mut u64) -> u64 {
+pub(crate) fn next(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
     *x ^= *x << 17;

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use roam_runtime::{Cell, CellOptions, LoadedModule};
+use roam_runtime::{CellOptions, LoadedModule};
 use roam_snapshot::PAGE_SIZE;
 use roam_wasi::Preopen;
 use roam_wire::CellSpec;
@@ -118,7 +118,7 @@ pub(crate) fn register(
     n: &Arc<NodeInner>,
     spec: CellSpec,
     log: Arc<CellLog>,
-    cell: &mut Cell,
+    cell: &mut cell::Program,
 ) -> Arc<CellHandle> {
     let handle = cell::handle_for(cell, log.clone(), n.cpu.clone(), &spec);
     n.cells().insert(

@@ -7,13 +7,13 @@
 
 use std::sync::Arc;
 
-use roam_runtime::{Cell, LoadedModule};
+use roam_runtime::{Cell, LoadedModule, ThreadedCell};
 use roam_snapshot::{Snapshot, PAGE_SIZE};
 use roam_wasi::WasiConfig;
 use roam_wire::CellSpec;
 
 use super::{make_preopens, module, on_end, options, register};
-use crate::cell;
+use crate::cell::{self, Program};
 use crate::error::NodeError;
 use crate::ids::unix_ms;
 use crate::log::CellLog;
@@ -123,10 +123,36 @@ pub(crate) async fn start(n: &Arc<NodeInner>, s: Start) -> Result<(), NodeError>
 /// The blocking half of [`start`].
 fn build_and_run(n: &Arc<NodeInner>, mut s: Start, max_memory: u64) -> Result<(), NodeError> {
     let module = module(n, &s.module)?;
+    let threaded = roam_runtime::is_threaded(&module);
+    if threaded && s.far.is_some() {
+        // Far memory pages a memory that roam maps; a shared memory is
+        // wasmtime's.
+        return Err(NodeError::bad(format!(
+            "cell {}: a threaded program cannot run with far memory",
+            s.id
+        )));
+    }
     let (mut far_spec, mut far_mem) = (None, None);
     let preopens = make_preopens(n, &s.id, &s.dirs).map_err(NodeError::internal)?;
     let opts = options(n, &s.dirs, max_memory);
     let (cell, log) = match s.begin {
+        Begin::Fresh if threaded => {
+            let wasi = WasiConfig {
+                args: s.args.clone(),
+                env: s.env.clone(),
+                preopens,
+                listeners: s.service.iter().cloned().collect(),
+            };
+            let cell = ThreadedCell::start(&n.rt, module, wasi, opts).map_err(NodeError::bad)?;
+            tracing::info!(cell = %s.id, program = %s.args[0], "launched (threaded)");
+            (Program::Threads(cell), CellLog::new(n.log_capacity()))
+        }
+        Begin::Restore(rebuild) if threaded => {
+            let (snap, log) = rebuild(&module)?;
+            let cell = ThreadedCell::restore(&n.rt, module, &snap, preopens, opts)
+                .map_err(|e| NodeError::bad(format!("cannot restore cell {}: {e}", s.id)))?;
+            (Program::Threads(cell), log)
+        }
         Begin::Fresh => {
             let wasi = WasiConfig {
                 args: s.args.clone(),
@@ -136,7 +162,7 @@ fn build_and_run(n: &Arc<NodeInner>, mut s: Start, max_memory: u64) -> Result<()
             };
             let cell = Cell::start(&n.rt, module, wasi, opts).map_err(NodeError::bad)?;
             tracing::info!(cell = %s.id, program = %s.args[0], max_memory, "launched");
-            (cell, CellLog::new(n.log_capacity()))
+            (Program::One(cell), CellLog::new(n.log_capacity()))
         }
         Begin::Restore(rebuild) => {
             let (snap, log) = rebuild(&module)?;
@@ -155,12 +181,12 @@ fn build_and_run(n: &Arc<NodeInner>, mut s: Start, max_memory: u64) -> Result<()
             };
             let cell = restored
                 .map_err(|e| NodeError::bad(format!("cannot restore cell {}: {e}", s.id)))?;
-            (cell, log)
+            (Program::One(cell), log)
         }
     };
     let mut cell = cell;
-    if let Some(plan) = s.far.take() {
-        let far = cell
+    if let (Some(plan), Program::One(one)) = (s.far.take(), &mut cell) {
+        let far = one
             .attach_far(plan.opts, plan.store)
             .map_err(|e| NodeError::bad(format!("cell {}: {e}", s.id)))?;
         far_spec = Some(plan.spec);
@@ -192,7 +218,7 @@ fn spawn(
     n: &Arc<NodeInner>,
     spec: CellSpec,
     log: Arc<CellLog>,
-    mut cell: Cell,
+    mut cell: Program,
     far: Option<(roam_runtime::FarMemory, String)>,
 ) -> Result<(), NodeError> {
     let id = spec.id.clone();

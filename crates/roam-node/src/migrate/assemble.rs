@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use roam_runtime::{Cell, LazyMemory, LoadedModule};
+use roam_runtime::{Cell, Incoming, LazyMemory, LoadedModule, ThreadedCell, ThreadedIncoming};
 use roam_snapshot::{PageKind, Snapshot};
 use roam_transfer::Decoder;
 use roam_wire::{Final, Msg, Offer};
@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::dest::{learn_inline, StartMarks, Started};
 use super::pages::{IncomingTarget, PostCopyPages};
-use crate::cell;
+use crate::cell::{self, Program};
 use crate::cells::{make_preopens, on_end, register};
 use crate::log::CellLog;
 use crate::state::{Inbound, NodeInner};
@@ -28,6 +28,62 @@ pub(super) struct Run {
     pub inbound: Arc<Inbound>,
     pub post: Option<Arc<PostCopyPages>>,
     pub far: Option<crate::cells::FarPlan>,
+}
+
+/// The memory of an arriving program, one thread's or several's.
+// One per cell, moved once onto its thread: the size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Arriving {
+    One(Incoming),
+    Threads(ThreadedIncoming),
+}
+
+impl Arriving {
+    fn grow_to(&mut self, bytes: u64) -> Result<(), roam_runtime::RestoreError> {
+        match self {
+            Arriving::One(i) => i.grow_to(bytes),
+            Arriving::Threads(i) => i.grow_to(bytes),
+        }
+    }
+
+    fn memory_mut(&mut self) -> &mut [u8] {
+        match self {
+            Arriving::One(i) => i.memory_mut(),
+            Arriving::Threads(i) => i.memory_mut(),
+        }
+    }
+}
+
+/// Build what receives the pages: a threaded program's shared memory, or
+/// an instance (with its far memory attached, for a far cell).
+fn build(
+    n: &NodeInner,
+    module: &Arc<LoadedModule>,
+    offer: &Offer,
+    far: Option<crate::cells::FarPlan>,
+    post_copy: bool,
+) -> Result<(Arriving, Option<(roam_runtime::FarMemory, String)>), String> {
+    let opts = crate::cells::options(n, &offer.cell.dirs, offer.cell.max_memory);
+    if roam_runtime::is_threaded(module) {
+        // Both page a memory that roam maps; a shared memory is wasmtime's.
+        if far.is_some() || post_copy {
+            return Err(
+                "a threaded program moves by stop-and-copy or pre-copy, without far memory".into(),
+            );
+        }
+        return ThreadedCell::incoming(&n.rt, module.clone(), opts)
+            .map(|i| (Arriving::Threads(i), None))
+            .map_err(|e| format!("cannot make the program's shared memory here: {e}"));
+    }
+    let mut i = Cell::incoming(&n.rt, module.clone(), opts)
+        .map_err(|e| format!("cannot instantiate the module here: {e}"))?;
+    match far {
+        Some(plan) => i
+            .attach_far(plan.opts, plan.store)
+            .map(|far| (Arriving::One(i), Some((far, plan.server))))
+            .map_err(|e| format!("far memory: {e}")),
+        None => Ok((Arriving::One(i), None)),
+    }
 }
 
 /// The receiving thread: build the instance, apply pages, finish, run.
@@ -41,16 +97,7 @@ pub(super) fn assemble(
     run: Run,
 ) {
     let Run { inbound, post, far } = run;
-    let opts = crate::cells::options(&n, &offer.cell.dirs, offer.cell.max_memory);
-    let built = Cell::incoming(&n.rt, module.clone(), opts)
-        .map_err(|e| format!("cannot instantiate the module here: {e}"))
-        .and_then(|mut i| match far {
-            Some(plan) => i
-                .attach_far(plan.opts, plan.store)
-                .map(|far| (i, Some((far, plan.server))))
-                .map_err(|e| format!("far memory: {e}")),
-            None => Ok((i, None)),
-        });
+    let built = build(&n, &module, &offer, far, post.is_some());
     let (mut incoming, far) = match built {
         Ok(x) => x,
         Err(e) => {
@@ -160,12 +207,17 @@ pub(super) fn assemble(
     on_end(&n, &id)(cell::run(cell, &handle));
 }
 
-type StartedCell = (Cell, Arc<cell::CellHandle>, Option<LazyMemory>, StartMarks);
+type StartedCell = (
+    Program,
+    Arc<cell::CellHandle>,
+    Option<LazyMemory>,
+    StartMarks,
+);
 
 #[allow(clippy::too_many_arguments)]
 fn start(
     n: &Arc<NodeInner>,
-    mut incoming: roam_runtime::Incoming,
+    mut incoming: Arriving,
     offer: &Offer,
     fin: Final,
     kinds: Option<Vec<roam_wire::PageKind>>,
@@ -188,8 +240,21 @@ fn start(
         .grow_to(fin.memory_bytes)
         .map_err(|e| e.to_string())?;
     let preopens = make_preopens(n, &offer.cell.id, &offer.cell.dirs).map_err(|e| e.to_string())?;
-    let (mut cell, lazy) = match (post, kinds) {
-        (Some(post), Some(kinds)) => {
+    let (mut cell, lazy) = match (incoming, post, kinds) {
+        (Arriving::Threads(incoming), _, _) => (
+            Program::Threads({
+                tracing::info!(
+                    cell = %offer.cell.id,
+                    threads = 1 + snapshot.threads.len(),
+                    "threaded cell arrives"
+                );
+                incoming
+                    .finish(&snapshot, preopens)
+                    .map_err(|e| e.to_string())?
+            }),
+            None,
+        ),
+        (Arriving::One(incoming), Some(post), Some(kinds)) => {
             let kinds = kinds
                 .iter()
                 .map(|k| match k {
@@ -201,13 +266,15 @@ fn start(
             let (cell, lazy) = incoming
                 .finish_lazy(&snapshot, preopens, kinds, Box::new(post.source()))
                 .map_err(|e| e.to_string())?;
-            (cell, Some(lazy))
+            (Program::One(cell), Some(lazy))
         }
-        (Some(_), None) => return Err("post-copy without page kinds".into()),
-        (None, _) => (
-            incoming
-                .finish(&snapshot, preopens)
-                .map_err(|e| e.to_string())?,
+        (Arriving::One(_), Some(_), None) => return Err("post-copy without page kinds".into()),
+        (Arriving::One(incoming), None, _) => (
+            Program::One(
+                incoming
+                    .finish(&snapshot, preopens)
+                    .map_err(|e| e.to_string())?,
+            ),
             None,
         ),
     };

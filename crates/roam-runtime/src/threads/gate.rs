@@ -75,6 +75,13 @@ struct State {
     /// The kind of checkpoint under way, and how many threads it holds.
     kind: CheckpointKind,
     held: usize,
+    /// How far from address 0 an unwind may write its records: all of
+    /// memory, or for a pause [`crate::PAUSE_BUFFER_MAX`] (only that much
+    /// is copied aside, since the memory stays live).
+    limit: usize,
+    /// A pause's copy of the bytes the unwinds borrow, put back once all
+    /// have unwound (a migration reads the live memory meanwhile).
+    saved: Vec<u8>,
 }
 
 pub(crate) struct Gate {
@@ -103,6 +110,8 @@ impl Gate {
                 complete: None,
                 kind: CheckpointKind::Stop,
                 held: 0,
+                limit: 0,
+                saved: Vec::new(),
             }),
             cv: Condvar::new(),
         }
@@ -166,7 +175,8 @@ impl Gate {
     }
 
     /// Park thread `tid` for a stop, with its globals. Returns when it may
-    /// unwind: everyone is parked, memory is read, and the buffer is its.
+    /// unwind (everyone is parked, memory is read, and the buffer is its),
+    /// with the end its records must stay below.
     pub(crate) fn park(
         &self,
         shared: &Shared,
@@ -174,7 +184,7 @@ impl Gate {
         globals: Vec<GlobalValue>,
         asked: Instant,
         kind: CheckpointKind,
-    ) -> Result<(), Killed> {
+    ) -> Result<usize, Killed> {
         let mut s = self.lock();
         if s.phase == Phase::Running {
             s.phase = Phase::Parking;
@@ -188,25 +198,42 @@ impl Gate {
             s.phase == Phase::Unwinding && s.busy.is_none()
         })?;
         s.busy = Some(tid);
-        Ok(())
+        Ok(s.limit)
     }
 
-    /// When every live thread is parked: read memory and the OS layer.
+    /// When every live thread is parked: read memory and the OS layer (a
+    /// pause reads only the bytes the unwinds will borrow).
     fn all_parked(s: &mut State, shared: &Shared) {
         if s.phase == Phase::Parking && s.parked.len() == s.live {
             s.all_parked = Some(Instant::now());
-            s.taken = Some(shared.read_state());
+            let pause = s.kind == CheckpointKind::Pause;
+            let len = shared.memory.data_size();
+            s.limit = if pause {
+                len.min(crate::PAUSE_BUFFER_MAX)
+            } else {
+                len
+            };
+            if pause {
+                // SAFETY: every thread is parked.
+                s.saved = unsafe { shared.bytes() }[..s.limit].to_vec();
+            }
+            s.taken = Some(shared.read_state(!pause));
             s.phase = Phase::Unwinding;
         }
     }
 
     /// Thread `tid` unwound to its entry: these are its records. The last
-    /// one finishes the snapshot.
-    pub(crate) fn unwound(&self, tid: u32, records: Vec<u8>, capacity: u32) {
+    /// one finishes the snapshot (and, for a pause, puts back the bytes
+    /// the unwinds borrowed, so that the live memory is the program's).
+    pub(crate) fn unwound(&self, shared: &Shared, tid: u32, records: Vec<u8>) {
         let mut s = self.lock();
         s.stacks.insert(tid, records);
         s.busy = None;
         if s.stacks.len() == s.parked.len() {
+            if s.kind == CheckpointKind::Pause {
+                shared.write_memory(0, &s.saved);
+            }
+            let capacity = s.limit.min(u32::MAX as usize) as u32;
             let done = Self::assemble(&mut s, capacity);
             s.done = Some(done);
             s.complete = Some(Instant::now());
@@ -247,11 +274,14 @@ impl Gate {
     }
 
     /// The first thread, after its own unwind: wait for the snapshot, and
-    /// how long the threads took to park and the capture took.
+    /// how long the threads took to park and the capture took. A pause's
+    /// snapshot has no memory (it is live), and comes with the bytes the
+    /// rewinds borrow; the other kinds' come with none (the snapshot's
+    /// image holds them).
     pub(crate) fn snapshot(
         &self,
         shared: &Shared,
-    ) -> Result<(Snapshot, CheckpointTiming, CheckpointKind), CheckpointError> {
+    ) -> Result<(Snapshot, CheckpointTiming, CheckpointKind, Vec<u8>), CheckpointError> {
         let s = self.lock();
         let mut s = self
             .wait_for(s, shared, |s| s.phase == Phase::Stopped)
@@ -270,17 +300,19 @@ impl Gate {
             response: span(s.asked, s.all_parked),
             capture: span(s.all_parked, s.complete),
         };
-        Ok((snap, timing, s.kind))
+        let saved = std::mem::take(&mut s.saved);
+        Ok((snap, timing, s.kind, saved))
     }
 
     /// Another thread, after its unwind: whether the program goes on (a
-    /// checkpoint-and-continue, once the first thread has handed the
-    /// snapshot over) or not (a stop, or the program was ended).
+    /// checkpoint-and-continue once the first thread has handed the
+    /// snapshot over, a pause that was resumed) or not (a stop, a pause
+    /// whose cell was released, or the program was ended).
     pub(crate) fn resumes(&self, shared: &Shared) -> bool {
         let s = self.lock();
         let ready = |s: &State| {
             s.phase == Phase::Rewinding
-                || (s.phase == Phase::Stopped && s.kind != CheckpointKind::Continue)
+                || (s.phase == Phase::Stopped && s.kind == CheckpointKind::Stop)
         };
         match self.wait_for(s, shared, ready) {
             Ok(s) => s.phase == Phase::Rewinding,
@@ -288,13 +320,15 @@ impl Gate {
         }
     }
 
-    /// After a checkpoint-and-continue was handed over: every thread that
-    /// it held rewinds (`prefix`: the bytes their unwinds borrowed).
+    /// After a checkpoint-and-continue was handed over, or a pause
+    /// resumed: every thread that it held rewinds (`prefix`: the bytes
+    /// their unwinds borrowed).
     pub(crate) fn resume(&self, shared: &Shared, prefix: Vec<u8>) {
         let mut s = self.lock();
-        // This continue is served; a stop that came meanwhile is not.
+        // This request is served; one of another kind that came meanwhile
+        // is not.
         if let Some(r) = shared.control.take() {
-            if r.kind != CheckpointKind::Continue {
+            if r.kind != s.kind {
                 shared.control.request(r);
             }
         }

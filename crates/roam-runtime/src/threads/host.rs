@@ -11,7 +11,7 @@ use wasmtime::{Caller, Global, Linker, SharedMemory, Val};
 
 use super::Shared;
 use crate::asyncify::HEADER;
-use crate::control::{CheckpointKind, Killed};
+use crate::control::Killed;
 use crate::flag::FlagWord;
 
 /// The longest a wait sleeps before it looks again. A request wakes it at
@@ -102,18 +102,15 @@ fn finish_rewind(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<()> {
 }
 
 /// A request is pending: park with the others, then unwind when it is
-/// this thread's turn. Returns false when there is nothing to take here. A
-/// pause is taken as a checkpoint-and-continue: threaded programs are not
-/// migrated live, and nobody waits on their memory.
+/// this thread's turn. Returns false when there is nothing to take here.
+/// A pause copies no memory: the unwinds then write below
+/// [`crate::PAUSE_BUFFER_MAX`], the part the gate copied aside.
 fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
     let shared = caller.data().shared.clone();
     let Some(req) = shared.control.pending() else {
         return Ok(false);
     };
-    let kind = match req.kind {
-        CheckpointKind::Pause => CheckpointKind::Continue,
-        kind => kind,
-    };
+    let kind = req.kind;
     let globals = {
         let Some(r) = caller.data().ready.as_ref() else {
             // Still in its start function: it parks at its next site.
@@ -123,8 +120,8 @@ fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
         read_globals(&mut *caller, &globals)?
     };
     let tid = caller.data().tid;
-    shared.gate.park(&shared, tid, globals, req.at, kind)?;
-    let end = shared.memory.data_size().min(i32::MAX as usize) as i32;
+    let limit = shared.gate.park(&shared, tid, globals, req.at, kind)?;
+    let end = limit.min(i32::MAX as usize) as i32;
     set_i32(caller, |r| r.cursor, HEADER as i32)?;
     set_i32(caller, |r| r.end, end)?;
     set_i32(caller, |r| r.state, roam_prepare::UNWINDING)?;

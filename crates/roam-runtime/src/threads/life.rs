@@ -175,8 +175,7 @@ pub(super) fn finish(
         ))),
         Ok(()) if unwinding(store) => match records(shared, store) {
             Ok(records) => {
-                let capacity = shared.memory.data_size().min(u32::MAX as usize) as u32;
-                shared.gate.unwound(tid, records.clone(), capacity);
+                shared.gate.unwound(shared, tid, records.clone());
                 // The first thread decides, after its sink, whether all go
                 // on (`ThreadedCell::run`); the others wait for that.
                 if tid == 0 || shared.gate.resumes(shared) {

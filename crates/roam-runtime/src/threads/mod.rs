@@ -18,37 +18,40 @@
 //! `roam.rewind_thread`, and releases them together.
 //!
 //! A checkpoint-and-continue parks and captures the same way, hands the
-//! snapshot over, and rewinds every thread. What this cell does not do
-//! yet: pauses (a request for one is logged and set aside), so live
-//! migration between nodes, far memory and post-copy, and memory limits (a
-//! shared memory grows without roam's limiter).
+//! snapshot over, and rewinds every thread. A pause (a migration between
+//! nodes) parks and unwinds them too, but copies no memory: the memory
+//! stays live ([`ThreadedCell::live_memory`]) and the threads wait for the
+//! decision, to rewind or to end. A migration's destination fills a fresh
+//! shared memory page by page ([`ThreadedIncoming`]) before the threads
+//! are made. What this cell does not do yet: far memory and post-copy
+//! (both page a memory that wasmtime maps, not roam).
 
+mod arrive;
 mod gate;
 mod host;
 mod life;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use roam_snapshot::{MemoryImage, ModuleRef, Origin, Snapshot, UnwoundStack};
-use roam_wasi::{Preopen, WasiConfig, WasiCtx};
-use wasmtime::{ExternType, InstancePre, SharedMemory, Store};
+use roam_wasi::{WasiConfig, WasiCtx};
+use wasmtime::{ExternType, InstancePre, MemoryType, SharedMemory, Store};
 
 use crate::asyncify::HEADER;
 use crate::control::{CheckpointKind, CheckpointTiming, Control, Controller};
-use crate::error::{boxed, CheckpointError, RestoreError, RunError, Source, StartError};
+use crate::error::{boxed, CheckpointError, RunError, Source, StartError};
 use crate::memory::Creator;
 use crate::module::LoadedModule;
 use crate::runtime::Runtime;
-use crate::Outcome;
+use crate::{CellOptions, LiveMemory, Outcome};
+pub use arrive::ThreadedIncoming;
 use gate::Gate;
 use host::ThreadState;
-use life::{
-    finish, instantiate, set_globals, start_os_thread, start_rewind, unwinding, Next, Thread,
-};
+use life::{finish, instantiate, start_rewind, unwinding, Next, Thread};
 
 /// Most threads a program may have running besides its first
 /// ([`roam_snapshot::MAX_THREADS`]): `thread-spawn` fails past it.
@@ -76,6 +79,9 @@ pub(crate) struct Shared {
     ending: OnceLock<Ending>,
     children: Mutex<Vec<JoinHandle<()>>>,
     embed_module: bool,
+    /// Caps on the sandbox files a checkpoint carries; `None`: it carries
+    /// none.
+    files: Option<crate::files::FileTreeLimits>,
     /// The address each thread waits on now (`roam.wait32/64`), so that a
     /// request wakes it at once rather than at the end of its slice.
     waiting: Mutex<BTreeMap<u32, u64>>,
@@ -111,16 +117,22 @@ impl Shared {
         }
     }
 
-    /// Memory and OS layer, read while every thread is parked.
-    fn read_state(&self) -> Result<Snapshot, CheckpointError> {
-        // SAFETY: every thread is parked (the last one to park calls this).
-        let memory = MemoryImage::capture(unsafe { self.bytes() }, self.module.initial_image());
-        let os_state = self
-            .wasi
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .save()?
-            .encode();
+    /// Memory (unless `with_memory` is false: a pause), the OS layer and
+    /// the sandbox files, read while every thread is parked.
+    fn read_state(&self, with_memory: bool) -> Result<Snapshot, CheckpointError> {
+        let memory = match with_memory {
+            // SAFETY: every thread is parked (the last one to park calls this).
+            true => MemoryImage::capture(unsafe { self.bytes() }, self.module.initial_image()),
+            false => MemoryImage::empty(),
+        };
+        let wasi = self.wasi.lock().unwrap_or_else(|e| e.into_inner());
+        let os_state = wasi.save()?.encode();
+        // A pause carries no files: a migration streams them itself.
+        let files = match &self.files {
+            Some(limits) if with_memory => Some(crate::files::capture(wasi.preopens(), limits)?),
+            _ => None,
+        };
+        drop(wasi);
         Ok(Snapshot {
             module: ModuleRef {
                 hash: *self.module.hash(),
@@ -139,7 +151,7 @@ impl Shared {
             globals: Vec::new(),
             stack: UnwoundStack::default(),
             os_state,
-            files: None,
+            files,
             threads: Vec::new(),
         })
     }
@@ -192,35 +204,71 @@ pub fn is_threaded(module: &LoadedModule) -> bool {
         .any(|i| matches!(i.ty(), ExternType::Memory(m) if m.is_shared()))
 }
 
+/// The shared memory a threaded module imports: its import name and type.
+fn shared_import(module: &LoadedModule) -> Result<((String, String), MemoryType), Source> {
+    module
+        .module()
+        .imports()
+        .find_map(|i| match i.ty() {
+            ExternType::Memory(m) if m.is_shared() => {
+                Some(((i.module().to_string(), i.name().to_string()), m))
+            }
+            _ => None,
+        })
+        .ok_or_else(|| "the module imports no shared memory".into())
+}
+
+/// A fresh shared memory for `module`, of at least `min_bytes`, that
+/// cannot grow past `max_bytes`.
+///
+/// wasmtime grows a shared memory without the store's limiter, so the
+/// limit is the memory's own maximum: an import accepts a memory whose
+/// maximum is below the one the module declares, and `memory.grow` past
+/// it returns -1 as the limiter would have.
+fn new_memory(
+    module: &LoadedModule,
+    min_bytes: u64,
+    max_bytes: u64,
+) -> Result<SharedMemory, Source> {
+    let (_, ty) = shared_import(module)?;
+    let page = roam_snapshot::WASM_PAGE_SIZE;
+    let declared = ty.maximum().unwrap_or(ty.minimum());
+    let limit = declared.min(max_bytes / page);
+    if limit < ty.minimum() {
+        return Err(format!(
+            "the program's memory starts at {} bytes, over the cell's limit of {max_bytes}",
+            ty.minimum().saturating_mul(page)
+        )
+        .into());
+    }
+    let (min, max) = (
+        u32::try_from(ty.minimum()).map_err(|_| "a 64-bit memory cannot be shared here")?,
+        u32::try_from(limit).map_err(|_| "a 64-bit memory cannot be shared here")?,
+    );
+    let memory =
+        SharedMemory::new(module.module().engine(), MemoryType::shared(min, max)).map_err(boxed)?;
+    let have = memory.data_size() as u64;
+    if min_bytes > have {
+        let pages = (min_bytes - have).div_ceil(page);
+        memory.grow(pages).map_err(boxed)?;
+    }
+    Ok(memory)
+}
+
 impl ThreadedCell {
     fn new(
-        rt: &Runtime,
+        memories: Arc<Creator>,
         module: Arc<LoadedModule>,
         ctx: WasiCtx,
         control: Arc<Control>,
-        min_bytes: u64,
-        embed_module: bool,
+        memory: SharedMemory,
+        opts: &CellOptions,
     ) -> Result<ThreadedCell, Source> {
         let engine = module.module().engine().clone();
-        let (name, ty) = module
-            .module()
-            .imports()
-            .find_map(|i| match i.ty() {
-                ExternType::Memory(m) if m.is_shared() => {
-                    Some(((i.module().to_string(), i.name().to_string()), m))
-                }
-                _ => None,
-            })
-            .ok_or("the module imports no shared memory")?;
-        let memory = SharedMemory::new(&engine, ty.clone()).map_err(boxed)?;
-        let have = memory.data_size() as u64;
-        if min_bytes > have {
-            let pages = (min_bytes - have).div_ceil(roam_snapshot::WASM_PAGE_SIZE);
-            memory.grow(pages).map_err(boxed)?;
-        }
+        let (name, _) = shared_import(&module)?;
         let shared = Arc::new(Shared {
             module,
-            memories: rt.memory_creator(),
+            memories,
             pre: OnceLock::new(),
             memory: memory.clone(),
             wasi: Mutex::new(ctx),
@@ -229,7 +277,8 @@ impl ThreadedCell {
             next_tid: AtomicU32::new(1),
             ending: OnceLock::new(),
             children: Mutex::new(Vec::new()),
-            embed_module,
+            embed_module: opts.embed_module,
+            files: opts.with_files.then_some(opts.files_limits),
             waiting: Mutex::new(BTreeMap::new()),
         });
         let weak = Arc::downgrade(&shared);
@@ -277,96 +326,45 @@ impl ThreadedCell {
             .net()
     }
 
-    /// Instantiate a threaded `module` for a fresh run.
+    /// Instantiate a threaded `module` for a fresh run. Of `opts`, the
+    /// module's embedding, the files a checkpoint carries, the disk quota
+    /// and the memory limit apply; the per-point triggers are not offered.
     pub fn start(
         rt: &Runtime,
         module: Arc<LoadedModule>,
         wasi: WasiConfig,
-        embed_module: bool,
+        opts: CellOptions,
     ) -> Result<ThreadedCell, StartError> {
         let control = Control::new(module.epoch_engine());
-        let ctx = WasiCtx::new(wasi, control.interrupt.clone())?;
-        ThreadedCell::new(rt, module, ctx, control, 0, embed_module)
+        let mut ctx = WasiCtx::new(wasi, control.interrupt.clone())?;
+        if let Some(q) = opts.disk_quota {
+            ctx.set_disk_quota(q);
+        }
+        let memory = new_memory(&module, 0, opts.max_memory).map_err(StartError::Instantiate)?;
+        ThreadedCell::new(rt.memory_creator(), module, ctx, control, memory, &opts)
             .map_err(StartError::Instantiate)
     }
 
-    /// Rebuild a threaded program from a snapshot: every thread is made,
-    /// and each rewinds into its site when [`ThreadedCell::run`] is called.
-    pub fn restore(
-        rt: &Runtime,
-        module: Arc<LoadedModule>,
-        snapshot: &Snapshot,
-        preopens: Vec<Preopen>,
-        embed_module: bool,
-    ) -> Result<ThreadedCell, RestoreError> {
-        crate::cell::check_module(snapshot, &module)?;
-        let control = Control::new(module.epoch_engine());
-        let state = roam_wasi::OsState::decode(&snapshot.os_state)?;
-        let ctx = WasiCtx::restore(state, preopens, control.interrupt.clone())?;
-        let want = snapshot.memory.byte_len();
-        let mut cell = ThreadedCell::new(rt, module, ctx, control, want, embed_module)
-            .map_err(RestoreError::Instantiate)?;
-        let shared = cell.shared.clone();
-        // SAFETY: no thread has started yet.
-        let mem = unsafe { shared.bytes() };
-        if mem.len() as u64 != want {
-            return Err(RestoreError::Memory(format!(
-                "the snapshot's memory is {want} bytes, the new memory {}",
-                mem.len()
-            )));
-        }
-        snapshot
-            .memory
-            .restore_into(mem, shared.module.initial_image(), false)
-            .map_err(|e| RestoreError::Memory(e.to_string()))?;
-        // Every stack goes through the buffer at address 0; what the
-        // program has there comes back when all have rewound.
-        let longest = std::iter::once(&snapshot.stack)
-            .chain(snapshot.threads.iter().map(|t| &t.stack))
-            .map(|s| s.data.len())
-            .max()
-            .unwrap_or(0);
-        let borrowed = (HEADER as usize + longest).min(mem.len());
-        let args: BTreeMap<u32, u32> = snapshot
-            .threads
-            .iter()
-            .map(|t| (t.tid, t.start_arg))
-            .collect();
-        shared
-            .gate
-            .rewinding(1 + snapshot.threads.len(), args, mem[..borrowed].to_vec());
-        set_globals(&mut cell.main.store, &snapshot.globals)?;
-        // Every instance first, so that no start function runs while a
-        // rewind borrows the buffer.
-        let mut made = Vec::with_capacity(snapshot.threads.len());
-        for t in &snapshot.threads {
-            let mut thread = instantiate(&shared, t.tid).map_err(RestoreError::Instantiate)?;
-            set_globals(&mut thread.store, &t.globals)?;
-            made.push((thread, t));
-        }
-        // Ids are at most `MAX_TID` (the snapshot was checked).
-        let next = snapshot
-            .threads
-            .iter()
-            .map(|t| t.tid)
-            .max()
-            .unwrap_or(0)
-            .saturating_add(1);
-        shared.next_tid.store(next, Ordering::SeqCst);
-        for (thread, t) in made {
-            start_os_thread(
-                &shared,
-                thread,
-                t.tid,
-                t.start_arg,
-                Some(t.stack.data.clone()),
-            )
-            .map_err(RestoreError::Stack)?;
-        }
-        cell.rewind = Some(snapshot.stack.data.clone());
-        Ok(cell)
+    /// A handle to the program's memory, readable from any thread while
+    /// the program runs (see [`LiveMemory`]); it keeps the memory alive
+    /// after the cell ends.
+    pub fn live_memory(&self) -> LiveMemory {
+        live_memory_of(&self.shared.memory)
     }
 
+    /// The module the program runs.
+    pub fn module(&self) -> &Arc<LoadedModule> {
+        &self.shared.module
+    }
+
+    /// Send what the program writes to stdout and stderr to `sink`.
+    pub fn set_output(&mut self, sink: Arc<dyn roam_wasi::OutputSink>) {
+        self.shared
+            .wasi
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_output(sink);
+    }
     /// Keep what the program writes to stdout and stderr in memory instead
     /// of passing it to this process's own (for tests and benchmarks).
     pub fn capture_output(&mut self) -> roam_wasi::CapturedOutput {
@@ -385,11 +383,25 @@ impl ThreadedCell {
 
     /// Run the program until it exits, traps, is killed, or is stopped by a
     /// checkpoint-and-stop ([`Outcome::Stopped`]). Every checkpoint-and-
-    /// continue is handed to `on_checkpoint` while all threads are stopped;
-    /// they go on together when it returns.
+    /// continue is handed to `on_checkpoint` while all threads are stopped
+    /// (it may take the snapshot's memory); they go on together when it
+    /// returns. A pause resumes at once: see [`ThreadedCell::run_with`].
     pub fn run(
+        self,
+        on_checkpoint: &mut dyn FnMut(&mut Snapshot, CheckpointTiming) -> Result<(), Source>,
+    ) -> Result<Outcome, RunError> {
+        self.run_with(on_checkpoint, &mut |_, _| AfterPause::Resume)
+    }
+
+    /// [`ThreadedCell::run`], and every pause is handed to `on_pause`
+    /// while all threads are stopped: a snapshot without memory (read it
+    /// with [`ThreadedCell::live_memory`], which no thread writes until
+    /// `on_pause` returns). [`AfterPause::Release`] ends the threads and
+    /// returns [`Outcome::Paused`]: the program goes on elsewhere.
+    pub fn run_with(
         mut self,
-        on_checkpoint: &mut dyn FnMut(&Snapshot, CheckpointTiming) -> Result<(), Source>,
+        on_checkpoint: &mut dyn FnMut(&mut Snapshot, CheckpointTiming) -> Result<(), Source>,
+        on_pause: &mut dyn FnMut(&Snapshot, CheckpointTiming) -> AfterPause,
     ) -> Result<Outcome, RunError> {
         let shared = self.shared.clone();
         let mut rewind = self.rewind.take();
@@ -420,18 +432,33 @@ impl ThreadedCell {
                 break None;
             };
             match shared.gate.snapshot(&shared) {
-                Ok((snap, timing, CheckpointKind::Continue)) => {
-                    if let Err(e) = on_checkpoint(&snap, timing) {
+                Ok((mut snap, timing, CheckpointKind::Continue, _)) => {
+                    // Read before the sink may take the memory.
+                    let prefix = borrowed_bytes(&snap, shared.module.initial_image());
+                    if let Err(e) = on_checkpoint(&mut snap, timing) {
                         break Some(RunError::Sink(e));
                     }
                     if shared.control.killed() {
                         break None;
                     }
-                    let prefix = borrowed_bytes(&snap, shared.module.initial_image());
                     shared.gate.resume(&shared, prefix);
                     rewind = Some(records);
                 }
-                Ok((snap, timing, _)) => {
+                Ok((snap, timing, CheckpointKind::Pause, prefix)) => {
+                    match on_pause(&snap, timing) {
+                        AfterPause::Resume if !shared.control.killed() => {
+                            shared.gate.resume(&shared, prefix);
+                            rewind = Some(records);
+                        }
+                        AfterPause::Resume => break None,
+                        AfterPause::Release => {
+                            shared.control.kill();
+                            join(&shared);
+                            return Ok(Outcome::Paused(Box::new(snap), timing));
+                        }
+                    }
+                }
+                Ok((snap, timing, _, _)) => {
                     join(&shared);
                     return Ok(Outcome::Stopped(Box::new(snap), timing));
                 }
@@ -452,6 +479,22 @@ impl ThreadedCell {
             Some(Ending::Trap(why)) => Err(RunError::Trap(why.clone().into())),
             None => Err(RunError::Killed),
         }
+    }
+}
+
+/// What a paused threaded program does next ([`ThreadedCell::run_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterPause {
+    /// Every thread rewinds and goes on here.
+    Resume,
+    /// Every thread ends: the program goes on elsewhere.
+    Release,
+}
+
+/// A handle to a shared memory as roam reads other cells' memories.
+fn live_memory_of(memory: &SharedMemory) -> LiveMemory {
+    LiveMemory {
+        map: Arc::new(crate::memory::Mapping::of_shared(memory.clone())),
     }
 }
 

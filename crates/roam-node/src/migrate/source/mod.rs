@@ -56,6 +56,13 @@ pub(crate) async fn start(
             plan.mode.as_str()
         )));
     }
+    if roam_runtime::is_threaded(&handle.module) && plan.mode == Mode::PostCopy {
+        // Post-copy empties the memory and fills it on faults, in a mapping
+        // roam makes; a threaded program's shared memory is wasmtime's.
+        return Err(NodeError::bad(format!(
+            "cell {id} runs a threaded program: it moves by stop-and-copy or pre-copy, not post-copy"
+        )));
+    }
     n.set_state(id, CellState::Migrating);
     let m = Arc::new(Migration::new(new_id("m-"), id.to_string(), plan.mode));
     n.migrations

@@ -1,0 +1,186 @@
+//! Threaded programs on nodes: launched, moved live between nodes while
+//! their threads work (stop-and-copy and pre-copy, host to host and
+//! between x86-64 and aarch64), with the same output as their native
+//! build. Post-copy is refused for them, with the reason, and the cell
+//! runs on.
+//!
+//! Each move starts at a moment chosen at random (the seed is printed;
+//! `ROAM_THREADS_SEED=<n>` repeats it), and the destination's log must
+//! show that a move carried more than one thread at least once per
+//! program (up to three more moves are made until one does).
+
+use super::super::threads::{expected, seed, PROGRAMS};
+use super::*;
+
+fn launch(node: &Node, name: &str) -> Result<String, String> {
+    let mut cmd = roam(Isa::X86_64);
+    cmd.args(["launch", "--node", &node.addr])
+        .arg(workload(&format!("threads/{name}")))
+        .args(["--", "4", "M"]);
+    let out = run_bounded(cmd, SLOW);
+    if !out.status.success() {
+        return Err(format!("roam launch {name}: {}", text(&out.stderr)));
+    }
+    Ok(text(&out.stdout).trim().to_string())
+}
+
+/// What a cell of `name` (4 threads, size M) leaves in its log: the line
+/// it writes to stderr as it starts, then the reference output.
+fn want(name: &str) -> Vec<u8> {
+    let mut out = b"threads: 4\n".to_vec();
+    out.extend(expected(name, "M"));
+    out
+}
+
+/// How many threads the cells that arrived at a node had, from its log.
+fn arrivals(node: &Node) -> Vec<usize> {
+    node.log()
+        .lines()
+        .filter(|l| l.contains("threaded cell arrives"))
+        .filter_map(|l| {
+            l.split("threads=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Launch `name` on `a`, move it to `b` in `mode` after `delay`, let it
+/// end there and compare its output with the reference. `Ok(false)` when
+/// it ended before the move could pause it (then its output is checked).
+fn move_once(a: &Node, b: &Node, name: &str, mode: &str, delay: Duration) -> Result<bool, String> {
+    let id = launch(a, name)?;
+    std::thread::sleep(delay);
+    let (out, status) = migrate(&id, a, b, mode, &[]);
+    let want = want(name);
+    if !out.status.success() {
+        if a.state(&id) == "exited" {
+            let got = logs(&id, a);
+            return match got == want {
+                true => Ok(false),
+                false => Err(format!("{name}: ended on the source with other output")),
+            };
+        }
+        return Err(format!("{name} ({mode}): {}", text(&out.stderr)));
+    }
+    if status["summary"]["mode"] != mode || status["summary"]["to_isa"] != b.isa.name() {
+        return Err(format!("{name}: unexpected summary {status}"));
+    }
+    let end = b.wait_end(&id, Duration::from_secs(600));
+    if end["state"] != "exited" || end["code"] != 0 || end["hops"] != 1 {
+        return Err(format!("{name}: on the destination: {end}"));
+    }
+    let got = logs(&id, a);
+    if got != want {
+        return Err(format!(
+            "{name} ({mode}): output differs from the reference:\n--- got\n{}\n--- expected\n{}",
+            text(&got),
+            text(&want)
+        ));
+    }
+    Ok(true)
+}
+
+/// Move every threaded program from `from` to `to` in each of `modes`;
+/// fail with every move that went wrong, or with a program whose moves
+/// never carried more than one thread.
+fn move_all(from: Isa, to: Isa, modes: &[&str], names: &[&str], delays_ms: (u64, u64)) {
+    let node = |isa| Node::start_with(isa, &["--migrate-listen", "127.0.0.1:0"]);
+    let (a, b) = (node(from), node(to));
+    let mut x = seed();
+    let mut failed = Vec::new();
+    for name in names {
+        let before = arrivals(&b).len();
+        // Each mode once, then more moves (at most three) while none has
+        // caught the workers running: a program between its phases has
+        // one thread.
+        let tries = modes.iter().chain(std::iter::repeat_n(&modes[0], 3));
+        for (done, mode) in tries.enumerate() {
+            let seen = &arrivals(&b)[before..];
+            if done >= modes.len() && seen.iter().any(|&n| n > 1) {
+                break;
+            }
+            let (lo, span) = delays_ms;
+            let mut delay = Duration::from_millis(lo + super::super::threads::next(&mut x) % span);
+            // A program that ended first is tried again, sooner.
+            for _ in 0..3 {
+                match move_once(&a, &b, name, mode, delay) {
+                    Ok(true) => break,
+                    Ok(false) => delay /= 3,
+                    Err(e) => {
+                        failed.push(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let seen = arrivals(&b)[before..].to_vec();
+        eprintln!("{name}: threads carried by each move: {seen:?}");
+        if !seen.iter().any(|&n| n > 1) {
+            failed.push(format!(
+                "{name}: no move carried more than one thread ({seen:?})"
+            ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{}\n{}",
+        failed.join("\n"),
+        both_logs(&a, &b)
+    );
+}
+
+#[test]
+fn threaded_programs_move_between_nodes_live() {
+    move_all(
+        Isa::X86_64,
+        Isa::X86_64,
+        &["stop-and-copy", "pre-copy"],
+        &PROGRAMS,
+        (100, 300),
+    );
+}
+
+#[test]
+fn threaded_programs_move_from_x86_64_to_aarch64_and_back() {
+    move_all(
+        Isa::X86_64,
+        Isa::Aarch64,
+        &["pre-copy"],
+        &["threads-sum", "threads-pthreads"],
+        (100, 300),
+    );
+    // Under emulation the workers run longer: later moments.
+    move_all(
+        Isa::Aarch64,
+        Isa::X86_64,
+        &["stop-and-copy"],
+        &["threads-omp"],
+        (1000, 2000),
+    );
+}
+
+#[test]
+fn post_copy_of_a_threaded_cell_is_refused_and_it_runs_on() {
+    let node = |isa| Node::start_with(isa, &["--migrate-listen", "127.0.0.1:0"]);
+    let (a, b) = (node(Isa::X86_64), node(Isa::X86_64));
+    let id = launch(&a, "threads-sum").unwrap();
+    let (out, _) = migrate(&id, &a, &b, "post-copy", &[]);
+    assert!(
+        !out.status.success(),
+        "post-copy of a threaded cell succeeded"
+    );
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("threaded program") && err.contains("pre-copy"),
+        "the refusal must say why and what works: {err}"
+    );
+    let end = a.wait_end(&id, Duration::from_secs(120));
+    assert_eq!(end["state"], "exited", "{end}\n{}", a.log());
+    assert_eq!(end["code"], 0, "{end}");
+    assert_eq!(text(&logs(&id, &a)), text(&want("threads-sum")));
+    assert!(b.cell(&id).is_none(), "the destination has the cell");
+}
