@@ -149,6 +149,7 @@ fn build_and_run(n: &Arc<NodeInner>, mut s: Start, max_memory: u64) -> Result<()
         }
         Begin::Restore(rebuild) if threaded => {
             let (snap, log) = rebuild(&module)?;
+            tracing::info!(cell = %s.id, threads = 1 + snap.threads.len(), "threaded cell restored");
             let cell = ThreadedCell::restore(&n.rt, module, &snap, preopens, opts)
                 .map_err(|e| NodeError::bad(format!("cannot restore cell {}: {e}", s.id)))?;
             (Program::Threads(cell), log)

@@ -207,7 +207,7 @@ pub(crate) fn split(
         stack: snap.stack.clone(),
         os_state: snap.os_state.clone(),
         files: snap.files.clone(),
-        threads: Vec::new(),
+        threads: snap.threads.clone(),
     };
     let state = state
         .encode(&roam_snapshot::EncodeOptions::default())

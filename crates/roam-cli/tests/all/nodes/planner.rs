@@ -12,7 +12,7 @@ use roam_link::Rate;
 use super::*;
 
 /// `POST path` with raw bytes over HTTP/1.0: status and body.
-fn http_post_bytes(addr: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+pub(super) fn http_post_bytes(addr: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     write!(
@@ -30,7 +30,7 @@ fn http_post_bytes(addr: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
     (status, buf[end + 4..].to_vec())
 }
 
-fn post_ok(addr: &str, path: &str, body: &Value) -> Value {
+pub(super) fn post_ok(addr: &str, path: &str, body: &Value) -> Value {
     let (st, b) = http_post(addr, path, body).unwrap();
     assert_eq!(st, 200, "POST {path}: {}", text(&b));
     serde_json::from_slice(&b).unwrap()

@@ -1,8 +1,9 @@
 //! Threaded programs on nodes: launched, moved live between nodes while
 //! their threads work (stop-and-copy and pre-copy, host to host and
-//! between x86-64 and aarch64), with the same output as their native
-//! build. Post-copy is refused for them, with the reason, and the cell
-//! runs on.
+//! between x86-64 and aarch64), kept as checkpoints on another node and
+//! restored there after their owner is killed, with the same output as
+//! their native build. Post-copy is refused for them, with the reason,
+//! and the cell runs on.
 //!
 //! Each move starts at a moment chosen at random (the seed is printed;
 //! `ROAM_THREADS_SEED=<n>` repeats it), and the destination's log must
@@ -10,6 +11,7 @@
 //! program (up to three more moves are made until one does).
 
 use super::super::threads::{expected, seed, PROGRAMS};
+use super::planner::{http_post_bytes, post_ok};
 use super::*;
 
 fn launch(node: &Node, name: &str) -> Result<String, String> {
@@ -183,4 +185,80 @@ fn post_copy_of_a_threaded_cell_is_refused_and_it_runs_on() {
     assert_eq!(end["code"], 0, "{end}");
     assert_eq!(text(&logs(&id, &a)), text(&want("threads-sum")));
     assert!(b.cell(&id).is_none(), "the destination has the cell");
+}
+
+#[test]
+fn a_threaded_cell_comes_back_from_its_kept_checkpoint() {
+    keep_kill_restore(Isa::X86_64);
+}
+
+#[test]
+fn a_threaded_cell_comes_back_from_its_kept_checkpoint_on_another_isa() {
+    keep_kill_restore(Isa::Aarch64);
+}
+
+/// A threaded cell's checkpoint, kept on a node of `to` while the cell
+/// runs on x86-64, brings it back there after its owner is killed.
+fn keep_kill_restore(to: Isa) {
+    let name = "threads-omp";
+    let mut a = Node::start_with(
+        Isa::X86_64,
+        &["--migrate-listen", "127.0.0.1:0", "--name", "owner"],
+    );
+    let b = Node::start_with(to, &["--migrate-listen", "127.0.0.1:0", "--name", "holder"]);
+    let module = std::fs::read(workload(&format!("threads/{name}"))).unwrap();
+    let upload = |n: &Node| {
+        let (st, m) = http_post_bytes(&n.addr, "/v1/modules", &module);
+        assert_eq!(st, 200, "{}", text(&m));
+        serde_json::from_slice::<Value>(&m).unwrap()["hash"].clone()
+    };
+    let hash = upload(&a);
+    let argv = [name, "4", "M"];
+    let launch = serde_json::json!({ "module": hash, "args": argv, "generation": 1 });
+    let id = post_ok(&a.addr, "/v1/cells", &launch)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    std::thread::sleep(Duration::from_millis(400));
+    let keep = serde_json::json!({ "holder": b.addr, "holder_name": "holder" });
+    let kept = post_ok(&a.addr, &format!("/v1/cells/{id}/keep"), &keep);
+    assert_eq!(
+        a.state(&id),
+        "running",
+        "the cell stopped for its checkpoint"
+    );
+    a.kill9();
+    upload(&b);
+    let restore = serde_json::json!({
+        "id": id, "module": hash, "args": argv, "generation": 2,
+        "holder": b.addr, "snapshot": kept["snapshot"],
+    });
+    let restored = post_ok(&b.addr, "/v1/cells/restore", &restore);
+    assert_eq!(restored["state"], "running", "{restored}");
+    let end = b.wait_end(&id, Duration::from_secs(300));
+    assert_eq!(end["state"], "exited", "{end}\n{}", b.log());
+    assert_eq!(end["code"], 0, "{end}");
+    assert_eq!(
+        text(&b.raw_logs(&id).unwrap()),
+        text(&want(name)),
+        "the restored cell's output differs from the reference\n{}",
+        b.log()
+    );
+    let threads: Vec<usize> = b
+        .log()
+        .lines()
+        .filter(|l| l.contains("threaded cell restored"))
+        .filter_map(|l| {
+            l.split("threads=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(
+        threads.iter().any(|&n| n > 1),
+        "the kept checkpoint held {threads:?} threads"
+    );
 }
