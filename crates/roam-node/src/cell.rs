@@ -8,9 +8,10 @@
 //!
 //! A cell's thread owns its wasmtime store and runs it until the program
 //! exits or pauses. A threaded program ([`Program::Threads`]) has more OS
-//! threads, but this one is its first and stands for all of them here. A pause is always asked for by someone on the node (a
-//! migration, `kill`); the thread hands the paused state to whoever asked
-//! and waits for a [`Decision`]. *Resume* is the default: if the asker goes
+//! threads, but this one is its first and stands for all of them here.
+//! A pause is always asked for by someone on the node (a migration,
+//! `kill`); the thread hands the paused state to whoever asked and waits
+//! for a [`Decision`]. *Resume* is the default: if the asker goes
 //! away without deciding, the program continues. That is what makes a failed
 //! migration harmless to the cell.
 

@@ -135,15 +135,16 @@ fn build_and_run(n: &Arc<NodeInner>, mut s: Start, max_memory: u64) -> Result<()
     let (mut far_spec, mut far_mem) = (None, None);
     let preopens = make_preopens(n, &s.id, &s.dirs).map_err(NodeError::internal)?;
     let opts = options(n, &s.dirs, max_memory);
+    let fresh = |preopens| WasiConfig {
+        args: s.args.clone(),
+        env: s.env.clone(),
+        preopens,
+        listeners: s.service.iter().cloned().collect(),
+    };
     let (cell, log) = match s.begin {
         Begin::Fresh if threaded => {
-            let wasi = WasiConfig {
-                args: s.args.clone(),
-                env: s.env.clone(),
-                preopens,
-                listeners: s.service.iter().cloned().collect(),
-            };
-            let cell = ThreadedCell::start(&n.rt, module, wasi, opts).map_err(NodeError::bad)?;
+            let cell = ThreadedCell::start(&n.rt, module, fresh(preopens), opts)
+                .map_err(NodeError::bad)?;
             tracing::info!(cell = %s.id, program = %s.args[0], "launched (threaded)");
             (Program::Threads(cell), CellLog::new(n.log_capacity()))
         }
@@ -155,13 +156,7 @@ fn build_and_run(n: &Arc<NodeInner>, mut s: Start, max_memory: u64) -> Result<()
             (Program::Threads(cell), log)
         }
         Begin::Fresh => {
-            let wasi = WasiConfig {
-                args: s.args.clone(),
-                env: s.env.clone(),
-                preopens,
-                listeners: s.service.iter().cloned().collect(),
-            };
-            let cell = Cell::start(&n.rt, module, wasi, opts).map_err(NodeError::bad)?;
+            let cell = Cell::start(&n.rt, module, fresh(preopens), opts).map_err(NodeError::bad)?;
             tracing::info!(cell = %s.id, program = %s.args[0], max_memory, "launched");
             (Program::One(cell), CellLog::new(n.log_capacity()))
         }

@@ -36,9 +36,14 @@ fn want(name: &str) -> Vec<u8> {
 
 /// How many threads the cells that arrived at a node had, from its log.
 fn arrivals(node: &Node) -> Vec<usize> {
+    thread_counts(node, "threaded cell arrives")
+}
+
+/// The `threads=` of every line of `node`'s log that says `what`.
+fn thread_counts(node: &Node, what: &str) -> Vec<usize> {
     node.log()
         .lines()
-        .filter(|l| l.contains("threaded cell arrives"))
+        .filter(|l| l.contains(what))
         .filter_map(|l| {
             l.split("threads=")
                 .nth(1)?
@@ -244,19 +249,7 @@ fn keep_kill_restore(to: Isa) {
         "the restored cell's output differs from the reference\n{}",
         b.log()
     );
-    let threads: Vec<usize> = b
-        .log()
-        .lines()
-        .filter(|l| l.contains("threaded cell restored"))
-        .filter_map(|l| {
-            l.split("threads=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect();
+    let threads = thread_counts(&b, "threaded cell restored");
     assert!(
         threads.iter().any(|&n| n > 1),
         "the kept checkpoint held {threads:?} threads"
