@@ -255,3 +255,36 @@ fn keep_kill_restore(to: Isa) {
         "the kept checkpoint held {threads:?} threads"
     );
 }
+
+/// A threaded cell's memory limit holds: wasmtime grows a shared memory
+/// without the store's limiter, so the limit is the memory's own maximum.
+/// threads-rayon needs about 17 MiB at 4 threads: under 8 MiB its memory
+/// cannot grow (wasi-libc then fails to allocate a thread's stack, or the
+/// program an allocation) and it ends in error; the same launch under
+/// 64 MiB finishes with the reference output.
+#[test]
+fn a_threaded_cell_cannot_grow_past_its_memory_limit() {
+    let a = Node::start_with(Isa::X86_64, &[]);
+    let launch = |limit: &str| {
+        let mut cmd = roam(Isa::X86_64);
+        cmd.args(["launch", "--node", &a.addr, "--max-memory", limit])
+            .arg(workload("threads/threads-rayon"))
+            .args(["--", "4", "M"]);
+        let out = run_bounded(cmd, SLOW);
+        assert!(out.status.success(), "roam launch: {}", text(&out.stderr));
+        let id = text(&out.stdout).trim().to_string();
+        (
+            a.wait_end(&id, Duration::from_secs(120)),
+            text(&logs(&id, &a)),
+        )
+    };
+    let (end, log) = launch("8MiB");
+    assert_eq!(end["state"], "failed", "{end}\n{log}\n{}", a.log());
+    assert!(
+        log.contains("memory allocation of") || log.contains("Resource temporarily unavailable"),
+        "the cell's log does not say memory ran out: {log}"
+    );
+    let (end, log) = launch("64MiB");
+    assert_eq!(end["state"], "exited", "{end}\n{log}");
+    assert_eq!(log, text(&want("threads-rayon")));
+}
