@@ -54,19 +54,21 @@ impl ThreadedCell {
             memory,
             opts,
         };
-        incoming.grow_to(incoming.module.initial_image().min_bytes())?;
-        let initial = incoming.module.initial_image().clone();
-        let mem = incoming.memory_mut();
-        for (i, page) in mem.chunks_exact_mut(PAGE_SIZE).enumerate() {
+        let module = incoming.module.clone();
+        let initial = module.initial_image();
+        incoming.grow_to(initial.min_bytes())?;
+        for (i, page) in incoming
+            .memory_mut()
+            .chunks_exact_mut(PAGE_SIZE)
+            .enumerate()
+        {
             if let Some(data) = initial.page(i as u64) {
                 page.copy_from_slice(data);
             }
         }
         Ok(incoming)
     }
-}
 
-impl ThreadedCell {
     /// Rebuild a threaded program from a snapshot: every thread is made,
     /// and each rewinds into its site when [`ThreadedCell::run`] is called.
     pub fn restore(
@@ -79,10 +81,12 @@ impl ThreadedCell {
         crate::cell::check_module(snapshot, &module)?;
         let mut incoming = ThreadedCell::incoming(rt, module, opts)?;
         incoming.grow_to(snapshot.memory.byte_len())?;
-        let initial = incoming.module.initial_image().clone();
+        let module = incoming.module.clone();
+        // The new memory holds exactly the initial image and zeroes
+        // elsewhere: only the pages that differ are written.
         snapshot
             .memory
-            .restore_into(incoming.memory_mut(), &initial, false)
+            .restore_into(incoming.memory_mut(), module.initial_image(), true)
             .map_err(|e| RestoreError::Memory(e.to_string()))?;
         incoming.finish(snapshot, preopens)
     }

@@ -110,7 +110,6 @@ fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
     let Some(req) = shared.control.pending() else {
         return Ok(false);
     };
-    let kind = req.kind;
     let globals = {
         let Some(r) = caller.data().ready.as_ref() else {
             // Still in its start function: it parks at its next site.
@@ -120,7 +119,7 @@ fn stop_here(caller: &mut Caller<'_, ThreadState>) -> wasmtime::Result<bool> {
         read_globals(&mut *caller, &globals)?
     };
     let tid = caller.data().tid;
-    let limit = shared.gate.park(&shared, tid, globals, req.at, kind)?;
+    let limit = shared.gate.park(&shared, tid, globals, req.at, req.kind)?;
     let end = limit.min(i32::MAX as usize) as i32;
     set_i32(caller, |r| r.cursor, HEADER as i32)?;
     set_i32(caller, |r| r.end, end)?;
