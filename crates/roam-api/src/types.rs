@@ -341,6 +341,11 @@ pub struct CellInfo {
     /// runs, and from an older node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_ms: Option<u64>,
+    /// Threads the program runs now (cells with a program here only; 0
+    /// before its first instance exists, more than one for a threaded
+    /// program while its workers live). Absent from an older node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
 }
 
 /// `POST /v1/cells/{id}/migrate` body.

@@ -149,8 +149,8 @@ pub fn cells(node: &str, a: CellsArgs) -> Result<i32> {
             return Ok(0);
         }
         println!(
-            "{:<16} {:<10} {:<24} {:>12} {:>10} {:>5}  {:<18} SERVICE",
-            "CELL", "STATE", "PROGRAM", "MEMORY", "UPTIME", "HOPS", "CPU"
+            "{:<16} {:<10} {:<24} {:>12} {:>10} {:>5} {:>7}  {:<18} SERVICE",
+            "CELL", "STATE", "PROGRAM", "MEMORY", "UPTIME", "HOPS", "THREADS", "CPU"
         );
         for c in cells {
             let state = serde_json::to_value(&c.state)?;
@@ -159,13 +159,14 @@ pub fn cells(node: &str, a: CellsArgs) -> Result<i32> {
                 st = format!("{st}({code})");
             }
             println!(
-                "{:<16} {:<10} {:<24} {:>12} {:>9.1}s {:>5}  {:<18} {}",
+                "{:<16} {:<10} {:<24} {:>12} {:>9.1}s {:>5} {:>7}  {:<18} {}",
                 c.id,
                 st,
                 c.program,
                 memory_column(&c),
                 c.uptime_ms as f64 / 1000.0,
                 c.hops,
+                c.threads.map_or_else(|| "-".to_string(), |n| n.to_string()),
                 cpu_column(c.cpu.as_ref()),
                 c.service.as_deref().unwrap_or("-")
             );

@@ -271,4 +271,11 @@ impl Controller {
     pub fn is_killed(&self) -> bool {
         self.0.killed()
     }
+
+    /// How many of the program's threads have an instance now: 1 for a
+    /// running single-threaded cell, one per live thread of a threaded
+    /// one, 0 before the first instance exists.
+    pub fn threads(&self) -> usize {
+        self.0.flags.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
 }

@@ -239,6 +239,12 @@ pub(crate) fn info(e: &CellEntry) -> CellInfo {
             .and_then(|h| h.cpu_time())
             .or(e.cpu_used)
             .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        threads: e
+            .handle
+            .as_ref()
+            .filter(|h| !h.has_ended())
+            .map(|h| h.controller.threads())
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
     }
 }
 
