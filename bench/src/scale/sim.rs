@@ -100,6 +100,7 @@ fn info(id: &str, state: CellState) -> CellInfo {
         far: None,
         memory_lost: false,
         cpu_ms: None,
+        threads: None,
     }
 }
 
